@@ -1,0 +1,181 @@
+"""Runs one Galaxy component (a control function, the controller, or a node
+agent pool) as a process: gRPC server with health and reflection, /metrics,
+registration with the controller, a ready line for supervisors, and a clean
+stop on SIGTERM/SIGINT or when the supervisor's lifeline pipe closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from galaxy.v1 import common_pb2, controller_pb2_grpc
+
+from controlplane import rpc
+from controlplane.membership import KIND_NAMES
+from controlplane.metrics import serve_metrics
+
+log = logging.getLogger(__name__)
+
+READY_PREFIX = "GALAXY_READY "
+
+
+@dataclass
+class HostContext:
+    """What a component learns from its host once the server is bound."""
+
+    instance_id: str
+    address: str
+    metrics_address: str
+    controller: str
+    pool: rpc.ChannelPool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Component(Protocol):
+    """A unit the host can run."""
+
+    #: ControlKind to register with the controller; 0 = do not register.
+    kind: int
+
+    def services(self) -> list[tuple[Callable[[Any, Any], None], Any, str]]:
+        """(add_to_server, servicer, service full name) triples to serve."""
+        ...
+
+    async def start(self, ctx: HostContext) -> None:
+        """Called after the server is listening, before registration."""
+        ...
+
+    def on_membership(self, membership: common_pb2.Membership) -> None:
+        """Called with the membership returned by registration."""
+        ...
+
+    async def stop(self) -> None:
+        """Release resources (child processes, background tasks)."""
+        ...
+
+
+def install_uvloop() -> None:
+    """Use uvloop when it is installed (it is a dependency; this keeps tests
+    runnable in a plain interpreter too)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def _register(ctx: HostContext, kind: int, deadline_s: float) -> common_pb2.Membership:
+    """Register with the controller, retrying until it answers or deadline_s passes."""
+    me = common_pb2.ControlInstance(
+        id=ctx.instance_id, kind=kind, address=ctx.address, metrics_address=ctx.metrics_address
+    )
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    delay = 0.05
+    while True:
+        try:
+            async with ctx.pool.stub(ctx.controller, controller_pb2_grpc.ControllerStub) as stub:
+                return await stub.RegisterInstance(me, timeout=2.0)  # type: ignore[no-any-return]
+        except Exception as e:  # grpc.aio.AioRpcError and connection errors
+            if loop.time() + delay > end:
+                raise RuntimeError(f"could not register with controller {ctx.controller}: {e}")
+            await asyncio.sleep(delay)  # backoff between connection attempts
+            delay = min(delay * 2, 1.0)
+
+
+async def _deregister(ctx: HostContext, kind: int) -> None:
+    me = common_pb2.ControlInstance(id=ctx.instance_id, kind=kind, address=ctx.address)
+    try:
+        async with ctx.pool.stub(ctx.controller, controller_pb2_grpc.ControllerStub) as stub:
+            await stub.DeregisterInstance(me, timeout=2.0)
+    except Exception as e:
+        log.warning("deregistration failed (controller gone?): %s", e)
+
+
+def _watch_lifeline(stop: asyncio.Event) -> None:
+    """Stop when stdin reaches EOF: the supervisor died or closed our pipe.
+
+    This is what keeps `galaxy up` from leaving orphans even if it is killed
+    with SIGKILL.
+    """
+    loop = asyncio.get_running_loop()
+
+    def reader() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        finally:
+            loop.call_soon_threadsafe(stop.set)
+
+    # A daemon thread, not the executor: a blocked read must not hold up exit.
+    threading.Thread(target=reader, name="lifeline", daemon=True).start()
+
+
+async def serve(
+    component: Component,
+    *,
+    instance_id: str,
+    listen: str,
+    metrics_listen: str | None,
+    controller: str,
+    advertise_host: str | None = None,
+    lifeline: bool = False,
+    register_timeout_s: float = 30.0,
+    pool: rpc.ChannelPool | None = None,
+) -> None:
+    """Serve component until a stop signal; see module docstring."""
+    pool = pool or rpc.ChannelPool()
+    server, port, health_servicer = rpc.create_server(listen, component.services())
+    host = advertise_host or listen.rsplit(":", 1)[0] or "127.0.0.1"
+    if host in ("0.0.0.0", "[::]", "::"):
+        host = "127.0.0.1"
+    address = f"{host}:{port}"
+    metrics_address = ""
+    if metrics_listen:
+        mhost, mport = metrics_listen.rsplit(":", 1)
+        metrics_address = serve_metrics(mhost, int(mport))
+    ctx = HostContext(instance_id, address, metrics_address, controller, pool)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if lifeline:
+        _watch_lifeline(stop)
+    kind_name = KIND_NAMES.get(component.kind, "nodeagent")
+    try:
+        await component.start(ctx)
+        if component.kind:
+            component.on_membership(await _register(ctx, component.kind, register_timeout_s))
+        names = [s[2] for s in component.services()]
+        await rpc.set_serving(health_servicer, names)
+        ready = {
+            "kind": kind_name,
+            "id": instance_id,
+            "address": address,
+            "metrics": metrics_address,
+            "pid": os.getpid(),
+            **ctx.extra,
+        }
+        print(READY_PREFIX + json.dumps(ready), flush=True)
+        log.info(
+            "%s %s serving on %s (metrics %s)", kind_name, instance_id, address, metrics_address
+        )
+        await stop.wait()
+    finally:
+        log.info("%s %s stopping", kind_name, instance_id)
+        await rpc.set_serving(health_servicer, [s[2] for s in component.services()], False)
+        if component.kind:
+            await _deregister(ctx, component.kind)
+        await server.stop(grace=1.0)
+        await component.stop()
+        await pool.close()

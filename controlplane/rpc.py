@@ -1,0 +1,215 @@
+"""gRPC helpers: every server and channel of Galaxy is made here.
+
+One place to switch on credentials later (TLS/mTLS), to add the standard
+health and reflection services, to map errors to clear statuses, and to make
+sure every outgoing RPC carries a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from controlplane.errors import GalaxyError
+from controlplane.metrics import RPC_LATENCY, RPC_REQUESTS
+
+log = logging.getLogger(__name__)
+
+# Deadline applied to an outgoing RPC whose caller did not choose one.
+DEFAULT_TIMEOUT_S = 10.0
+
+# Keepalive so a dead peer is noticed; large messages for status listings.
+_CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.enable_http_proxy", 0),
+]
+_SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+
+
+class _ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts and times every unary RPC and turns exceptions into statuses.
+
+    A GalaxyError becomes its status and message. Any other exception is
+    logged with its traceback here and answered as INTERNAL with a short
+    message, so a client never sees a Python traceback.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 2)[-2:]
+        name = "/".join(method)
+        inner = handler.unary_unary
+        latency = RPC_LATENCY.labels(name)
+
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                return await inner(request, context)
+            except GalaxyError as e:
+                code = e.code
+                await context.abort(e.code, e.message)
+            except grpc.aio.AbortError:
+                code = context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
+                raise
+            except Exception:
+                code = grpc.StatusCode.INTERNAL
+                log.exception("unhandled error in %s", name)
+                await context.abort(
+                    grpc.StatusCode.INTERNAL,
+                    f"internal error in {name}; see the server log",
+                )
+            finally:
+                latency.observe(time.perf_counter() - start)
+                RPC_REQUESTS.labels(name, code.name).inc()
+
+        return grpc.unary_unary_rpc_method_handler(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def create_server(
+    listen: str,
+    services: Iterable[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]],
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """Build a grpc.aio server on listen (host:port, port 0 = any free port).
+
+    services: (add_XServicer_to_server, servicer, full service name) triples.
+    Adds the standard health service (every service SERVING once started is
+    the caller's job via the returned HealthServicer) and server reflection.
+    Returns (server, bound port, health servicer); call ``await server.start()``.
+    """
+    server = grpc.aio.server(interceptors=[_ErrorAndMetricsInterceptor()], options=_SERVER_OPTIONS)
+    names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
+    for add, servicer, name in services:
+        add(servicer, server)
+        names.append(name)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    return server, port, health_servicer
+
+
+async def set_serving(health_servicer: Any, names: Iterable[str], serving: bool = True) -> None:
+    """Mark the overall server ("") and each service SERVING or NOT_SERVING."""
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for n in ["", *names]:
+        await health_servicer.set(n, status)
+
+
+def insecure_channel(address: str) -> grpc.aio.Channel:
+    """A new channel to address (host:port). Prefer ChannelPool."""
+    return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+
+
+S = TypeVar("S")
+
+
+class Deadlined(Generic[S]):
+    """A stub proxy that gives every call a deadline unless one is passed.
+
+    ``stub.Method(req)`` becomes ``stub.Method(req, timeout=default)``.
+    """
+
+    __slots__ = ("_stub", "_timeout")
+
+    def __init__(self, stub: S, timeout: float) -> None:
+        self._stub = stub
+        self._timeout = timeout
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._stub, name)
+        timeout = self._timeout
+
+        def call(request: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", timeout)
+            return method(request, **kwargs)
+
+        return call
+
+
+class ChannelPool:
+    """Connection cache: one gRPC channel per downstream address, reused.
+
+    Call sites use ``async with pool.stub(address, XStub) as stub:``. With
+    ``enabled=False`` (the ablation switch) each use opens a fresh channel and
+    closes it on exit, which is the cost the cache removes.
+    """
+
+    def __init__(self, enabled: bool = True, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.enabled = enabled
+        self.timeout = timeout
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[tuple[str, Any], Any] = {}
+        self.channels_created = 0
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = insecure_channel(address)
+            self._channels[address] = ch
+            self.channels_created += 1
+        return ch
+
+    @contextlib.asynccontextmanager
+    async def stub(
+        self, address: str, stub_cls: Callable[[grpc.aio.Channel], S]
+    ) -> AsyncIterator[Any]:
+        """A deadline-carrying stub of stub_cls for address, for one use."""
+        if self.enabled:
+            key = (address, stub_cls)
+            s = self._stubs.get(key)
+            if s is None:
+                s = Deadlined(stub_cls(self._channel(address)), self.timeout)
+                self._stubs[key] = s
+            yield s
+            return
+        self.channels_created += 1
+        ch = insecure_channel(address)
+        try:
+            yield Deadlined(stub_cls(ch), self.timeout)
+        finally:
+            await ch.close()
+
+    async def forget(self, address: str) -> None:
+        """Drop and close the channel to address (peer gone)."""
+        ch = self._channels.pop(address, None)
+        for key in [k for k in self._stubs if k[0] == address]:
+            del self._stubs[key]
+        if ch is not None:
+            await ch.close()
+
+    async def close(self) -> None:
+        """Close every pooled channel."""
+        chans = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for ch in chans:
+            await ch.close()

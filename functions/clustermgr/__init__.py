@@ -1,0 +1,1 @@
+"""ClusterMgr control function: node registration, heartbeats, liveness."""

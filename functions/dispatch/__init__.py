@@ -1,0 +1,1 @@
+"""Dispatch control function: routing, cold-start coalescing, scale-up."""

@@ -1,0 +1,1 @@
+"""Schedule control function: placement on the instance's node partition."""

@@ -1,0 +1,1 @@
+"""Generated gRPC code for the galaxy.v1 API (see proto/)."""

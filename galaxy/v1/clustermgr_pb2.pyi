@@ -1,0 +1,40 @@
+from galaxy.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class UpdateReply(_message.Message):
+    __slots__ = ("reregister", "heartbeat_interval_ms")
+    REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    reregister: bool
+    heartbeat_interval_ms: int
+    def __init__(self, reregister: _Optional[bool] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+
+class ListClusterNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterNode(_message.Message):
+    __slots__ = ("status", "alive", "last_seen_ms", "schedule_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_MS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.NodeStatus
+    alive: bool
+    last_seen_ms: float
+    schedule_id: str
+    def __init__(self, status: _Optional[_Union[_common_pb2.NodeStatus, _Mapping]] = ..., alive: _Optional[bool] = ..., last_seen_ms: _Optional[float] = ..., schedule_id: _Optional[str] = ...) -> None: ...
+
+class ListClusterNodesReply(_message.Message):
+    __slots__ = ("clustermgr_id", "nodes")
+    CLUSTERMGR_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    clustermgr_id: str
+    nodes: _containers.RepeatedCompositeFieldContainer[ClusterNode]
+    def __init__(self, clustermgr_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[ClusterNode, _Mapping]]] = ...) -> None: ...

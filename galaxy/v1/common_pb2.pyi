@@ -1,0 +1,146 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ControlKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTROL_KIND_UNSPECIFIED: _ClassVar[ControlKind]
+    CONTROL_KIND_DISPATCH: _ClassVar[ControlKind]
+    CONTROL_KIND_SCHEDULE: _ClassVar[ControlKind]
+    CONTROL_KIND_CLUSTERMGR: _ClassVar[ControlKind]
+    CONTROL_KIND_CONTROLLER: _ClassVar[ControlKind]
+CONTROL_KIND_UNSPECIFIED: ControlKind
+CONTROL_KIND_DISPATCH: ControlKind
+CONTROL_KIND_SCHEDULE: ControlKind
+CONTROL_KIND_CLUSTERMGR: ControlKind
+CONTROL_KIND_CONTROLLER: ControlKind
+
+class Resources(_message.Message):
+    __slots__ = ("cpu_millis", "memory_mib", "gpus")
+    CPU_MILLIS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    cpu_millis: int
+    memory_mib: int
+    gpus: int
+    def __init__(self, cpu_millis: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[int] = ...) -> None: ...
+
+class FunctionSpec(_message.Message):
+    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    MIN_SCALE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SCALE_FIELD_NUMBER: _ClassVar[int]
+    READINESS_PATH_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    env: _containers.ScalarMap[str, str]
+    resources: Resources
+    concurrency: int
+    min_scale: int
+    max_scale: int
+    readiness_path: str
+    startup_timeout_ms: int
+    version: int
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ControlInstance(_message.Message):
+    __slots__ = ("id", "kind", "address", "metrics_address")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: ControlKind
+    address: str
+    metrics_address: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[ControlKind, str]] = ..., address: _Optional[str] = ..., metrics_address: _Optional[str] = ...) -> None: ...
+
+class Membership(_message.Message):
+    __slots__ = ("epoch", "instances")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    instances: _containers.RepeatedCompositeFieldContainer[ControlInstance]
+    def __init__(self, epoch: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[ControlInstance, _Mapping]]] = ...) -> None: ...
+
+class InstanceInfo(_message.Message):
+    __slots__ = ("instance_id", "function", "node_id", "address", "spec_version", "concurrency")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    function: str
+    node_id: str
+    address: str
+    spec_version: int
+    concurrency: int
+    def __init__(self, instance_id: _Optional[str] = ..., function: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., spec_version: _Optional[int] = ..., concurrency: _Optional[int] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node_id", "address", "capacity", "allocated", "instances", "seq")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    capacity: Resources
+    allocated: Resources
+    instances: int
+    seq: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., instances: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class CoordinateAction(_message.Message):
+    __slots__ = ("kind", "function")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[CoordinateAction.Kind]
+        KIND_FUNCTION_DELETED: _ClassVar[CoordinateAction.Kind]
+        KIND_FUNCTION_UPDATED: _ClassVar[CoordinateAction.Kind]
+    KIND_UNSPECIFIED: CoordinateAction.Kind
+    KIND_FUNCTION_DELETED: CoordinateAction.Kind
+    KIND_FUNCTION_UPDATED: CoordinateAction.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    kind: CoordinateAction.Kind
+    function: str
+    def __init__(self, kind: _Optional[_Union[CoordinateAction.Kind, str]] = ..., function: _Optional[str] = ...) -> None: ...
+
+class CoordinateRequest(_message.Message):
+    __slots__ = ("membership", "actions")
+    MEMBERSHIP_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    membership: Membership
+    actions: _containers.RepeatedCompositeFieldContainer[CoordinateAction]
+    def __init__(self, membership: _Optional[_Union[Membership, _Mapping]] = ..., actions: _Optional[_Iterable[_Union[CoordinateAction, _Mapping]]] = ...) -> None: ...
+
+class CoordinateReply(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,115 @@
+from galaxy.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DispatchRequest(_message.Message):
+    __slots__ = ("function", "request_id", "forwarded")
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FORWARDED_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    request_id: str
+    forwarded: bool
+    def __init__(self, function: _Optional[str] = ..., request_id: _Optional[str] = ..., forwarded: _Optional[bool] = ...) -> None: ...
+
+class InstanceAddr(_message.Message):
+    __slots__ = ("function", "instance_id", "address", "node_id", "lease_id", "cold_start", "wait_ms", "lease_ttl_ms")
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    COLD_START_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    instance_id: str
+    address: str
+    node_id: str
+    lease_id: str
+    cold_start: bool
+    wait_ms: float
+    lease_ttl_ms: int
+    def __init__(self, function: _Optional[str] = ..., instance_id: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., cold_start: _Optional[bool] = ..., wait_ms: _Optional[float] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("function", "lease_id", "forwarded")
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    FORWARDED_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    lease_id: str
+    forwarded: bool
+    def __init__(self, function: _Optional[str] = ..., lease_id: _Optional[str] = ..., forwarded: _Optional[bool] = ...) -> None: ...
+
+class ReleaseReply(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class ModInstanceRequest(_message.Message):
+    __slots__ = ("op", "instance", "reason")
+    class Op(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OP_UNSPECIFIED: _ClassVar[ModInstanceRequest.Op]
+        OP_ADD: _ClassVar[ModInstanceRequest.Op]
+        OP_REMOVE: _ClassVar[ModInstanceRequest.Op]
+    OP_UNSPECIFIED: ModInstanceRequest.Op
+    OP_ADD: ModInstanceRequest.Op
+    OP_REMOVE: ModInstanceRequest.Op
+    OP_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    op: ModInstanceRequest.Op
+    instance: _common_pb2.InstanceInfo
+    reason: str
+    def __init__(self, op: _Optional[_Union[ModInstanceRequest.Op, str]] = ..., instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ModInstanceReply(_message.Message):
+    __slots__ = ("changed",)
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    def __init__(self, changed: _Optional[bool] = ...) -> None: ...
+
+class ListInstancesRequest(_message.Message):
+    __slots__ = ("function",)
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    def __init__(self, function: _Optional[str] = ...) -> None: ...
+
+class InstanceState(_message.Message):
+    __slots__ = ("instance", "in_flight", "draining")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    instance: _common_pb2.InstanceInfo
+    in_flight: int
+    draining: bool
+    def __init__(self, instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class FunctionRouting(_message.Message):
+    __slots__ = ("function", "waiting", "pending")
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    waiting: int
+    pending: int
+    def __init__(self, function: _Optional[str] = ..., waiting: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class ListInstancesReply(_message.Message):
+    __slots__ = ("dispatch_id", "instances", "functions")
+    DISPATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
+    dispatch_id: str
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceState]
+    functions: _containers.RepeatedCompositeFieldContainer[FunctionRouting]
+    def __init__(self, dispatch_id: _Optional[str] = ..., instances: _Optional[_Iterable[_Union[InstanceState, _Mapping]]] = ..., functions: _Optional[_Iterable[_Union[FunctionRouting, _Mapping]]] = ...) -> None: ...

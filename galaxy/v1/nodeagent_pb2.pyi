@@ -1,0 +1,66 @@
+from galaxy.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CreateInstanceRequest(_message.Message):
+    __slots__ = ("node_id", "instance_id", "function", "notify_address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    instance_id: str
+    function: _common_pb2.FunctionSpec
+    notify_address: str
+    def __init__(self, node_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., function: _Optional[_Union[_common_pb2.FunctionSpec, _Mapping]] = ..., notify_address: _Optional[str] = ...) -> None: ...
+
+class CreateInstanceReply(_message.Message):
+    __slots__ = ("instance", "startup_ms")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_MS_FIELD_NUMBER: _ClassVar[int]
+    instance: _common_pb2.InstanceInfo
+    startup_ms: float
+    def __init__(self, instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., startup_ms: _Optional[float] = ...) -> None: ...
+
+class DeleteInstanceRequest(_message.Message):
+    __slots__ = ("node_id", "instance_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    instance_id: str
+    def __init__(self, node_id: _Optional[str] = ..., instance_id: _Optional[str] = ...) -> None: ...
+
+class DeleteInstanceReply(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class ProbeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class ProbeReply(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.NodeStatus
+    def __init__(self, status: _Optional[_Union[_common_pb2.NodeStatus, _Mapping]] = ...) -> None: ...
+
+class ListNodeInstancesRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class ListNodeInstancesReply(_message.Message):
+    __slots__ = ("instances",)
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[_common_pb2.InstanceInfo]
+    def __init__(self, instances: _Optional[_Iterable[_Union[_common_pb2.InstanceInfo, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,65 @@
+from galaxy.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ScheduleRequest(_message.Message):
+    __slots__ = ("instance_id", "function", "notify_address")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    function: _common_pb2.FunctionSpec
+    notify_address: str
+    def __init__(self, instance_id: _Optional[str] = ..., function: _Optional[_Union[_common_pb2.FunctionSpec, _Mapping]] = ..., notify_address: _Optional[str] = ...) -> None: ...
+
+class ScheduleReply(_message.Message):
+    __slots__ = ("instance", "schedule_id", "probes", "scheduling_ms")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULING_MS_FIELD_NUMBER: _ClassVar[int]
+    instance: _common_pb2.InstanceInfo
+    schedule_id: str
+    probes: int
+    scheduling_ms: float
+    def __init__(self, instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., schedule_id: _Optional[str] = ..., probes: _Optional[int] = ..., scheduling_ms: _Optional[float] = ...) -> None: ...
+
+class ModNodeRequest(_message.Message):
+    __slots__ = ("op", "node")
+    class Op(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OP_UNSPECIFIED: _ClassVar[ModNodeRequest.Op]
+        OP_UPSERT: _ClassVar[ModNodeRequest.Op]
+        OP_REMOVE: _ClassVar[ModNodeRequest.Op]
+    OP_UNSPECIFIED: ModNodeRequest.Op
+    OP_UPSERT: ModNodeRequest.Op
+    OP_REMOVE: ModNodeRequest.Op
+    OP_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    op: ModNodeRequest.Op
+    node: _common_pb2.NodeStatus
+    def __init__(self, op: _Optional[_Union[ModNodeRequest.Op, str]] = ..., node: _Optional[_Union[_common_pb2.NodeStatus, _Mapping]] = ...) -> None: ...
+
+class ModNodeReply(_message.Message):
+    __slots__ = ("changed",)
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    def __init__(self, changed: _Optional[bool] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesReply(_message.Message):
+    __slots__ = ("schedule_id", "nodes")
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    schedule_id: str
+    nodes: _containers.RepeatedCompositeFieldContainer[_common_pb2.NodeStatus]
+    def __init__(self, schedule_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[_common_pb2.NodeStatus, _Mapping]]] = ...) -> None: ...

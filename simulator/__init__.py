@@ -1,0 +1,1 @@
+"""Discrete-event simulator (see docs/simulator.md)."""
