@@ -15,13 +15,12 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from galaxy.v1 import common_pb2, controller_pb2_grpc
+from typing import Any, Protocol, cast
 
 from controlplane import rpc
 from controlplane.membership import KIND_NAMES
 from controlplane.metrics import serve_metrics
+from galaxy.v1 import common_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,10 @@ def install_uvloop() -> None:
 async def _register(ctx: HostContext, kind: int, deadline_s: float) -> common_pb2.Membership:
     """Register with the controller, retrying until it answers or deadline_s passes."""
     me = common_pb2.ControlInstance(
-        id=ctx.instance_id, kind=kind, address=ctx.address, metrics_address=ctx.metrics_address
+        id=ctx.instance_id,
+        kind=cast(common_pb2.ControlKind, kind),
+        address=ctx.address,
+        metrics_address=ctx.metrics_address,
     )
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_s
@@ -93,7 +95,9 @@ async def _register(ctx: HostContext, kind: int, deadline_s: float) -> common_pb
 
 
 async def _deregister(ctx: HostContext, kind: int) -> None:
-    me = common_pb2.ControlInstance(id=ctx.instance_id, kind=kind, address=ctx.address)
+    me = common_pb2.ControlInstance(
+        id=ctx.instance_id, kind=cast(common_pb2.ControlKind, kind), address=ctx.address
+    )
     try:
         async with ctx.pool.stub(ctx.controller, controller_pb2_grpc.ControllerStub) as stub:
             await stub.DeregisterInstance(me, timeout=2.0)
@@ -151,7 +155,7 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     if lifeline:
         _watch_lifeline(stop)
-    kind_name = KIND_NAMES.get(component.kind, "nodeagent")
+    kind_name = getattr(component, "name", None) or KIND_NAMES.get(component.kind, "nodeagent")
     try:
         await component.start(ctx)
         if component.kind:

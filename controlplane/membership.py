@@ -6,9 +6,8 @@ ClusterMgr to Schedule, node agents to ClusterMgr, the SDK) holds one.
 
 from __future__ import annotations
 
-from galaxy.v1 import common_pb2
-
 from controlplane import rendezvous
+from galaxy.v1 import common_pb2
 
 Kind = int  # a common_pb2.ControlKind value
 

@@ -54,8 +54,9 @@ class _ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        method = handler_call_details.method.rsplit("/", 2)[-2:]
-        name = "/".join(method)
+        # "/galaxy.v1.Dispatch/Dispatch" -> "Dispatch/Dispatch": short labels.
+        service, _, method = handler_call_details.method.lstrip("/").partition("/")
+        name = f"{service.rsplit('.', 1)[-1]}/{method}"
         inner = handler.unary_unary
         latency = RPC_LATENCY.labels(name)
 

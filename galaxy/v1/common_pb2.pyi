@@ -84,20 +84,22 @@ class Membership(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[ControlInstance, _Mapping]]] = ...) -> None: ...
 
 class InstanceInfo(_message.Message):
-    __slots__ = ("instance_id", "function", "node_id", "address", "spec_version", "concurrency")
+    __slots__ = ("instance_id", "function", "node_id", "address", "spec_version", "concurrency", "node_address")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SPEC_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    NODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     function: str
     node_id: str
     address: str
     spec_version: int
     concurrency: int
-    def __init__(self, instance_id: _Optional[str] = ..., function: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., spec_version: _Optional[int] = ..., concurrency: _Optional[int] = ...) -> None: ...
+    node_address: str
+    def __init__(self, instance_id: _Optional[str] = ..., function: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., spec_version: _Optional[int] = ..., concurrency: _Optional[int] = ..., node_address: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node_id", "address", "capacity", "allocated", "instances", "seq")

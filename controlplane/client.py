@@ -1,0 +1,187 @@
+"""Python client SDK for Galaxy: async ``GalaxyClient`` and ``SyncGalaxyClient``.
+
+The client learns the Dispatch instances from the controller and sends each
+request straight to the instance that owns its function (rendezvous hashing,
+the same rule the servers use), so no hop is wasted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane import rpc
+from controlplane.errors import FailedPrecondition
+from controlplane.membership import MembershipView
+from galaxy.v1 import (
+    common_pb2,
+    controller_pb2,
+    controller_pb2_grpc,
+    dispatch_pb2,
+    dispatch_pb2_grpc,
+)
+
+DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
+
+
+@dataclass
+class InvokeResult:
+    """What ``invoke`` returns: where the request ran and what it answered."""
+
+    instance: dispatch_pb2.InstanceAddr
+    status: int
+    body: bytes
+
+    def text(self) -> str:
+        """The answer body as text."""
+        return self.body.decode("utf-8", "replace")
+
+
+class GalaxyClient:
+    """Async client of one Galaxy control plane (controller address)."""
+
+    def __init__(self, controller: str, timeout: float = 30.0) -> None:
+        self.controller = controller
+        self.timeout = timeout
+        self.pool = rpc.ChannelPool(timeout=timeout)
+        self.membership = MembershipView()
+
+    async def __aenter__(self) -> GalaxyClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close channels."""
+        await self.pool.close()
+
+    async def _ctl(self, method: str, request: Any) -> Any:
+        async with self.pool.stub(self.controller, controller_pb2_grpc.ControllerStub) as s:
+            return await getattr(s, method)(request)
+
+    # -- admin ------------------------------------------------------------
+
+    async def deploy(self, spec: common_pb2.FunctionSpec) -> common_pb2.FunctionSpec:
+        """Deploy (or replace) a function; durable when this returns."""
+        return await self._ctl(
+            "DeployFunction", controller_pb2.DeployFunctionRequest(function=spec)
+        )  # type: ignore[no-any-return]
+
+    async def get_function(self, name: str) -> common_pb2.FunctionSpec:
+        """The stored spec of a function (NOT_FOUND if none)."""
+        return await self._ctl("GetFunction", controller_pb2.GetFunctionRequest(name=name))  # type: ignore[no-any-return]
+
+    async def list_functions(self) -> list[common_pb2.FunctionSpec]:
+        """All deployed functions."""
+        r = await self._ctl("ListFunctions", controller_pb2.ListFunctionsRequest())
+        return list(r.functions)
+
+    async def delete_function(self, name: str) -> None:
+        """Delete a function and its instances."""
+        await self._ctl("DeleteFunction", controller_pb2.DeleteFunctionRequest(name=name))
+
+    async def status(self) -> controller_pb2.ClusterStatus:
+        """Control instances, nodes, functions and instances."""
+        return await self._ctl("GetClusterStatus", controller_pb2.GetClusterStatusRequest())  # type: ignore[no-any-return]
+
+    async def refresh_membership(self) -> None:
+        """Fetch the current Dispatch instances from the controller."""
+        self.membership.update(
+            await self._ctl("GetMembership", controller_pb2.GetMembershipRequest())
+        )
+
+    # -- data path --------------------------------------------------------
+
+    async def dispatch(self, function: str, request_id: str = "") -> dispatch_pb2.InstanceAddr:
+        """Reserve a slot on an instance of function (may cold-start one)."""
+        if not self.membership.ids(DISPATCH):
+            await self.refresh_membership()
+        owner = self.membership.owner(DISPATCH, function)
+        if owner is None:
+            raise FailedPrecondition("no Dispatch instance is registered with the controller")
+        async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
+            return await s.Dispatch(  # type: ignore[no-any-return]
+                dispatch_pb2.DispatchRequest(function=function, request_id=request_id)
+            )
+
+    async def release(self, addr: dispatch_pb2.InstanceAddr) -> bool:
+        """Give back the slot of a dispatch() result."""
+        owner = self.membership.owner(DISPATCH, addr.function)
+        if owner is None:
+            return False
+        async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
+            r = await s.Release(
+                dispatch_pb2.ReleaseRequest(function=addr.function, lease_id=addr.lease_id)
+            )
+        return bool(r.released)
+
+    async def invoke(self, function: str, data: bytes, path: str = "/") -> InvokeResult:
+        """Dispatch, POST data to the instance over HTTP, release the slot."""
+        addr = await self.dispatch(function)
+        try:
+            status, body = await http_post(addr.address, path, data, self.timeout)
+        finally:
+            await self.release(addr)
+        return InvokeResult(addr, status, body)
+
+
+async def http_post(address: str, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+    """Minimal HTTP/1.1 POST over asyncio streams (no extra dependency)."""
+    if address.startswith("emulated://"):
+        # Emulated sandboxes have no process: answer like an echo would.
+        return 200, json.dumps(
+            {"echo": body.decode("utf-8", "replace"), "emulated": address}
+        ).encode()
+    host, port = address.rsplit(":", 1)
+
+    async def go() -> tuple[int, bytes]:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {len(body)}\r\n"
+                "Content-Type: application/octet-stream\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + body)
+            await writer.drain()
+            raw = await reader.read()
+        finally:
+            writer.close()
+        header, _, payload = raw.partition(b"\r\n\r\n")
+        status = int(header.split(b" ", 2)[1])
+        return status, payload
+
+    return await asyncio.wait_for(go(), timeout)
+
+
+class SyncGalaxyClient:
+    """Blocking wrapper of GalaxyClient for scripts (one private event loop)."""
+
+    def __init__(self, controller: str, timeout: float = 30.0) -> None:
+        self._runner = asyncio.Runner()
+        self._client = self._runner.run(self._make(controller, timeout))
+
+    @staticmethod
+    async def _make(controller: str, timeout: float) -> GalaxyClient:
+        return GalaxyClient(controller, timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._runner.run(method(*args, **kwargs))
+
+        return call
+
+    def close(self) -> None:
+        """Close channels and the loop."""
+        self._runner.run(self._client.close())
+        self._runner.close()
+
+    def __enter__(self) -> SyncGalaxyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

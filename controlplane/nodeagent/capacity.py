@@ -1,0 +1,170 @@
+"""Resource amounts and a node's capacity bookkeeping.
+
+Pure policy: no I/O, no clock. ``Res`` is the general resource vector used
+across the control plane (Schedule's probe cache, the simulator, node
+agents); ``NodeCapacity`` is one node's ledger of which instance holds what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from controlplane.errors import ResourceExhausted
+from galaxy.v1 import common_pb2
+
+_UINT32_MAX = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Res:
+    """An immutable resource vector: CPU millicores, memory MiB, whole GPUs.
+
+    Supports ``+`` and ``-`` (component-wise; ``-`` may go negative so a
+    deficit stays visible) and ``fits_in``. Convert with ``from_proto`` /
+    ``to_proto`` (``common_pb2.Resources``).
+    """
+
+    cpu_millis: int = 0
+    memory_mib: int = 0
+    gpus: int = 0
+
+    def __add__(self, other: Res) -> Res:
+        return Res(
+            self.cpu_millis + other.cpu_millis,
+            self.memory_mib + other.memory_mib,
+            self.gpus + other.gpus,
+        )
+
+    def __sub__(self, other: Res) -> Res:
+        return Res(
+            self.cpu_millis - other.cpu_millis,
+            self.memory_mib - other.memory_mib,
+            self.gpus - other.gpus,
+        )
+
+    def fits_in(self, other: Res) -> bool:
+        """True when every component of self is <= the same one of other."""
+        return (
+            self.cpu_millis <= other.cpu_millis
+            and self.memory_mib <= other.memory_mib
+            and self.gpus <= other.gpus
+        )
+
+    def is_zero(self) -> bool:
+        """True when every component is 0."""
+        return self.cpu_millis == 0 and self.memory_mib == 0 and self.gpus == 0
+
+    def clamped(self) -> Res:
+        """Components below 0 raised to 0."""
+        return Res(max(self.cpu_millis, 0), max(self.memory_mib, 0), max(self.gpus, 0))
+
+    @classmethod
+    def from_proto(cls, r: common_pb2.Resources | None) -> Res:
+        """From a ``common_pb2.Resources`` (None or unset = zero)."""
+        if r is None:
+            return cls()
+        return cls(r.cpu_millis, r.memory_mib, r.gpus)
+
+    def to_proto(self) -> common_pb2.Resources:
+        """As ``common_pb2.Resources``; components are clamped to uint32
+        because the wire type cannot carry a negative deficit."""
+
+        def u32(v: int) -> int:
+            return min(max(v, 0), _UINT32_MAX)
+
+        return common_pb2.Resources(
+            cpu_millis=u32(self.cpu_millis), memory_mib=u32(self.memory_mib), gpus=u32(self.gpus)
+        )
+
+    def shortfall(self, need: Res) -> list[str]:
+        """Human-readable list of the components where self (free) < need."""
+        out = []
+        if need.cpu_millis > self.cpu_millis:
+            out.append(f"{max(self.cpu_millis, 0)}m cpu free, instance needs {need.cpu_millis}m")
+        if need.memory_mib > self.memory_mib:
+            out.append(
+                f"{max(self.memory_mib, 0)}Mi memory free, instance needs {need.memory_mib}Mi"
+            )
+        if need.gpus > self.gpus:
+            out.append(f"{max(self.gpus, 0)} gpus free, instance needs {need.gpus}")
+        return out
+
+    def __str__(self) -> str:
+        return f"{self.cpu_millis}m cpu, {self.memory_mib}Mi memory, {self.gpus} gpus"
+
+
+ZERO = Res()
+
+
+class NodeCapacity:
+    """One node's capacity and the resources each instance holds.
+
+    Idempotent by instance id: allocating an id that already holds resources
+    changes nothing, freeing an unknown id changes nothing. This is what makes
+    CreateInstance/DeleteInstance retries safe.
+    """
+
+    def __init__(self, capacity: Res | common_pb2.Resources, node_id: str = "") -> None:
+        if not isinstance(capacity, Res):
+            capacity = Res.from_proto(capacity)
+        if capacity != capacity.clamped():
+            raise ValueError(f"capacity must not be negative: {capacity}")
+        self.node_id = node_id
+        self.capacity = capacity
+        self._held: dict[str, Res] = {}
+        # Kept as a running sum so free_resources() is O(1) on the probe path.
+        self._allocated = ZERO
+
+    @property
+    def allocated(self) -> Res:
+        """Sum of everything held."""
+        return self._allocated
+
+    def free_resources(self) -> Res:
+        """Capacity minus allocation."""
+        return self.capacity - self._allocated
+
+    def fits(self, req: Res) -> bool:
+        """True when req fits the free resources now."""
+        return req.fits_in(self.free_resources())
+
+    def holds(self, instance_id: str) -> bool:
+        """True when instance_id holds an allocation."""
+        return instance_id in self._held
+
+    def held(self, instance_id: str) -> Res | None:
+        """What instance_id holds, or None."""
+        return self._held.get(instance_id)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._held)
+
+    def allocate(self, instance_id: str, req: Res) -> bool:
+        """Reserve req for instance_id.
+
+        Returns True when newly allocated, False when instance_id already
+        held an allocation (kept as it was). Raises ResourceExhausted with the
+        components that fall short when req does not fit.
+        """
+        if instance_id in self._held:
+            return False
+        if req != req.clamped():
+            raise ValueError(f"a resource request must not be negative: {req}")
+        free = self.free_resources()
+        if not req.fits_in(free):
+            node = f"node {self.node_id}" if self.node_id else "node"
+            raise ResourceExhausted(f"{node} has " + "; ".join(free.shortfall(req)))
+        self._held[instance_id] = req
+        self._allocated = self._allocated + req
+        return True
+
+    def free(self, instance_id: str) -> Res | None:
+        """Release what instance_id holds; returns it, or None if nothing was held."""
+        req = self._held.pop(instance_id, None)
+        if req is not None:
+            self._allocated = self._allocated - req
+        return req

@@ -1,0 +1,139 @@
+"""The node agent as a hostable component: command-line flags and ``build``.
+
+The CLI adds these flags to its ``nodeagent`` subcommand and runs
+``controlplane.host.serve(build(args), ...)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from controlplane.host import HostContext
+from controlplane.nodeagent.capacity import Res
+from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS, Registrar
+from controlplane.nodeagent.sandbox import (
+    BACKENDS,
+    DEFAULT_STARTUP_TIMEOUT_MS,
+    SandboxBackend,
+    make_sandbox_backend,
+)
+from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
+from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the node agent's flags to p."""
+    g = p.add_argument_group("node agent")
+    g.add_argument("--nodes", type=int, default=1, help="nodes hosted by this agent (default 1)")
+    g.add_argument("--node-prefix", default="node", help="node ids are PREFIX-INDEX")
+    g.add_argument(
+        "--node-index-start",
+        type=int,
+        default=0,
+        help="index of the first node, so several agent processes get distinct ids (default 0)",
+    )
+    g.add_argument("--sandbox", choices=sorted(BACKENDS), default="process", help="sandbox backend")
+    g.add_argument("--cpu-millis", type=int, default=4000, help="CPU per node, millicores")
+    g.add_argument("--memory-mib", type=int, default=8192, help="memory per node, MiB")
+    g.add_argument("--gpus", type=int, default=0, help="GPUs per node")
+    g.add_argument(
+        "--start-delay-ms",
+        type=float,
+        default=0.0,
+        help="emulated sandbox: modelled cold-start delay (default 0)",
+    )
+    g.add_argument(
+        "--startup-timeout-ms",
+        type=int,
+        default=DEFAULT_STARTUP_TIMEOUT_MS,
+        help="process sandbox: readiness timeout when the spec sets none",
+    )
+    g.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=DEFAULT_HEARTBEAT_MS,
+        help="heartbeat interval unless ClusterMgr asks for another",
+    )
+    g.add_argument(
+        "--log-dir",
+        default=None,
+        help="process sandbox: where instances' stdout/stderr go (default: a temp dir)",
+    )
+
+
+def node_ids(prefix: str, count: int, start: int = 0) -> list[str]:
+    """The ids of a pool: PREFIX-START .. PREFIX-(START+COUNT-1)."""
+    return [f"{prefix}-{i}" for i in range(start, start + count)]
+
+
+class NodeAgentComponent:
+    """A node pool served by one process; satisfies ``controlplane.host.Component``.
+
+    Node agents do not register as control instances (kind 0); they register
+    their nodes with ClusterMgr instead (``Registrar``).
+    """
+
+    kind = 0
+    #: Name the host prints in its ready line and logs.
+    name = "nodeagent"
+
+    def __init__(
+        self,
+        servicer: NodeAgentServicer,
+        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_MS,
+    ) -> None:
+        self.servicer = servicer
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.registrar: Registrar | None = None
+
+    def services(self) -> list[tuple[Callable[[Any, Any], None], Any, str]]:
+        return [(nodeagent_pb2_grpc.add_NodeAgentServicer_to_server, self.servicer, SERVICE_NAME)]
+
+    async def start(self, ctx: HostContext) -> None:
+        self.servicer.attach(ctx.address, ctx.pool)
+        ids = list(self.servicer.nodes)
+        ctx.extra["nodes"] = ids
+        if not ctx.controller:
+            log.info("no controller given: nodes %s are not registered", ids)
+            return
+        self.registrar = Registrar(
+            ids,
+            self.servicer.heartbeat_status,
+            ctx.controller,
+            ctx.pool,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+        )
+        await self.registrar.start()
+
+    def on_membership(self, membership: common_pb2.Membership) -> None:
+        pass  # never registers as a control instance, so never called
+
+    async def stop(self) -> None:
+        if self.registrar is not None:
+            await self.registrar.stop()
+            self.registrar = None
+        await self.servicer.close()
+
+
+def build(args: argparse.Namespace) -> NodeAgentComponent:
+    """A NodeAgentComponent from the flags of ``add_arguments``."""
+    if args.nodes < 1:
+        raise ValueError("--nodes must be >= 1")
+    if min(args.cpu_millis, args.memory_mib, args.gpus) < 0:
+        raise ValueError("--cpu-millis, --memory-mib and --gpus must be >= 0")
+    backend: SandboxBackend
+    if args.sandbox == "emulated":
+        backend = make_sandbox_backend("emulated", start_delay_ms=args.start_delay_ms)
+    else:
+        backend = make_sandbox_backend(
+            args.sandbox, log_dir=args.log_dir, startup_timeout_ms=args.startup_timeout_ms
+        )
+    cap = Res(args.cpu_millis, args.memory_mib, args.gpus)
+    ids = node_ids(args.node_prefix, args.nodes, args.node_index_start)
+    servicer = NodeAgentServicer([(n, cap) for n in ids], backend)
+    return NodeAgentComponent(servicer, heartbeat_interval_ms=args.heartbeat_ms)

@@ -1,0 +1,342 @@
+"""The process sandbox backend: each instance is a real subprocess that
+listens on a loopback port (the embedded default)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from controlplane.errors import Unavailable
+from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
+from galaxy.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STARTUP_TIMEOUT_MS = 10_000
+DEFAULT_STOP_GRACE_S = 2.0
+# Readiness polling: start fast (a Python server is ready in ~80 ms, so every
+# millisecond of poll interval is cold-start latency) and cap low.
+_POLL_FIRST_S = 0.005
+_POLL_CAP_S = 0.010
+
+# Run by the fallback launcher (no setpriv): set the parent-death signal, check
+# the agent did not die before that (the signal would then never come), exec.
+_PY_LAUNCHER = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def pdeathsig_prefix() -> list[str]:
+    """Command prefix that gives an instance SIGKILL when its agent dies.
+
+    PR_SET_PDEATHSIG survives exec, so a launcher can set it and then exec the
+    instance's command in the same process: instances never outlive their
+    node agent, even one killed with SIGKILL. The setting is not made in a
+    preexec_fn: running Python in the child of a forked multi-threaded process
+    (gRPC and asyncio threads) crashes intermittently (seen here as SIGSEGV in
+    threading._after_fork). util-linux ``setpriv`` costs ~1 ms; without it a
+    Python launcher is used (slower: one interpreter start).
+    """
+    if not sys.platform.startswith("linux"):
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        return [setpriv, "--pdeathsig", "KILL", "--"]
+    return [sys.executable, "-S", "-I", "-c", _PY_LAUNCHER, str(os.getpid())]
+
+
+def _cannot_run(command: str, env: dict[str, str], cwd: str | None) -> str | None:
+    """Why command cannot be run (None when it can).
+
+    Checked up front because through the launcher a missing binary would only
+    show as an early exit. Synchronous: a few stat calls.
+    """
+    if cwd is not None and not os.path.isdir(cwd):
+        return f"workdir {cwd} does not exist on this node"
+    if "/" in command:
+        path = os.path.join(cwd or os.getcwd(), command)
+        ok = os.path.isfile(path) and os.access(path, os.X_OK)
+    else:
+        ok = shutil.which(command, path=env.get("PATH")) is not None
+    return None if ok else f"{command!r} is not found or not executable on this node"
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # the Linux default
+
+
+# Instance ports are drawn below the kernel's ephemeral range: a port taken
+# with bind(0) and released is soon handed to some outgoing connection or
+# another bind(0) (other agents, gRPC servers), so the instance would race them.
+_PORT_LOW = 10_000
+_EPHEMERAL_LOW = _ephemeral_range()[0]
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _free_port(avoid: set[int]) -> int:
+    """A loopback port free right now (the instance binds it moments later)."""
+    if _EPHEMERAL_LOW - _PORT_LOW >= 1000:
+        for _ in range(64):
+            port = random.randrange(_PORT_LOW, _EPHEMERAL_LOW)
+            if port not in avoid and _port_is_free(port):
+                return port
+    while True:  # no room below the ephemeral range: let the kernel choose
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _tail(path: Path, max_lines: int = 10, max_bytes: int = 4096) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-max_lines:])
+
+
+async def _ready_probe(port: int, path: str, timeout_s: float) -> bool:
+    """One readiness check: TCP connect, or HTTP GET path answering 2xx."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                if not path:
+                    return True
+                writer.write(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                status = (await reader.readline()).split()
+                return len(status) >= 2 and status[1].startswith(b"2")
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+    except (OSError, TimeoutError):
+        return False
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class ProcessSandbox(Sandbox):
+    """An instance running as a subprocess in its own process group."""
+
+    def __init__(
+        self,
+        backend: ProcessBackend,
+        node_id: str,
+        instance_id: str,
+        proc: asyncio.subprocess.Process,
+        port: int,
+        stderr_path: Path,
+        on_exit: ExitCallback | None,
+    ) -> None:
+        super().__init__(node_id, instance_id, f"127.0.0.1:{port}")
+        self.pid = proc.pid
+        self.port = port
+        self.stderr_path = stderr_path
+        self.returncode: int | None = None
+        self._backend = backend
+        self._proc = proc
+        self._on_exit = on_exit
+        self._ready = False
+        self._stopping = False
+        self._exited: asyncio.Task[int] = asyncio.create_task(self._watch())
+
+    @property
+    def running(self) -> bool:
+        return not self._exited.done()
+
+    async def _watch(self) -> int:
+        rc = await self._proc.wait()
+        self.returncode = rc
+        self._backend._live.discard(self)
+        # The leader is gone; anything it left in its group goes too.
+        _killpg(self.pid or 0, signal.SIGKILL)
+        if self._ready and not self._stopping and self._on_exit is not None:
+            try:
+                self._on_exit(self.instance_id, rc)
+            except Exception:
+                log.exception("exit callback failed for instance %s", self.instance_id)
+        return rc
+
+    async def _failure(self, what: str) -> Unavailable:
+        tail = await asyncio.to_thread(_tail, self.stderr_path)
+        detail = f"; last stderr lines:\n{tail}" if tail else "; stderr was empty"
+        return Unavailable(
+            f"instance {self.instance_id} on node {self.node_id} {what}{detail}"
+            f" (full log: {self.stderr_path})"
+        )
+
+    async def wait_ready(self, timeout_s: float, path: str) -> None:
+        """Poll until ready; raise Unavailable if it exits or times out first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        interval = _POLL_FIRST_S
+        while True:
+            if self._exited.done():
+                rc = self._exited.result()
+                raise await self._failure(f"{describe_exit(rc)} before it became ready")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                check = f"GET {path} answering 2xx" if path else "a TCP connection"
+                raise await self._failure(
+                    f"did not become ready within {timeout_s * 1000:.0f} ms "
+                    f"(waited for {check} on port {self.port})"
+                )
+            if await _ready_probe(self.port, path, min(remaining, 1.0)):
+                self._ready = True
+                return
+            # Waiting on the exit task (not a plain sleep) notices a crash at once.
+            await asyncio.wait({self._exited}, timeout=min(interval, remaining))
+            interval = min(interval * 2, _POLL_CAP_S)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM to the group, SIGKILL after grace_s, and reap."""
+        self._stopping = True
+        if grace_s is None:
+            grace_s = self._backend.stop_grace_s
+        if not self._exited.done():
+            pgid = self.pid or 0
+            if grace_s > 0:
+                _killpg(pgid, signal.SIGTERM)
+                await asyncio.wait({self._exited}, timeout=grace_s)
+            if not self._exited.done():
+                _killpg(pgid, signal.SIGKILL)
+        # Shielded: a cancelled stop must not cancel reaping.
+        await asyncio.shield(self._exited)
+
+
+class ProcessBackend(SandboxBackend):
+    """Runs FunctionSpec.command as a subprocess with PORT set.
+
+    log_dir: stdout and stderr go to <log_dir>/<node_id>/<instance_id>.{out,err}
+    (default: a new temporary directory).
+    """
+
+    kind = "process"
+    needs_command = True
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str] | None = None,
+        startup_timeout_ms: int = DEFAULT_STARTUP_TIMEOUT_MS,
+        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+    ) -> None:
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="galaxy-agent-"))
+        self.startup_timeout_ms = startup_timeout_ms
+        self.stop_grace_s = stop_grace_s
+        self._live: set[ProcessSandbox] = set()
+        self._prefix = pdeathsig_prefix()
+
+    def _env(
+        self, node_id: str, instance_id: str, spec: common_pb2.FunctionSpec, port: int
+    ) -> dict[str, str]:
+        # Not the agent's whole environment: an instance sees PATH, its spec's
+        # env and what the agent tells it (set last, so a spec cannot fake them).
+        env = {"PATH": os.environ.get("PATH", os.defpath)}
+        env.update(spec.env)
+        env["GALAXY_INSTANCE_ID"] = instance_id
+        env["GALAXY_FUNCTION"] = spec.name
+        env["GALAXY_NODE_ID"] = node_id
+        env["PORT"] = str(port)
+        return env
+
+    def _open_logs(self, node_id: str, instance_id: str) -> tuple[BinaryIO, BinaryIO]:
+        # Synchronous on purpose: creating two local files takes microseconds,
+        # less than a hop to a worker thread would.
+        node_dir = self.log_dir / _UNSAFE.sub("_", node_id)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        stem = _UNSAFE.sub("_", instance_id)
+        out = open(node_dir / f"{stem}.out", "wb")
+        try:
+            return out, open(node_dir / f"{stem}.err", "wb")
+        except BaseException:
+            out.close()
+            raise
+
+    async def start(
+        self,
+        node_id: str,
+        instance_id: str,
+        spec: common_pb2.FunctionSpec,
+        on_exit: ExitCallback | None = None,
+    ) -> ProcessSandbox:
+        if not spec.command:
+            raise Unavailable(f"function {spec.name} has no command to run")
+        port = _free_port({sb.port for sb in self._live})
+        env = self._env(node_id, instance_id, spec, port)
+        cwd = spec.workdir or None
+        why = _cannot_run(spec.command[0], env, cwd)
+        if why is not None:
+            raise Unavailable(f"cannot start instance {instance_id} of {spec.name}: {why}")
+        out, err = self._open_logs(node_id, instance_id)
+        stderr_path = Path(err.name)
+        with out, err:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *self._prefix,
+                    *spec.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,  # own process group: stop kills the whole tree
+                )
+            except (OSError, subprocess.SubprocessError) as e:
+                raise Unavailable(
+                    f"cannot run {spec.command[0]!r} for instance {instance_id}: {e}"
+                ) from None
+        sb = ProcessSandbox(self, node_id, instance_id, proc, port, stderr_path, on_exit)
+        self._live.add(sb)
+        timeout_ms = spec.startup_timeout_ms or self.startup_timeout_ms
+        path = spec.readiness_path
+        if path and not path.startswith("/"):
+            path = "/" + path
+        try:
+            await sb.wait_ready(timeout_ms / 1000, path)
+        except BaseException:
+            # Failed or cancelled start: nothing may be left running.
+            await sb.stop(grace_s=0)
+            raise
+        return sb
+
+    async def close(self) -> None:
+        await asyncio.gather(*(sb.stop() for sb in list(self._live)))

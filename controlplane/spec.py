@@ -1,0 +1,167 @@
+"""Function specs: YAML -> FunctionSpec proto, and validation with messages
+that name the offending field. Used by the CLI (before sending) and by the
+controller (authoritative: it never stores an invalid spec).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controlplane.errors import InvalidArgument
+from galaxy.v1 import common_pb2
+
+NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Defaults a user would expect from a serverless platform.
+DEFAULT_CONCURRENCY = 1
+DEFAULT_MAX_SCALE = 10
+DEFAULT_STARTUP_TIMEOUT_MS = 30_000
+MAX_STARTUP_TIMEOUT_MS = 600_000
+
+_TOP_FIELDS = {
+    "name",
+    "command",
+    "workdir",
+    "env",
+    "resources",
+    "concurrency",
+    "min_scale",
+    "max_scale",
+    "readiness_path",
+    "startup_timeout_ms",
+}
+_RES_FIELDS = {"cpu_millis", "memory_mib", "gpus"}
+
+
+def _int(doc: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int) -> int:
+    v = doc.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidArgument(f"{path}: must be an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise InvalidArgument(f"{path}: must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec:
+    """Build a FunctionSpec from a parsed YAML/JSON document.
+
+    base_dir resolves a relative ``workdir`` (the spec file's directory), so
+    specs in the repo work from any current directory.
+    Raises InvalidArgument naming the field on any problem.
+    """
+    if not isinstance(doc, dict):
+        raise InvalidArgument("spec: must be a mapping with at least 'name' and 'command'")
+    unknown = sorted(set(doc) - _TOP_FIELDS)
+    if unknown:
+        raise InvalidArgument(
+            f"{unknown[0]}: unknown field (allowed: {', '.join(sorted(_TOP_FIELDS))})"
+        )
+    spec = common_pb2.FunctionSpec()
+    name = doc.get("name")
+    if not isinstance(name, str):
+        raise InvalidArgument("name: required string")
+    spec.name = name
+    command = doc.get("command")
+    if isinstance(command, str):
+        raise InvalidArgument("command: must be a list of strings, e.g. [python3, server.py]")
+    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+        raise InvalidArgument("command: required list of strings")
+    spec.command.extend(command)
+    workdir = doc.get("workdir", "")
+    if not isinstance(workdir, str):
+        raise InvalidArgument("workdir: must be a string path")
+    if workdir and not os.path.isabs(workdir) and base_dir is not None:
+        workdir = str((base_dir / workdir).resolve())
+    spec.workdir = workdir
+    env = doc.get("env", {}) or {}
+    if not isinstance(env, dict):
+        raise InvalidArgument("env: must be a mapping of NAME: value")
+    for k, v in env.items():
+        if not isinstance(k, str) or not isinstance(v, str | int | float):
+            raise InvalidArgument(f"env.{k}: values must be strings")
+        spec.env[k] = str(v)
+    res = doc.get("resources", {}) or {}
+    if not isinstance(res, dict):
+        raise InvalidArgument("resources: must be a mapping (cpu_millis, memory_mib, gpus)")
+    bad = sorted(set(res) - _RES_FIELDS)
+    if bad:
+        raise InvalidArgument(
+            f"resources.{bad[0]}: unknown field (allowed: cpu_millis, memory_mib, gpus)"
+        )
+    spec.resources.cpu_millis = _int(res, "cpu_millis", "resources.cpu_millis", 100, 0, 1_000_000)
+    spec.resources.memory_mib = _int(res, "memory_mib", "resources.memory_mib", 128, 0, 16_777_216)
+    spec.resources.gpus = _int(res, "gpus", "resources.gpus", 0, 0, 64)
+    spec.concurrency = _int(doc, "concurrency", "concurrency", DEFAULT_CONCURRENCY, 1, 100_000)
+    spec.min_scale = _int(doc, "min_scale", "min_scale", 0, 0, 100_000)
+    spec.max_scale = _int(doc, "max_scale", "max_scale", DEFAULT_MAX_SCALE, 1, 100_000)
+    rp = doc.get("readiness_path", "")
+    if not isinstance(rp, str):
+        raise InvalidArgument("readiness_path: must be a string like /healthz")
+    spec.readiness_path = rp
+    spec.startup_timeout_ms = _int(
+        doc, "startup_timeout_ms", "startup_timeout_ms", DEFAULT_STARTUP_TIMEOUT_MS, 1,
+        MAX_STARTUP_TIMEOUT_MS,
+    )  # fmt: skip
+    validate(spec)
+    return spec
+
+
+def load_file(path: str | Path) -> common_pb2.FunctionSpec:
+    """Read and validate a YAML spec file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InvalidArgument(f"cannot read spec file {p}: {e.strerror}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise InvalidArgument(f"{p}: not valid YAML: {e}") from None
+    return from_dict(doc, base_dir=p.resolve().parent)
+
+
+def validate(spec: common_pb2.FunctionSpec) -> None:
+    """Check a spec (from YAML or straight from the gRPC API).
+
+    Zero values from proto3 mean "unset" only where a default is safe
+    (concurrency, max_scale, startup_timeout_ms are filled by ``with_defaults``).
+    """
+    if not spec.name:
+        raise InvalidArgument("name: required")
+    if not NAME_RE.match(spec.name):
+        raise InvalidArgument(
+            f"name: {spec.name!r} must be 1-63 lowercase letters, digits or '-', "
+            "starting with a letter and not ending with '-'"
+        )
+    if not spec.command:
+        raise InvalidArgument("command: required (the program and its arguments)")
+    if any(not c for c in spec.command[:1]):
+        raise InvalidArgument("command[0]: must not be empty")
+    if spec.workdir and not os.path.isabs(spec.workdir):
+        raise InvalidArgument(f"workdir: must be an absolute path, got {spec.workdir!r}")
+    if spec.readiness_path and not spec.readiness_path.startswith("/"):
+        raise InvalidArgument(f"readiness_path: must start with '/', got {spec.readiness_path!r}")
+    if spec.max_scale and spec.min_scale > spec.max_scale:
+        raise InvalidArgument(
+            f"min_scale: {spec.min_scale} is larger than max_scale {spec.max_scale}"
+        )
+    if spec.startup_timeout_ms > MAX_STARTUP_TIMEOUT_MS:
+        raise InvalidArgument(f"startup_timeout_ms: at most {MAX_STARTUP_TIMEOUT_MS}")
+
+
+def with_defaults(spec: common_pb2.FunctionSpec) -> common_pb2.FunctionSpec:
+    """A copy with proto3 zero values replaced by defaults, validated."""
+    out = common_pb2.FunctionSpec()
+    out.CopyFrom(spec)
+    if out.concurrency == 0:
+        out.concurrency = DEFAULT_CONCURRENCY
+    if out.max_scale == 0:
+        out.max_scale = max(DEFAULT_MAX_SCALE, out.min_scale)
+    if out.startup_timeout_ms == 0:
+        out.startup_timeout_ms = DEFAULT_STARTUP_TIMEOUT_MS
+    validate(out)
+    return out

@@ -1,0 +1,305 @@
+"""`galaxy up`: run a whole control plane on this machine, one process per
+component, until Ctrl-C; then stop everything (no orphans).
+
+Each child gets a lifeline: its stdin is a pipe from this supervisor, and a
+child exits when the pipe closes, so even a SIGKILLed supervisor leaves no
+processes behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controlplane.host import READY_PREFIX
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS_FILE = "endpoints.json"
+READY_TIMEOUT_S = 60.0
+
+
+def default_run_dir() -> Path:
+    """Where `galaxy up` writes endpoints.json and logs ($GALAXY_RUN_DIR or ~/.galaxy/run)."""
+    env = os.environ.get("GALAXY_RUN_DIR")
+    return Path(env) if env else Path.home() / ".galaxy" / "run"
+
+
+def read_endpoints(run_dir: Path) -> dict[str, Any] | None:
+    """The endpoints of a running `galaxy up` in run_dir, if any.
+
+    A file left by a supervisor that died (SIGKILL) is ignored: its children
+    exited with it (lifeline), so nothing answers at those addresses.
+    """
+    try:
+        data: dict[str, Any] = json.loads((run_dir / ENDPOINTS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    pid = data.get("supervisor_pid")
+    if isinstance(pid, int):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # alive, owned by someone else
+    return data
+
+
+@dataclass
+class UpConfig:
+    """What `galaxy up` starts."""
+
+    dispatch: int = 1
+    schedule: int = 1
+    clustermgr: int = 1
+    nodes: int = 4
+    sandbox: str = "process"
+    nodes_per_agent: int = 0  # 0 = 1 for process sandboxes, 105 for emulated
+    state: str = "memory://"
+    host: str = "127.0.0.1"
+    run_dir: Path = field(default_factory=default_run_dir)
+    connection_cache: bool = True
+    probe_cache: bool = True
+    node_cpu_millis: int = 4000
+    node_memory_mib: int = 8192
+    node_gpus: int = 0
+    start_delay_ms: int = 0
+    extra: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Child:
+    """One supervised process."""
+
+    name: str
+    proc: asyncio.subprocess.Process
+    log_path: Path
+    ready: dict[str, Any] = field(default_factory=dict)
+
+
+class Supervisor:
+    """Starts, watches and stops the processes of one control plane."""
+
+    def __init__(self, cfg: UpConfig) -> None:
+        self.cfg = cfg
+        self.children: list[Child] = []
+        self.log_dir = cfg.run_dir / "logs"
+
+    def _serve_cmd(self, kind: str, instance_id: str, *extra: str) -> list[str]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "controlplane.cli",
+            "serve",
+            kind,
+            "--id",
+            instance_id,
+            "--listen",
+            f"{self.cfg.host}:0",
+            "--metrics-listen",
+            f"{self.cfg.host}:0",
+            "--lifeline",
+        ]
+        if not self.cfg.connection_cache:
+            cmd.append("--no-connection-cache")
+        return cmd + list(extra) + self.cfg.extra.get(kind, [])
+
+    async def _spawn(self, name: str, cmd: list[str]) -> Child:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as logf:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=logf,
+            )
+        child = Child(name, proc, log_path)
+        self.children.append(child)
+        assert proc.stdout is not None
+        try:
+            while True:
+                line = await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT_S)
+                if not line:
+                    raise RuntimeError(
+                        f"{name} exited with code {await proc.wait()} before it was ready; "
+                        f"see {log_path}:\n{_tail(log_path)}"
+                    )
+                text = line.decode(errors="replace").strip()
+                if text.startswith(READY_PREFIX):
+                    child.ready = json.loads(text[len(READY_PREFIX) :])
+                    break
+        except TimeoutError:
+            raise RuntimeError(
+                f"{name} was not ready within {READY_TIMEOUT_S:.0f}s; see {log_path}"
+            ) from None
+        # Keep draining stdout so a chatty child never blocks on a full pipe.
+        asyncio.get_running_loop().create_task(_drain(proc.stdout))
+        return child
+
+    async def start(self) -> dict[str, Any]:
+        """Start everything; returns the endpoints (also written to endpoints.json)."""
+        cfg = self.cfg
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        ctl = await self._spawn(
+            "controller", self._serve_cmd("controller", "controller-0", "--state", cfg.state)
+        )
+        caddr = ctl.ready["address"]
+        jobs = []
+        for kind, n in (
+            ("clustermgr", cfg.clustermgr),
+            ("schedule", cfg.schedule),
+            ("dispatch", cfg.dispatch),
+        ):
+            for i in range(n):
+                extra = ["--controller", caddr]
+                if kind == "schedule" and not cfg.probe_cache:
+                    extra.append("--no-probe-cache")
+                if kind in ("dispatch", "clustermgr"):
+                    extra += ["--state", cfg.state]
+                jobs.append(
+                    self._spawn(f"{kind}-{i}", self._serve_cmd(kind, f"{kind}-{i}", *extra))
+                )
+        await asyncio.gather(*jobs)
+        per = cfg.nodes_per_agent or (1 if cfg.sandbox == "process" else 105)
+        jobs = []
+        for a, first in enumerate(range(0, cfg.nodes, per)):
+            count = min(per, cfg.nodes - first)
+            jobs.append(
+                self._spawn(
+                    f"agent-{a}",
+                    self._serve_cmd(
+                        "nodeagent",
+                        f"agent-{a}",
+                        "--controller",
+                        caddr,
+                        "--nodes",
+                        str(count),
+                        "--node-index-start",
+                        str(first),
+                        "--sandbox",
+                        cfg.sandbox,
+                        "--cpu-millis",
+                        str(cfg.node_cpu_millis),
+                        "--memory-mib",
+                        str(cfg.node_memory_mib),
+                        "--gpus",
+                        str(cfg.node_gpus),
+                        "--start-delay-ms",
+                        str(cfg.start_delay_ms),
+                        "--log-dir",
+                        str(self.log_dir / "instances"),
+                    ),
+                )
+            )
+        await asyncio.gather(*jobs)
+        endpoints = self.endpoints()
+        (cfg.run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints, indent=2))
+        return endpoints
+
+    def endpoints(self) -> dict[str, Any]:
+        """Addresses of every component, as written to endpoints.json."""
+        out: dict[str, Any] = {"controller": "", "components": [], "supervisor_pid": os.getpid()}
+        for c in self.children:
+            if c.name == "controller":
+                out["controller"] = c.ready["address"]
+            out["components"].append({"name": c.name, **c.ready, "log": str(c.log_path)})
+        return out
+
+    async def wait_nodes_registered(self, timeout_s: float = 60.0) -> int:
+        """Wait until ClusterMgr reports every node alive; returns the count."""
+        from controlplane.client import GalaxyClient
+
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        async with GalaxyClient(self.endpoints()["controller"], timeout=5.0) as c:
+            while True:
+                st = await c.status()
+                alive = sum(1 for n in st.nodes if n.alive)
+                if alive >= self.cfg.nodes or loop.time() > end:
+                    return alive
+                # Registration happens in other processes; poll a few times a second.
+                await asyncio.sleep(0.1)
+
+    async def watch(self, stop: asyncio.Event) -> str | None:
+        """Wait for stop or for a child to die; returns why we stopped."""
+        waits = {asyncio.ensure_future(c.proc.wait()): c for c in self.children}
+        stopper = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait([stopper, *waits], return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        stopper.cancel()
+        for fut in done:
+            if fut in waits:
+                c = waits[fut]
+                return f"{c.name} exited with code {c.proc.returncode}; see {c.log_path}"
+        return None
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop children, node agents first and the controller last."""
+        with contextlib.suppress(OSError):
+            (self.cfg.run_dir / ENDPOINTS_FILE).unlink()
+        order = sorted(
+            self.children,
+            key=lambda c: 0 if c.name.startswith("agent") else 2 if c.name == "controller" else 1,
+        )
+        for group in (0, 1, 2):
+            members = [
+                c
+                for c in order
+                if (0 if c.name.startswith("agent") else 2 if c.name == "controller" else 1)
+                == group
+            ]
+            await asyncio.gather(*(_terminate(c.proc, grace_s) for c in members))
+        self.children.clear()
+
+
+async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), grace_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+    if proc.stdin is not None:
+        proc.stdin.close()
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.read(65536):
+        pass
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def print_endpoints(endpoints: dict[str, Any], nodes_alive: int, out: Any = sys.stdout) -> None:
+    """The human summary `galaxy up` prints."""
+    print(f"Galaxy control plane is up (controller {endpoints['controller']})", file=out)
+    for c in endpoints["components"]:
+        extra = f" nodes={len(c['nodes'])}" if "nodes" in c else ""
+        print(
+            f"  {c['name']:<14} grpc {c['address']:<21} metrics http://{c['metrics']}/metrics"
+            f"  pid {c['pid']}{extra}",
+            file=out,
+        )
+    print(f"  nodes alive: {nodes_alive}", file=out)
+    print("Try: galaxy deploy -f examples/echo.yaml && galaxy invoke echo --data hello", file=out)
+    print("Press Ctrl-C to stop.", file=out, flush=True)

@@ -1,0 +1,325 @@
+"""ClusterMgr gRPC servicer: a thin adapter around ``NodeRegistry``.
+
+Heartbeats are answered at once; telling the owning Schedule instance
+(ModNode) happens off that path through an outbox: one queue per Schedule
+address in which the newest message per node replaces an unsent older one,
+drained by one task per address. So messages for a node reach its owner in
+order, and a slow Schedule instance costs coalescing, not memory or latency
+of heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+
+import grpc
+
+from controlplane import rpc
+from controlplane.errors import InvalidArgument
+from controlplane.metrics import NODES
+from functions.clustermgr.policy import SCHEDULE, NodeRecord, NodeRegistry, Registered, Updated
+from galaxy.v1 import clustermgr_pb2, clustermgr_pb2_grpc, common_pb2, schedule_pb2
+from galaxy.v1 import schedule_pb2_grpc as sf_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = clustermgr_pb2.DESCRIPTOR.services_by_name["ClusterMgr"].full_name
+UPSERT = schedule_pb2.ModNodeRequest.OP_UPSERT
+REMOVE = schedule_pb2.ModNodeRequest.OP_REMOVE
+NODE_KEY_PREFIX = "/galaxy/nodes/"
+
+#: Write-behind hook: (key, serialized value or None to delete).
+Record = Callable[[str, bytes | None], None]
+
+
+def node_key(node_id: str) -> str:
+    """State store key of a node record."""
+    return NODE_KEY_PREFIX + node_id
+
+
+class Outbox:
+    """ModNode messages to Schedule instances, in order per node, newest
+    wins. A failed message is retried (up to ``tries`` sends, with backoff)
+    unless a newer one for the node was queued meanwhile."""
+
+    def __init__(
+        self,
+        pool: rpc.ChannelPool,
+        *,
+        timeout_s: float = 2.0,
+        batch: int = 64,
+        tries: int = 3,
+        backoff_s: float = 0.1,
+    ) -> None:
+        self.pool = pool
+        self.timeout_s = timeout_s
+        self.batch = batch
+        self.tries = tries
+        self.backoff_s = backoff_s
+        self.sent = 0
+        self.failed = 0
+        # address -> node_id -> (message, sends tried, send a REMOVE first)
+        self._queues: dict[
+            str, OrderedDict[str, tuple[schedule_pb2.ModNodeRequest, int, bool]]
+        ] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def put(self, address: str, req: schedule_pb2.ModNodeRequest) -> None:
+        """Queue req for the Schedule instance at address."""
+        q = self._queues.setdefault(address, OrderedDict())
+        prev = q.pop(req.node.node_id, None)
+        # An UPSERT may replace a pending REMOVE only by carrying it along:
+        # REMOVE + UPSERT means "forget the old incarnation, learn this one".
+        reset = prev is not None and req.op == UPSERT and (prev[0].op == REMOVE or prev[2])
+        q[req.node.node_id] = (req, 0, reset)
+        if address not in self._tasks:
+            self._idle.clear()
+            self._tasks[address] = asyncio.create_task(self._drain(address))
+
+    async def flush(self) -> None:
+        """Wait until every queued message was sent or given up."""
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        """Stop sending; unsent messages are dropped (heartbeats resend)."""
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _drain(self, address: str) -> None:
+        q = self._queues[address]
+        failures = 0
+        try:
+            while q:
+                items = [q.popitem(last=False)[1] for _ in range(min(self.batch, len(q)))]
+                # One message per node per batch, batches in sequence: the
+                # order per node holds although a batch is sent concurrently.
+                results = await asyncio.gather(
+                    *(self._send(address, req, reset) for req, _, reset in items),
+                    return_exceptions=True,
+                )
+                failed = False
+                for (req, tried, reset), err in zip(items, results, strict=True):
+                    if err is None:
+                        self.sent += 1
+                        continue
+                    failed = True
+                    nid = req.node.node_id
+                    if tried + 1 < self.tries and nid not in q:
+                        q[nid] = (req, tried + 1, reset)
+                    else:
+                        self.failed += 1
+                        log.warning("ModNode %s for %s to %s lost: %s", req.op, nid, address, err)
+                if failed:
+                    failures += 1
+                    await asyncio.sleep(self.backoff_s * 2 ** min(failures - 1, 5))  # backoff
+                else:
+                    failures = 0
+        finally:
+            # No await between the loop's last check and here: put() cannot
+            # slip a message in that no task would send.
+            del self._tasks[address]
+            if not q:
+                del self._queues[address]
+            if not self._tasks:
+                self._idle.set()
+
+    async def _send(self, address: str, req: schedule_pb2.ModNodeRequest, reset: bool) -> None:
+        async with self.pool.stub(address, sf_grpc.ScheduleStub) as stub:
+            if reset:
+                gone = schedule_pb2.ModNodeRequest(op=REMOVE, node=req.node)
+                await stub.ModNode(gone, timeout=self.timeout_s)
+            await stub.ModNode(req, timeout=self.timeout_s)
+
+
+class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
+    """The ClusterMgr API of one instance.
+
+    heartbeat_s: interval told to node agents. record: write-behind hook for
+    node records (key ``/galaxy/nodes/<node_id>``, NodeStatus bytes; None =
+    delete); it must not block. ``bind(id, pool)`` when they are known only
+    once the server is up; ``start()`` runs the liveness loop.
+    """
+
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        *,
+        clustermgr_id: str = "",
+        pool: rpc.ChannelPool | None = None,
+        heartbeat_s: float = 1.0,
+        record: Record | None = None,
+        modnode_timeout_s: float = 2.0,
+    ) -> None:
+        self.registry = registry
+        self.heartbeat_s = heartbeat_s
+        self._record_fn = record
+        self.outbox = Outbox(pool or rpc.ChannelPool(), timeout_s=modnode_timeout_s)
+        self.clustermgr_id = clustermgr_id
+        self._liveness: asyncio.Task[None] | None = None
+
+    def bind(self, clustermgr_id: str, pool: rpc.ChannelPool) -> None:
+        """Set this instance's id and channel pool."""
+        self.clustermgr_id = clustermgr_id
+        self.outbox.pool = pool
+
+    # ----- API ---------------------------------------------------------------
+
+    async def RegisterNode(
+        self, request: common_pb2.NodeStatus, context: grpc.aio.ServicerContext
+    ) -> clustermgr_pb2.UpdateReply:
+        if not request.node_id:
+            raise InvalidArgument("node_id must be set")
+        if not request.address:
+            raise InvalidArgument("address must be set (the node agent's host:port)")
+        if not request.HasField("capacity"):
+            raise InvalidArgument("capacity must be set")
+        outcome = self.registry.register(request)
+        rec = self.registry.get(request.node_id)
+        assert rec is not None
+        if outcome is Registered.RESTARTED:
+            self._tell_owner(rec, REMOVE)  # so the owner accepts the lower seq
+        self._tell_owner(rec, UPSERT)
+        self._record(rec.status.node_id, rec.status)
+        self._gauges()
+        return self._reply()
+
+    async def Update(
+        self, request: common_pb2.NodeStatus, context: grpc.aio.ServicerContext
+    ) -> clustermgr_pb2.UpdateReply:
+        if not request.node_id:
+            raise InvalidArgument("node_id must be set")
+        outcome = self.registry.update(request)
+        if outcome is Updated.UNKNOWN:
+            return self._reply(reregister=True)
+        if outcome is Updated.STALE:
+            return self._reply()
+        rec = self.registry.get(request.node_id)
+        assert rec is not None
+        # Every heartbeat goes to the owner (it ignores what it has): a
+        # restarted Schedule instance relearns its partition within one period.
+        self._tell_owner(rec, UPSERT)
+        if outcome is not Updated.SAME:
+            self._record(rec.status.node_id, rec.status)
+        return self._reply()
+
+    async def Coordinate(
+        self, request: common_pb2.CoordinateRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.CoordinateReply:
+        if request.HasField("membership"):
+            self.apply_membership(request.membership)
+        return common_pb2.CoordinateReply(epoch=self.registry.membership.epoch)
+
+    async def ListNodes(
+        self, request: clustermgr_pb2.ListClusterNodesRequest, context: grpc.aio.ServicerContext
+    ) -> clustermgr_pb2.ListClusterNodesReply:
+        now = self.registry.clock.now()
+        nodes = [
+            clustermgr_pb2.ClusterNode(
+                status=r.status,
+                alive=r.alive,
+                last_seen_ms=(now - r.last_seen) * 1000.0,
+                schedule_id=r.owner,
+            )
+            for r in self.registry.records()
+        ]
+        return clustermgr_pb2.ListClusterNodesReply(clustermgr_id=self.clustermgr_id, nodes=nodes)
+
+    # ----- membership and liveness ------------------------------------------
+
+    def apply_membership(self, m: common_pb2.Membership) -> None:
+        """Adopt a newer membership: re-send the nodes whose Schedule owner
+        changed to their new owner, and forget (without declaring them dead)
+        the nodes another ClusterMgr instance now manages: their agents
+        follow the same membership and heartbeat there."""
+        changes = self.registry.set_membership(m)
+        if changes is None:
+            return
+        for c in changes:
+            rec = self.registry.get(c.node_id)
+            if rec is not None and rec.alive:
+                self._tell_owner(rec, UPSERT)
+        moved = self.registry.not_mine(self.clustermgr_id)
+        for nid in moved:
+            self.registry.forget(nid)
+        log.info(
+            "clustermgr %s: membership epoch %d, %d nodes changed schedule owner, "
+            "%d moved to another clustermgr",
+            self.clustermgr_id,
+            m.epoch,
+            len(changes),
+            len(moved),
+        )
+        self._gauges()
+
+    def check_liveness(self) -> list[str]:
+        """Declare silent nodes dead: tell their owners (OP_REMOVE) and delete
+        their records. Returns their ids. Called by the liveness loop."""
+        dead = self.registry.mark_dead()
+        for rec in dead:
+            nid, after = rec.status.node_id, self.registry.dead_after_s
+            log.warning("node %s is dead (silent for more than %.1fs)", nid, after)
+            self._tell_owner(rec, REMOVE)
+            self._record(rec.status.node_id, None)
+        if dead:
+            self._gauges()
+        return [r.status.node_id for r in dead]
+
+    async def start(self) -> None:
+        """Start the liveness loop."""
+        if self._liveness is None:
+            self._liveness = asyncio.create_task(self._liveness_loop())
+
+    async def stop(self) -> None:
+        """Stop the liveness loop and the outbox."""
+        if self._liveness is not None:
+            self._liveness.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._liveness
+            self._liveness = None
+        await self.outbox.close()
+
+    async def _liveness_loop(self) -> None:
+        # Half the shorter of the two periods: a death is noticed at most
+        # that much after dead_after_s.
+        period = max(0.01, min(self.heartbeat_s, self.registry.dead_after_s) / 2)
+        while True:
+            await asyncio.sleep(period)  # a timer, not synchronisation
+            try:
+                self.check_liveness()
+            except Exception:  # the loop must survive a bug in one round
+                log.exception("liveness check failed")
+
+    # ----- helpers -----------------------------------------------------------
+
+    def _reply(self, reregister: bool = False) -> clustermgr_pb2.UpdateReply:
+        return clustermgr_pb2.UpdateReply(
+            reregister=reregister, heartbeat_interval_ms=round(self.heartbeat_s * 1000)
+        )
+
+    def _tell_owner(self, rec: NodeRecord, op: schedule_pb2.ModNodeRequest.Op) -> None:
+        owner = self.registry.membership.get(SCHEDULE, rec.owner) if rec.owner else None
+        if owner is None:
+            return  # no Schedule instance yet: Coordinate will send it
+        self.outbox.put(owner.address, schedule_pb2.ModNodeRequest(op=op, node=rec.status))
+
+    def _record(self, node_id: str, status: common_pb2.NodeStatus | None) -> None:
+        if self._record_fn is None:
+            return
+        value = None if status is None else status.SerializeToString()
+        try:
+            self._record_fn(node_key(node_id), value)
+        except Exception:  # the state store must never break the heartbeat path
+            log.exception("recording node %s failed", node_id)
+
+    def _gauges(self) -> None:
+        alive = sum(1 for r in self.registry.records() if r.alive)
+        NODES.labels("alive").set(alive)
+        NODES.labels("dead").set(len(self.registry) - alive)

@@ -1,0 +1,256 @@
+"""Dispatch policy: instance choice, request queueing and cold-start coalescing.
+
+Pure: no I/O, an injected clock. The gRPC servicer and the simulator drive
+the same object. A request either gets a slot at once (``acquire``) or waits
+(``enqueue``); ``scale_ups_needed`` says how many instances to start so the
+waiting requests are served, counting starts already under way, so a burst of
+concurrent requests for a function with no instance shares one scale-up
+(coalescing). New instances, releases and removals hand slots to waiters in
+arrival order and return who got what; the caller wakes them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.clock import Clock
+
+
+@dataclass
+class Instance:
+    """A routable function instance and its slots in use."""
+
+    instance_id: str
+    address: str
+    node_id: str
+    concurrency: int
+    in_flight: int = 0
+    draining: bool = False
+    added_at: float = 0.0
+    #: opaque to the policy: what the caller needs later (e.g. the proto).
+    meta: Any = None
+
+    @property
+    def free(self) -> int:
+        """Slots free for new requests (none while draining)."""
+        return 0 if self.draining else max(0, self.concurrency - self.in_flight)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A reserved slot: send the request to instance, then release lease_id."""
+
+    lease_id: str
+    instance: Instance
+    cold_start: bool
+
+
+@dataclass(eq=False)
+class Waiter:
+    """A queued request. ``token`` is the caller's (e.g. a future)."""
+
+    seq: int
+    enqueued_at: float
+    token: Any = None
+    done: bool = False
+
+
+@dataclass
+class _Lease:
+    instance_id: str
+    expires_at: float
+
+
+@dataclass
+class FunctionRouter:
+    """Routing state of one function on its owning Dispatch instance."""
+
+    name: str
+    concurrency: int
+    max_scale: int
+    clock: Clock
+    lease_ttl_s: float = 300.0
+    max_queue: int = 10_000
+    lease_prefix: str = ""
+    instances: dict[str, Instance] = field(default_factory=dict)
+    waiters: deque[Waiter] = field(default_factory=deque)
+    #: scale-ups started and not yet finished (ok or failed)
+    pending: int = 0
+    leases: dict[str, _Lease] = field(default_factory=dict)
+    last_active: float = 0.0
+    _seq: itertools.count[int] = field(default_factory=itertools.count)
+
+    # -- requests ---------------------------------------------------------
+
+    def acquire(self) -> Grant | None:
+        """A slot on the least-loaded instance with room, if any (warm path).
+
+        Waiters already queued go first: a new request never jumps the queue.
+        """
+        if self.waiters:
+            return None
+        inst = self._least_loaded()
+        return None if inst is None else self._grant(inst, cold=False)
+
+    def enqueue(self, token: Any = None) -> Waiter:
+        """Queue a request that found no free slot."""
+        if len(self.waiters) >= self.max_queue:
+            raise QueueFull(
+                f"function {self.name!r} has {len(self.waiters)} requests waiting "
+                f"(limit {self.max_queue}); retry later"
+            )
+        w = Waiter(next(self._seq), self.clock.now(), token)
+        self.waiters.append(w)
+        return w
+
+    def cancel(self, waiter: Waiter) -> bool:
+        """Remove a waiter that gave up (deadline); False if it was served."""
+        if waiter.done:
+            return False
+        waiter.done = True
+        try:
+            self.waiters.remove(waiter)
+        except ValueError:
+            pass
+        return True
+
+    def scale_ups_needed(self) -> int:
+        """Instances to start now for the waiting requests (may be 0).
+
+        Each instance (running with free slots, or starting) absorbs up to
+        ``concurrency`` waiters; only the remainder triggers new starts, and
+        never beyond max_scale.
+        """
+        if not self.waiters:
+            return 0
+        free_now = sum(i.free for i in self.instances.values())
+        uncovered = len(self.waiters) - free_now - self.pending * self.concurrency
+        if uncovered <= 0:
+            return 0
+        want = math.ceil(uncovered / self.concurrency)
+        room = self.max_scale - self.live_count() - self.pending
+        return max(0, min(want, room))
+
+    def release(self, lease_id: str) -> tuple[bool, list[tuple[Waiter, Grant]]]:
+        """Return a slot; hands it to the next waiter. (known, grants)."""
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            return False, []
+        inst = self.instances.get(lease.instance_id)
+        if inst is not None:
+            inst.in_flight = max(0, inst.in_flight - 1)
+        self.last_active = self.clock.now()
+        return True, self._serve_waiters(cold=False)
+
+    def expire_leases(self) -> list[tuple[Waiter, Grant]]:
+        """Release leases whose holder never called Release."""
+        now = self.clock.now()
+        grants: list[tuple[Waiter, Grant]] = []
+        for lid in [lid for lid, lease in self.leases.items() if lease.expires_at <= now]:
+            grants.extend(self.release(lid)[1])
+        return grants
+
+    # -- instances --------------------------------------------------------
+
+    def begin_scale_up(self, n: int = 1) -> None:
+        """Record n instance starts under way."""
+        self.pending += n
+
+    def scale_up_done(self, inst: Instance) -> list[tuple[Waiter, Grant]]:
+        """A started instance is ready: add it, serve waiters (cold starts)."""
+        self.pending = max(0, self.pending - 1)
+        return self.add_instance(inst, cold=True)
+
+    def scale_up_failed(self) -> list[Waiter]:
+        """A start failed. Returns the waiters that can no longer be served:
+        all of them when nothing is running or starting to serve them later."""
+        self.pending = max(0, self.pending - 1)
+        if self.pending == 0 and self.live_count() == 0:
+            return self._drain_waiters()
+        return []
+
+    def add_instance(self, inst: Instance, cold: bool = False) -> list[tuple[Waiter, Grant]]:
+        """Add an instance (idempotent by id) and give its slots to waiters."""
+        if inst.instance_id not in self.instances:
+            inst.added_at = self.clock.now()
+            self.instances[inst.instance_id] = inst
+        return self._serve_waiters(cold=cold)
+
+    def remove_instance(self, instance_id: str) -> Instance | None:
+        """Stop routing to an instance; its leases are dropped."""
+        inst = self.instances.pop(instance_id, None)
+        if inst is not None:
+            for lid in [lid for lid, le in self.leases.items() if le.instance_id == instance_id]:
+                del self.leases[lid]
+        return inst
+
+    def drain(self, instance_id: str) -> bool:
+        """Take no new requests on the instance (before it is removed)."""
+        inst = self.instances.get(instance_id)
+        if inst is None:
+            return False
+        inst.draining = True
+        return True
+
+    def fail_all(self) -> list[Waiter]:
+        """Remove and return every waiter (function deleted)."""
+        return self._drain_waiters()
+
+    def live_count(self) -> int:
+        """Instances that count toward max_scale (draining ones do not)."""
+        return sum(1 for i in self.instances.values() if not i.draining)
+
+    def update_spec(self, concurrency: int, max_scale: int) -> list[tuple[Waiter, Grant]]:
+        """Apply a new spec version; new concurrency applies to new instances
+        and to existing ones (a higher limit frees slots at once)."""
+        self.concurrency, self.max_scale = concurrency, max_scale
+        for inst in self.instances.values():
+            inst.concurrency = concurrency
+        return self._serve_waiters(cold=False)
+
+    # -- internals --------------------------------------------------------
+
+    def _least_loaded(self) -> Instance | None:
+        best: Instance | None = None
+        for inst in self.instances.values():
+            # Least in-flight first; ties go to the oldest instance, which
+            # packs load so idle newer instances can scale to zero.
+            if inst.free > 0 and (best is None or inst.in_flight < best.in_flight):
+                best = inst
+        return best
+
+    def _grant(self, inst: Instance, cold: bool) -> Grant:
+        inst.in_flight += 1
+        now = self.clock.now()
+        self.last_active = now
+        lease_id = f"{self.lease_prefix}{self.name}/{next(self._seq)}"
+        self.leases[lease_id] = _Lease(inst.instance_id, now + self.lease_ttl_s)
+        return Grant(lease_id, inst, cold)
+
+    def _serve_waiters(self, cold: bool) -> list[tuple[Waiter, Grant]]:
+        out: list[tuple[Waiter, Grant]] = []
+        while self.waiters:
+            inst = self._least_loaded()
+            if inst is None:
+                break
+            w = self.waiters.popleft()
+            w.done = True
+            # A waiter served by an instance added within this call waited
+            # for a cold start; one served by a release did not.
+            out.append((w, self._grant(inst, cold=cold)))
+        return out
+
+    def _drain_waiters(self) -> list[Waiter]:
+        out = list(self.waiters)
+        self.waiters.clear()
+        for w in out:
+            w.done = True
+        return out
+
+
+class QueueFull(Exception):
+    """The function's wait queue is at its limit."""

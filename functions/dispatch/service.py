@@ -1,0 +1,404 @@
+"""Dispatch gRPC servicer: a thin adapter over FunctionRouter.
+
+Owns routing for the functions that rendezvous-hash to this instance; a
+request for another function is forwarded once to its owner. Scale-ups go to
+the Schedule instance that the function hashes to, spilling to the next ones
+on RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from controlplane import metrics, rpc
+from controlplane.clock import Clock, MonotonicClock
+from controlplane.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from controlplane.membership import MembershipView
+from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
+from galaxy.v1 import (
+    common_pb2,
+    controller_pb2,
+    controller_pb2_grpc,
+    dispatch_pb2,
+    dispatch_pb2_grpc,
+    nodeagent_pb2,
+    nodeagent_pb2_grpc,
+    schedule_pb2,
+    schedule_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
+SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
+# Time kept back from the caller's deadline to send a clear answer in time.
+DEADLINE_MARGIN_S = 0.05
+# When the caller set no deadline, a queued request waits at most this long.
+MAX_WAIT_S = 60.0
+RecordFn = Callable[[str, bytes | None], None]
+
+
+class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
+    """Routes requests to instances; see module docstring."""
+
+    def __init__(
+        self,
+        *,
+        instance_id: str,
+        pool: rpc.ChannelPool,
+        controller: str,
+        clock: Clock | None = None,
+        lease_ttl_s: float = 300.0,
+        max_queue: int = 10_000,
+        max_spill: int = 2,
+        record: RecordFn | None = None,
+    ) -> None:
+        self.instance_id = instance_id
+        self.address = ""
+        self.pool = pool
+        self.controller = controller
+        self.clock = clock or MonotonicClock()
+        self.lease_ttl_s = lease_ttl_s
+        self.max_queue = max_queue
+        self.max_spill = max_spill
+        self.record: RecordFn = record or (lambda key, value: None)
+        self.membership = MembershipView()
+        self.routers: dict[str, FunctionRouter] = {}
+        self._specs: dict[str, common_pb2.FunctionSpec] = {}
+        self._spec_fetches: dict[str, asyncio.Future[common_pb2.FunctionSpec]] = {}
+        self._ids = itertools.count()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.ops: dict[str, int] = {"dispatch": 0, "scale_up": 0, "forwarded": 0}
+
+    # -- helpers ----------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Cancel background work (scale-ups, deletes)."""
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _owner(self, function: str) -> common_pb2.ControlInstance | None:
+        """The Dispatch instance owning function; None means this one."""
+        o = self.membership.owner(DISPATCH, function)
+        if o is None or o.id == self.instance_id:
+            return None
+        return o
+
+    async def _spec(self, name: str) -> common_pb2.FunctionSpec:
+        spec = self._specs.get(name)
+        if spec is not None:
+            return spec
+        # Concurrent first requests share one fetch from the controller.
+        fut = self._spec_fetches.get(name)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._spec_fetches[name] = fut
+            try:
+                async with self.pool.stub(self.controller, controller_pb2_grpc.ControllerStub) as s:
+                    spec = await s.GetFunction(controller_pb2.GetFunctionRequest(name=name))
+                self._specs[name] = spec
+                fut.set_result(spec)
+            except grpc.aio.AioRpcError as e:
+                err: Exception = (
+                    NotFound(e.details() or f"function {name!r} not found")
+                    if e.code() == grpc.StatusCode.NOT_FOUND
+                    else Unavailable(f"controller unreachable for function {name!r}: {e.details()}")
+                )
+                fut.set_exception(err)
+            finally:
+                del self._spec_fetches[name]
+        return await asyncio.shield(fut)
+
+    def _router(self, spec: common_pb2.FunctionSpec) -> FunctionRouter:
+        r = self.routers.get(spec.name)
+        if r is None:
+            r = FunctionRouter(
+                spec.name, spec.concurrency or 1, spec.max_scale or 1, self.clock,
+                lease_ttl_s=self.lease_ttl_s, max_queue=self.max_queue,
+                lease_prefix=f"{self.instance_id}:",
+            )  # fmt: skip
+            self.routers[spec.name] = r
+        return r
+
+    def _reply(self, g: Grant, wait_s: float) -> dispatch_pb2.InstanceAddr:
+        return dispatch_pb2.InstanceAddr(
+            function=g.instance.meta.function if g.instance.meta else "",
+            instance_id=g.instance.instance_id,
+            address=g.instance.address,
+            node_id=g.instance.node_id,
+            lease_id=g.lease_id,
+            cold_start=g.cold_start,
+            wait_ms=wait_s * 1000.0,
+            lease_ttl_ms=int(self.lease_ttl_s * 1000),
+        )
+
+    @staticmethod
+    def _wake(grants: list[tuple[Waiter, Grant]]) -> None:
+        for w, g in grants:
+            fut: asyncio.Future[Grant] = w.token
+            if not fut.done():
+                fut.set_result(g)
+
+    # -- public API -------------------------------------------------------
+
+    async def Dispatch(
+        self, request: dispatch_pb2.DispatchRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb2.InstanceAddr:
+        if not request.function:
+            raise InvalidArgument("function: required")
+        owner = self._owner(request.function)
+        if owner is not None and not request.forwarded:
+            return await self._forward(owner, request, context)
+        start = time.perf_counter()
+        self.ops["dispatch"] += 1
+        spec = await self._spec(request.function)
+        router = self._router(spec)
+        grant = router.acquire()
+        if grant is not None:
+            return self._reply(grant, time.perf_counter() - start)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Grant] = loop.create_future()
+        try:
+            waiter = router.enqueue(fut)
+        except QueueFull as e:
+            raise ResourceExhausted(str(e)) from None
+        self._trigger_scale_up(router, spec)
+        remaining = context.time_remaining()
+        timeout = MAX_WAIT_S if remaining is None else max(0.0, remaining - DEADLINE_MARGIN_S)
+        try:
+            grant = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            if router.cancel(waiter):
+                raise DeadlineExceeded(
+                    f"no instance of {request.function!r} became free within "
+                    f"{timeout:.2f}s ({router.pending} starting, "
+                    f"{router.live_count()}/{router.max_scale} running); retry later"
+                ) from None
+            grant = fut.result()  # served just as the timer fired
+        except asyncio.CancelledError:
+            # The caller went away: give up the place in the queue or the slot.
+            if not router.cancel(waiter) and fut.done() and not fut.exception():
+                self._wake(router.release(fut.result().lease_id)[1])
+            raise
+        return self._reply(grant, time.perf_counter() - start)
+
+    async def _forward(
+        self,
+        owner: common_pb2.ControlInstance,
+        request: dispatch_pb2.DispatchRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> dispatch_pb2.InstanceAddr:
+        self.ops["forwarded"] += 1
+        fwd = dispatch_pb2.DispatchRequest()
+        fwd.CopyFrom(request)
+        fwd.forwarded = True
+        remaining = context.time_remaining()
+        try:
+            async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
+                if remaining is None:
+                    return await s.Dispatch(fwd, timeout=MAX_WAIT_S)  # type: ignore[no-any-return]
+                return await s.Dispatch(fwd, timeout=remaining)  # type: ignore[no-any-return]
+        except grpc.aio.AioRpcError as e:
+            await context.abort(e.code(), e.details() or "forwarded dispatch failed")
+            raise  # unreachable: abort raises
+
+    async def Release(
+        self, request: dispatch_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb2.ReleaseReply:
+        if not request.lease_id:
+            raise InvalidArgument("lease_id: required")
+        fn = request.function or request.lease_id.split(":", 1)[-1].rsplit("/", 1)[0]
+        owner = self._owner(fn)
+        if owner is not None and not request.forwarded:
+            fwd = dispatch_pb2.ReleaseRequest(
+                function=fn, lease_id=request.lease_id, forwarded=True
+            )
+            async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
+                return await s.Release(fwd)  # type: ignore[no-any-return]
+        router = self.routers.get(fn)
+        if router is None:
+            return dispatch_pb2.ReleaseReply(released=False)
+        known, grants = router.release(request.lease_id)
+        self._wake(grants)
+        return dispatch_pb2.ReleaseReply(released=known)
+
+    # -- scale-up ---------------------------------------------------------
+
+    def _trigger_scale_up(self, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
+        n = router.scale_ups_needed()
+        if n:
+            router.begin_scale_up(n)
+            for _ in range(n):
+                self._spawn(self._scale_up(router, spec))
+
+    async def _scale_up(self, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
+        self.ops["scale_up"] += 1
+        metrics.COLD_STARTS.labels(spec.name).inc()
+        start = time.perf_counter()
+        instance_id = f"{spec.name}-{self.instance_id}-{next(self._ids)}"
+        req = schedule_pb2.ScheduleRequest(
+            instance_id=instance_id, function=spec, notify_address=self.address
+        )
+        reasons: list[str] = []
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        candidates = self.membership.ranked(SCHEDULE, spec.name)[: 1 + self.max_spill]
+        if not candidates:
+            reasons.append("no Schedule instance is registered yet")
+            code = grpc.StatusCode.UNAVAILABLE
+        for sched in candidates:
+            try:
+                async with self.pool.stub(sched.address, schedule_pb2_grpc.ScheduleStub) as s:
+                    # Schedule answers when the instance is ready: allow its startup.
+                    timeout = spec.startup_timeout_ms / 1000.0 + 5.0
+                    reply = await s.Schedule(req, timeout=timeout)
+            except grpc.aio.AioRpcError as e:
+                reasons.append(f"schedule {sched.id}: {e.details()}")
+                code = e.code()
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    continue  # spill to the next-highest Schedule instance
+                break
+            metrics.COLD_START_LATENCY.observe(time.perf_counter() - start)
+            self._add(router, reply.instance, cold=True)
+            return
+        # Failed: tell the waiters that nothing will serve them.
+        failed = router.scale_up_failed()
+        msg = f"cannot start an instance of {spec.name!r}: " + "; ".join(reasons)
+        log.warning(msg)
+        for w in failed:
+            fut: asyncio.Future[Grant] = w.token
+            if not fut.done():
+                fut.set_exception(
+                    ResourceExhausted(msg)
+                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    else Unavailable(msg + "; retry later")
+                )
+
+    def _add(self, router: FunctionRouter, info: common_pb2.InstanceInfo, cold: bool) -> bool:
+        if info.instance_id in router.instances:
+            if cold:
+                router.pending = max(0, router.pending - 1)
+            return False
+        inst = Instance(info.instance_id, info.address, info.node_id,
+                        info.concurrency or router.concurrency, meta=info)  # fmt: skip
+        grants = router.scale_up_done(inst) if cold else router.add_instance(inst)
+        self._wake(grants)
+        self.record(f"/galaxy/instances/{info.function}/{info.instance_id}",
+                    info.SerializeToString())  # fmt: skip
+        metrics.INSTANCES.set(sum(len(r.instances) for r in self.routers.values()))
+        return True
+
+    def _remove(self, router: FunctionRouter, instance_id: str) -> Instance | None:
+        inst = router.remove_instance(instance_id)
+        if inst is not None:
+            self.record(f"/galaxy/instances/{router.name}/{instance_id}", None)
+            metrics.INSTANCES.set(sum(len(r.instances) for r in self.routers.values()))
+        return inst
+
+    async def _delete_on_node(self, info: common_pb2.InstanceInfo) -> None:
+        if not info.node_address:
+            log.warning("cannot delete %s: node address unknown", info.instance_id)
+            return
+        try:
+            async with self.pool.stub(info.node_address, nodeagent_pb2_grpc.NodeAgentStub) as s:
+                await s.DeleteInstance(nodeagent_pb2.DeleteInstanceRequest(
+                    node_id=info.node_id, instance_id=info.instance_id))  # fmt: skip
+        except grpc.aio.AioRpcError as e:
+            log.warning("DeleteInstance %s failed: %s", info.instance_id, e.details())
+
+    # -- internal API -----------------------------------------------------
+
+    async def ModInstance(
+        self, request: dispatch_pb2.ModInstanceRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb2.ModInstanceReply:
+        info = request.instance
+        if not info.instance_id or not info.function:
+            raise InvalidArgument("instance.instance_id and instance.function: required")
+        router = self.routers.get(info.function)
+        if request.op == dispatch_pb2.ModInstanceRequest.OP_ADD:
+            if not info.address:
+                raise InvalidArgument("instance.address: required for OP_ADD")
+            if router is None:
+                router = self._router(await self._spec(info.function))
+            return dispatch_pb2.ModInstanceReply(changed=self._add(router, info, cold=False))
+        if request.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE:
+            if router is None:
+                return dispatch_pb2.ModInstanceReply(changed=False)
+            log.info("instance %s removed: %s", info.instance_id, request.reason or "no reason")
+            changed = self._remove(router, info.instance_id) is not None
+            # Waiters that counted on it may now need a new instance.
+            spec = self._specs.get(info.function)
+            if changed and spec is not None:
+                self._trigger_scale_up(router, spec)
+            return dispatch_pb2.ModInstanceReply(changed=changed)
+        raise InvalidArgument("op: must be OP_ADD or OP_REMOVE")
+
+    async def Coordinate(
+        self, request: common_pb2.CoordinateRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.CoordinateReply:
+        if request.HasField("membership"):
+            self.membership.update(request.membership)
+        for action in request.actions:
+            if action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_DELETED:
+                self._function_deleted(action.function)
+            elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
+                self._specs.pop(action.function, None)
+                router = self.routers.get(action.function)
+                if router is not None:
+                    spec = await self._spec(action.function)
+                    self._wake(router.update_spec(spec.concurrency or 1, spec.max_scale or 1))
+        return common_pb2.CoordinateReply(epoch=self.membership.epoch)
+
+    def _function_deleted(self, name: str) -> None:
+        self._specs.pop(name, None)
+        router = self.routers.pop(name, None)
+        if router is None:
+            return
+        for w in router.fail_all():
+            fut: asyncio.Future[Grant] = w.token
+            if not fut.done():
+                fut.set_exception(NotFound(f"function {name!r} was deleted"))
+        for inst in list(router.instances.values()):
+            self._remove(router, inst.instance_id)
+            if inst.meta is not None:
+                self._spawn(self._delete_on_node(inst.meta))
+
+    async def ListInstances(
+        self, request: dispatch_pb2.ListInstancesRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb2.ListInstancesReply:
+        out = dispatch_pb2.ListInstancesReply(dispatch_id=self.instance_id)
+        for name in sorted(self.routers):
+            if request.function and name != request.function:
+                continue
+            r = self.routers[name]
+            out.functions.append(dispatch_pb2.FunctionRouting(
+                function=name, waiting=len(r.waiters), pending=r.pending))  # fmt: skip
+            for inst in r.instances.values():
+                out.instances.append(dispatch_pb2.InstanceState(
+                    instance=inst.meta, in_flight=inst.in_flight, draining=inst.draining))  # fmt: skip
+        return out
+
+    # -- housekeeping -----------------------------------------------------
+
+    def expire_leases(self) -> None:
+        """Release slots whose holders never called Release (run periodically)."""
+        for r in self.routers.values():
+            self._wake(r.expire_leases())

@@ -1,0 +1,84 @@
+"""`galaxy serve schedule`: flags and the Component the host runs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from controlplane.host import HostContext
+from functions.schedule.policy import PlacementPolicy
+from functions.schedule.service import SERVICE_NAME, ScheduleServicer
+from galaxy.v1 import common_pb2, schedule_pb2_grpc
+
+
+def _positive_int(s: str) -> int:
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _non_negative(s: str) -> float:
+    v = float(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Schedule flags (common ones are added by the CLI)."""
+    p.add_argument(
+        "--probe-d",
+        type=_positive_int,
+        default=2,
+        help="candidate nodes compared per placement (power of d choices; default 2)",
+    )
+    p.add_argument(
+        "--no-probe-cache",
+        action="store_true",
+        help="probe every candidate on every placement (ablation of the probe cache)",
+    )
+    p.add_argument(
+        "--probe-ttl-ms",
+        type=_non_negative,
+        default=200.0,
+        help="how long a probe answer is trusted, ms (default 200)",
+    )
+
+
+class ScheduleComponent:
+    """A Schedule instance as a host Component."""
+
+    kind = common_pb2.CONTROL_KIND_SCHEDULE
+
+    def __init__(self, policy: PlacementPolicy) -> None:
+        self.policy = policy
+        # The id and the host's pool are bound in start(); until then the
+        # servicer holds a private pool it never uses.
+        self.servicer = ScheduleServicer(policy)
+
+    def services(self) -> list[tuple[Any, Any, str]]:
+        """The Schedule service."""
+        return [(schedule_pb2_grpc.add_ScheduleServicer_to_server, self.servicer, SERVICE_NAME)]
+
+    async def start(self, ctx: HostContext) -> None:
+        """Adopt the instance id and the host's channel pool."""
+        self.servicer.bind(ctx.instance_id, ctx.pool)
+
+    def on_membership(self, membership: common_pb2.Membership) -> None:
+        """Adopt the membership returned by registration."""
+        self.servicer.apply_membership(membership)
+
+    async def stop(self) -> None:
+        """Cancel placements still running."""
+        await self.servicer.close()
+
+
+def build(args: argparse.Namespace) -> ScheduleComponent:
+    """The Schedule component from parsed flags."""
+    policy = PlacementPolicy(
+        d=args.probe_d,
+        probe_cache=not args.no_probe_cache,
+        probe_ttl_s=args.probe_ttl_ms / 1000.0,
+    )
+    return ScheduleComponent(policy)

@@ -1,0 +1,295 @@
+"""Schedule gRPC servicer: a thin adapter around ``PlacementPolicy``.
+
+It validates requests, makes ``Schedule`` idempotent for instance_id, and
+performs the I/O the policy asks for: Probe RPCs to node agents (concurrently)
+and the CreateInstance that completes a placement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+
+import grpc
+
+from controlplane import rpc
+from controlplane.clock import Clock, MonotonicClock
+from controlplane.errors import InvalidArgument, ResourceExhausted, Unavailable
+from controlplane.membership import MembershipView
+from controlplane.metrics import NODES, PROBES, SCHEDULING_LATENCY
+from controlplane.nodeagent.capacity import Res
+from functions.schedule.model import NodeInfo, NoFit, Placement, ProbeNodes, Target
+from functions.schedule.policy import PlacementPolicy
+from galaxy.v1 import (
+    common_pb2,
+    nodeagent_pb2,
+    nodeagent_pb2_grpc,
+    schedule_pb2,
+    schedule_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = schedule_pb2.DESCRIPTOR.services_by_name["Schedule"].full_name
+SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
+UPSERT = schedule_pb2.ModNodeRequest.OP_UPSERT
+REMOVE = schedule_pb2.ModNodeRequest.OP_REMOVE
+
+# CreateInstance answers when the instance is ready, so its deadline covers
+# the function's startup timeout plus this margin (or the default when the
+# function sets none).
+_CREATE_MARGIN_S = 5.0
+_DEFAULT_CREATE_TIMEOUT_S = 60.0
+# Agent answers that mean "not created here, try another node".
+_RETRY_ELSEWHERE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
+
+
+def node_info(s: common_pb2.NodeStatus) -> NodeInfo:
+    """NodeStatus (wire) -> NodeInfo (policy)."""
+    return NodeInfo(
+        s.node_id,
+        s.address,
+        Res.from_proto(s.capacity),
+        Res.from_proto(s.allocated),
+        s.seq,
+        s.instances,
+    )
+
+
+def node_status(n: NodeInfo) -> common_pb2.NodeStatus:
+    """NodeInfo (policy) -> NodeStatus (wire)."""
+    return common_pb2.NodeStatus(
+        node_id=n.node_id,
+        address=n.address,
+        capacity=n.capacity.to_proto(),
+        allocated=n.allocated.to_proto(),
+        instances=n.instances,
+        seq=n.seq,
+    )
+
+
+def _rpc_error(e: grpc.aio.AioRpcError) -> str:
+    return f"{e.code().name}: {e.details()}"
+
+
+class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
+    """The Schedule API of one instance.
+
+    ``bind(schedule_id, pool)`` must be called before serving when the id and
+    pool are only known once the server is up (see ``functions.schedule.main``).
+    recent_results: how many successful replies are kept for idempotent
+    retries. probe_timeout_s: deadline of one Probe RPC.
+    """
+
+    def __init__(
+        self,
+        policy: PlacementPolicy,
+        *,
+        schedule_id: str = "",
+        pool: rpc.ChannelPool | None = None,
+        clock: Clock | None = None,
+        recent_results: int = 4096,
+        probe_timeout_s: float = 2.0,
+    ) -> None:
+        self.policy = policy
+        self.pool = pool or rpc.ChannelPool()
+        self.clock = clock or MonotonicClock()
+        self.membership = MembershipView()
+        self.probe_timeout_s = probe_timeout_s
+        self._recent: OrderedDict[str, schedule_pb2.ScheduleReply] = OrderedDict()
+        self._recent_max = recent_results
+        self._running: dict[str, asyncio.Task[schedule_pb2.ScheduleReply]] = {}
+        self.bind(schedule_id or policy.schedule_id, self.pool)
+
+    def bind(self, schedule_id: str, pool: rpc.ChannelPool) -> None:
+        """Set this instance's id (also the policy's) and its channel pool."""
+        self.schedule_id = schedule_id
+        self.policy.schedule_id = schedule_id
+        self.pool = pool
+
+    async def close(self) -> None:
+        """Cancel placements still running (shutdown); their holds are released."""
+        tasks = list(self._running.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ----- API ---------------------------------------------------------------
+
+    async def Schedule(
+        self, request: schedule_pb2.ScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> schedule_pb2.ScheduleReply:
+        self._validate(request)
+        iid = request.instance_id
+        done = self._recent.get(iid)
+        if done is None and (task := self._running.get(iid)) is not None and task.done():
+            # Finished, but its done-callback has not run yet: read it directly.
+            done = None if task.cancelled() or task.exception() else task.result()
+        if done is not None:
+            if done.instance.function != request.function.name:
+                raise InvalidArgument(
+                    f"instance_id {iid} was already used for function {done.instance.function}"
+                )
+            return done
+        task = self._running.get(iid)
+        if task is None:
+            # The placement runs as its own task: a caller that gives up
+            # (deadline, cancel) must not abandon a half-made instance, and a
+            # retry with the same id joins or reads the outcome.
+            task = asyncio.create_task(self._place(request))
+            self._running[iid] = task
+            task.add_done_callback(lambda t: self._finished(iid, t))
+        return await asyncio.shield(task)
+
+    async def ModNode(
+        self, request: schedule_pb2.ModNodeRequest, context: grpc.aio.ServicerContext
+    ) -> schedule_pb2.ModNodeReply:
+        node = request.node
+        if not node.node_id:
+            raise InvalidArgument("node.node_id must be set")
+        if request.op == REMOVE:
+            changed = self.policy.remove(node.node_id)
+        elif request.op == UPSERT:
+            if not node.address:
+                raise InvalidArgument("node.address must be set (the node agent's host:port)")
+            # ClusterMgr may route with a membership older or newer than ours;
+            # holding a node we do not own would let two instances place on it.
+            changed = self._owns(node.node_id) and self.policy.upsert(node_info(node))
+        else:
+            raise InvalidArgument(f"op must be OP_UPSERT or OP_REMOVE, got {request.op}")
+        NODES.labels("schedule_partition").set(len(self.policy))
+        return schedule_pb2.ModNodeReply(changed=changed)
+
+    async def Coordinate(
+        self, request: common_pb2.CoordinateRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.CoordinateReply:
+        if request.HasField("membership"):
+            self.apply_membership(request.membership)
+        return common_pb2.CoordinateReply(epoch=self.membership.epoch)
+
+    async def ListNodes(
+        self, request: schedule_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> schedule_pb2.ListNodesReply:
+        return schedule_pb2.ListNodesReply(
+            schedule_id=self.schedule_id, nodes=[node_status(n) for n in self.policy.nodes()]
+        )
+
+    # ----- membership --------------------------------------------------------
+
+    def apply_membership(self, m: common_pb2.Membership) -> list[str]:
+        """Adopt a newer membership and drop the nodes no longer in this
+        instance's partition; returns them."""
+        if not self.membership.update(m):
+            return []
+        dropped = self.policy.retain(self._owns)
+        if dropped:
+            log.info("schedule %s: %d nodes left the partition", self.schedule_id, len(dropped))
+        NODES.labels("schedule_partition").set(len(self.policy))
+        return dropped
+
+    def _owns(self, node_id: str) -> bool:
+        owner = self.membership.owner(SCHEDULE, node_id)
+        # No Schedule member known yet (standalone, or before registration):
+        # nothing says the node is someone else's.
+        return owner is None or owner.id == self.schedule_id
+
+    # ----- placement ---------------------------------------------------------
+
+    def _validate(self, request: schedule_pb2.ScheduleRequest) -> None:
+        if not request.instance_id:
+            raise InvalidArgument("instance_id must be set")
+        if not request.HasField("function"):
+            raise InvalidArgument("function must be set")
+        if not request.function.name:
+            raise InvalidArgument("function.name must be set")
+        if not request.function.HasField("resources"):
+            raise InvalidArgument("function.resources must be set")
+
+    def _finished(self, iid: str, task: asyncio.Task[schedule_pb2.ScheduleReply]) -> None:
+        self._running.pop(iid, None)
+        if task.cancelled() or task.exception() is not None:
+            return  # an error is not remembered: a retry places again
+        self._recent[iid] = task.result()
+        while len(self._recent) > self._recent_max:
+            self._recent.popitem(last=False)
+
+    async def _place(self, request: schedule_pb2.ScheduleRequest) -> schedule_pb2.ScheduleReply:
+        t0 = self.clock.now()
+        pl = self.policy.begin(Res.from_proto(request.function.resources))
+        try:
+            while True:
+                step = self.policy.advance(pl)
+                if isinstance(step, NoFit):
+                    raise ResourceExhausted(step.reason)
+                if isinstance(step, ProbeNodes):
+                    await self._probe(pl, step)
+                    continue
+                decided = self.clock.now() - t0
+                try:
+                    reply = await self._create(step.node_id, step.address, request)
+                except grpc.aio.AioRpcError as e:
+                    if e.code() in _RETRY_ELSEWHERE:
+                        log.info("node %s refused %s: %s", step.node_id, request.instance_id, e)
+                        self.policy.reject(step)
+                        continue
+                    self.policy.abort(step)
+                    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                        raise InvalidArgument(
+                            f"node agent refused the function: {e.details()}"
+                        ) from None
+                    raise Unavailable(
+                        f"creating instance {request.instance_id} on node {step.node_id} "
+                        f"failed ({_rpc_error(e)}), retryable"
+                    ) from None
+                self.policy.confirm(step)
+                SCHEDULING_LATENCY.observe(decided)
+                instance = reply.instance
+                # Dispatch deletes the instance through node_address later.
+                instance.node_id = instance.node_id or step.node_id
+                instance.node_address = instance.node_address or step.address
+                return schedule_pb2.ScheduleReply(
+                    instance=instance,
+                    schedule_id=self.schedule_id,
+                    probes=pl.probes,
+                    scheduling_ms=decided * 1000.0,
+                )
+        finally:
+            self.policy.cancel(pl)  # no-op after a confirm; releases any hold otherwise
+
+    async def _probe(self, pl: Placement, step: ProbeNodes) -> None:
+        PROBES.inc(len(step.targets))
+        answers = await asyncio.gather(*(self._probe_one(t) for t in step.targets))
+        for t, status in zip(step.targets, answers, strict=True):
+            self.policy.record_probe(pl, t.node_id, status)
+
+    async def _probe_one(self, t: Target) -> NodeInfo | None:
+        try:
+            async with self.pool.stub(t.address, nodeagent_pb2_grpc.NodeAgentStub) as stub:
+                reply = await stub.Probe(
+                    nodeagent_pb2.ProbeRequest(node_id=t.node_id), timeout=self.probe_timeout_s
+                )
+        except grpc.aio.AioRpcError as e:
+            log.info("probe of node %s at %s failed: %s", t.node_id, t.address, _rpc_error(e))
+            return None
+        except Exception as e:  # e.g. an unusable address: one bad node must not fail all
+            log.warning("probe of node %s at %s failed: %r", t.node_id, t.address, e)
+            return None
+        return node_info(reply.status)
+
+    async def _create(
+        self, node_id: str, address: str, request: schedule_pb2.ScheduleRequest
+    ) -> nodeagent_pb2.CreateInstanceReply:
+        startup_ms = request.function.startup_timeout_ms
+        timeout = startup_ms / 1000 + _CREATE_MARGIN_S if startup_ms else _DEFAULT_CREATE_TIMEOUT_S
+        req = nodeagent_pb2.CreateInstanceRequest(
+            node_id=node_id,
+            instance_id=request.instance_id,
+            function=request.function,
+            notify_address=request.notify_address,
+        )
+        async with self.pool.stub(address, nodeagent_pb2_grpc.NodeAgentStub) as stub:
+            reply: nodeagent_pb2.CreateInstanceReply = await stub.CreateInstance(
+                req, timeout=timeout
+            )
+        return reply

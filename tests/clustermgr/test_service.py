@@ -1,0 +1,194 @@
+"""ClusterMgr over real gRPC on loopback, with real Schedule servicers as the
+receivers of ModNode: repartitioning, liveness, restarts, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from controlplane import rendezvous
+from controlplane.clock import Clock, ManualClock, MonotonicClock
+from controlplane.rpc import ChannelPool, create_server, insecure_channel
+from functions.clustermgr.policy import NodeRegistry
+from functions.clustermgr.service import SERVICE_NAME as CM_SERVICE
+from functions.clustermgr.service import ClusterMgrServicer
+from functions.schedule.policy import PlacementPolicy
+from functions.schedule.service import SERVICE_NAME as SF_SERVICE
+from functions.schedule.service import ScheduleServicer
+from galaxy.v1 import clustermgr_pb2, clustermgr_pb2_grpc, common_pb2, schedule_pb2_grpc
+
+SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
+CLUSTERMGR = common_pb2.CONTROL_KIND_CLUSTERMGR
+NODE_IDS = [f"node-{i}" for i in range(30)]
+
+
+def status(nid: str, seq: int) -> common_pb2.NodeStatus:
+    # The agents are not called in these tests; the address only has to be set.
+    return common_pb2.NodeStatus(
+        node_id=nid,
+        address="127.0.0.1:1",
+        capacity=common_pb2.Resources(cpu_millis=1000, memory_mib=1024),
+        seq=seq,
+    )
+
+
+class Env:
+    def __init__(self) -> None:
+        self.pool = ChannelPool()
+        self.cleanups: list[Callable[[], Awaitable[Any]]] = [self.pool.close]
+        self.scheds: dict[str, ScheduleServicer] = {}
+        self.addrs: dict[str, str] = {}
+        self.records: dict[str, bytes | None] = {}
+        self.deleted = asyncio.Event()
+
+    async def serve(self, add: Callable[[Any, Any], None], servicer: Any, name: str) -> str:
+        server, port, _ = create_server("127.0.0.1:0", [(add, servicer, name)])
+        await server.start()
+        self.cleanups.append(lambda: server.stop(None))
+        return f"127.0.0.1:{port}"
+
+    def record(self, key: str, value: bytes | None) -> None:
+        self.records[key] = value
+        if value is None:
+            self.deleted.set()
+
+    async def start(self, clock: Clock, n_sched: int, **cm_kw: Any) -> None:
+        for i in range(1, n_sched + 1):
+            sid = f"s-{i}"
+            self.scheds[sid] = s = ScheduleServicer(
+                PlacementPolicy(), schedule_id=sid, pool=self.pool
+            )
+            self.addrs[sid] = await self.serve(
+                schedule_pb2_grpc.add_ScheduleServicer_to_server, s, SF_SERVICE
+            )
+        self.cm = ClusterMgrServicer(
+            NodeRegistry(clock=clock, **cm_kw), clustermgr_id="c-1", pool=self.pool,
+            record=self.record,
+        )  # fmt: skip
+        self.cleanups.append(self.cm.stop)
+        self.addrs["c-1"] = await self.serve(
+            clustermgr_pb2_grpc.add_ClusterMgrServicer_to_server, self.cm, CM_SERVICE
+        )
+        ch = insecure_channel(self.addrs["c-1"])
+        self.cleanups.append(ch.close)
+        self.cmf = clustermgr_pb2_grpc.ClusterMgrStub(ch)
+
+    async def coordinate(self, epoch: int, members: list[str]) -> None:
+        m = common_pb2.Membership(epoch=epoch)
+        for mid in members:
+            kind = SCHEDULE if mid.startswith("s-") else CLUSTERMGR
+            m.instances.add(id=mid, kind=kind, address=self.addrs[mid])
+        req = common_pb2.CoordinateRequest(membership=m)
+        # As the controller does: every member hears of the change; order is
+        # not guaranteed, so ClusterMgr goes first here (the harder order).
+        assert (await self.cmf.Coordinate(req, timeout=5)).epoch == epoch
+        for sid, s in self.scheds.items():
+            if sid in members:
+                await s.Coordinate(req, None)  # type: ignore[arg-type]
+        await self.cm.outbox.flush()
+
+    def partition(self, sid: str) -> set[str]:
+        return {n.node_id for n in self.scheds[sid].policy.nodes()}
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    e = Env()
+    yield e
+    for c in reversed(e.cleanups):
+        await c()
+
+
+async def test_new_schedule_instance_gets_exactly_its_nodes(env: Env) -> None:
+    await env.start(ManualClock(), n_sched=2)
+    await env.coordinate(1, ["s-1", "c-1"])
+    for nid in NODE_IDS:
+        await env.cmf.RegisterNode(status(nid, 1), timeout=5)
+    await env.cm.outbox.flush()
+    assert env.partition("s-1") == set(NODE_IDS) and env.partition("s-2") == set()
+
+    await env.coordinate(2, ["s-1", "s-2", "c-1"])
+    want_s2 = {n for n in NODE_IDS if rendezvous.owner(n, ["s-1", "s-2"]) == "s-2"}
+    assert 0 < len(want_s2) < len(NODE_IDS)
+    assert env.partition("s-2") == want_s2
+    assert env.partition("s-1") == set(NODE_IDS) - want_s2
+    listed = await env.cmf.ListNodes(clustermgr_pb2.ListClusterNodesRequest(), timeout=5)
+    assert listed.clustermgr_id == "c-1"
+    assert {c.status.node_id: c.schedule_id for c in listed.nodes} == {
+        n: ("s-2" if n in want_s2 else "s-1") for n in NODE_IDS
+    }
+    # s-1 leaves: its nodes go to s-2.
+    await env.coordinate(3, ["s-2", "c-1"])
+    assert env.partition("s-2") == set(NODE_IDS)
+
+
+async def test_heartbeats_liveness_and_revival(env: Env) -> None:
+    clock = ManualClock()
+    await env.start(clock, n_sched=1, dead_after_s=3.0)
+    await env.coordinate(1, ["s-1", "c-1"])
+    reply = await env.cmf.Update(status("stranger", 1), timeout=5)
+    assert reply.reregister  # unknown: register first
+    for nid in NODE_IDS[:4]:
+        await env.cmf.RegisterNode(status(nid, 1), timeout=5)
+    clock.advance(2.0)
+    for nid in NODE_IDS[:2]:
+        assert not (await env.cmf.Update(status(nid, 2), timeout=5)).reregister
+    clock.advance(1.5)
+    assert sorted(env.cm.check_liveness()) == NODE_IDS[2:4]
+    assert env.cm.check_liveness() == []  # declared once
+    await env.cm.outbox.flush()
+    assert env.partition("s-1") == set(NODE_IDS[:2])
+    assert env.records[f"/galaxy/nodes/{NODE_IDS[2]}"] is None
+    listed = await env.cmf.ListNodes(clustermgr_pb2.ListClusterNodesRequest(), timeout=5)
+    by_id = {c.status.node_id: c for c in listed.nodes}
+    assert not by_id[NODE_IDS[2]].alive and by_id[NODE_IDS[0]].alive
+    assert by_id[NODE_IDS[2]].last_seen_ms == pytest.approx(3500.0)
+    assert by_id[NODE_IDS[0]].last_seen_ms == pytest.approx(1500.0)
+    # A dead node that heartbeats again is back, at its owner too.
+    await env.cmf.Update(status(NODE_IDS[2], 2), timeout=5)
+    await env.cm.outbox.flush()
+    assert NODE_IDS[2] in env.partition("s-1")
+    assert env.records[f"/galaxy/nodes/{NODE_IDS[2]}"] is not None
+
+
+async def test_liveness_loop_runs_by_itself(env: Env) -> None:
+    await env.start(MonotonicClock(), n_sched=1, dead_after_s=0.15)
+    env.cm.heartbeat_s = 0.05
+    await env.coordinate(1, ["s-1", "c-1"])
+    await env.cmf.RegisterNode(status("quiet", 1), timeout=5)
+    await env.cm.outbox.flush()
+    assert env.partition("s-1") == {"quiet"}
+    await env.cm.start()
+    await asyncio.wait_for(env.deleted.wait(), 5.0)
+    await env.cm.outbox.flush()
+    assert env.partition("s-1") == set()
+
+
+async def test_restarted_agent_with_lower_seq_replaces_the_old_one(env: Env) -> None:
+    await env.start(ManualClock(), n_sched=1)
+    await env.coordinate(1, ["s-1", "c-1"])
+    await env.cmf.RegisterNode(status("n", 100), timeout=5)
+    await env.cmf.Update(status("n", 50), timeout=5)  # reordered: ignored
+    await env.cm.outbox.flush()
+    assert env.scheds["s-1"].policy.nodes()[0].seq == 100
+    await env.cmf.RegisterNode(status("n", 1), timeout=5)  # a new incarnation
+    await env.cm.outbox.flush()
+    assert env.scheds["s-1"].policy.nodes()[0].seq == 1
+
+
+async def test_bad_registration_is_invalid_argument(env: Env) -> None:
+    await env.start(ManualClock(), n_sched=1)
+    good = status("n", 1)
+    for field_ in ("node_id", "address", "capacity"):
+        bad = common_pb2.NodeStatus()
+        bad.CopyFrom(good)
+        bad.ClearField(field_)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await env.cmf.RegisterNode(bad, timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details().startswith(field_)
+    assert len(env.cm.registry) == 0

@@ -1,0 +1,223 @@
+"""End to end through real processes: `galaxy up`, deploy, invoke, status.
+
+Everything runs for real: one process per component on loopback gRPC, node
+agents with process sandboxes, and the example echo function as a real
+subprocess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+
+from galaxy.v1 import (
+    common_pb2,
+    controller_pb2,
+    controller_pb2_grpc,
+    dispatch_pb2,
+    dispatch_pb2_grpc,
+)
+from tests.integration.upctl import REPO, GalaxyUp, pid_alive
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    g = GalaxyUp(tmp_path_factory.mktemp("run"), "--nodes", "2", "--node-cpu-millis", "1000")
+    g.start()
+    instance_pids: list[int] = []
+    g.instance_pids = instance_pids  # type: ignore[attr-defined]
+    yield g
+    pids = g.pids()
+    g.stop()
+    leaked = g.kill_leftovers(pids + instance_pids)
+    assert not leaked, f"processes left after shutdown: {leaked}"
+    assert not (g.run_dir / "endpoints.json").exists()
+
+
+def invoke(up, name, data):
+    return up.cli("invoke", name, "--data", data)
+
+
+def test_up_prints_every_endpoint(up):
+    text = "".join(up.output)
+    for name in ("controller", "dispatch-0", "schedule-0", "clustermgr-0", "agent-0", "agent-1"):
+        assert re.search(rf"{name}\s+grpc 127\.0\.0\.1:\d+", text), text
+    assert "nodes alive: 2" in text
+
+
+def test_deploy_then_cold_then_warm_invoke(up):
+    r = up.cli("deploy", "-f", str(REPO / "examples" / "echo.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert "deployed echo" in r.stdout
+    first = invoke(up, "echo", "hello")
+    assert first.returncode == 0, first.stderr
+    assert "(cold" in first.stdout and "HTTP 200" in first.stdout
+    body = json.loads(first.stdout.split("HTTP 200: ", 1)[1])
+    assert body["echo"] == "hello"
+    up.instance_pids.append(body["pid"])
+    assert pid_alive(body["pid"])
+    second = invoke(up, "echo", "again")
+    assert second.returncode == 0, second.stderr
+    assert "(warm" in second.stdout
+    body2 = json.loads(second.stdout.split("HTTP 200: ", 1)[1])
+    assert body2 == {**body, "echo": "again"}  # same instance, same process
+
+
+def test_status_lists_everything(up):
+    invoke(up, "echo", "x") if up.cli("functions").stdout == "" else None
+    r = up.cli("status")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for kind in ("dispatch", "schedule", "clustermgr"):
+        assert re.search(rf"^\s+{kind}\s+{kind}-0\s+127\.0\.0\.1:\d+", out, re.M), out
+    assert "nodes: 2 (2 alive)" in out
+    assert re.search(r"node-\d+\s+alive\s+schedule=schedule-0\s+cpu \d+/1000m", out), out
+    assert re.search(r"^\s+echo\s+v\d+ concurrency=4", out, re.M), out
+    st = json.loads(up.cli("status", "--json").stdout)
+    assert len(st["nodes"]) == 2
+
+
+def test_bad_spec_is_rejected_naming_the_field(up, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ncommand: [python3]\nconcurrency: 0\n")
+    r = up.cli("deploy", "-f", str(bad))
+    assert r.returncode == 1
+    assert "concurrency" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_server_validates_specs_too(up):
+    async def go():
+        async with grpc.aio.insecure_channel(up.controller) as ch:
+            stub = controller_pb2_grpc.ControllerStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.DeployFunction(
+                    controller_pb2.DeployFunctionRequest(
+                        function=common_pb2.FunctionSpec(name="Has Space", command=["x"])
+                    ),
+                    timeout=5,
+                )
+            return e.value
+
+    err = asyncio.run(go())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith("name:")
+
+
+def test_unknown_function_is_not_found(up):
+    r = invoke(up, "nope", "x")
+    assert r.returncode == 1
+    assert "NOT_FOUND" in r.stderr and "Traceback" not in r.stderr
+
+    async def go():
+        addr = up.component("dispatch-0")["address"]
+        async with grpc.aio.insecure_channel(addr) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await dispatch_pb2_grpc.DispatchStub(ch).Dispatch(
+                    dispatch_pb2.DispatchRequest(function="nope"), timeout=5
+                )
+            return e.value.code()
+
+    assert asyncio.run(go()) == grpc.StatusCode.NOT_FOUND
+
+
+def test_no_node_fits_is_resource_exhausted(up, tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("name: big\ncommand: [python3, -c, 'pass']\nresources: {cpu_millis: 64000}\n")
+    assert up.cli("deploy", "-f", str(big)).returncode == 0
+    r = invoke(up, "big", "x")
+    assert r.returncode == 1
+    assert "RESOURCE_EXHAUSTED" in r.stderr, r.stderr
+
+
+def test_concurrent_cold_requests_share_one_scale_up(up, tmp_path):
+    spec = tmp_path / "co.yaml"
+    spec.write_text(
+        f"name: coalesce\ncommand: [python3, -u, echo_server.py]\nworkdir: {REPO / 'examples'}\n"
+        "concurrency: 8\nmax_scale: 4\nreadiness_path: /healthz\nresources: {cpu_millis: 100}\n"
+    )
+    assert up.cli("deploy", "-f", str(spec)).returncode == 0
+
+    async def go():
+        addr = up.component("dispatch-0")["address"]
+        async with grpc.aio.insecure_channel(addr) as ch:
+            stub = dispatch_pb2_grpc.DispatchStub(ch)
+            res = await asyncio.gather(
+                *(
+                    stub.Dispatch(dispatch_pb2.DispatchRequest(function="coalesce"), timeout=30)
+                    for _ in range(6)
+                )
+            )
+            listed = await stub.ListInstances(
+                dispatch_pb2.ListInstancesRequest(function="coalesce"), timeout=5
+            )
+            for r in res:
+                await stub.Release(
+                    dispatch_pb2.ReleaseRequest(function="coalesce", lease_id=r.lease_id), timeout=5
+                )
+            return res, listed
+
+    res, listed = asyncio.run(go())
+    assert len({r.instance_id for r in res}) == 1
+    assert all(r.cold_start for r in res)
+    assert len(listed.instances) == 1 and listed.instances[0].in_flight == 6
+
+
+def test_reflection_and_health_on_every_server(up):
+    expected = {
+        "controller": "galaxy.v1.Controller",
+        "dispatch-0": "galaxy.v1.Dispatch",
+        "schedule-0": "galaxy.v1.Schedule",
+        "clustermgr-0": "galaxy.v1.ClusterMgr",
+        "agent-0": "galaxy.v1.NodeAgent",
+    }
+    for name, service in expected.items():
+        with grpc.insecure_channel(up.component(name)["address"]) as ch:
+            services = set(ProtoReflectionDescriptorDatabase(ch).get_services())
+            assert {service, "grpc.health.v1.Health"} <= services, (name, services)
+            resp = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=5
+            )
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_metrics_endpoint_exposes_rpc_and_cold_start_metrics(up):
+    invoke(up, "echo", "m")
+    url = f"http://{up.component('dispatch-0')['metrics']}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    assert 'galaxy_rpc_requests_total{code="OK",method="Dispatch/Dispatch"}' in text
+    assert "galaxy_cold_starts_total" in text and "galaxy_rpc_latency_seconds_bucket" in text
+
+
+def test_cli_without_control_plane_says_what_to_do(tmp_path):
+    g = GalaxyUp(Path(tmp_path))
+    r = g.cli("status")
+    assert r.returncode == 1 and "galaxy up" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_emulated_210_nodes_and_clean_shutdown(tmp_path):
+    g = GalaxyUp(tmp_path, "--nodes", "210", "--sandbox", "emulated")
+    g.start(timeout=120)
+    pids = g.pids()
+    try:
+        assert "nodes alive: 210" in "".join(g.output)
+        spec = tmp_path / "emu.yaml"
+        spec.write_text("name: emu\ncommand: [unused]\nconcurrency: 2\n")
+        assert g.cli("deploy", "-f", str(spec)).returncode == 0
+        r = g.cli("invoke", "emu", "--data", "x")
+        assert r.returncode == 0 and "emulated://" in r.stdout, r.stdout + r.stderr
+    finally:
+        rest = g.stop()
+    assert "stopped." in rest
+    assert not g.kill_leftovers(pids), "processes left after shutdown"

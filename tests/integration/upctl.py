@@ -1,0 +1,111 @@
+"""Start and stop a real `galaxy up` for tests, and check for leaked processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+READY_LINE = "Press Ctrl-C to stop."
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes (its parent will reap it).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+class GalaxyUp:
+    """A `galaxy up` subprocess with its own run dir."""
+
+    def __init__(self, run_dir: Path, *args: str) -> None:
+        self.run_dir = run_dir
+        self.args = args
+        self.proc: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+        self.endpoints: dict = {}
+
+    def cli(
+        self, *args: str, input: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a `galaxy` CLI command against this control plane."""
+        return subprocess.run(
+            [sys.executable, "-m", "controlplane.cli", "--run-dir", str(self.run_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+            cwd=REPO,
+        )
+
+    def start(self, timeout: float = 90) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "controlplane.cli",
+                "--run-dir",
+                str(self.run_dir),
+                "up",
+                *self.args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        # readline blocks until the supervisor prints: the ready line is the event.
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError("galaxy up exited early:\n" + "".join(self.output))
+            self.output.append(line)
+            if READY_LINE in line:
+                break
+        else:
+            raise AssertionError("galaxy up not ready:\n" + "".join(self.output))
+        self.endpoints = json.loads((self.run_dir / "endpoints.json").read_text())
+
+    @property
+    def controller(self) -> str:
+        return str(self.endpoints["controller"])
+
+    def component(self, name: str) -> dict:
+        return next(c for c in self.endpoints["components"] if c["name"] == name)
+
+    def pids(self) -> list[int]:
+        return [int(c["pid"]) for c in self.endpoints.get("components", [])]
+
+    def stop(self, timeout: float = 60) -> str:
+        """Ctrl-C the supervisor; returns the rest of its output."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            rest, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rest, _ = self.proc.communicate()
+            raise AssertionError("galaxy up did not stop in time")
+        self.output.append(rest)
+        return rest
+
+    def kill_leftovers(self, pids: list[int]) -> list[int]:
+        """Kill (by PID) any listed process still alive; returns those."""
+        left = [p for p in pids if pid_alive(p)]
+        for p in left:
+            os.kill(p, signal.SIGKILL)
+        return left

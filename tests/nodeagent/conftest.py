@@ -1,0 +1,153 @@
+"""Fixtures for node agent tests: real subprocesses, real gRPC on loopback.
+
+Every test is checked for leaked child processes (read from /proc, so a
+process the code under test forgot is found even if nothing tracks it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controlplane import rpc
+from controlplane.nodeagent.capacity import Res
+from controlplane.nodeagent.sandbox import ProcessBackend, SandboxBackend
+from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
+from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[2]
+ECHO = [sys.executable, str(REPO / "examples" / "echo_server.py")]
+
+
+def child_pids() -> set[int]:
+    """Direct children of this process (zombies included: unreaped is a leak)."""
+    me = os.getpid()
+    out = set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Field 4 is the ppid; the command name (field 2) may contain spaces.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+            out.add(int(d))
+    return out
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def wait_pid_exit(pid: int, within_s: float = 5.0) -> None:
+    """Await the exit of any process (not only our children) via a pidfd."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(fd, exited.set_result, None)
+    try:
+        await asyncio.wait_for(exited, within_s)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes():
+    before = child_pids()
+    yield
+    leaked = child_pids() - before
+    assert not leaked, f"child processes left running: {sorted(leaked)}"
+
+
+def echo_spec(name: str = "echo", **kw) -> common_pb2.FunctionSpec:
+    kw.setdefault("readiness_path", "/healthz")
+    kw.setdefault("resources", common_pb2.Resources(cpu_millis=250, memory_mib=64))
+    kw.setdefault("concurrency", 4)
+    return common_pb2.FunctionSpec(name=name, command=ECHO, **kw)
+
+
+def py_spec(code: str, name: str = "py", **kw) -> common_pb2.FunctionSpec:
+    """A function whose instance runs `python -c code`."""
+    return common_pb2.FunctionSpec(name=name, command=[sys.executable, "-c", code], **kw)
+
+
+async def http(address: str, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    """One HTTP/1.0 request over asyncio streams; returns (status, body)."""
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        head = f"{method} {path} HTTP/1.0\r\nHost: {address}\r\nContent-Length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body)
+        data = await asyncio.wait_for(reader.read(), 5.0)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    header, _, payload = data.partition(b"\r\n\r\n")
+    return int(header.split()[1]), payload
+
+
+@pytest.fixture
+async def process_backend(tmp_path) -> AsyncIterator[ProcessBackend]:
+    backend = ProcessBackend(log_dir=tmp_path / "logs", stop_grace_s=2.0)
+    yield backend
+    await backend.close()
+
+
+@dataclass
+class Agent:
+    servicer: NodeAgentServicer
+    server: grpc.aio.Server
+    address: str
+    stub: nodeagent_pb2_grpc.NodeAgentStub
+    channel: grpc.aio.Channel
+
+
+MakeAgent = Callable[[Iterable[tuple[str, Res]], SandboxBackend], Awaitable[Agent]]
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[rpc.ChannelPool]:
+    p = rpc.ChannelPool(timeout=5.0)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def make_agent(pool) -> AsyncIterator[MakeAgent]:
+    """Starts a NodeAgentServicer on a loopback gRPC server; tears it all down."""
+    agents: list[Agent] = []
+
+    async def make(nodes: Iterable[tuple[str, Res]], backend: SandboxBackend) -> Agent:
+        servicer = NodeAgentServicer(nodes, backend, pool)
+        add = nodeagent_pb2_grpc.add_NodeAgentServicer_to_server
+        server, port, _ = rpc.create_server("127.0.0.1:0", [(add, servicer, SERVICE_NAME)])
+        await server.start()
+        address = f"127.0.0.1:{port}"
+        servicer.attach(address)
+        channel = rpc.insecure_channel(address)
+        agent = Agent(servicer, server, address, nodeagent_pb2_grpc.NodeAgentStub(channel), channel)
+        agents.append(agent)
+        return agent
+
+    yield make
+    for a in agents:
+        await a.channel.close()
+        await a.server.stop(None)
+        await a.servicer.close()

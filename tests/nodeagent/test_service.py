@@ -1,0 +1,258 @@
+"""NodeAgent gRPC service over real loopback gRPC, with real subprocesses
+(process sandbox) and a 50-node emulated pool."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import grpc
+import pytest
+
+from controlplane.nodeagent.capacity import Res
+from controlplane.nodeagent.sandbox import EmulatedBackend
+from galaxy.v1 import common_pb2, dispatch_pb2, nodeagent_pb2
+
+from .conftest import child_pids, echo_spec, http, py_spec
+from .standins import DispatchStandIn, serve_dispatch
+
+CAP = Res(1000, 1024, 0)
+
+
+def create(node: str, iid: str, spec: common_pb2.FunctionSpec, notify: str = ""):
+    return nodeagent_pb2.CreateInstanceRequest(
+        node_id=node, instance_id=iid, function=spec, notify_address=notify
+    )
+
+
+async def probe(agent, node: str) -> common_pb2.NodeStatus:
+    return (await agent.stub.Probe(nodeagent_pb2.ProbeRequest(node_id=node), timeout=5)).status
+
+
+async def expect_code(call, code: grpc.StatusCode) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await call
+    assert e.value.code() == code, e.value.details()
+    return e.value.details()
+
+
+async def test_create_is_idempotent_one_process(make_agent, process_backend):
+    agent = await make_agent([("n-0", CAP)], process_backend)
+    before = child_pids()
+    spec = echo_spec(version=7)
+    req = create("n-0", "inst-1", spec)
+    a, b = await asyncio.gather(
+        agent.stub.CreateInstance(req, timeout=10), agent.stub.CreateInstance(req, timeout=10)
+    )
+    c = await agent.stub.CreateInstance(req, timeout=10)  # after ready
+    assert a.instance == b.instance == c.instance
+    assert len(child_pids() - before) == 1
+    info = a.instance
+    assert (info.instance_id, info.function, info.node_id) == ("inst-1", "echo", "n-0")
+    assert info.spec_version == 7 and info.concurrency == 4
+    assert a.startup_ms > 0
+    status, body = await http(info.address, "POST", "/", b"x")
+    assert status == 200 and json.loads(body)["instance"] == "inst-1"
+    st = await probe(agent, "n-0")
+    assert st.instances == 1 and st.allocated == common_pb2.Resources(cpu_millis=250, memory_mib=64)
+    listed = await agent.stub.ListNodeInstances(
+        nodeagent_pb2.ListNodeInstancesRequest(node_id="n-0")
+    )
+    assert list(listed.instances) == [info]
+
+
+async def test_same_instance_id_for_another_function_is_rejected(make_agent):
+    agent = await make_agent([("n-0", CAP)], EmulatedBackend())
+    await agent.stub.CreateInstance(create("n-0", "i", common_pb2.FunctionSpec(name="a")))
+    details = await expect_code(
+        agent.stub.CreateInstance(create("n-0", "i", common_pb2.FunctionSpec(name="b"))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert "instance_id i is already used" in details
+
+
+async def test_resource_exhausted_with_message(make_agent):
+    agent = await make_agent([("n-3", CAP)], EmulatedBackend())
+    big = common_pb2.FunctionSpec(name="big", resources=common_pb2.Resources(cpu_millis=600))
+    await agent.stub.CreateInstance(create("n-3", "a", big))
+    details = await expect_code(
+        agent.stub.CreateInstance(create("n-3", "b", big)), grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
+    assert details == "node n-3 has 400m cpu free, instance needs 600m"
+    st = await probe(agent, "n-3")
+    assert st.instances == 1 and st.allocated.cpu_millis == 600
+
+
+async def test_unknown_node_is_not_found(make_agent):
+    agent = await make_agent([("n-0", CAP)], EmulatedBackend())
+    spec = common_pb2.FunctionSpec(name="f")
+    details = await expect_code(
+        agent.stub.CreateInstance(create("nope", "i", spec)), grpc.StatusCode.NOT_FOUND
+    )
+    assert "nope" in details
+    for call in (
+        agent.stub.Probe(nodeagent_pb2.ProbeRequest(node_id="nope")),
+        agent.stub.DeleteInstance(
+            nodeagent_pb2.DeleteInstanceRequest(node_id="nope", instance_id="i")
+        ),
+        agent.stub.ListNodeInstances(nodeagent_pb2.ListNodeInstancesRequest(node_id="nope")),
+    ):
+        await expect_code(call, grpc.StatusCode.NOT_FOUND)
+
+
+@pytest.mark.parametrize(
+    ("req", "field"),
+    [
+        (create("n-0", "i", common_pb2.FunctionSpec(name="f")), "function.command"),
+        (create("n-0", "", echo_spec()), "instance_id"),
+        (create("n-0", "i", echo_spec(name="")), "function.name"),
+        (create("n-0", "i", echo_spec(workdir="relative/dir")), "function.workdir"),
+        (create("", "i", echo_spec()), "node_id"),
+    ],
+)
+async def test_invalid_argument_names_the_field(make_agent, process_backend, req, field):
+    agent = await make_agent([("n-0", CAP)], process_backend)
+    details = await expect_code(agent.stub.CreateInstance(req), grpc.StatusCode.INVALID_ARGUMENT)
+    assert field in details
+    assert (await probe(agent, "n-0")).instances == 0
+
+
+async def test_probe_and_delete_free_capacity(make_agent):
+    agent = await make_agent([("n-0", CAP)], EmulatedBackend())
+    spec = common_pb2.FunctionSpec(
+        name="f", resources=common_pb2.Resources(cpu_millis=300, memory_mib=100)
+    )
+    s0 = await probe(agent, "n-0")
+    assert s0.capacity == CAP.to_proto() and s0.address == agent.address
+    await agent.stub.CreateInstance(create("n-0", "a", spec))
+    await agent.stub.CreateInstance(create("n-0", "b", spec))
+    s1 = await probe(agent, "n-0")
+    assert s1.allocated == common_pb2.Resources(cpu_millis=600, memory_mib=200)
+    assert s1.instances == 2 and s1.seq > s0.seq
+    d = await agent.stub.DeleteInstance(
+        nodeagent_pb2.DeleteInstanceRequest(node_id="n-0", instance_id="a")
+    )
+    assert d.deleted
+    again = await agent.stub.DeleteInstance(
+        nodeagent_pb2.DeleteInstanceRequest(node_id="n-0", instance_id="a")
+    )
+    assert not again.deleted
+    s2 = await probe(agent, "n-0")
+    assert s2.allocated == common_pb2.Resources(cpu_millis=300, memory_mib=100)
+    assert s2.instances == 1 and s2.seq > s1.seq
+
+
+async def test_failed_start_is_unavailable_and_frees(make_agent, process_backend):
+    agent = await make_agent([("n-0", CAP)], process_backend)
+    spec = py_spec("import sys; sys.exit(4)", resources=common_pb2.Resources(cpu_millis=900))
+    details = await expect_code(
+        agent.stub.CreateInstance(create("n-0", "bad", spec)), grpc.StatusCode.UNAVAILABLE
+    )
+    assert "process exited with code 4" in details
+    st = await probe(agent, "n-0")
+    assert st.instances == 0 and st.allocated.cpu_millis == 0
+
+
+async def test_delete_process_instance_kills_it(make_agent, process_backend):
+    agent = await make_agent([("n-0", CAP)], process_backend)
+    before = child_pids()
+    await agent.stub.CreateInstance(create("n-0", "k", echo_spec()), timeout=10)
+    (pid,) = child_pids() - before
+    d = await agent.stub.DeleteInstance(
+        nodeagent_pb2.DeleteInstanceRequest(node_id="n-0", instance_id="k")
+    )
+    assert d.deleted
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+async def test_delete_while_starting(make_agent, process_backend):
+    agent = await make_agent([("n-0", CAP)], process_backend)
+    # The instance calls back once it runs (so the test knows the start is
+    # under way) and then never becomes ready.
+    spawned = asyncio.Event()
+
+    async def on_call(reader, writer):
+        spawned.set()
+        writer.close()
+
+    beacon = await asyncio.start_server(on_call, "127.0.0.1", 0)
+    port = beacon.sockets[0].getsockname()[1]
+    code = f"import socket, time; socket.create_connection(('127.0.0.1', {port})); time.sleep(60)"
+    spec = py_spec(code, startup_timeout_ms=30_000, resources=common_pb2.Resources(cpu_millis=100))
+    try:
+        creating = asyncio.ensure_future(
+            agent.stub.CreateInstance(create("n-0", "slow", spec), timeout=30)
+        )
+        await asyncio.wait_for(spawned.wait(), 10)
+        assert (await probe(agent, "n-0")).allocated.cpu_millis == 100
+        d = await agent.stub.DeleteInstance(
+            nodeagent_pb2.DeleteInstanceRequest(node_id="n-0", instance_id="slow")
+        )
+        assert d.deleted
+        details = await expect_code(creating, grpc.StatusCode.UNAVAILABLE)
+        assert "deleted while it was starting" in details
+        assert (await probe(agent, "n-0")).allocated.cpu_millis == 0
+    finally:
+        beacon.close()
+        await beacon.wait_closed()
+
+
+async def test_exit_frees_and_notifies_dispatch(make_agent, process_backend):
+    dispatch = DispatchStandIn()
+    server, daddr = await serve_dispatch(dispatch)
+    try:
+        agent = await make_agent([("n-0", CAP)], process_backend)
+        before = child_pids()
+        reply = await agent.stub.CreateInstance(
+            create("n-0", "x", echo_spec(), notify=daddr), timeout=10
+        )
+        (pid,) = child_pids() - before
+        os.kill(pid, signal.SIGKILL)
+        mod = await asyncio.wait_for(dispatch.mods.get(), 5)
+        assert mod.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE
+        assert mod.instance == reply.instance
+        assert mod.reason.startswith("process exited with code -9")
+        st = await probe(agent, "n-0")
+        assert st.instances == 0 and st.allocated.cpu_millis == 0
+    finally:
+        await server.stop(None)
+
+
+async def test_emulated_pool_of_50_nodes(make_agent):
+    nodes = [(f"pool-{i}", Res(1500, 4096, 0)) for i in range(50)]
+    agent = await make_agent(nodes, EmulatedBackend(start_delay_ms=5))
+    spec = common_pb2.FunctionSpec(
+        name="llm", resources=common_pb2.Resources(cpu_millis=500, memory_mib=1024), concurrency=2
+    )
+    replies = await asyncio.gather(
+        *(
+            agent.stub.CreateInstance(create(nid, f"{nid}-i{k}", spec), timeout=10)
+            for nid, _ in nodes
+            for k in range(3)
+        )
+    )
+    assert len({r.instance.address for r in replies}) == 150
+    assert all(r.instance.address.startswith("emulated://pool-") for r in replies)
+    for nid, _ in nodes:
+        st = await probe(agent, nid)
+        assert st.instances == 3 and st.allocated.cpu_millis == 1500, nid
+    await expect_code(
+        agent.stub.CreateInstance(create("pool-7", "one-too-many", spec)),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    )
+    listed = await agent.stub.ListNodeInstances(
+        nodeagent_pb2.ListNodeInstancesRequest(node_id="pool-9")
+    )
+    assert sorted(i.instance_id for i in listed.instances) == [f"pool-9-i{k}" for k in range(3)]
+    await asyncio.gather(
+        *(
+            agent.stub.DeleteInstance(
+                nodeagent_pb2.DeleteInstanceRequest(node_id=nid, instance_id=f"{nid}-i0")
+            )
+            for nid, _ in nodes
+        )
+    )
+    assert (await probe(agent, "pool-49")).allocated.cpu_millis == 1000

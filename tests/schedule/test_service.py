@@ -1,0 +1,253 @@
+"""Schedule over real gRPC on loopback: a real node agent (emulated sandbox)
+hosting three nodes, a ClusterMgr that feeds them to Schedule, and Schedule
+placing instances on them."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+
+from controlplane.nodeagent.capacity import Res
+from controlplane.nodeagent.sandbox import EmulatedBackend
+from controlplane.nodeagent.service import SERVICE_NAME as AGENT_SERVICE
+from controlplane.nodeagent.service import NodeAgentServicer
+from controlplane.rpc import ChannelPool, create_server, insecure_channel
+from functions.clustermgr.policy import NodeRegistry
+from functions.clustermgr.service import SERVICE_NAME as CM_SERVICE
+from functions.clustermgr.service import ClusterMgrServicer
+from functions.schedule.policy import PlacementPolicy
+from functions.schedule.service import SERVICE_NAME as SF_SERVICE
+from functions.schedule.service import ScheduleServicer
+from galaxy.v1 import (
+    clustermgr_pb2,
+    clustermgr_pb2_grpc,
+    common_pb2,
+    nodeagent_pb2,
+    nodeagent_pb2_grpc,
+    schedule_pb2,
+    schedule_pb2_grpc,
+)
+
+NODES = {"small": Res(1000, 4096, 0), "big": Res(4000, 4096, 0), "gpu": Res(1000, 4096, 1)}
+
+
+@dataclass
+class Stack:
+    pool: ChannelPool
+    agent: NodeAgentServicer
+    agent_addr: str
+    policy: PlacementPolicy
+    sched: ScheduleServicer
+    sf: Any  # ScheduleStub
+    cm: ClusterMgrServicer
+    cmf: Any  # ClusterMgrStub
+    na: Any  # NodeAgentStub
+    records: dict[str, bytes | None] = field(default_factory=dict)
+
+
+def spec(
+    name: str = "fn", cpu: int = 500, mem: int = 256, gpus: int = 0
+) -> common_pb2.FunctionSpec:
+    return common_pb2.FunctionSpec(
+        name=name,
+        resources=common_pb2.Resources(cpu_millis=cpu, memory_mib=mem, gpus=gpus),
+        concurrency=1,
+        max_scale=100,
+    )
+
+
+def req(iid: str, fn: common_pb2.FunctionSpec) -> schedule_pb2.ScheduleRequest:
+    return schedule_pb2.ScheduleRequest(instance_id=iid, function=fn)
+
+
+async def serve(add: Callable[[Any, Any], None], servicer: Any, name: str) -> tuple[Any, str]:
+    server, port, _ = create_server("127.0.0.1:0", [(add, servicer, name)])
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def make_stack() -> AsyncIterator[Callable[..., Awaitable[Stack]]]:
+    cleanups: list[Callable[[], Awaitable[Any]]] = []
+
+    async def make(**policy_kw: Any) -> Stack:
+        pool = ChannelPool()
+        cleanups.append(pool.close)
+        agent = NodeAgentServicer(NODES.items(), EmulatedBackend())
+        cleanups.append(agent.close)
+        a_srv, a_addr = await serve(
+            nodeagent_pb2_grpc.add_NodeAgentServicer_to_server, agent, AGENT_SERVICE
+        )
+        cleanups.append(lambda: a_srv.stop(None))
+        agent.attach(a_addr, pool)
+        policy_kw.setdefault("probe_ttl_s", 30.0)  # these tests decide what is stale
+        policy = PlacementPolicy(rng=random.Random(3), **policy_kw)
+        sched = ScheduleServicer(policy, schedule_id="s-1", pool=pool)
+        cleanups.append(sched.close)
+        s_srv, s_addr = await serve(
+            schedule_pb2_grpc.add_ScheduleServicer_to_server, sched, SF_SERVICE
+        )
+        cleanups.append(lambda: s_srv.stop(None))
+        records: dict[str, bytes | None] = {}
+        cm = ClusterMgrServicer(
+            NodeRegistry(), clustermgr_id="c-1", pool=pool, record=records.__setitem__
+        )
+        cleanups.append(cm.stop)
+        c_srv, c_addr = await serve(
+            clustermgr_pb2_grpc.add_ClusterMgrServicer_to_server, cm, CM_SERVICE
+        )
+        cleanups.append(lambda: c_srv.stop(None))
+        chans = [insecure_channel(a) for a in (s_addr, c_addr, a_addr)]
+        cleanups.extend(ch.close for ch in chans)
+        st = Stack(
+            pool, agent, a_addr, policy, sched, schedule_pb2_grpc.ScheduleStub(chans[0]),
+            cm, clustermgr_pb2_grpc.ClusterMgrStub(chans[1]),
+            nodeagent_pb2_grpc.NodeAgentStub(chans[2]), records,
+        )  # fmt: skip
+        m = common_pb2.Membership(
+            epoch=1,
+            instances=[
+                common_pb2.ControlInstance(
+                    id="s-1", kind=common_pb2.CONTROL_KIND_SCHEDULE, address=s_addr
+                ),
+                common_pb2.ControlInstance(
+                    id="c-1", kind=common_pb2.CONTROL_KIND_CLUSTERMGR, address=c_addr
+                ),
+            ],
+        )
+        await st.sf.Coordinate(common_pb2.CoordinateRequest(membership=m), timeout=5)
+        await st.cmf.Coordinate(common_pb2.CoordinateRequest(membership=m), timeout=5)
+        for nid in NODES:
+            reply = await st.cmf.RegisterNode(agent.heartbeat_status(nid), timeout=5)
+            assert not reply.reregister and reply.heartbeat_interval_ms == 1000
+        await cm.outbox.flush()
+        return st
+
+    yield make
+    for c in reversed(cleanups):
+        await c()
+
+
+async def test_nodes_flow_from_clustermgr_to_schedule(make_stack) -> None:
+    st = await make_stack()
+    nodes = (await st.sf.ListNodes(schedule_pb2.ListNodesRequest(), timeout=5)).nodes
+    assert {n.node_id: n.address for n in nodes} == {nid: st.agent_addr for nid in NODES}
+    cluster = (await st.cmf.ListNodes(clustermgr_pb2.ListClusterNodesRequest(), timeout=5)).nodes
+    assert {(c.status.node_id, c.alive, c.schedule_id) for c in cluster} == {
+        (nid, True, "s-1") for nid in NODES
+    }
+    # Node records were written behind, keyed by node id.
+    stored = {k: common_pb2.NodeStatus.FromString(v) for k, v in st.records.items() if v}
+    assert {k: v.node_id for k, v in stored.items()} == {f"/galaxy/nodes/{n}": n for n in NODES}
+    # A heartbeat with a higher seq reaches Schedule; an old one does not.
+    beat = st.agent.heartbeat_status("big")
+    await st.cmf.Update(beat, timeout=5)
+    await st.cm.outbox.flush()
+    old = common_pb2.NodeStatus()
+    old.CopyFrom(beat)
+    old.seq -= 5
+    assert not (await st.sf.ModNode(schedule_pb2.ModNodeRequest(op=1, node=old), timeout=5)).changed
+    nodes = (await st.sf.ListNodes(schedule_pb2.ListNodesRequest(), timeout=5)).nodes
+    assert next(n.seq for n in nodes if n.node_id == "big") == beat.seq
+
+
+async def test_places_on_fitting_nodes_until_full(make_stack) -> None:
+    st = await make_stack()
+    r = await st.sf.Schedule(req("g-1", spec("gpu-fn", cpu=500, gpus=1)), timeout=5)
+    assert r.instance.node_id == "gpu" and r.schedule_id == "s-1"
+    assert r.instance.node_address == st.agent_addr and r.instance.function == "gpu-fn"
+    assert r.probes == 1 and r.scheduling_ms > 0  # only one node has a GPU
+    placed = {"g-1": "gpu"}
+    # 500m pieces: 2 on small, 8 on big, 1 more on gpu. Then nothing fits.
+    for i in range(11):
+        r = await st.sf.Schedule(req(f"c-{i}", spec()), timeout=5)
+        placed[r.instance.instance_id] = r.instance.node_id
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await st.sf.Schedule(req("one-too-many", spec()), timeout=5)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert e.value.details().startswith(
+        "no node in partition of schedule s-1 fits cpu=500m mem=256MiB gpu=0: "
+        "3 nodes, max free cpu 0m"
+    )
+    # The agent agrees with every reply, and no node is over capacity.
+    on_agent = {}
+    for nid, cap in NODES.items():
+        lst = await st.na.ListNodeInstances(nodeagent_pb2.ListNodeInstancesRequest(node_id=nid))
+        on_agent.update({i.instance_id: nid for i in lst.instances})
+        assert st.agent.nodes[nid].capacity.allocated.fits_in(cap)
+    assert on_agent == placed
+    assert st.policy.stats.placements == 12 and st.policy.stats.rejections == 0
+
+
+@pytest.mark.parametrize(
+    ("request_", "field_"),
+    [
+        (schedule_pb2.ScheduleRequest(function=spec()), "instance_id"),
+        (schedule_pb2.ScheduleRequest(instance_id="x"), "function"),
+        (req("x", common_pb2.FunctionSpec(resources=spec().resources)), "function.name"),
+        (req("x", common_pb2.FunctionSpec(name="fn")), "function.resources"),
+    ],
+)
+async def test_bad_request_is_invalid_argument(make_stack, request_, field_) -> None:
+    st = await make_stack()
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await st.sf.Schedule(request_, timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith(field_ + " ")
+
+
+async def test_bad_modnode_is_invalid_argument(make_stack) -> None:
+    st = await make_stack()
+    for bad in (
+        schedule_pb2.ModNodeRequest(op=0, node=common_pb2.NodeStatus(node_id="n", address="a:1")),
+        schedule_pb2.ModNodeRequest(op=1, node=common_pb2.NodeStatus(node_id="n")),
+        schedule_pb2.ModNodeRequest(op=1, node=common_pb2.NodeStatus(address="a:1")),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await st.sf.ModNode(bad, timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(st.policy) == 3  # state untouched
+
+
+async def test_schedule_is_idempotent_for_instance_id(make_stack) -> None:
+    st = await make_stack()
+    # Concurrent duplicates share one placement.
+    replies = await asyncio.gather(
+        *(st.sf.Schedule(req("dup", spec()), timeout=5) for _ in range(4))
+    )
+    assert all(r.instance == replies[0].instance for r in replies)
+    # A repeat after success returns the remembered reply.
+    again = await st.sf.Schedule(req("dup", spec()), timeout=5)
+    assert again == replies[0]
+    assert st.policy.stats.placements == 1
+    nid = replies[0].instance.node_id
+    lst = await st.na.ListNodeInstances(nodeagent_pb2.ListNodeInstancesRequest(node_id=nid))
+    assert [i.instance_id for i in lst.instances] == ["dup"]
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await st.sf.Schedule(req("dup", spec("other-fn")), timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "already used for function fn" in e.value.details()
+
+
+async def test_stale_view_is_retried_on_another_node(make_stack) -> None:
+    st = await make_stack(d=3)
+    first = await st.sf.Schedule(req("warm", spec(cpu=100, mem=10)), timeout=5)
+    assert first.instance.node_id == "big" and first.probes == 3  # least loaded of all
+    # Someone else fills "big" behind Schedule's back: its cached view is stale.
+    await st.na.CreateInstance(
+        nodeagent_pb2.CreateInstanceRequest(
+            node_id="big", instance_id="intruder", function=spec("x", cpu=3800, mem=10)
+        ),
+        timeout=5,
+    )
+    r = await st.sf.Schedule(req("after", spec(cpu=1000, mem=10)), timeout=5)
+    assert r.instance.node_id in ("small", "gpu")
+    assert r.probes == 0  # served from the cache, even after the refusal
+    assert st.policy.stats.rejections == 1
+    assert st.policy.free("big") == Res()  # marked full until re-probed
