@@ -128,7 +128,7 @@ class GalaxyClient:
         return InvokeResult(addr, status, body)
 
 
-async def http_post(address: str, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+async def http_post(address: str, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
     """Minimal HTTP/1.1 POST over asyncio streams (no extra dependency)."""
     if address.startswith("emulated://"):
         # Emulated sandboxes have no process: answer like an echo would.
@@ -153,7 +153,7 @@ async def http_post(address: str, path: str, body: bytes, timeout: float) -> tup
         status = int(header.split(b" ", 2)[1])
         return status, payload
 
-    return await asyncio.wait_for(go(), timeout)
+    return await asyncio.wait_for(go(), timeout_s)
 
 
 class SyncGalaxyClient:
@@ -164,8 +164,8 @@ class SyncGalaxyClient:
         self._client = self._runner.run(self._make(controller, timeout))
 
     @staticmethod
-    async def _make(controller: str, timeout: float) -> GalaxyClient:
-        return GalaxyClient(controller, timeout)
+    async def _make(controller: str, timeout_s: float) -> GalaxyClient:
+        return GalaxyClient(controller, timeout_s)
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._client, name)

@@ -7,11 +7,11 @@ stop on SIGTERM/SIGINT or when the supervisor's lifeline pipe closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,7 +89,9 @@ async def _register(ctx: HostContext, kind: int, deadline_s: float) -> common_pb
                 return await stub.RegisterInstance(me, timeout=2.0)  # type: ignore[no-any-return]
         except Exception as e:  # grpc.aio.AioRpcError and connection errors
             if loop.time() + delay > end:
-                raise RuntimeError(f"could not register with controller {ctx.controller}: {e}")
+                raise RuntimeError(
+                    f"could not register with controller {ctx.controller}: {e}"
+                ) from e
             await asyncio.sleep(delay)  # backoff between connection attempts
             delay = min(delay * 2, 1.0)
 
@@ -114,11 +116,17 @@ def _watch_lifeline(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
 
     def reader() -> None:
+        # os.read on the raw fd, not sys.stdin.buffer: a daemon thread blocked
+        # inside a buffered reader aborts the interpreter at exit.
         try:
-            while sys.stdin.buffer.read(4096):
+            while os.read(0, 4096):
                 pass
+        except OSError:
+            pass
         finally:
-            loop.call_soon_threadsafe(stop.set)
+            # The loop may already be closed if we are exiting for another reason.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stop.set)
 
     # A daemon thread, not the executor: a blocked read must not hold up exit.
     threading.Thread(target=reader, name="lifeline", daemon=True).start()

@@ -31,6 +31,11 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.enable_http_proxy", 0),
+    # Peers start in any order; gRPC's default reconnect backoff (1 s, growing
+    # to 120 s) would leave a component waiting long after its peer is up.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 _SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),

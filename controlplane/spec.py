@@ -103,9 +103,13 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
         raise InvalidArgument("readiness_path: must be a string like /healthz")
     spec.readiness_path = rp
     spec.startup_timeout_ms = _int(
-        doc, "startup_timeout_ms", "startup_timeout_ms", DEFAULT_STARTUP_TIMEOUT_MS, 1,
+        doc,
+        "startup_timeout_ms",
+        "startup_timeout_ms",
+        DEFAULT_STARTUP_TIMEOUT_MS,
+        1,
         MAX_STARTUP_TIMEOUT_MS,
-    )  # fmt: skip
+    )
     validate(spec)
     return spec
 

@@ -9,8 +9,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_generated_code_matches_protos(tmp_path):
-    subprocess.run([sys.executable, str(REPO / "scripts" / "genproto.py"), "--out", str(tmp_path)],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "genproto.py"), "--out", str(tmp_path)], check=True
+    )
     gen = tmp_path / "galaxy" / "v1"
     committed = REPO / "galaxy" / "v1"
     names = sorted(p.name for p in gen.iterdir() if p.suffix in (".py", ".pyi"))

@@ -43,11 +43,13 @@ class ControllerComponent:
             self.servicer = ControllerServicer(
                 ControlRegistry(), FunctionStore(self.store), ChannelPool()
             )
-        return [(
-            controller_pb2_grpc.add_ControllerServicer_to_server,
-            self.servicer,
-            "galaxy.v1.Controller",
-        )]  # fmt: skip
+        return [
+            (
+                controller_pb2_grpc.add_ControllerServicer_to_server,
+                self.servicer,
+                "galaxy.v1.Controller",
+            )
+        ]
 
     async def start(self, ctx: HostContext) -> None:
         assert self.servicer is not None

@@ -42,10 +42,15 @@ class ControlRegistry:
         cur = self._members.get(key)
         if cur is not None and cur.info.address == info.address:
             return False
-        self._members[key] = Member(common_pb2.ControlInstance(
-            id=info.id, kind=info.kind, address=info.address,
-            metrics_address=info.metrics_address,
-        ), self.clock.now())  # fmt: skip
+        self._members[key] = Member(
+            common_pb2.ControlInstance(
+                id=info.id,
+                kind=info.kind,
+                address=info.address,
+                metrics_address=info.metrics_address,
+            ),
+            self.clock.now(),
+        )
         self.epoch += 1
         return True
 

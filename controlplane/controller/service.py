@@ -71,8 +71,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         if not request.address or ":" not in request.address:
             raise InvalidArgument(f"address: must be host:port, got {request.address!r}")
         if self.registry.register(request):
-            log.info("registered %s %s at %s (epoch %d)", KIND_NAMES[request.kind],
-                     request.id, request.address, self.registry.epoch)  # fmt: skip
+            log.info(
+                "registered %s %s at %s (epoch %d)",
+                KIND_NAMES[request.kind],
+                request.id,
+                request.address,
+                self.registry.epoch,
+            )
             self._dirty.set()
         return self.registry.membership()
 
@@ -80,8 +85,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self, request: common_pb2.ControlInstance, context: grpc.aio.ServicerContext
     ) -> common_pb2.Membership:
         if self.registry.deregister(request.kind, request.id):
-            log.info("deregistered %s %s (epoch %d)", KIND_NAMES.get(request.kind, "?"),
-                     request.id, self.registry.epoch)  # fmt: skip
+            log.info(
+                "deregistered %s %s (epoch %d)",
+                KIND_NAMES.get(request.kind, "?"),
+                request.id,
+                self.registry.epoch,
+            )
             self._dirty.set()
         return self.registry.membership()
 
@@ -89,9 +98,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self, request: controller_pb2.LoadReport, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ReportLoadReply:
         known = self.registry.report(
-            request.instance.kind, request.instance.id, dict(request.ops_per_second),
-            request.queue_depth, request.errors,
-        )  # fmt: skip
+            request.instance.kind,
+            request.instance.id,
+            dict(request.ops_per_second),
+            request.queue_depth,
+            request.errors,
+        )
         return controller_pb2.ReportLoadReply(membership_stale=not known, epoch=self.registry.epoch)
 
     async def GetMembership(
@@ -107,9 +119,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self._dirty.clear()
             m = self.registry.membership()
             await asyncio.gather(
-                *(self._coordinate(mem.info, common_pb2.CoordinateRequest(membership=m))
-                  for mem in self.registry.members())
-            )  # fmt: skip
+                *(
+                    self._coordinate(mem.info, common_pb2.CoordinateRequest(membership=m))
+                    for mem in self.registry.members()
+                )
+            )
 
     async def _coordinate(
         self, inst: common_pb2.ControlInstance, req: common_pb2.CoordinateRequest
@@ -122,8 +136,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 await stub.Coordinate(req, timeout=PUSH_TIMEOUT_S)
             return True
         except grpc.aio.AioRpcError as e:
-            log.warning("Coordinate to %s %s failed: %s", KIND_NAMES[inst.kind], inst.id,
-                        e.details())  # fmt: skip
+            log.warning(
+                "Coordinate to %s %s failed: %s", KIND_NAMES[inst.kind], inst.id, e.details()
+            )
             return False
 
     # -- functions --------------------------------------------------------
@@ -165,9 +180,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             actions=[common_pb2.CoordinateAction(kind=kind, function=name)]  # type: ignore[arg-type]
         )
         await asyncio.gather(
-            *(self._coordinate(m.info, req)
-              for m in self.registry.members(common_pb2.CONTROL_KIND_DISPATCH))
-        )  # fmt: skip
+            *(
+                self._coordinate(m.info, req)
+                for m in self.registry.members(common_pb2.CONTROL_KIND_DISPATCH)
+            )
+        )
 
     # -- status -----------------------------------------------------------
 
@@ -179,14 +196,16 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
         async def nodes(inst: common_pb2.ControlInstance) -> None:
             async with self.pool.stub(inst.address, clustermgr_pb2_grpc.ClusterMgrStub) as s:
-                r = await s.ListNodes(clustermgr_pb2.ListClusterNodesRequest(),
-                                      timeout=PUSH_TIMEOUT_S)  # fmt: skip
+                r = await s.ListNodes(
+                    clustermgr_pb2.ListClusterNodesRequest(), timeout=PUSH_TIMEOUT_S
+                )
             out.nodes.extend(r.nodes)
 
         async def instances(inst: common_pb2.ControlInstance) -> None:
             async with self.pool.stub(inst.address, dispatch_pb2_grpc.DispatchStub) as s:
-                r = await s.ListInstances(dispatch_pb2.ListInstancesRequest(),
-                                          timeout=PUSH_TIMEOUT_S)  # fmt: skip
+                r = await s.ListInstances(
+                    dispatch_pb2.ListInstancesRequest(), timeout=PUSH_TIMEOUT_S
+                )
             out.instances.extend(r.instances)
             out.routing.extend(r.functions)
 
@@ -194,8 +213,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             (m.info, nodes(m.info))
             for m in self.registry.members(common_pb2.CONTROL_KIND_CLUSTERMGR)
         ]
-        calls += [(m.info, instances(m.info))
-                  for m in self.registry.members(common_pb2.CONTROL_KIND_DISPATCH)]  # fmt: skip
+        calls += [
+            (m.info, instances(m.info))
+            for m in self.registry.members(common_pb2.CONTROL_KIND_DISPATCH)
+        ]
         results = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
         for (inst, _), res in zip(calls, results, strict=True):
             if isinstance(res, grpc.aio.AioRpcError):
@@ -204,5 +225,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 )
             elif isinstance(res, BaseException):
                 out.warnings.append(f"{KIND_NAMES[inst.kind]} {inst.id}: {res!r}")
-        out.nodes.sort(key=lambda n: n.status.node_id)
+        out.nodes.sort(key=lambda n: _natural(n.status.node_id))
         return out
+
+
+def _natural(name: str) -> tuple[str, int, str]:
+    """Sort key so node-2 comes before node-10."""
+    head, _, tail = name.rpartition("-")
+    return (head, int(tail), "") if tail.isdigit() else (name, -1, name)

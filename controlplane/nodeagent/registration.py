@@ -2,8 +2,10 @@
 
 Each node belongs to one ClusterMgr instance (rendezvous hashing over the
 controller's membership). One loop serves every node of the pool: it wakes
-when the earliest heartbeat is due, sends the due ones concurrently, and
-sleeps again, so a pool of 210 emulated nodes costs one task, not 210.
+when the earliest heartbeat is due and sends all heartbeats due by then
+concurrently, so a pool of 210 emulated nodes costs one loop, not 210
+sleeping tasks. Each node's first heartbeat after registering is offset by a
+fraction of the interval, which spreads the pool's heartbeats over the period.
 """
 
 from __future__ import annotations
@@ -163,21 +165,27 @@ class Registrar:
                 wake = min([self._membership_due if not self._refreshing else math.inf, *idle])
                 self._wake.clear()
                 # Waits for the next heartbeat time or a finished task.
+                # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a
+                # cancel that races the wake-up, and stop() would never return.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._wake.wait(), max(min(wake - loop.time(), 3600.0), _BATCH_S)
-                    )
+                    async with asyncio.timeout(max(min(wake - loop.time(), 3600.0), _BATCH_S)):
+                        await self._wake.wait()
         finally:
             for t in list(self._inflight):
                 t.cancel()
             await asyncio.gather(*self._inflight, return_exceptions=True)
 
     async def _beat_batch(self, batch: list[_NodeState]) -> None:
-        try:
-            errors = await asyncio.gather(*(self._beat(s) for s in batch))
-        finally:
-            for s in batch:
-                s.busy = False
+        async def one(st: _NodeState) -> str | None:
+            try:
+                return await self._beat(st)
+            finally:
+                # Per node, not per batch: a node whose peer hangs must not
+                # hold back the others sent with it.
+                st.busy = False
+                self._wake.set()
+
+        errors = await asyncio.gather(*(one(s) for s in batch))
         self._log_failures(batch, errors)
 
     async def _refresh_membership(self) -> None:

@@ -132,10 +132,14 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         r = self.routers.get(spec.name)
         if r is None:
             r = FunctionRouter(
-                spec.name, spec.concurrency or 1, spec.max_scale or 1, self.clock,
-                lease_ttl_s=self.lease_ttl_s, max_queue=self.max_queue,
+                spec.name,
+                spec.concurrency or 1,
+                spec.max_scale or 1,
+                self.clock,
+                lease_ttl_s=self.lease_ttl_s,
+                max_queue=self.max_queue,
                 lease_prefix=f"{self.instance_id}:",
-            )  # fmt: skip
+            )
             self.routers[spec.name] = r
         return r
 
@@ -297,12 +301,18 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             if cold:
                 router.pending = max(0, router.pending - 1)
             return False
-        inst = Instance(info.instance_id, info.address, info.node_id,
-                        info.concurrency or router.concurrency, meta=info)  # fmt: skip
+        inst = Instance(
+            info.instance_id,
+            info.address,
+            info.node_id,
+            info.concurrency or router.concurrency,
+            meta=info,
+        )
         grants = router.scale_up_done(inst) if cold else router.add_instance(inst)
         self._wake(grants)
-        self.record(f"/galaxy/instances/{info.function}/{info.instance_id}",
-                    info.SerializeToString())  # fmt: skip
+        self.record(
+            f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString()
+        )
         metrics.INSTANCES.set(sum(len(r.instances) for r in self.routers.values()))
         return True
 
@@ -319,8 +329,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             return
         try:
             async with self.pool.stub(info.node_address, nodeagent_pb2_grpc.NodeAgentStub) as s:
-                await s.DeleteInstance(nodeagent_pb2.DeleteInstanceRequest(
-                    node_id=info.node_id, instance_id=info.instance_id))  # fmt: skip
+                await s.DeleteInstance(
+                    nodeagent_pb2.DeleteInstanceRequest(
+                        node_id=info.node_id, instance_id=info.instance_id
+                    )
+                )
         except grpc.aio.AioRpcError as e:
             log.warning("DeleteInstance %s failed: %s", info.instance_id, e.details())
 
@@ -389,11 +402,17 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             if request.function and name != request.function:
                 continue
             r = self.routers[name]
-            out.functions.append(dispatch_pb2.FunctionRouting(
-                function=name, waiting=len(r.waiters), pending=r.pending))  # fmt: skip
+            out.functions.append(
+                dispatch_pb2.FunctionRouting(
+                    function=name, waiting=len(r.waiters), pending=r.pending
+                )
+            )
             for inst in r.instances.values():
-                out.instances.append(dispatch_pb2.InstanceState(
-                    instance=inst.meta, in_flight=inst.in_flight, draining=inst.draining))  # fmt: skip
+                out.instances.append(
+                    dispatch_pb2.InstanceState(
+                        instance=inst.meta, in_flight=inst.in_flight, draining=inst.draining
+                    )
+                )
         return out
 
     # -- housekeeping -----------------------------------------------------

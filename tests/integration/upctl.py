@@ -99,7 +99,7 @@ class GalaxyUp:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             rest, _ = self.proc.communicate()
-            raise AssertionError("galaxy up did not stop in time")
+            raise AssertionError("galaxy up did not stop in time") from None
         self.output.append(rest)
         return rest
 

@@ -82,6 +82,8 @@ class ClusterMgrStandIn(clustermgr_pb2_grpc.ClusterMgrServicer, Watched):
         self.registrations: Counter[str] = Counter()
         self.updates: Counter[str] = Counter()
         self.seqs: dict[str, list[int]] = defaultdict(list)
+        #: When set, Update never answers (a hung peer, not a dead one).
+        self.hang_updates = False
 
     def forget_all(self) -> None:
         """Behave like a restarted ClusterMgr."""
@@ -95,6 +97,8 @@ class ClusterMgrStandIn(clustermgr_pb2_grpc.ClusterMgrServicer, Watched):
         return clustermgr_pb2.UpdateReply(heartbeat_interval_ms=self.heartbeat_ms)
 
     async def Update(self, request, context):
+        if self.hang_updates:
+            await asyncio.Event().wait()  # until the server stops
         self.seqs[request.node_id].append(request.seq)
         if request.node_id not in self.known:
             await self._changed()

@@ -182,3 +182,22 @@ async def test_clustermgr_down_then_back(pool):
         await cm2.wait_for(lambda: len(cm2.known) == 4 and len(cm2.updates) == 4)
     finally:
         await h.close()
+
+
+async def test_hung_clustermgr_delays_no_other_node(pool):
+    h = Harness()
+    try:
+        (cm_a, addr_a), (cm_b, addr_b) = await h.clustermgr(), await h.clustermgr()
+        ctl, caddr = await h.controller()
+        ctl.set_clustermgrs({"cm-a": addr_a, "cm-b": addr_b})
+        reg, _ = h.registrar(20, caddr, pool, rpc_timeout_s=30.0)
+        await reg.start()
+        await asyncio.wait_for(reg.registered.wait(), 5)
+        cm_b.hang_updates = True
+        start = dict(cm_a.updates)
+        # cm-a's nodes keep their 20 ms heartbeat while cm-b's calls hang.
+        await cm_a.wait_for(
+            lambda: all(cm_a.updates[n] >= start.get(n, 0) + 5 for n in cm_a.registrations)
+        )
+    finally:
+        await h.close()

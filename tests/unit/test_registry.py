@@ -36,7 +36,7 @@ def test_membership_view_ignores_older_epochs_and_finds_owners():
     assert v.ids(S) == ["s0", "s1"]
     owners = {v.owner(S, f"node-{i}").id for i in range(50)}
     assert owners == {"s0", "s1"}
-    assert [x.id for x in v.ranked(S, "node-1")][0] == v.owner(S, "node-1").id
+    assert next(x.id for x in v.ranked(S, "node-1")) == v.owner(S, "node-1").id
 
 
 def test_load_reports_only_for_members():
