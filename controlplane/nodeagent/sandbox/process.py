@@ -154,6 +154,27 @@ async def _ready_probe(port: int, path: str, timeout_s: float) -> bool:
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
+async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
+    """Await a child's exit without a thread: its pidfd turns readable when
+    it exits; then reaping it cannot block."""
+    loop = asyncio.get_running_loop()
+    fd = os.pidfd_open(proc.pid)
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def on_readable() -> None:
+        loop.remove_reader(fd)
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(fd, on_readable)
+    try:
+        await exited
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return proc.wait()
+
+
 class ProcessSandbox(Sandbox):
     """An instance running as a subprocess in its own process group."""
 
@@ -162,7 +183,7 @@ class ProcessSandbox(Sandbox):
         backend: ProcessBackend,
         node_id: str,
         instance_id: str,
-        proc: asyncio.subprocess.Process,
+        proc: subprocess.Popen[bytes],
         port: int,
         stderr_path: Path,
         on_exit: ExitCallback | None,
@@ -184,7 +205,7 @@ class ProcessSandbox(Sandbox):
         return not self._exited.done()
 
     async def _watch(self) -> int:
-        rc = await self._proc.wait()
+        rc = await wait_exit(self._proc)
         self.returncode = rc
         self._backend._live.discard(self)
         # The leader is gone; anything it left in its group goes too.
@@ -310,9 +331,13 @@ class ProcessBackend(SandboxBackend):
         stderr_path = Path(err.name)
         with out, err:
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    *self._prefix,
-                    *spec.command,
+                # CPython's Popen, not the event loop's subprocess support:
+                # uvloop runs Python code (PyOS_AfterFork_Child) in the forked
+                # child, which crashes now and then (SIGSEGV before exec) in a
+                # multi-threaded process like this gRPC server. Popen forks and
+                # execs in C. It blocks for the fork+exec only (~1 ms).
+                proc = subprocess.Popen(  # noqa: ASYNC220 (see above)
+                    [*self._prefix, *spec.command],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
