@@ -109,6 +109,8 @@ class GalaxyClient:
 
     async def release(self, addr: dispatch_pb2.InstanceAddr) -> bool:
         """Give back the slot of a dispatch() result."""
+        if not self.membership.ids(DISPATCH):
+            await self.refresh_membership()
         owner = self.membership.owner(DISPATCH, addr.function)
         if owner is None:
             return False

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from controlplane import rpc
+from controlplane import loadreport, rpc
 from controlplane.membership import KIND_NAMES
 from controlplane.metrics import serve_metrics
 from galaxy.v1 import common_pb2, controller_pb2_grpc
@@ -107,6 +107,26 @@ async def _deregister(ctx: HostContext, kind: int) -> None:
         log.warning("deregistration failed (controller gone?): %s", e)
 
 
+def _load_reporter(component: Component, ctx: HostContext, interval_s: float) -> Any:
+    """The periodic load reporter of a registered component; it registers
+    again when the controller has forgotten the instance (restart, failover)."""
+    me = common_pb2.ControlInstance(
+        id=ctx.instance_id,
+        kind=cast(common_pb2.ControlKind, component.kind),
+        address=ctx.address,
+        metrics_address=ctx.metrics_address,
+    )
+    return loadreport.LoadReporter(
+        component,
+        me,
+        ctx.controller,
+        ctx.pool,
+        interval_s=interval_s,
+        reregister=lambda: _register(ctx, component.kind, 5.0),
+        on_membership=component.on_membership,
+    )
+
+
 def _watch_lifeline(stop: asyncio.Event) -> None:
     """Stop when stdin reaches EOF: the supervisor died or closed our pipe.
 
@@ -143,8 +163,18 @@ async def serve(
     lifeline: bool = False,
     register_timeout_s: float = 30.0,
     pool: rpc.ChannelPool | None = None,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+    load_report_s: float = loadreport.DEFAULT_INTERVAL_S,
 ) -> None:
-    """Serve component until a stop signal; see module docstring."""
+    """Serve component until a stop signal; see module docstring.
+
+    stop / on_ready let a caller run components in-process (tests,
+    embedding): serving ends when stop is set, and on_ready receives the
+    ready record instead of it being printed. Signal handlers are installed
+    only when no stop event is given. A registered component reports its
+    load every load_report_s seconds (0 = never; see controlplane.loadreport).
+    """
     pool = pool or rpc.ChannelPool()
     server, port, health_servicer = rpc.create_server(listen, component.services())
     host = advertise_host or listen.rsplit(":", 1)[0] or "127.0.0.1"
@@ -157,17 +187,22 @@ async def serve(
         metrics_address = serve_metrics(mhost, int(mport))
     ctx = HostContext(instance_id, address, metrics_address, controller, pool)
     await server.start()
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
     if lifeline:
         _watch_lifeline(stop)
     kind_name = getattr(component, "name", None) or KIND_NAMES.get(component.kind, "nodeagent")
+    reporter: loadreport.LoadReporter | None = None
     try:
         await component.start(ctx)
         if component.kind:
             component.on_membership(await _register(ctx, component.kind, register_timeout_s))
+            if load_report_s > 0:
+                reporter = _load_reporter(component, ctx, load_report_s)
+                reporter.start()
         names = [s[2] for s in component.services()]
         await rpc.set_serving(health_servicer, names)
         ready = {
@@ -178,13 +213,18 @@ async def serve(
             "pid": os.getpid(),
             **ctx.extra,
         }
-        print(READY_PREFIX + json.dumps(ready), flush=True)
+        if on_ready is not None:
+            on_ready(ready)
+        else:
+            print(READY_PREFIX + json.dumps(ready), flush=True)
         log.info(
             "%s %s serving on %s (metrics %s)", kind_name, instance_id, address, metrics_address
         )
         await stop.wait()
     finally:
         log.info("%s %s stopping", kind_name, instance_id)
+        if reporter is not None:
+            await reporter.stop()
         await rpc.set_serving(health_servicer, [s[2] for s in component.services()], False)
         if component.kind:
             await _deregister(ctx, component.kind)

@@ -19,6 +19,8 @@ NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Defaults a user would expect from a serverless platform.
 DEFAULT_CONCURRENCY = 1
 DEFAULT_MAX_SCALE = 10
+DEFAULT_CPU_MILLIS = 100
+DEFAULT_MEMORY_MIB = 128
 DEFAULT_STARTUP_TIMEOUT_MS = 30_000
 MAX_STARTUP_TIMEOUT_MS = 600_000
 
@@ -92,8 +94,12 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
         raise InvalidArgument(
             f"resources.{bad[0]}: unknown field (allowed: cpu_millis, memory_mib, gpus)"
         )
-    spec.resources.cpu_millis = _int(res, "cpu_millis", "resources.cpu_millis", 100, 0, 1_000_000)
-    spec.resources.memory_mib = _int(res, "memory_mib", "resources.memory_mib", 128, 0, 16_777_216)
+    spec.resources.cpu_millis = _int(
+        res, "cpu_millis", "resources.cpu_millis", DEFAULT_CPU_MILLIS, 0, 1_000_000
+    )
+    spec.resources.memory_mib = _int(
+        res, "memory_mib", "resources.memory_mib", DEFAULT_MEMORY_MIB, 0, 16_777_216
+    )
     spec.resources.gpus = _int(res, "gpus", "resources.gpus", 0, 0, 64)
     spec.concurrency = _int(doc, "concurrency", "concurrency", DEFAULT_CONCURRENCY, 1, 100_000)
     spec.min_scale = _int(doc, "min_scale", "min_scale", 0, 0, 100_000)
@@ -167,5 +173,9 @@ def with_defaults(spec: common_pb2.FunctionSpec) -> common_pb2.FunctionSpec:
         out.max_scale = max(DEFAULT_MAX_SCALE, out.min_scale)
     if out.startup_timeout_ms == 0:
         out.startup_timeout_ms = DEFAULT_STARTUP_TIMEOUT_MS
+    if not out.HasField("resources"):
+        # Same defaults as a YAML spec without a resources block.
+        out.resources.cpu_millis = DEFAULT_CPU_MILLIS
+        out.resources.memory_mib = DEFAULT_MEMORY_MIB
     validate(out)
     return out

@@ -196,6 +196,28 @@ class FunctionRouter:
         inst.draining = True
         return True
 
+    def handover(self) -> list[tuple[Instance, list[str]]]:
+        """Everything a new owner needs: each instance with its active leases.
+
+        Called when the function moves to another Dispatch instance; the
+        caller sends these, then drops this router.
+        """
+        by_inst: dict[str, list[str]] = {i: [] for i in self.instances}
+        for lid, lease in self.leases.items():
+            by_inst.setdefault(lease.instance_id, []).append(lid)
+        return [(inst, by_inst[iid]) for iid, inst in self.instances.items()]
+
+    def adopt_leases(self, instance_id: str, lease_ids: list[str]) -> None:
+        """Count slots reserved by a previous owner (see ``handover``)."""
+        inst = self.instances.get(instance_id)
+        if inst is None:
+            return
+        expires = self.clock.now() + self.lease_ttl_s
+        for lid in lease_ids:
+            if lid not in self.leases:
+                self.leases[lid] = _Lease(instance_id, expires)
+                inst.in_flight += 1
+
     def fail_all(self) -> list[Waiter]:
         """Remove and return every waiter (function deleted)."""
         return self._drain_waiters()

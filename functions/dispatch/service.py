@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from controlplane import metrics, rpc
 from controlplane.clock import Clock, MonotonicClock
 from controlplane.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -42,12 +44,23 @@ from galaxy.v1 import (
 
 log = logging.getLogger(__name__)
 
+
+class _Moved(Exception):
+    """A waiting request's function now belongs to another Dispatch instance."""
+
+    def __init__(self, owner: common_pb2.ControlInstance) -> None:
+        super().__init__(owner.id)
+        self.owner = owner
+
+
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
 # Time kept back from the caller's deadline to send a clear answer in time.
 DEADLINE_MARGIN_S = 0.05
 # When the caller set no deadline, a queued request waits at most this long.
 MAX_WAIT_S = 60.0
+# Releases of unknown leases remembered for a late handover (see Release).
+RELEASED_UNKNOWN_MAX = 10_000
 RecordFn = Callable[[str, bytes | None], None]
 
 
@@ -81,6 +94,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self._spec_fetches: dict[str, asyncio.Future[common_pb2.FunctionSpec]] = {}
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Functions being handed over to a new owner -> set when done.
+        self._moving: dict[str, asyncio.Event] = {}
+        # Releases of leases this instance did not know (yet): a handover may
+        # deliver the lease after its release, which must then not count.
+        self._released_unknown: OrderedDict[str, None] = OrderedDict()
         self.ops: dict[str, int] = {"dispatch": 0, "scale_up": 0, "forwarded": 0}
 
     # -- helpers ----------------------------------------------------------
@@ -171,6 +189,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             raise InvalidArgument("function: required")
         owner = self._owner(request.function)
         if owner is not None and not request.forwarded:
+            moving = self._moving.get(request.function)
+            if moving is not None:
+                await moving.wait()  # bounded: the handover RPCs have deadlines
             return await self._forward(owner, request, context)
         start = time.perf_counter()
         self.ops["dispatch"] += 1
@@ -190,6 +211,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         timeout = MAX_WAIT_S if remaining is None else max(0.0, remaining - DEADLINE_MARGIN_S)
         try:
             grant = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except _Moved as moved:
+            # Repartitioned while waiting: the new owner serves it (one hop).
+            return await self._forward(moved.owner, request, context)
         except TimeoutError:
             if router.cancel(waiter):
                 raise DeadlineExceeded(
@@ -239,10 +263,12 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
                 return await s.Release(fwd)  # type: ignore[no-any-return]
         router = self.routers.get(fn)
-        if router is None:
-            return dispatch_pb2.ReleaseReply(released=False)
-        known, grants = router.release(request.lease_id)
+        known, grants = (False, []) if router is None else router.release(request.lease_id)
         self._wake(grants)
+        if not known:
+            self._released_unknown[request.lease_id] = None
+            while len(self._released_unknown) > RELEASED_UNKNOWN_MAX:
+                self._released_unknown.popitem(last=False)
         return dispatch_pb2.ReleaseReply(released=known)
 
     # -- scale-up ---------------------------------------------------------
@@ -287,16 +313,31 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         failed = router.scale_up_failed()
         msg = f"cannot start an instance of {spec.name!r}: " + "; ".join(reasons)
         log.warning(msg)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            err: Exception = ResourceExhausted(msg)
+        elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+            # Retrying will not help: the spec itself cannot be placed.
+            err = FailedPrecondition(msg)
+        else:
+            err = Unavailable(msg + "; retry later")
         for w in failed:
             fut: asyncio.Future[Grant] = w.token
             if not fut.done():
-                fut.set_exception(
-                    ResourceExhausted(msg)
-                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED
-                    else Unavailable(msg + "; retry later")
-                )
+                fut.set_exception(err)
 
     def _add(self, router: FunctionRouter, info: common_pb2.InstanceInfo, cold: bool) -> bool:
+        if self.routers.get(router.name) is not router:
+            # The function moved, or was deleted (and maybe redeployed), while
+            # this instance started: give it to whoever routes it now.
+            owner = self._owner(router.name)
+            if owner is not None:
+                self._spawn(self._send_instance(owner, info, []))
+                return False
+            current = self.routers.get(router.name)
+            if current is None:
+                self._spawn(self._delete_on_node(info))
+                return False
+            router, cold = current, False  # the new router never counted it pending
         if info.instance_id in router.instances:
             if cold:
                 router.pending = max(0, router.pending - 1)
@@ -351,7 +392,10 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 raise InvalidArgument("instance.address: required for OP_ADD")
             if router is None:
                 router = self._router(await self._spec(info.function))
-            return dispatch_pb2.ModInstanceReply(changed=self._add(router, info, cold=False))
+            changed = self._add(router, info, cold=False)
+            leases = [x for x in request.active_leases if x not in self._released_unknown]
+            router.adopt_leases(info.instance_id, leases)
+            return dispatch_pb2.ModInstanceReply(changed=changed)
         if request.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE:
             if router is None:
                 return dispatch_pb2.ModInstanceReply(changed=False)
@@ -367,8 +411,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
     async def Coordinate(
         self, request: common_pb2.CoordinateRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.CoordinateReply:
-        if request.HasField("membership"):
-            self.membership.update(request.membership)
+        if request.HasField("membership") and self.membership.update(request.membership):
+            self._hand_over_moved()
         for action in request.actions:
             if action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_DELETED:
                 self._function_deleted(action.function)
@@ -379,6 +423,75 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                     spec = await self._spec(action.function)
                     self._wake(router.update_spec(spec.concurrency or 1, spec.max_scale or 1))
         return common_pb2.CoordinateReply(epoch=self.membership.epoch)
+
+    def _hand_over_moved(self) -> None:
+        """Give functions this instance no longer owns to their new owners.
+
+        Order matters: the routing state is taken and dropped at once, the
+        instances (with their reserved slots) are sent, and only then are
+        waiting and newly arriving requests forwarded. Forwarding first would
+        make the new owner cold-start an instance it is about to receive.
+        """
+        for name in list(self.routers):
+            owner = self._owner(name)
+            if owner is None:
+                continue
+            router = self.routers.pop(name)
+            moved = router.handover()
+            waiters = router.fail_all()
+            for inst, _ in moved:
+                self._remove(router, inst.instance_id)
+            log.info(
+                "function %s moved to dispatch %s: handing over %d instances",
+                name,
+                owner.id,
+                len(moved),
+            )
+            done = asyncio.Event()
+            self._moving[name] = done
+            self._spawn(self._hand_over(name, owner, moved, waiters, done))
+
+    async def _hand_over(
+        self,
+        name: str,
+        owner: common_pb2.ControlInstance,
+        moved: list[tuple[Instance, list[str]]],
+        waiters: list[Waiter],
+        done: asyncio.Event,
+    ) -> None:
+        try:
+            await asyncio.gather(
+                *(
+                    self._send_instance(owner, inst.meta, leases)
+                    for inst, leases in moved
+                    if inst.meta is not None
+                )
+            )
+        finally:
+            if self._moving.get(name) is done:
+                del self._moving[name]
+            done.set()
+            for w in waiters:
+                fut: asyncio.Future[Grant] = w.token
+                if not fut.done():
+                    fut.set_exception(_Moved(owner))
+
+    async def _send_instance(
+        self, owner: common_pb2.ControlInstance, info: common_pb2.InstanceInfo, leases: list[str]
+    ) -> None:
+        req = dispatch_pb2.ModInstanceRequest(
+            op=dispatch_pb2.ModInstanceRequest.OP_ADD,
+            instance=info,
+            reason=f"handed over by {self.instance_id}",
+            active_leases=leases,
+        )
+        try:
+            async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
+                await s.ModInstance(req)
+        except grpc.aio.AioRpcError as e:
+            # The instance keeps running; the new owner will not route to it
+            # until it learns of it (node agent records / idle reclaim).
+            log.warning("handover of %s to %s failed: %s", info.instance_id, owner.id, e.details())
 
     def _function_deleted(self, name: str) -> None:
         self._specs.pop(name, None)

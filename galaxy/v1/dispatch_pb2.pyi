@@ -55,7 +55,7 @@ class ReleaseReply(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class ModInstanceRequest(_message.Message):
-    __slots__ = ("op", "instance", "reason")
+    __slots__ = ("op", "instance", "reason", "active_leases")
     class Op(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OP_UNSPECIFIED: _ClassVar[ModInstanceRequest.Op]
@@ -67,10 +67,12 @@ class ModInstanceRequest(_message.Message):
     OP_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
     op: ModInstanceRequest.Op
     instance: _common_pb2.InstanceInfo
     reason: str
-    def __init__(self, op: _Optional[_Union[ModInstanceRequest.Op, str]] = ..., instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    active_leases: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, op: _Optional[_Union[ModInstanceRequest.Op, str]] = ..., instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., reason: _Optional[str] = ..., active_leases: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModInstanceReply(_message.Message):
     __slots__ = ("changed",)

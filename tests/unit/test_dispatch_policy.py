@@ -134,3 +134,19 @@ def test_update_spec_raises_concurrency_and_serves_waiters():
     w = r.enqueue()
     grants = r.update_spec(concurrency=2, max_scale=1)
     assert [x for x, _ in grants] == [w]
+
+
+def test_handover_carries_active_leases_to_the_new_owner():
+    old = router(concurrency=2)
+    old.add_instance(inst(0))
+    g = old.acquire()
+    moved = old.handover()
+    assert [(i.instance_id, leases) for i, leases in moved] == [("i0", [g.lease_id])]
+    new = router(concurrency=2)
+    i0 = moved[0][0]
+    new.add_instance(Instance(i0.instance_id, i0.address, i0.node_id, i0.concurrency))
+    new.adopt_leases("i0", moved[0][1])
+    assert new.instances["i0"].in_flight == 1
+    new.acquire()
+    assert new.acquire() is None  # the adopted lease still counts
+    assert new.release(g.lease_id)[0]

@@ -62,3 +62,10 @@ def test_with_defaults_fills_proto_zero_values():
 
     s = spec.with_defaults(common_pb2.FunctionSpec(name="a", command=["x"]))
     assert s.concurrency == 1 and s.max_scale == 10 and s.startup_timeout_ms > 0
+
+
+def test_with_defaults_fills_missing_resources():
+    from galaxy.v1 import common_pb2
+
+    s = spec.with_defaults(common_pb2.FunctionSpec(name="a", command=["x"]))
+    assert s.HasField("resources") and s.resources.cpu_millis == spec.DEFAULT_CPU_MILLIS
