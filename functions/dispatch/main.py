@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 from controlplane.host import HostContext
@@ -12,6 +13,11 @@ from controlplane.records import Recorder, add_state_argument
 from controlplane.rpc import ChannelPool
 from functions.dispatch.service import DispatchServicer
 from galaxy.v1 import common_pb2, dispatch_pb2_grpc
+from statestore import StoreError
+
+log = logging.getLogger(__name__)
+# How long start-up may wait for instance records before starting empty.
+RECOVER_TIMEOUT_S = 5.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,7 +72,26 @@ class DispatchComponent:
         self.servicer.pool = ctx.pool
         self.servicer.address = ctx.address
         self.recorder.start()
+        await self._recover()
         self._housekeeping = asyncio.create_task(self._expire_loop())
+
+    async def _recover(self) -> None:
+        """Rebuild the routing view from instance records plus node agents.
+
+        Bounded: a store that does not answer must not keep Dispatch from
+        starting (it then starts empty and cold-starts as needed).
+        """
+        try:
+            kvs = await asyncio.wait_for(
+                self.recorder.store.get_prefix("/galaxy/instances/"), RECOVER_TIMEOUT_S
+            )
+        except (TimeoutError, StoreError) as e:
+            log.warning("instance records unavailable, starting empty: %s", e)
+            return
+        infos = [common_pb2.InstanceInfo.FromString(kv.value) for kv in kvs]
+        if infos:
+            n = await self.servicer.recover(infos)
+            log.info("recovered %d of %d recorded instances", n, len(infos))
 
     async def _expire_loop(self) -> None:
         # Periodic by nature: reclaims leases of clients that never Released.
@@ -76,6 +101,15 @@ class DispatchComponent:
 
     def on_membership(self, membership: common_pb2.Membership) -> None:
         self.servicer.membership.update(membership)
+
+    def load_counters(self) -> dict[str, int]:
+        """Cumulative operation counts for the load reporter: dispatch
+        (requests this instance routed), scale_up, forwarded."""
+        return dict(self.servicer.ops)
+
+    def queue_depth(self) -> int:
+        """Requests waiting for an instance, over all functions."""
+        return sum(len(r.waiters) for r in self.servicer.routers.values())
 
     async def stop(self) -> None:
         if self._housekeeping:

@@ -96,6 +96,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self._tasks: set[asyncio.Task[Any]] = set()
         # Functions being handed over to a new owner -> set when done.
         self._moving: dict[str, asyncio.Event] = {}
+        # Instances recovered at start-up, by function, adopted when the
+        # function's router is created (its spec is needed first).
+        self._recovered: dict[str, list[common_pb2.InstanceInfo]] = {}
         # Releases of leases this instance did not know (yet): a handover may
         # deliver the lease after its release, which must then not count.
         self._released_unknown: OrderedDict[str, None] = OrderedDict()
@@ -139,7 +142,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 err: Exception = (
                     NotFound(e.details() or f"function {name!r} not found")
                     if e.code() == grpc.StatusCode.NOT_FOUND
-                    else Unavailable(f"controller unreachable for function {name!r}: {e.details()}")
+                    else Unavailable(
+                        f"cannot get the spec of {name!r} from the controller: {e.details()}"
+                    )
                 )
                 fut.set_exception(err)
             finally:
@@ -159,6 +164,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 lease_prefix=f"{self.instance_id}:",
             )
             self.routers[spec.name] = r
+            for info in self._recovered.pop(spec.name, []):
+                self._add(r, info, cold=False)
         return r
 
     def _reply(self, g: Grant, wait_s: float) -> dispatch_pb2.InstanceAddr:
@@ -377,6 +384,41 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 )
         except grpc.aio.AioRpcError as e:
             log.warning("DeleteInstance %s failed: %s", info.instance_id, e.details())
+
+    async def recover(self, records: list[common_pb2.InstanceInfo]) -> int:
+        """Adopt instances recorded by a previous incarnation, after checking
+        with their node agents that they still run; returns how many.
+
+        The store may hold records of instances that died while no Dispatch
+        was watching, so the node agents are the authority.
+        """
+        by_node: dict[tuple[str, str], list[common_pb2.InstanceInfo]] = {}
+        for info in records:
+            if info.node_address:
+                by_node.setdefault((info.node_address, info.node_id), []).append(info)
+
+        async def alive(addr: str, node: str) -> set[str]:
+            try:
+                async with self.pool.stub(addr, nodeagent_pb2_grpc.NodeAgentStub) as s:
+                    r = await s.ListNodeInstances(
+                        nodeagent_pb2.ListNodeInstancesRequest(node_id=node), timeout=2.0
+                    )
+                return {i.instance_id for i in r.instances}
+            except grpc.aio.AioRpcError as e:
+                log.warning("cannot verify instances on %s (%s): %s", node, addr, e.details())
+                return set()
+
+        keys = list(by_node)
+        found = await asyncio.gather(*(alive(a, n) for a, n in keys))
+        count = 0
+        for key, running in zip(keys, found, strict=True):
+            for info in by_node[key]:
+                if info.instance_id in running:
+                    self._recovered.setdefault(info.function, []).append(info)
+                    count += 1
+                else:
+                    self.record(f"/galaxy/instances/{info.function}/{info.instance_id}", None)
+        return count
 
     # -- internal API -----------------------------------------------------
 
