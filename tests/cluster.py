@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,4 +94,16 @@ async def eventually(cond: Callable[[], bool], within_s: float = 10.0, what: str
     while not cond():
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.01)
+
+
+async def eventually_async(
+    check: Callable[[], Awaitable[bool]], within_s: float = 10.0, what: str = ""
+) -> None:
+    """Like eventually, for a condition that needs an RPC to evaluate."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within_s
+    while not await check():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what or check}")
         await asyncio.sleep(0.01)

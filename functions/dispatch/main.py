@@ -11,6 +11,7 @@ from typing import Any
 from controlplane.host import HostContext
 from controlplane.records import Recorder, add_state_argument
 from controlplane.rpc import ChannelPool
+from functions.dispatch import autoscale
 from functions.dispatch.service import DispatchServicer
 from galaxy.v1 import common_pb2, dispatch_pb2_grpc
 from statestore import StoreError
@@ -41,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Schedule instances tried after the owner when it has no room",
     )
     add_state_argument(p)
+    autoscale.add_arguments(p)
 
 
 class DispatchComponent:
@@ -60,6 +62,7 @@ class DispatchComponent:
             max_queue=args.max_queue,
             max_spill=args.max_spill,
             record=self.recorder,
+            autoscale=autoscale.AutoscaleSettings.from_args(args),
         )
         self._housekeeping: asyncio.Task[None] | None = None
 
@@ -69,8 +72,7 @@ class DispatchComponent:
         ]
 
     async def start(self, ctx: HostContext) -> None:
-        self.servicer.pool = ctx.pool
-        self.servicer.address = ctx.address
+        self.servicer.bind(ctx.address, ctx.pool)
         self.recorder.start()
         await self._recover()
         self._housekeeping = asyncio.create_task(self._expire_loop())
@@ -94,10 +96,21 @@ class DispatchComponent:
             log.info("recovered %d of %d recorded instances", n, len(infos))
 
     async def _expire_loop(self) -> None:
-        # Periodic by nature: reclaims leases of clients that never Released.
+        # Periodic by nature: reclaims leases of clients that never Released,
+        # and runs the function autoscaler every tick.
+        tick = self.servicer.autoscaling.settings.tick_s
+        loop = asyncio.get_running_loop()
+        next_expire = loop.time() + 1.0
         while True:
-            await asyncio.sleep(1.0)
-            self.servicer.expire_leases()
+            await asyncio.sleep(min(tick, 1.0))
+            if loop.time() >= next_expire:
+                self.servicer.expire_leases()
+                next_expire = loop.time() + 1.0
+            try:
+                self.servicer.autoscale_tick()
+            except Exception:
+                # A bug in one round must not stop autoscaling for good.
+                log.exception("autoscale tick failed")
 
     def on_membership(self, membership: common_pb2.Membership) -> None:
         self.servicer.membership.update(membership)

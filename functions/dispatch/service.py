@@ -22,13 +22,15 @@ from controlplane import metrics, rpc
 from controlplane.clock import Clock, MonotonicClock
 from controlplane.errors import (
     DeadlineExceeded,
-    FailedPrecondition,
+    GalaxyError,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
     Unavailable,
 )
 from controlplane.membership import MembershipView
+from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
+from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
 from galaxy.v1 import (
     common_pb2,
@@ -36,10 +38,6 @@ from galaxy.v1 import (
     controller_pb2_grpc,
     dispatch_pb2,
     dispatch_pb2_grpc,
-    nodeagent_pb2,
-    nodeagent_pb2_grpc,
-    schedule_pb2,
-    schedule_pb2_grpc,
 )
 
 log = logging.getLogger(__name__)
@@ -78,15 +76,16 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         max_queue: int = 10_000,
         max_spill: int = 2,
         record: RecordFn | None = None,
+        autoscale: AutoscaleSettings | None = None,
     ) -> None:
         self.instance_id = instance_id
-        self.address = ""
         self.pool = pool
+        self.peers = Peers(instance_id, pool, max_spill)
         self.controller = controller
-        self.clock = clock or MonotonicClock()
+        self.clock: Clock = clock or MonotonicClock()
+        self.autoscaling = FunctionAutoscaling(autoscale or AutoscaleSettings(), self.clock)
         self.lease_ttl_s = lease_ttl_s
         self.max_queue = max_queue
-        self.max_spill = max_spill
         self.record: RecordFn = record or (lambda key, value: None)
         self.membership = MembershipView()
         self.routers: dict[str, FunctionRouter] = {}
@@ -105,6 +104,12 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self.ops: dict[str, int] = {"dispatch": 0, "scale_up": 0, "forwarded": 0}
 
     # -- helpers ----------------------------------------------------------
+
+    def bind(self, address: str, pool: rpc.ChannelPool) -> None:
+        """Adopt the host's address and channel pool once serving."""
+        self.pool = pool
+        self.peers.pool = pool
+        self.peers.address = address
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.create_task(coro)
@@ -288,49 +293,22 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 self._spawn(self._scale_up(router, spec))
 
     async def _scale_up(self, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
+        """One instance start already counted in router.pending."""
         self.ops["scale_up"] += 1
         metrics.COLD_STARTS.labels(spec.name).inc()
-        start = time.perf_counter()
         instance_id = f"{spec.name}-{self.instance_id}-{next(self._ids)}"
-        req = schedule_pb2.ScheduleRequest(
-            instance_id=instance_id, function=spec, notify_address=self.address
-        )
-        reasons: list[str] = []
-        code = grpc.StatusCode.RESOURCE_EXHAUSTED
-        candidates = self.membership.ranked(SCHEDULE, spec.name)[: 1 + self.max_spill]
-        if not candidates:
-            reasons.append("no Schedule instance is registered yet")
-            code = grpc.StatusCode.UNAVAILABLE
-        for sched in candidates:
-            try:
-                async with self.pool.stub(sched.address, schedule_pb2_grpc.ScheduleStub) as s:
-                    # Schedule answers when the instance is ready: allow its startup.
-                    timeout = spec.startup_timeout_ms / 1000.0 + 5.0
-                    reply = await s.Schedule(req, timeout=timeout)
-            except grpc.aio.AioRpcError as e:
-                reasons.append(f"schedule {sched.id}: {e.details()}")
-                code = e.code()
-                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    continue  # spill to the next-highest Schedule instance
-                break
-            metrics.COLD_START_LATENCY.observe(time.perf_counter() - start)
-            self._add(router, reply.instance, cold=True)
+        try:
+            info = await self.peers.place(
+                spec, instance_id, self.membership.ranked(SCHEDULE, spec.name)
+            )
+        except GalaxyError as err:
+            # Tell the waiters that nothing will serve them (if that is so).
+            for w in router.scale_up_failed():
+                fut: asyncio.Future[Grant] = w.token
+                if not fut.done():
+                    fut.set_exception(err)
             return
-        # Failed: tell the waiters that nothing will serve them.
-        failed = router.scale_up_failed()
-        msg = f"cannot start an instance of {spec.name!r}: " + "; ".join(reasons)
-        log.warning(msg)
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            err: Exception = ResourceExhausted(msg)
-        elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-            # Retrying will not help: the spec itself cannot be placed.
-            err = FailedPrecondition(msg)
-        else:
-            err = Unavailable(msg + "; retry later")
-        for w in failed:
-            fut: asyncio.Future[Grant] = w.token
-            if not fut.done():
-                fut.set_exception(err)
+        self._add(router, info, cold=True)
 
     def _add(self, router: FunctionRouter, info: common_pb2.InstanceInfo, cold: bool) -> bool:
         if self.routers.get(router.name) is not router:
@@ -338,11 +316,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             # this instance started: give it to whoever routes it now.
             owner = self._owner(router.name)
             if owner is not None:
-                self._spawn(self._send_instance(owner, info, []))
+                self._spawn(self.peers.send_instance(owner, info, []))
                 return False
             current = self.routers.get(router.name)
             if current is None:
-                self._spawn(self._delete_on_node(info))
+                self._spawn(self.peers.delete_on_node(info))
                 return False
             router, cold = current, False  # the new router never counted it pending
         if info.instance_id in router.instances:
@@ -371,20 +349,6 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             metrics.INSTANCES.set(sum(len(r.instances) for r in self.routers.values()))
         return inst
 
-    async def _delete_on_node(self, info: common_pb2.InstanceInfo) -> None:
-        if not info.node_address:
-            log.warning("cannot delete %s: node address unknown", info.instance_id)
-            return
-        try:
-            async with self.pool.stub(info.node_address, nodeagent_pb2_grpc.NodeAgentStub) as s:
-                await s.DeleteInstance(
-                    nodeagent_pb2.DeleteInstanceRequest(
-                        node_id=info.node_id, instance_id=info.instance_id
-                    )
-                )
-        except grpc.aio.AioRpcError as e:
-            log.warning("DeleteInstance %s failed: %s", info.instance_id, e.details())
-
     async def recover(self, records: list[common_pb2.InstanceInfo]) -> int:
         """Adopt instances recorded by a previous incarnation, after checking
         with their node agents that they still run; returns how many.
@@ -392,32 +356,12 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         The store may hold records of instances that died while no Dispatch
         was watching, so the node agents are the authority.
         """
-        by_node: dict[tuple[str, str], list[common_pb2.InstanceInfo]] = {}
-        for info in records:
-            if info.node_address:
-                by_node.setdefault((info.node_address, info.node_id), []).append(info)
-
-        async def alive(addr: str, node: str) -> set[str]:
-            try:
-                async with self.pool.stub(addr, nodeagent_pb2_grpc.NodeAgentStub) as s:
-                    r = await s.ListNodeInstances(
-                        nodeagent_pb2.ListNodeInstancesRequest(node_id=node), timeout=2.0
-                    )
-                return {i.instance_id for i in r.instances}
-            except grpc.aio.AioRpcError as e:
-                log.warning("cannot verify instances on %s (%s): %s", node, addr, e.details())
-                return set()
-
-        keys = list(by_node)
-        found = await asyncio.gather(*(alive(a, n) for a, n in keys))
-        count = 0
-        for key, running in zip(keys, found, strict=True):
-            for info in by_node[key]:
-                if info.instance_id in running:
-                    self._recovered.setdefault(info.function, []).append(info)
-                    count += 1
-                else:
-                    self.record(f"/galaxy/instances/{info.function}/{info.instance_id}", None)
+        live, gone = await self.peers.running(records)
+        for info in live:
+            self._recovered.setdefault(info.function, []).append(info)
+        for info in gone:
+            self.record(f"/galaxy/instances/{info.function}/{info.instance_id}", None)
+        count = len(live)
         return count
 
     # -- internal API -----------------------------------------------------
@@ -464,6 +408,10 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 if router is not None:
                     spec = await self._spec(action.function)
                     self._wake(router.update_spec(spec.concurrency or 1, spec.max_scale or 1))
+                elif self._owner(action.function) is None:
+                    # Route it from now on, so min_scale instances start
+                    # before the first request.
+                    self._router(await self._spec(action.function))
         return common_pb2.CoordinateReply(epoch=self.membership.epoch)
 
     def _hand_over_moved(self) -> None:
@@ -504,7 +452,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         try:
             await asyncio.gather(
                 *(
-                    self._send_instance(owner, inst.meta, leases)
+                    self.peers.send_instance(owner, inst.meta, leases)
                     for inst, leases in moved
                     if inst.meta is not None
                 )
@@ -518,23 +466,6 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 if not fut.done():
                     fut.set_exception(_Moved(owner))
 
-    async def _send_instance(
-        self, owner: common_pb2.ControlInstance, info: common_pb2.InstanceInfo, leases: list[str]
-    ) -> None:
-        req = dispatch_pb2.ModInstanceRequest(
-            op=dispatch_pb2.ModInstanceRequest.OP_ADD,
-            instance=info,
-            reason=f"handed over by {self.instance_id}",
-            active_leases=leases,
-        )
-        try:
-            async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
-                await s.ModInstance(req)
-        except grpc.aio.AioRpcError as e:
-            # The instance keeps running; the new owner will not route to it
-            # until it learns of it (node agent records / idle reclaim).
-            log.warning("handover of %s to %s failed: %s", info.instance_id, owner.id, e.details())
-
     def _function_deleted(self, name: str) -> None:
         self._specs.pop(name, None)
         router = self.routers.pop(name, None)
@@ -547,7 +478,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         for inst in list(router.instances.values()):
             self._remove(router, inst.instance_id)
             if inst.meta is not None:
-                self._spawn(self._delete_on_node(inst.meta))
+                self._spawn(self.peers.delete_on_node(inst.meta))
 
     async def ListInstances(
         self, request: dispatch_pb2.ListInstancesRequest, context: grpc.aio.ServicerContext
@@ -571,6 +502,22 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         return out
 
     # -- housekeeping -----------------------------------------------------
+
+    def autoscale_tick(self) -> None:
+        """Apply one round of function autoscaling (run every tick_s)."""
+        for d in self.autoscaling.tick(self.routers, self._specs):
+            router, spec = self.routers[d.function], self._specs[d.function]
+            if d.start:
+                router.begin_scale_up(d.start)
+                for _ in range(d.start):
+                    self._spawn(self._scale_up(router, spec))
+            for iid in d.retire:
+                # Out of the routing tables first, then off the node.
+                router.drain(iid)
+                inst = self._remove(router, iid)
+                if inst is not None and inst.meta is not None:
+                    log.info("retiring %s: %s", iid, d.reason)
+                    self._spawn(self.peers.delete_on_node(inst.meta))
 
     def expire_leases(self) -> None:
         """Release slots whose holders never called Release (run periodically)."""

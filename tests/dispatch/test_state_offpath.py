@@ -68,8 +68,9 @@ async def test_cold_starts_while_etcd_is_down_then_records_land(etcd):
             with pytest.raises(Exception, match=r"state store unavailable"):
                 await c.deploy(common_pb2.FunctionSpec(name="late", command=["x"]))
             await asyncio.to_thread(etcd.start)
-            writer = cluster.parts["d-0"].component.recorder.writer
-            await asyncio.wait_for(writer.flush(), 30)
+            for part in ("d-0", "clustermgr-0"):
+                writer = cluster.parts[part].component.recorder.writer
+                await asyncio.wait_for(writer.flush(), 30)
             recorded = await keys(etcd.url, "/galaxy/instances/")
             assert {f"/galaxy/instances/{a.function}/{a.instance_id}" for a in got} <= set(recorded)
             assert len(await keys(etcd.url, "/galaxy/nodes/")) == 3

@@ -1,0 +1,156 @@
+"""Function autoscaling on a Dispatch instance: one KPA autoscaler (with its
+keep-alive policy) per function this instance routes, ticked periodically.
+
+The decisions are the pure policies of ``controlplane/autoscaling``; this
+module only feeds them the router's numbers and turns their answers into
+actions the servicer carries out (start n instances; retire these ones).
+Retired instances leave the routing tables *before* they are deleted on their
+node, so no request is sent to an instance that is going away.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from controlplane.autoscaling.keepalive import make_keepalive
+from controlplane.autoscaling.kpa import KpaAutoscaler, KpaConfig
+from controlplane.clock import Clock
+from functions.dispatch.policy import FunctionRouter
+from galaxy.v1 import common_pb2
+
+
+@dataclass(frozen=True)
+class AutoscaleSettings:
+    """Dispatch-wide autoscaling settings (per-function ones come from the spec)."""
+
+    enabled: bool = True
+    tick_s: float = 2.0
+    stable_window_s: float = 60.0
+    scale_to_zero_grace_s: float = 30.0
+    target_utilization: float = 1.0
+    keepalive: str = "fixed"
+    keepalive_s: float = 0.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> AutoscaleSettings:
+        """From the `galaxy serve dispatch` flags (see add_arguments)."""
+        return cls(
+            enabled=not args.no_autoscale,
+            tick_s=args.autoscale_tick_ms / 1000.0,
+            stable_window_s=args.stable_window_s,
+            scale_to_zero_grace_s=args.scale_to_zero_grace_s,
+            target_utilization=args.target_utilization,
+            keepalive=args.keepalive,
+            keepalive_s=args.keepalive_s,
+        )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Autoscaling flags of `galaxy serve dispatch`."""
+    p.add_argument(
+        "--no-autoscale",
+        action="store_true",
+        help="never scale instances down or to zero (min_scale still applies only when on)",
+    )
+    p.add_argument(
+        "--autoscale-tick-ms",
+        type=int,
+        default=2000,
+        help="autoscaler period (default 2000, as Knative's KPA)",
+    )
+    p.add_argument(
+        "--stable-window-s",
+        type=float,
+        default=60.0,
+        help="KPA stable window; the panic window is 10%% of it (default 60)",
+    )
+    p.add_argument(
+        "--scale-to-zero-grace-s",
+        type=float,
+        default=30.0,
+        help="minimum idle time before the last instance goes (default 30)",
+    )
+    p.add_argument(
+        "--target-utilization",
+        type=float,
+        default=1.0,
+        help="fraction of a function's concurrency to aim for (default 1.0)",
+    )
+    p.add_argument(
+        "--keepalive",
+        choices=["fixed", "hybrid"],
+        default="fixed",
+        help="keep-alive policy: fixed, or the hybrid histogram of "
+        "'Serverless in the Wild' (ATC'20)",
+    )
+    p.add_argument(
+        "--keepalive-s",
+        type=float,
+        default=0.0,
+        help="idle time an instance is kept with --keepalive fixed (default 0: "
+        "the KPA window and grace decide)",
+    )
+
+
+@dataclass
+class Decision:
+    """What one tick asks for one function."""
+
+    function: str
+    start: int = 0
+    retire: list[str] = field(default_factory=list)
+    reason: str = ""
+
+
+class FunctionAutoscaling:
+    """KPA autoscalers for the functions one Dispatch instance routes."""
+
+    def __init__(self, settings: AutoscaleSettings, clock: Clock) -> None:
+        self.settings = settings
+        self.clock = clock
+        self._scalers: dict[str, tuple[int, KpaAutoscaler]] = {}
+
+    def _scaler(self, spec: common_pb2.FunctionSpec) -> KpaAutoscaler:
+        got = self._scalers.get(spec.name)
+        if got is not None and got[0] == spec.version:
+            return got[1]
+        s = self.settings
+        cfg = KpaConfig(
+            target_concurrency=float(spec.concurrency or 1),
+            target_utilization=s.target_utilization,
+            stable_window_s=s.stable_window_s,
+            scale_to_zero_grace_s=s.scale_to_zero_grace_s,
+            min_scale=spec.min_scale,
+            max_scale=spec.max_scale or None,
+            tick_s=s.tick_s,
+        )
+        opts = {"seconds": s.keepalive_s} if s.keepalive == "fixed" else {}
+        scaler = KpaAutoscaler(cfg, make_keepalive(s.keepalive, **opts))
+        self._scalers[spec.name] = (spec.version, scaler)
+        return scaler
+
+    def tick(
+        self,
+        routers: dict[str, FunctionRouter],
+        specs: dict[str, common_pb2.FunctionSpec],
+    ) -> list[Decision]:
+        """One autoscaling round over every routed function."""
+        for gone in set(self._scalers) - set(routers):
+            del self._scalers[gone]  # deleted or handed over
+        if not self.settings.enabled:
+            return []
+        now = self.clock.now()
+        out: list[Decision] = []
+        for name, router in routers.items():
+            spec = specs.get(name)
+            if spec is None:
+                continue  # spec being refreshed; next tick
+            scaler = self._scaler(spec)
+            busy = sum(i.in_flight for i in router.instances.values()) + len(router.waiters)
+            scaler.observe(now, float(busy), last_active=router.last_active or None)
+            d = scaler.decide(now, router.live_count(), router.pending)
+            retire = scaler.instances_to_remove(d, list(router.instances.values()))
+            if d.to_start or retire:
+                out.append(Decision(name, d.to_start, retire, d.reason))
+        return out
