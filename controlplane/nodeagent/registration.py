@@ -239,10 +239,16 @@ class Registrar:
                         self._status_of(st.node_id), timeout=self.rpc_timeout_s
                     )
                     st.registered = not reply.reregister
+                    if reply.wrong_owner:
+                        raise LookupError(f"{owner.id} no longer manages {st.node_id}")
                 if not st.registered:
                     reply = await stub.RegisterNode(
                         self._status_of(st.node_id), timeout=self.rpc_timeout_s
                     )
+                    if reply.wrong_owner:
+                        # Stale membership: the error path refetches it.
+                        st.registered = False
+                        raise LookupError(f"{owner.id} does not manage {st.node_id}")
                     newly = not st.event.is_set()
                     phase = st.phase
                     st.registered = True

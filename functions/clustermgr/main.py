@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from controlplane.host import HostContext
+from controlplane.loadreport import rpcs_handled
 from controlplane.records import Recorder, add_state_argument
 from functions.clustermgr.policy import NodeRegistry
 from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
@@ -67,6 +68,15 @@ class ClusterMgrComponent:
     def on_membership(self, membership: common_pb2.Membership) -> None:
         """Adopt the membership returned by registration."""
         self.servicer.apply_membership(membership)
+
+    def load_counters(self) -> dict[str, int]:
+        """Cumulative counts for the load reporter: node_update (heartbeats
+        and registrations answered) and modnode (messages sent to Schedule)."""
+        # The servicer counts no heartbeats itself; the RPC interceptor does.
+        return {
+            "node_update": rpcs_handled("ClusterMgr/Update", "ClusterMgr/RegisterNode"),
+            "modnode": self.servicer.outbox.sent,
+        }
 
     async def stop(self) -> None:
         """Stop the liveness loop and pending ModNode sends."""

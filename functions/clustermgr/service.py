@@ -21,8 +21,21 @@ import grpc
 from controlplane import rpc
 from controlplane.errors import InvalidArgument
 from controlplane.metrics import NODES
-from functions.clustermgr.policy import SCHEDULE, NodeRecord, NodeRegistry, Registered, Updated
-from galaxy.v1 import clustermgr_pb2, clustermgr_pb2_grpc, common_pb2, schedule_pb2
+from functions.clustermgr.policy import (
+    CLUSTERMGR,
+    SCHEDULE,
+    NodeRecord,
+    NodeRegistry,
+    Registered,
+    Updated,
+)
+from galaxy.v1 import (
+    clustermgr_pb2,
+    clustermgr_pb2_grpc,
+    common_pb2,
+    dispatch_pb2_grpc,
+    schedule_pb2,
+)
 from galaxy.v1 import schedule_pb2_grpc as sf_grpc
 
 log = logging.getLogger(__name__)
@@ -163,7 +176,9 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         self._record_fn = record
         self.outbox = Outbox(pool or rpc.ChannelPool(), timeout_s=modnode_timeout_s)
         self.clustermgr_id = clustermgr_id
+        self.modnode_timeout_s = modnode_timeout_s
         self._liveness: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     def bind(self, clustermgr_id: str, pool: rpc.ChannelPool) -> None:
         """Set this instance's id and channel pool."""
@@ -181,6 +196,8 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
             raise InvalidArgument("address must be set (the node agent's host:port)")
         if not request.HasField("capacity"):
             raise InvalidArgument("capacity must be set")
+        if not self._owns(request.node_id):
+            return self._wrong_owner(request.node_id)
         outcome = self.registry.register(request)
         rec = self.registry.get(request.node_id)
         assert rec is not None
@@ -196,6 +213,8 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
     ) -> clustermgr_pb2.UpdateReply:
         if not request.node_id:
             raise InvalidArgument("node_id must be set")
+        if not self._owns(request.node_id):
+            return self._wrong_owner(request.node_id)
         outcome = self.registry.update(request)
         if outcome is Updated.UNKNOWN:
             return self._reply(reregister=True)
@@ -270,6 +289,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
             self._record(rec.status.node_id, None)
         if dead:
             self._gauges()
+            self._tell_dispatch([r.status.node_id for r in dead])
         return [r.status.node_id for r in dead]
 
     async def start(self) -> None:
@@ -284,6 +304,9 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._liveness
             self._liveness = None
+        for t in list(self._background):
+            t.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         await self.outbox.close()
 
     async def _liveness_loop(self) -> None:
@@ -298,6 +321,48 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
                 log.exception("liveness check failed")
 
     # ----- helpers -----------------------------------------------------------
+
+    def _tell_dispatch(self, node_ids: list[str]) -> None:
+        """Every Dispatch instance may route to instances on a dead node (they
+        are partitioned by function, not node): tell them all, best effort."""
+        req = common_pb2.CoordinateRequest(
+            actions=[
+                common_pb2.CoordinateAction(
+                    kind=common_pb2.CoordinateAction.KIND_NODE_DEAD, node_id=n
+                )
+                for n in node_ids
+            ]
+        )
+        for d in self.registry.membership.instances(common_pb2.CONTROL_KIND_DISPATCH):
+            task = asyncio.create_task(self._send_node_dead(d, req))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _send_node_dead(
+        self, d: common_pb2.ControlInstance, req: common_pb2.CoordinateRequest
+    ) -> None:
+        try:
+            async with self.outbox.pool.stub(d.address, dispatch_pb2_grpc.DispatchStub) as s:
+                await s.Coordinate(req, timeout=self.modnode_timeout_s)
+        except grpc.aio.AioRpcError as e:
+            log.warning("telling dispatch %s about dead nodes failed: %s", d.id, e.details())
+
+    def _owns(self, node_id: str) -> bool:
+        """Whether this instance manages node_id under its membership (True
+        while it is not a member yet: nothing says how nodes are split)."""
+        m = self.registry.membership
+        if m.get(CLUSTERMGR, self.clustermgr_id) is None:
+            return True
+        owner = m.owner(CLUSTERMGR, node_id)
+        return owner is None or owner.id == self.clustermgr_id
+
+    def _wrong_owner(self, node_id: str) -> clustermgr_pb2.UpdateReply:
+        # A node agent with a stale membership: record nothing (a record here
+        # would linger as a dead node) and send it to the owner.
+        self.registry.forget(node_id)
+        reply = self._reply()
+        reply.wrong_owner = True
+        return reply
 
     def _reply(self, reregister: bool = False) -> clustermgr_pb2.UpdateReply:
         return clustermgr_pb2.UpdateReply(

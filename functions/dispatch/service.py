@@ -402,6 +402,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         for action in request.actions:
             if action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_DELETED:
                 self._function_deleted(action.function)
+            elif action.kind == common_pb2.CoordinateAction.KIND_NODE_DEAD:
+                self._node_dead(action.node_id)
             elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
                 self._specs.pop(action.function, None)
                 router = self.routers.get(action.function)
@@ -465,6 +467,20 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 fut: asyncio.Future[Grant] = w.token
                 if not fut.done():
                     fut.set_exception(_Moved(owner))
+
+    def _node_dead(self, node_id: str) -> None:
+        """Stop routing to instances on a dead node; replace them for waiters."""
+        for router in self.routers.values():
+            lost = [i for i, inst in router.instances.items() if inst.node_id == node_id]
+            for iid in lost:
+                self._remove(router, iid)
+            if lost:
+                log.warning(
+                    "node %s is dead: dropped %d instances of %s", node_id, len(lost), router.name
+                )
+                spec = self._specs.get(router.name)
+                if spec is not None:
+                    self._trigger_scale_up(router, spec)
 
     def _function_deleted(self, name: str) -> None:
         self._specs.pop(name, None)

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class UpdateReply(_message.Message):
-    __slots__ = ("reregister", "heartbeat_interval_ms")
+    __slots__ = ("reregister", "heartbeat_interval_ms", "wrong_owner")
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    WRONG_OWNER_FIELD_NUMBER: _ClassVar[int]
     reregister: bool
     heartbeat_interval_ms: int
-    def __init__(self, reregister: _Optional[bool] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+    wrong_owner: bool
+    def __init__(self, reregister: _Optional[bool] = ..., heartbeat_interval_ms: _Optional[int] = ..., wrong_owner: _Optional[bool] = ...) -> None: ...
 
 class ListClusterNodesRequest(_message.Message):
     __slots__ = ()

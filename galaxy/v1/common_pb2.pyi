@@ -118,20 +118,24 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., instances: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class CoordinateAction(_message.Message):
-    __slots__ = ("kind", "function")
+    __slots__ = ("kind", "function", "node_id")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[CoordinateAction.Kind]
         KIND_FUNCTION_DELETED: _ClassVar[CoordinateAction.Kind]
         KIND_FUNCTION_UPDATED: _ClassVar[CoordinateAction.Kind]
+        KIND_NODE_DEAD: _ClassVar[CoordinateAction.Kind]
     KIND_UNSPECIFIED: CoordinateAction.Kind
     KIND_FUNCTION_DELETED: CoordinateAction.Kind
     KIND_FUNCTION_UPDATED: CoordinateAction.Kind
+    KIND_NODE_DEAD: CoordinateAction.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     kind: CoordinateAction.Kind
     function: str
-    def __init__(self, kind: _Optional[_Union[CoordinateAction.Kind, str]] = ..., function: _Optional[str] = ...) -> None: ...
+    node_id: str
+    def __init__(self, kind: _Optional[_Union[CoordinateAction.Kind, str]] = ..., function: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class CoordinateRequest(_message.Message):
     __slots__ = ("membership", "actions")

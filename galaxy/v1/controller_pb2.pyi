@@ -77,17 +77,97 @@ class GetClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("membership", "nodes", "functions", "instances", "routing", "warnings")
+    __slots__ = ("membership", "nodes", "functions", "instances", "routing", "warnings", "scaling", "controller")
     MEMBERSHIP_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    SCALING_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     membership: _common_pb2.Membership
     nodes: _containers.RepeatedCompositeFieldContainer[_clustermgr_pb2.ClusterNode]
     functions: _containers.RepeatedCompositeFieldContainer[_common_pb2.FunctionSpec]
     instances: _containers.RepeatedCompositeFieldContainer[_dispatch_pb2.InstanceState]
     routing: _containers.RepeatedCompositeFieldContainer[_dispatch_pb2.FunctionRouting]
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, membership: _Optional[_Union[_common_pb2.Membership, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[_clustermgr_pb2.ClusterNode, _Mapping]]] = ..., functions: _Optional[_Iterable[_Union[_common_pb2.FunctionSpec, _Mapping]]] = ..., instances: _Optional[_Iterable[_Union[_dispatch_pb2.InstanceState, _Mapping]]] = ..., routing: _Optional[_Iterable[_Union[_dispatch_pb2.FunctionRouting, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    scaling: _containers.RepeatedCompositeFieldContainer[ControlScaling]
+    controller: ControllerInfo
+    def __init__(self, membership: _Optional[_Union[_common_pb2.Membership, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[_clustermgr_pb2.ClusterNode, _Mapping]]] = ..., functions: _Optional[_Iterable[_Union[_common_pb2.FunctionSpec, _Mapping]]] = ..., instances: _Optional[_Iterable[_Union[_dispatch_pb2.InstanceState, _Mapping]]] = ..., routing: _Optional[_Iterable[_Union[_dispatch_pb2.FunctionRouting, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ..., scaling: _Optional[_Iterable[_Union[ControlScaling, _Mapping]]] = ..., controller: _Optional[_Union[ControllerInfo, _Mapping]] = ...) -> None: ...
+
+class ControlScaling(_message.Message):
+    __slots__ = ("kind", "instances", "warming", "draining", "desired", "load_op", "load", "capacity", "utilization", "queue_depth", "min_instances", "max_instances", "decisions")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    WARMING_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_OP_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    MIN_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    MAX_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    kind: _common_pb2.ControlKind
+    instances: int
+    warming: int
+    draining: int
+    desired: int
+    load_op: str
+    load: float
+    capacity: float
+    utilization: float
+    queue_depth: int
+    min_instances: int
+    max_instances: int
+    decisions: _containers.RepeatedCompositeFieldContainer[ScalingDecision]
+    def __init__(self, kind: _Optional[_Union[_common_pb2.ControlKind, str]] = ..., instances: _Optional[int] = ..., warming: _Optional[int] = ..., draining: _Optional[int] = ..., desired: _Optional[int] = ..., load_op: _Optional[str] = ..., load: _Optional[float] = ..., capacity: _Optional[float] = ..., utilization: _Optional[float] = ..., queue_depth: _Optional[int] = ..., min_instances: _Optional[int] = ..., max_instances: _Optional[int] = ..., decisions: _Optional[_Iterable[_Union[ScalingDecision, _Mapping]]] = ...) -> None: ...
+
+class ScalingDecision(_message.Message):
+    __slots__ = ("kind", "from_instances", "to_instances", "code", "reason", "decided_at_unix", "outcome", "detect_s", "duration_s", "term", "instance_ids")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FROM_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    TO_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DETECT_S_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    kind: _common_pb2.ControlKind
+    from_instances: int
+    to_instances: int
+    code: str
+    reason: str
+    decided_at_unix: float
+    outcome: str
+    detect_s: float
+    duration_s: float
+    term: int
+    instance_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[_Union[_common_pb2.ControlKind, str]] = ..., from_instances: _Optional[int] = ..., to_instances: _Optional[int] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ..., decided_at_unix: _Optional[float] = ..., outcome: _Optional[str] = ..., detect_s: _Optional[float] = ..., duration_s: _Optional[float] = ..., term: _Optional[int] = ..., instance_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ControllerInfo(_message.Message):
+    __slots__ = ("id", "address", "leader", "leader_id", "leader_address", "term", "autoscale", "actuator")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    AUTOSCALE_FIELD_NUMBER: _ClassVar[int]
+    ACTUATOR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    address: str
+    leader: bool
+    leader_id: str
+    leader_address: str
+    term: int
+    autoscale: bool
+    actuator: str
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., term: _Optional[int] = ..., autoscale: _Optional[bool] = ..., actuator: _Optional[str] = ...) -> None: ...

@@ -1,4 +1,5 @@
-"""Fixtures for node agent tests: real subprocesses, real gRPC on loopback.
+"""Fixtures for node agent tests: real subprocesses, real gRPC on loopback,
+and the real Controller/ClusterMgr/Schedule/Dispatch as peers (peers.py).
 
 Every test is checked for leaked child processes (read from /proc, so a
 process the code under test forgot is found even if nothing tracks it).
@@ -12,15 +13,20 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
 
 from controlplane import rpc
 from controlplane.nodeagent.capacity import Res
-from controlplane.nodeagent.sandbox import ProcessBackend, SandboxBackend
+from controlplane.nodeagent.registration import Registrar
+from controlplane.nodeagent.sandbox import EmulatedBackend, ProcessBackend, SandboxBackend
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
 from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
+
+if TYPE_CHECKING:
+    from .peers import Peers
 
 REPO = Path(__file__).resolve().parents[2]
 ECHO = [sys.executable, str(REPO / "examples" / "echo_server.py")]
@@ -151,3 +157,43 @@ async def make_agent(pool) -> AsyncIterator[MakeAgent]:
         await a.channel.close()
         await a.server.stop(None)
         await a.servicer.close()
+
+
+@pytest.fixture
+async def peers() -> AsyncIterator[Peers]:
+    """Real control components, started by the test; all stopped after it."""
+    # Imported here: test_sandbox runs this module as a plain script.
+    from .peers import Peers
+
+    p = Peers()
+    yield p
+    await p.close()
+
+
+StartRegistrar = Callable[..., Awaitable[tuple[Registrar, Agent]]]
+
+
+@pytest.fixture
+async def start_registrar(peers, make_agent, pool) -> AsyncIterator[StartRegistrar]:
+    """Serves an agent with n emulated nodes (node-0 ..) and starts a
+    Registrar for them; the controller is the peers' unless given."""
+    registrars: list[Registrar] = []
+
+    async def start(n: int, controller: str | None = None, **kw) -> tuple[Registrar, Agent]:
+        nodes = [(f"node-{i}", Res(1000, 1000, 0)) for i in range(n)]
+        agent = await make_agent(nodes, EmulatedBackend())
+        kw.setdefault("membership_refresh_s", 0.05)
+        reg = Registrar(
+            list(agent.servicer.nodes),
+            agent.servicer.heartbeat_status,
+            controller or peers.controller,
+            pool,
+            **kw,
+        )
+        registrars.append(reg)
+        await reg.start()
+        return reg, agent
+
+    yield start
+    for r in registrars:
+        await r.stop()

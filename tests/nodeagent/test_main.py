@@ -19,7 +19,7 @@ from controlplane.nodeagent.sandbox import EmulatedBackend, ProcessBackend
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 
 from .conftest import REPO, echo_spec, wait_pid_exit
-from .standins import ClusterMgrStandIn, ControllerStandIn, serve_clustermgr, serve_controller
+from .peers import list_nodes
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -97,24 +97,20 @@ async def test_start_without_controller_serves_and_stops(pool, tmp_path):
         await comp.stop()  # kills the instance (checked by no_leaked_processes)
 
 
-async def test_start_with_controller_registers(pool):
-    cm = ClusterMgrStandIn()
-    cm_server, cm_addr = await serve_clustermgr(cm)
-    ctl = ControllerStandIn()
-    ctl.set_clustermgrs({"cm": cm_addr})
-    ctl_server, ctl_addr = await serve_controller(ctl)
+async def test_start_with_controller_registers(pool, peers):
+    await peers.add("controller", "controller")
+    cm = await peers.clustermgr("cm")
     comp = build(parse("--nodes", "4", "--sandbox", "emulated"))
-    server, ctx = await serve_component(comp, ctl_addr, pool)
+    server, ctx = await serve_component(comp, peers.controller, pool)
     try:
         assert comp.registrar is not None
-        await asyncio.wait_for(comp.registrar.registered.wait(), 5)
-        assert sorted(cm.known) == ["node-0", "node-1", "node-2", "node-3"]
-        assert all(s.address == ctx.address for s in cm.known.values())
+        await asyncio.wait_for(comp.registrar.registered.wait(), 10)
+        listed = await list_nodes(pool, cm)
+        assert sorted(listed) == ["node-0", "node-1", "node-2", "node-3"]
+        assert all(n.status.address == ctx.address for n in listed.values())
     finally:
         await comp.stop()
         await server.stop(None)
-        await ctl_server.stop(None)
-        await cm_server.stop(None)
 
 
 AGENT = """

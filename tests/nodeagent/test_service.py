@@ -1,24 +1,34 @@
 """NodeAgent gRPC service over real loopback gRPC, with real subprocesses
-(process sandbox) and a 50-node emulated pool."""
+(process sandbox), a 50-node emulated pool, and the real Dispatch told of an
+instance's exit."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 
 import grpc
 import pytest
 
+from controlplane.client import GalaxyClient
 from controlplane.nodeagent.capacity import Res
 from controlplane.nodeagent.sandbox import EmulatedBackend
-from galaxy.v1 import common_pb2, dispatch_pb2, nodeagent_pb2
+from galaxy.v1 import (
+    common_pb2,
+    dispatch_pb2,
+    dispatch_pb2_grpc,
+    nodeagent_pb2,
+    nodeagent_pb2_grpc,
+)
+from tests.cluster import eventually
 
 from .conftest import child_pids, echo_spec, http, py_spec
-from .standins import DispatchStandIn, serve_dispatch
 
 CAP = Res(1000, 1024, 0)
+SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
 
 
 def create(node: str, iid: str, spec: common_pb2.FunctionSpec, notify: str = ""):
@@ -200,25 +210,53 @@ async def test_delete_while_starting(make_agent, process_backend):
         await beacon.wait_closed()
 
 
-async def test_exit_frees_and_notifies_dispatch(make_agent, process_backend):
-    dispatch = DispatchStandIn()
-    server, daddr = await serve_dispatch(dispatch)
-    try:
-        agent = await make_agent([("n-0", CAP)], process_backend)
-        before = child_pids()
-        reply = await agent.stub.CreateInstance(
-            create("n-0", "x", echo_spec(), notify=daddr), timeout=10
-        )
-        (pid,) = child_pids() - before
-        os.kill(pid, signal.SIGKILL)
-        mod = await asyncio.wait_for(dispatch.mods.get(), 5)
-        assert mod.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE
-        assert mod.instance == reply.instance
-        assert mod.reason.startswith("process exited with code -9")
-        st = await probe(agent, "n-0")
-        assert st.instances == 0 and st.allocated.cpu_millis == 0
-    finally:
-        await server.stop(None)
+async def test_exit_frees_and_notifies_dispatch(peers, pool, tmp_path, caplog):
+    """An instance cold-started through the real Dispatch and Schedule dies:
+    the agent frees its node and tells Dispatch (ModInstance OP_REMOVE at the
+    notify address Dispatch gave), which stops routing to it."""
+    caplog.set_level(logging.INFO, logger="functions.dispatch.service")
+    await peers.add("controller", "controller")
+    await peers.add("clustermgr", "cm")
+    schedule = await peers.add("schedule", "schedule-0")
+    dispatch = await peers.add("dispatch", "dispatch-0")
+    agent = await peers.add("nodeagent", "agent-0", "--log-dir", str(tmp_path))
+    routing = dispatch.component.servicer
+    await eventually(
+        lambda: len(schedule.component.policy) == 1 and routing.membership.ids(SCHEDULE),
+        what="the node reaching Schedule and Schedule reaching Dispatch",
+    )
+    before = child_pids()
+    async with GalaxyClient(peers.controller) as client:
+        await client.deploy(echo_spec())
+        addr = await client.dispatch("echo")
+        assert addr.cold_start and addr.node_id == "node-0"
+        assert await client.release(addr)
+    (pid,) = child_pids() - before
+    assert await dispatched(pool, dispatch) == [addr.instance_id]
+    st = await probe_at(pool, agent.address, "node-0")
+    assert st.instances == 1 and st.allocated.cpu_millis == 250
+    os.kill(pid, signal.SIGKILL)
+    await eventually(lambda: not routing.routers["echo"].instances, what="Dispatch drops it")
+    assert await dispatched(pool, dispatch) == []
+    assert any(
+        m.startswith(f"instance {addr.instance_id} removed: process exited with code -9")
+        for m in caplog.messages
+    ), caplog.messages
+    st = await probe_at(pool, agent.address, "node-0")
+    assert st.instances == 0 and st.allocated.cpu_millis == 0
+
+
+async def dispatched(pool, dispatch) -> list[str]:
+    """Ids of the instances Dispatch routes to, from its ListInstances RPC."""
+    async with pool.stub(dispatch.address, dispatch_pb2_grpc.DispatchStub) as stub:
+        reply = await stub.ListInstances(dispatch_pb2.ListInstancesRequest(), timeout=5)
+    return [i.instance.instance_id for i in reply.instances]
+
+
+async def probe_at(pool, address: str, node: str) -> common_pb2.NodeStatus:
+    async with pool.stub(address, nodeagent_pb2_grpc.NodeAgentStub) as stub:
+        reply = await stub.Probe(nodeagent_pb2.ProbeRequest(node_id=node), timeout=5)
+    return reply.status
 
 
 async def test_emulated_pool_of_50_nodes(make_agent):

@@ -1,0 +1,123 @@
+"""The node agent's peers in its tests are the real Controller, ClusterMgr,
+Schedule and Dispatch, run in-process by ``tests.cluster.InProcessCluster``
+(real components built from their `galaxy serve` flags, served by the real
+host over loopback gRPC). This module adds what the node agent tests need on
+top: starting a component on a chosen address, and reading what a ClusterMgr
+knows about nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from controlplane import host, rpc
+from controlplane.cli import _component_module, build_parser
+from controlplane.membership import MembershipView
+from functions.clustermgr.policy import NodeRecord
+from galaxy.v1 import (
+    clustermgr_pb2,
+    clustermgr_pb2_grpc,
+    common_pb2,
+    controller_pb2,
+    controller_pb2_grpc,
+)
+from tests.cluster import InProcessCluster, Running, eventually
+
+#: ClusterMgr flags for these tests: it asks for a heartbeat every 20 ms, so
+#: a test sees several within a fraction of a second, and declares a node
+#: dead only after a minute, so a busy machine never makes one flap.
+CLUSTERMGR_FLAGS = ("--heartbeat-ms", "20", "--dead-after-ms", "60000")
+
+
+class Peers(InProcessCluster):
+    """An ``InProcessCluster`` that can also start a component on a chosen
+    address: a controller that comes up late at the address the node agent
+    was given, a ClusterMgr restarted where it was."""
+
+    async def clustermgr(self, instance_id: str) -> Running:
+        """Start a ClusterMgr with ``CLUSTERMGR_FLAGS``."""
+        return await self.add("clustermgr", instance_id, *CLUSTERMGR_FLAGS)
+
+    async def add_at(self, listen: str, kind: str, instance_id: str, *flags: str) -> Running:
+        """``add``, listening on listen (host:port) instead of a free port."""
+        argv = ["serve", kind, "--id", instance_id, "--metrics-listen", ""]
+        if kind != "controller":
+            argv += ["--controller", self.controller]
+        args = build_parser().parse_args([*argv, *flags])
+        component = _component_module(kind).build(args)
+        stop = asyncio.Event()
+        ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            host.serve(
+                component,
+                instance_id=instance_id,
+                listen=listen,
+                metrics_listen=None,
+                controller=self.controller,
+                stop=stop,
+                on_ready=ready.set_result,
+                pool=rpc.ChannelPool(enabled=not args.no_connection_cache),
+            )
+        )
+        done, _ = await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        if ready not in done:
+            task.cancel()
+            if task in done:
+                task.result()  # raises the start-up error
+            raise TimeoutError(f"{kind} {instance_id} did not become ready on {listen}")
+        r = Running(instance_id, component, ready.result(), stop, task)
+        self.parts[instance_id] = r
+        if kind == "controller":
+            self.controller = r.address
+        return r
+
+
+def known(cm: Running) -> dict[str, NodeRecord]:
+    """The nodes a ClusterMgr's NodeRegistry holds, by node id."""
+    return {r.status.node_id: r for r in cm.component.registry.records()}
+
+
+async def list_nodes(pool: rpc.ChannelPool, cm: Running) -> dict[str, clustermgr_pb2.ClusterNode]:
+    """The nodes a ClusterMgr reports through its ListNodes RPC, by node id."""
+    async with pool.stub(cm.address, clustermgr_pb2_grpc.ClusterMgrStub) as stub:
+        reply = await stub.ListNodes(clustermgr_pb2.ListClusterNodesRequest(), timeout=5)
+    return {n.status.node_id: n for n in reply.nodes}
+
+
+async def owners(pool: rpc.ChannelPool, controller: str, node_ids: Iterable[str]) -> dict[str, str]:
+    """node id -> id of the ClusterMgr owning it (rendezvous hashing) under
+    the controller's current membership, as the node agent must compute it."""
+    async with pool.stub(controller, controller_pb2_grpc.ControllerStub) as stub:
+        m = await stub.GetMembership(controller_pb2.GetMembershipRequest(), timeout=5)
+    view = MembershipView()
+    view.update(m)
+    out = {}
+    for n in node_ids:
+        o = view.owner(common_pb2.CONTROL_KIND_CLUSTERMGR, n)
+        assert o is not None, "no ClusterMgr in the membership"
+        out[n] = o.id
+    return out
+
+
+async def heartbeats(cm: Running, node_ids: Iterable[str], count: int) -> None:
+    """Wait until the ClusterMgr has recorded `count` successively newer
+    statuses (strictly higher seq) of every node in node_ids, counting from
+    what it holds now: each is an RPC from the agent that it received and
+    accepted. A node it does not hold yet counts from its first status."""
+    last: dict[str, int] = {}
+    seen: dict[str, int] = {n: 0 for n in node_ids}
+
+    def counted() -> bool:
+        records = known(cm)
+        for n in seen:
+            rec = records.get(n)
+            if rec is None:
+                continue
+            if n in last and rec.status.seq > last[n]:
+                seen[n] += 1
+            last[n] = max(last.get(n, 0), rec.status.seq)
+        return min(seen.values()) >= count
+
+    await eventually(counted, what=f"{count} heartbeats of each node at {cm.name}")
