@@ -112,29 +112,22 @@ class Outbox:
         try:
             while q:
                 items = [q.popitem(last=False)[1] for _ in range(min(self.batch, len(q)))]
-                # One message per node per batch, batches in sequence: the
-                # order per node holds although a batch is sent concurrently.
-                results = await asyncio.gather(
-                    *(self._send(address, req, reset) for req, _, reset in items),
-                    return_exceptions=True,
-                )
-                failed = False
-                for (req, tried, reset), err in zip(items, results, strict=True):
-                    if err is None:
-                        self.sent += 1
-                        continue
-                    failed = True
+                # One message per node per batch and batches in sequence, so
+                # the order per node holds; the batch is one ModNodes RPC.
+                err = await self._send_batch(address, items)
+                if err is None:
+                    self.sent += len(items)
+                    failures = 0
+                    continue
+                failures += 1
+                for req, tried, reset in items:
                     nid = req.node.node_id
                     if tried + 1 < self.tries and nid not in q:
                         q[nid] = (req, tried + 1, reset)
                     else:
                         self.failed += 1
                         log.warning("ModNode %s for %s to %s lost: %s", req.op, nid, address, err)
-                if failed:
-                    failures += 1
-                    await asyncio.sleep(self.backoff_s * 2 ** min(failures - 1, 5))  # backoff
-                else:
-                    failures = 0
+                await asyncio.sleep(self.backoff_s * 2 ** min(failures - 1, 5))  # backoff
         finally:
             # No await between the loop's last check and here: put() cannot
             # slip a message in that no task would send.
@@ -144,12 +137,22 @@ class Outbox:
             if not self._tasks:
                 self._idle.set()
 
-    async def _send(self, address: str, req: schedule_pb2.ModNodeRequest, reset: bool) -> None:
-        async with self.pool.stub(address, sf_grpc.ScheduleStub) as stub:
+    async def _send_batch(
+        self, address: str, items: list[tuple[schedule_pb2.ModNodeRequest, int, bool]]
+    ) -> Exception | None:
+        changes: list[schedule_pb2.ModNodeRequest] = []
+        for req, _, reset in items:
             if reset:
-                gone = schedule_pb2.ModNodeRequest(op=REMOVE, node=req.node)
-                await stub.ModNode(gone, timeout=self.timeout_s)
-            await stub.ModNode(req, timeout=self.timeout_s)
+                changes.append(schedule_pb2.ModNodeRequest(op=REMOVE, node=req.node))
+            changes.append(req)
+        try:
+            async with self.pool.stub(address, sf_grpc.ScheduleStub) as stub:
+                await stub.ModNodes(
+                    schedule_pb2.ModNodesRequest(changes=changes), timeout=self.timeout_s
+                )
+        except grpc.aio.AioRpcError as e:
+            return e
+        return None
 
 
 class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):

@@ -69,6 +69,25 @@ class ScheduleComponent:
         """Adopt the membership returned by registration."""
         self.servicer.apply_membership(membership)
 
+    def load_counters(self) -> dict[str, int]:
+        """Cumulative counts for the load reporter. ``schedule`` counts the
+        Schedule requests that arrived (finished as a placement or a no-fit,
+        or still running): its rate is this instance's SRPS even when the
+        instance is saturated and completions lag behind arrivals."""
+        s = self.policy.stats
+        return {
+            "schedule": s.placements + s.no_fit + self.queue_depth(),
+            "placement": s.placements,
+            "probe": s.probes,
+            "no_fit": s.no_fit,
+        }
+
+    def queue_depth(self) -> int:
+        """Placements in progress (probing, creating the instance)."""
+        # The servicer keeps no public count; its table of running
+        # placements (one task per instance id) is exactly that.
+        return len(self.servicer._running)
+
     async def stop(self) -> None:
         """Cancel placements still running."""
         await self.servicer.close()

@@ -145,21 +145,38 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
     async def ModNode(
         self, request: schedule_pb2.ModNodeRequest, context: grpc.aio.ServicerContext
     ) -> schedule_pb2.ModNodeReply:
-        node = request.node
-        if not node.node_id:
-            raise InvalidArgument("node.node_id must be set")
-        if request.op == REMOVE:
-            changed = self.policy.remove(node.node_id)
-        elif request.op == UPSERT:
-            if not node.address:
-                raise InvalidArgument("node.address must be set (the node agent's host:port)")
-            # ClusterMgr may route with a membership older or newer than ours;
-            # holding a node we do not own would let two instances place on it.
-            changed = self._owns(node.node_id) and self.policy.upsert(node_info(node))
-        else:
-            raise InvalidArgument(f"op must be OP_UPSERT or OP_REMOVE, got {request.op}")
+        self._check_mod(request, "")
+        changed = self._apply_mod(request)
         NODES.labels("schedule_partition").set(len(self.policy))
         return schedule_pb2.ModNodeReply(changed=changed)
+
+    async def ModNodes(
+        self, request: schedule_pb2.ModNodesRequest, context: grpc.aio.ServicerContext
+    ) -> schedule_pb2.ModNodesReply:
+        # Validate all first: a bad batch changes nothing.
+        for i, change in enumerate(request.changes):
+            self._check_mod(change, f"changes[{i}].")
+        out = schedule_pb2.ModNodesReply(changed=[self._apply_mod(c) for c in request.changes])
+        NODES.labels("schedule_partition").set(len(self.policy))
+        return out
+
+    @staticmethod
+    def _check_mod(request: schedule_pb2.ModNodeRequest, where: str) -> None:
+        node = request.node
+        if not node.node_id:
+            raise InvalidArgument(f"{where}node.node_id must be set")
+        if request.op == UPSERT and not node.address:
+            raise InvalidArgument(f"{where}node.address must be set (the node agent's host:port)")
+        if request.op not in (UPSERT, REMOVE):
+            raise InvalidArgument(f"{where}op must be OP_UPSERT or OP_REMOVE, got {request.op}")
+
+    def _apply_mod(self, request: schedule_pb2.ModNodeRequest) -> bool:
+        node = request.node
+        if request.op == REMOVE:
+            return self.policy.remove(node.node_id)
+        # ClusterMgr may route with a membership older or newer than ours;
+        # holding a node we do not own would let two instances place on it.
+        return self._owns(node.node_id) and self.policy.upsert(node_info(node))
 
     async def Coordinate(
         self, request: common_pb2.CoordinateRequest, context: grpc.aio.ServicerContext

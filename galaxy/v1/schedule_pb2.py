@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from galaxy.v1 import common_pb2 as galaxy_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18galaxy/v1/schedule.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"i\n\x0fScheduleRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12)\n\x08\x66unction\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.FunctionSpec\x12\x16\n\x0enotify_address\x18\x03 \x01(\t\"v\n\rScheduleReply\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12\x0e\n\x06probes\x18\x03 \x01(\r\x12\x15\n\rscheduling_ms\x18\x04 \x01(\x01\"\x97\x01\n\x0eModNodeRequest\x12(\n\x02op\x18\x01 \x01(\x0e\x32\x1c.galaxy.v1.ModNodeRequest.Op\x12#\n\x04node\x18\x02 \x01(\x0b\x32\x15.galaxy.v1.NodeStatus\"6\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\r\n\tOP_UPSERT\x10\x01\x12\r\n\tOP_REMOVE\x10\x02\"\x1f\n\x0cModNodeReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\"\x12\n\x10ListNodesRequest\"K\n\x0eListNodesReply\x12\x13\n\x0bschedule_id\x18\x01 \x01(\t\x12$\n\x05nodes\x18\x02 \x03(\x0b\x32\x15.galaxy.v1.NodeStatus2\x98\x02\n\x08Schedule\x12@\n\x08Schedule\x12\x1a.galaxy.v1.ScheduleRequest\x1a\x18.galaxy.v1.ScheduleReply\x12=\n\x07ModNode\x12\x19.galaxy.v1.ModNodeRequest\x1a\x17.galaxy.v1.ModNodeReply\x12\x46\n\nCoordinate\x12\x1c.galaxy.v1.CoordinateRequest\x1a\x1a.galaxy.v1.CoordinateReply\x12\x43\n\tListNodes\x12\x1b.galaxy.v1.ListNodesRequest\x1a\x19.galaxy.v1.ListNodesReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18galaxy/v1/schedule.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"i\n\x0fScheduleRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12)\n\x08\x66unction\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.FunctionSpec\x12\x16\n\x0enotify_address\x18\x03 \x01(\t\"v\n\rScheduleReply\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12\x0e\n\x06probes\x18\x03 \x01(\r\x12\x15\n\rscheduling_ms\x18\x04 \x01(\x01\"\x97\x01\n\x0eModNodeRequest\x12(\n\x02op\x18\x01 \x01(\x0e\x32\x1c.galaxy.v1.ModNodeRequest.Op\x12#\n\x04node\x18\x02 \x01(\x0b\x32\x15.galaxy.v1.NodeStatus\"6\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\r\n\tOP_UPSERT\x10\x01\x12\r\n\tOP_REMOVE\x10\x02\"\x1f\n\x0cModNodeReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\"=\n\x0fModNodesRequest\x12*\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x19.galaxy.v1.ModNodeRequest\" \n\rModNodesReply\x12\x0f\n\x07\x63hanged\x18\x01 \x03(\x08\"\x12\n\x10ListNodesRequest\"K\n\x0eListNodesReply\x12\x13\n\x0bschedule_id\x18\x01 \x01(\t\x12$\n\x05nodes\x18\x02 \x03(\x0b\x32\x15.galaxy.v1.NodeStatus2\xda\x02\n\x08Schedule\x12@\n\x08Schedule\x12\x1a.galaxy.v1.ScheduleRequest\x1a\x18.galaxy.v1.ScheduleReply\x12=\n\x07ModNode\x12\x19.galaxy.v1.ModNodeRequest\x1a\x17.galaxy.v1.ModNodeReply\x12@\n\x08ModNodes\x12\x1a.galaxy.v1.ModNodesRequest\x1a\x18.galaxy.v1.ModNodesReply\x12\x46\n\nCoordinate\x12\x1c.galaxy.v1.CoordinateRequest\x1a\x1a.galaxy.v1.CoordinateReply\x12\x43\n\tListNodes\x12\x1b.galaxy.v1.ListNodesRequest\x1a\x19.galaxy.v1.ListNodesReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,10 +42,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODNODEREQUEST_OP']._serialized_end=442
   _globals['_MODNODEREPLY']._serialized_start=444
   _globals['_MODNODEREPLY']._serialized_end=475
-  _globals['_LISTNODESREQUEST']._serialized_start=477
-  _globals['_LISTNODESREQUEST']._serialized_end=495
-  _globals['_LISTNODESREPLY']._serialized_start=497
-  _globals['_LISTNODESREPLY']._serialized_end=572
-  _globals['_SCHEDULE']._serialized_start=575
-  _globals['_SCHEDULE']._serialized_end=855
+  _globals['_MODNODESREQUEST']._serialized_start=477
+  _globals['_MODNODESREQUEST']._serialized_end=538
+  _globals['_MODNODESREPLY']._serialized_start=540
+  _globals['_MODNODESREPLY']._serialized_end=572
+  _globals['_LISTNODESREQUEST']._serialized_start=574
+  _globals['_LISTNODESREQUEST']._serialized_end=592
+  _globals['_LISTNODESREPLY']._serialized_start=594
+  _globals['_LISTNODESREPLY']._serialized_end=669
+  _globals['_SCHEDULE']._serialized_start=672
+  _globals['_SCHEDULE']._serialized_end=1018
 # @@protoc_insertion_point(module_scope)

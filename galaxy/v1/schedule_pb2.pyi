@@ -52,6 +52,18 @@ class ModNodeReply(_message.Message):
     changed: bool
     def __init__(self, changed: _Optional[bool] = ...) -> None: ...
 
+class ModNodesRequest(_message.Message):
+    __slots__ = ("changes",)
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[ModNodeRequest]
+    def __init__(self, changes: _Optional[_Iterable[_Union[ModNodeRequest, _Mapping]]] = ...) -> None: ...
+
+class ModNodesReply(_message.Message):
+    __slots__ = ("changed",)
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    changed: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, changed: _Optional[_Iterable[bool]] = ...) -> None: ...
+
 class ListNodesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

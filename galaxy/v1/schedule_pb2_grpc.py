@@ -45,6 +45,11 @@ class ScheduleStub:
                 request_serializer=galaxy_dot_v1_dot_schedule__pb2.ModNodeRequest.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_schedule__pb2.ModNodeReply.FromString,
                 _registered_method=True)
+        self.ModNodes = channel.unary_unary(
+                '/galaxy.v1.Schedule/ModNodes',
+                request_serializer=galaxy_dot_v1_dot_schedule__pb2.ModNodesRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_schedule__pb2.ModNodesReply.FromString,
+                _registered_method=True)
         self.Coordinate = channel.unary_unary(
                 '/galaxy.v1.Schedule/Coordinate',
                 request_serializer=galaxy_dot_v1_dot_common__pb2.CoordinateRequest.SerializeToString,
@@ -78,6 +83,15 @@ class ScheduleServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModNodes(self, request, context):
+        """Internal: many ModNode changes in one message, applied in order (used
+        when many nodes change owner at once, e.g. on repartitioning). A bad
+        entry rejects the whole batch with INVALID_ARGUMENT naming its index.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Coordinate(self, request, context):
         """Internal: membership changes from the controller.
         """
@@ -104,6 +118,11 @@ def add_ScheduleServicer_to_server(servicer, server):
                     servicer.ModNode,
                     request_deserializer=galaxy_dot_v1_dot_schedule__pb2.ModNodeRequest.FromString,
                     response_serializer=galaxy_dot_v1_dot_schedule__pb2.ModNodeReply.SerializeToString,
+            ),
+            'ModNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModNodes,
+                    request_deserializer=galaxy_dot_v1_dot_schedule__pb2.ModNodesRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_schedule__pb2.ModNodesReply.SerializeToString,
             ),
             'Coordinate': grpc.unary_unary_rpc_method_handler(
                     servicer.Coordinate,
@@ -170,6 +189,33 @@ class Schedule:
             '/galaxy.v1.Schedule/ModNode',
             galaxy_dot_v1_dot_schedule__pb2.ModNodeRequest.SerializeToString,
             galaxy_dot_v1_dot_schedule__pb2.ModNodeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Schedule/ModNodes',
+            galaxy_dot_v1_dot_schedule__pb2.ModNodesRequest.SerializeToString,
+            galaxy_dot_v1_dot_schedule__pb2.ModNodesReply.FromString,
             options,
             channel_credentials,
             insecure,

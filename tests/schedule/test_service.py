@@ -251,3 +251,57 @@ async def test_stale_view_is_retried_on_another_node(make_stack) -> None:
     assert r.probes == 0  # served from the cache, even after the refusal
     assert st.policy.stats.rejections == 1
     assert st.policy.free("big") == Res()  # marked full until re-probed
+
+
+async def test_modnodes_batch_is_all_or_nothing_and_in_order():
+    """ModNodes applies changes in order; one bad entry rejects the batch."""
+    import grpc
+
+    from controlplane import rpc
+    from functions.schedule.policy import PlacementPolicy
+    from functions.schedule.service import ScheduleServicer
+    from galaxy.v1 import common_pb2, schedule_pb2, schedule_pb2_grpc
+
+    servicer = ScheduleServicer(PlacementPolicy("s-0"), schedule_id="s-0")
+    server, port, _ = rpc.create_server(
+        "127.0.0.1:0",
+        [(schedule_pb2_grpc.add_ScheduleServicer_to_server, servicer, "galaxy.v1.Schedule")],
+    )
+    await server.start()
+    try:
+
+        def up(n, seq=1):
+            return schedule_pb2.ModNodeRequest(
+                op=schedule_pb2.ModNodeRequest.OP_UPSERT,
+                node=common_pb2.NodeStatus(
+                    node_id=n,
+                    address="127.0.0.1:9",
+                    seq=seq,
+                    capacity=common_pb2.Resources(cpu_millis=1000, memory_mib=1000),
+                ),
+            )
+
+        rm = schedule_pb2.ModNodeRequest(
+            op=schedule_pb2.ModNodeRequest.OP_REMOVE, node=common_pb2.NodeStatus(node_id="a")
+        )
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = schedule_pb2_grpc.ScheduleStub(ch)
+            r = await stub.ModNodes(
+                schedule_pb2.ModNodesRequest(changes=[up("a"), up("b"), rm, up("a", seq=1)]),
+                timeout=5,
+            )
+            # REMOVE then UPSERT of the same seq: a restarted node is learnt again.
+            assert list(r.changed) == [True, True, True, True]
+            assert sorted(n.node_id for n in servicer.policy.nodes()) == ["a", "b"]
+            bad = schedule_pb2.ModNodeRequest(
+                op=schedule_pb2.ModNodeRequest.OP_UPSERT, node=common_pb2.NodeStatus(node_id="c")
+            )
+            try:
+                await stub.ModNodes(schedule_pb2.ModNodesRequest(changes=[up("d"), bad]), timeout=5)
+                raise AssertionError("a bad batch must be rejected")
+            except grpc.aio.AioRpcError as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert e.details().startswith("changes[1].node.address")
+            assert "d" not in {n.node_id for n in servicer.policy.nodes()}
+    finally:
+        await server.stop(None)
