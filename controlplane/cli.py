@@ -5,6 +5,7 @@ galaxy deploy -f SPEC.yaml     deploy a function
 galaxy invoke NAME --data X    call it (cold-starts an instance if needed)
 galaxy status                  control instances, nodes, functions, instances
 galaxy functions | delete NAME
+galaxy calibrate               measure T_DF, T_SF, T_CMF here (for control autoscaling)
 galaxy serve KIND ...          run one component (used by `up` and Kubernetes)
 """
 
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,9 @@ async def cmd_up(args: argparse.Namespace) -> int:
         node_memory_mib=args.node_memory_mib,
         node_gpus=args.node_gpus,
         start_delay_ms=args.start_delay_ms,
+        autoscale_control=args.autoscale_control,
+        controller_args=_scaling_flags(args),
+        control_cpu_limits=_cpu_limits(args.control_cpu_limit),
     )
     if read_endpoints(cfg.run_dir):
         raise CliError(
@@ -119,6 +124,57 @@ async def cmd_up(args: argparse.Namespace) -> int:
     return 0 if why is None else 1
 
 
+def _scaling_flags(args: argparse.Namespace) -> list[str]:
+    """`galaxy up` scaling flags, passed on to `galaxy serve controller`."""
+    out: list[str] = []
+    for flag in ("t_df", "t_sf", "t_cmf", "calibration", "scale_in_cooldown_s"):
+        value = getattr(args, flag)
+        if value is not None:
+            out += ["--" + flag.replace("_", "-"), str(value)]
+    for kv in args.max_instances:
+        out += ["--max-instances", kv]
+    for extra in args.controller_arg:
+        out += [extra]
+    return out
+
+
+def _cpu_limits(values: list[str]) -> dict[str, float]:
+    from controlplane.actuators.cpulimit import parse_limits
+
+    try:
+        return parse_limits(values)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+async def cmd_calibrate(args: argparse.Namespace) -> int:
+    from controlplane.calibrate import calibrate, default_path
+
+    out = Path(args.out) if args.out else default_path()
+    print(
+        f"calibrating on this machine: {args.nodes} emulated nodes, concurrency "
+        f"{args.concurrency}, {args.duration_s:g}s per kind ...",
+        flush=True,
+    )
+    data = await calibrate(
+        out,
+        nodes=args.nodes,
+        concurrency=args.concurrency,
+        warmup_s=args.warmup_s,
+        duration_s=args.duration_s,
+        cpu_limits=_cpu_limits(args.cpu_limit),
+    )
+    for kind, key, op in (
+        ("dispatch", "t_df", "dispatch requests/s"),
+        ("schedule", "t_sf", "schedule requests/s (SRPS)"),
+        ("clustermgr", "t_cmf", "node updates/s"),
+    ):
+        errs = data["details"][kind]["errors"]
+        print(f"  {key.upper():<6} {data[key]:>9.1f} {op}" + (f" ({errs} errors)" if errs else ""))
+    print(f"written to {out}; the controller reads it (--calibration {out})")
+    return 0
+
+
 async def cmd_serve(args: argparse.Namespace) -> int:
     from controlplane import host, rpc
 
@@ -135,6 +191,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         advertise_host=args.advertise_host,
         lifeline=args.lifeline,
         pool=rpc.ChannelPool(enabled=not args.no_connection_cache),
+        load_report_s=args.load_report_ms / 1000.0,
     )
     return 0
 
@@ -176,6 +233,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
     print(f"control functions (epoch {st.membership.epoch}):")
     for i in st.membership.instances:
         print(f"  {KIND_NAMES.get(i.kind, '?'):<11} {i.id:<14} {i.address}")
+    _print_scaling(st)
     alive = sum(1 for n in st.nodes if n.alive)
     print(f"nodes: {len(st.nodes)} ({alive} alive)")
     for n in st.nodes[: args.max_nodes]:
@@ -205,6 +263,31 @@ async def cmd_status(args: argparse.Namespace) -> int:
     for w in st.warnings:
         print(f"warning: {w}")
     return 0
+
+
+def _print_scaling(st: Any) -> None:
+    """Per control function kind: instances, load vs T, recent decisions."""
+    from controlplane.membership import KIND_NAMES
+
+    c = st.controller
+    if c.id:
+        role = "leader" if c.leader else f"follower of {c.leader_id or '?'} {c.leader_address}"
+        mode = "on" if c.autoscale else "off"
+        term = f", term {c.term}" if c.term else ""
+        print(f"controller {c.id}: {role}{term}; autoscaling {mode} (actuator {c.actuator})")
+    for k in st.scaling:
+        extra = "".join(
+            f", {n} {what}" for n, what in ((k.warming, "warming"), (k.draining, "draining")) if n
+        )
+        print(
+            f"  {KIND_NAMES.get(k.kind, '?'):<11} instances {k.instances}/{k.desired} desired"
+            f" [{k.min_instances}..{k.max_instances}]{extra}  load {k.load:.0f} {k.load_op}/s"
+            f" vs T {k.capacity:.0f}/s per instance = {k.utilization:.0%}  queue {k.queue_depth}"
+        )
+        for d in list(k.decisions)[:3]:
+            when = time.strftime("%H:%M:%S", time.localtime(d.decided_at_unix))
+            took = f" in {d.duration_s:.2f}s" if d.duration_s else ""
+            print(f"    {when} {d.from_instances}->{d.to_instances} {d.outcome}{took}: {d.reason}")
 
 
 async def cmd_functions(args: argparse.Namespace) -> int:
@@ -276,7 +359,48 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--start-delay-ms", type=int, default=0, help="modelled cold start of emulated sandboxes"
     )
+    sc = up.add_argument_group("control function autoscaling (docs/controller.md)")
+    sc.add_argument(
+        "--autoscale-control",
+        action="store_true",
+        help="the controller adds and removes Dispatch/Schedule/ClusterMgr instances on load",
+    )
+    sc.add_argument("--t-df", type=float, default=None, help="T of Dispatch, requests/s")
+    sc.add_argument("--t-sf", type=float, default=None, help="T of Schedule, requests/s")
+    sc.add_argument("--t-cmf", type=float, default=None, help="T of ClusterMgr, updates/s")
+    sc.add_argument("--calibration", default=None, help="T values file of `galaxy calibrate`")
+    sc.add_argument("--max-instances", action="append", default=[], help="KIND=N (default 8)")
+    sc.add_argument("--scale-in-cooldown-s", type=float, default=None)
+    sc.add_argument(
+        "--control-cpu-limit",
+        action="append",
+        default=[],
+        help="[KIND=]CPUS a control function process may use (a cgroup, like a pod's "
+        "limits.cpu); repeatable",
+    )
+    sc.add_argument(
+        "--controller-arg",
+        action="append",
+        default=[],
+        help="any other `galaxy serve controller` flag, e.g. --controller-arg=--high-watermark=0.7",
+    )
     up.set_defaults(func=cmd_up)
+
+    cal = sub.add_parser("calibrate", help="measure T_DF, T_SF, T_CMF on this machine")
+    cal.add_argument(
+        "--out", default=None, help="file to write (default ~/.galaxy/calibration.json)"
+    )
+    cal.add_argument("--nodes", type=int, default=40, help="emulated nodes (default 40)")
+    cal.add_argument("--concurrency", type=int, default=64, help="requests in flight")
+    cal.add_argument("--warmup-s", type=float, default=0.5)
+    cal.add_argument("--duration-s", type=float, default=3.0, help="measured seconds per kind")
+    cal.add_argument(
+        "--cpu-limit",
+        action="append",
+        default=[],
+        help="[KIND=]CPUS per control function process (as `galaxy up --control-cpu-limit`)",
+    )
+    cal.set_defaults(func=cmd_calibrate)
 
     serve = sub.add_parser("serve", help="run one component in the foreground")
     ssub = serve.add_subparsers(dest="kind", required=True)
@@ -306,6 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--no-connection-cache",
             action="store_true",
             help="ablation: a new gRPC channel per call",
+        )
+        sp.add_argument(
+            "--load-report-ms",
+            type=float,
+            default=1000.0,
+            help="load report period of a control function (0 = off; default 1000)",
         )
         _component_module(kind).add_arguments(sp)
         sp.set_defaults(func=cmd_serve)

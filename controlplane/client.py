@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+
 from controlplane import rpc
 from controlplane.errors import FailedPrecondition
 from controlplane.membership import MembershipView
@@ -96,16 +98,29 @@ class GalaxyClient:
     # -- data path --------------------------------------------------------
 
     async def dispatch(self, function: str, request_id: str = "") -> dispatch_pb2.InstanceAddr:
-        """Reserve a slot on an instance of function (may cold-start one)."""
+        """Reserve a slot on an instance of function (may cold-start one).
+
+        If the owning Dispatch instance is gone (UNAVAILABLE: scaled in or
+        crashed), the membership is fetched again and the request retried
+        once at the new owner.
+        """
         if not self.membership.ids(DISPATCH):
             await self.refresh_membership()
-        owner = self.membership.owner(DISPATCH, function)
-        if owner is None:
-            raise FailedPrecondition("no Dispatch instance is registered with the controller")
-        async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
-            return await s.Dispatch(  # type: ignore[no-any-return]
-                dispatch_pb2.DispatchRequest(function=function, request_id=request_id)
-            )
+        req = dispatch_pb2.DispatchRequest(function=function, request_id=request_id)
+        for attempt in (0, 1):
+            owner = self.membership.owner(DISPATCH, function)
+            if owner is None:
+                raise FailedPrecondition("no Dispatch instance is registered with the controller")
+            try:
+                async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
+                    return await s.Dispatch(req)  # type: ignore[no-any-return]
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or attempt:
+                    raise
+                await self.refresh_membership()
+                if self.membership.owner(DISPATCH, function) == owner:
+                    raise  # same owner: a real outage, let the caller back off
+        raise AssertionError("unreachable")
 
     async def release(self, addr: dispatch_pb2.InstanceAddr) -> bool:
         """Give back the slot of a dispatch() result."""

@@ -107,7 +107,9 @@ async def _deregister(ctx: HostContext, kind: int) -> None:
         log.warning("deregistration failed (controller gone?): %s", e)
 
 
-def _load_reporter(component: Component, ctx: HostContext, interval_s: float) -> Any:
+def _load_reporter(
+    component: Component, ctx: HostContext, interval_s: float
+) -> loadreport.LoadReporter:
     """The periodic load reporter of a registered component; it registers
     again when the controller has forgotten the instance (restart, failover)."""
     me = common_pb2.ControlInstance(

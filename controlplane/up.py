@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -74,6 +75,14 @@ class UpConfig:
     node_gpus: int = 0
     start_delay_ms: int = 0
     extra: dict[str, list[str]] = field(default_factory=dict)
+    #: The controller scales the control functions, starting extra instances
+    #: as its own children (local actuator); see docs/controller.md.
+    autoscale_control: bool = False
+    #: More `galaxy serve controller` flags (e.g. --t-sf 200).
+    controller_args: list[str] = field(default_factory=list)
+    #: CPUs each control function process may use, by kind (like a pod's
+    #: limits.cpu); a kind not named is unlimited.
+    control_cpu_limits: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +93,7 @@ class Child:
     proc: asyncio.subprocess.Process
     log_path: Path
     ready: dict[str, Any] = field(default_factory=dict)
+    cgroup: Path | None = None
 
 
 class Supervisor:
@@ -113,6 +123,30 @@ class Supervisor:
             cmd.append("--no-connection-cache")
         return cmd + list(extra) + self.cfg.extra.get(kind, [])
 
+    def _controller_args(self) -> list[str]:
+        """Scaling flags of the controller: it starts extra instances with the
+        same flags as the ones started here, and never removes those (the
+        minimum of each kind is what `galaxy up` starts)."""
+        cfg = self.cfg
+        if not cfg.autoscale_control:
+            return list(cfg.controller_args)
+        common = [] if cfg.connection_cache else ["--no-connection-cache"]
+        per_kind = {
+            "dispatch": ["--state", cfg.state],
+            "clustermgr": ["--state", cfg.state],
+            "schedule": [] if cfg.probe_cache else ["--no-probe-cache"],
+        }
+        out = ["--autoscale-control", "--instance-log-dir", str(self.log_dir)]
+        out += ["--instance-host", cfg.host]
+        for kind, cpus in cfg.control_cpu_limits.items():
+            out += ["--instance-cpu-limit", f"{kind}={cpus}"]
+        for kind, flags in per_kind.items():
+            extra = common + flags + cfg.extra.get(kind, [])
+            if extra:
+                out += ["--instance-args", f"{kind}={shlex.join(extra)}"]
+            out += ["--min-instances", f"{kind}={max(1, getattr(cfg, kind))}"]
+        return out + list(cfg.controller_args)
+
     async def _spawn(self, name: str, cmd: list[str]) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
@@ -126,6 +160,14 @@ class Supervisor:
             )
         child = Child(name, proc, log_path)
         self.children.append(child)
+        cpus = self.cfg.control_cpu_limits.get(name.split("-")[0])
+        if cpus:
+            from controlplane.actuators import cpulimit
+
+            try:
+                child.cgroup = cpulimit.limit_process(proc.pid, cpus, name)
+            except cpulimit.CpuLimitError as e:
+                raise RuntimeError(str(e)) from e
         assert proc.stdout is not None
         try:
             while True:
@@ -152,7 +194,10 @@ class Supervisor:
         cfg = self.cfg
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         ctl = await self._spawn(
-            "controller", self._serve_cmd("controller", "controller-0", "--state", cfg.state)
+            "controller",
+            self._serve_cmd(
+                "controller", "controller-0", "--state", cfg.state, *self._controller_args()
+            ),
         )
         caddr = ctl.ready["address"]
         jobs = []
@@ -261,6 +306,11 @@ class Supervisor:
                 == group
             ]
             await asyncio.gather(*(_terminate(c.proc, grace_s) for c in members))
+        for c in self.children:
+            if c.cgroup is not None:
+                from controlplane.actuators import cpulimit
+
+                cpulimit.release(c.cgroup)
         self.children.clear()
 
 

@@ -1,4 +1,9 @@
-"""Controller gRPC servicer: thin adapter over ControlRegistry and FunctionStore."""
+"""Controller gRPC servicer: thin adapter over ControlRegistry, FunctionStore,
+the Coordinator (membership pushes) and the Reconciler (scaling).
+
+With leader election, only the leader answers: a follower forwards every
+call to the leader, so instances and clients may talk to any controller.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,12 @@ from typing import Any
 import grpc
 
 from controlplane import rpc
+from controlplane.controller.coordinator import COORDINATE_STUBS, Coordinator
 from controlplane.controller.functions_store import FunctionStore
+from controlplane.controller.leader import LeaderElector
+from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import ControlRegistry
-from controlplane.errors import InvalidArgument
+from controlplane.errors import InvalidArgument, Unavailable
 from controlplane.membership import KIND_NAMES
 from galaxy.v1 import (
     clustermgr_pb2,
@@ -21,56 +29,106 @@ from galaxy.v1 import (
     controller_pb2_grpc,
     dispatch_pb2,
     dispatch_pb2_grpc,
-    schedule_pb2_grpc,
 )
 
 log = logging.getLogger(__name__)
 
-_COORDINATE_STUBS: dict[int, Any] = {
-    common_pb2.CONTROL_KIND_DISPATCH: dispatch_pb2_grpc.DispatchStub,
-    common_pb2.CONTROL_KIND_SCHEDULE: schedule_pb2_grpc.ScheduleStub,
-    common_pb2.CONTROL_KIND_CLUSTERMGR: clustermgr_pb2_grpc.ClusterMgrStub,
-}
 # Deadline for controller -> instance pushes and status fan-out.
 PUSH_TIMEOUT_S = 2.0
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
-    """Membership, load reports and the function admin API."""
+    """Membership, load reports, the function admin API and status.
+
+    coordinator: membership pushes (made from registry and pool if None).
+    reconciler: scaling (status only shows load without one). elector:
+    leader election (None: this controller always leads).
+    """
 
     def __init__(
-        self, registry: ControlRegistry, functions: FunctionStore, pool: rpc.ChannelPool
+        self,
+        registry: ControlRegistry,
+        functions: FunctionStore,
+        pool: rpc.ChannelPool,
+        *,
+        coordinator: Coordinator | None = None,
+        reconciler: Reconciler | None = None,
+        elector: LeaderElector | None = None,
+        controller_id: str = "controller",
     ) -> None:
         self.registry = registry
         self.functions = functions
-        self.pool = pool
-        self._dirty = asyncio.Event()
-        self._pusher: asyncio.Task[None] | None = None
+        self.coordinator = coordinator or Coordinator(registry, pool)
+        self.reconciler = reconciler
+        self.elector = elector
+        self.controller_id = controller_id
+        self.address = ""
+        self._pool = pool
+        if elector is not None:
+            self.coordinator.active = lambda: elector.is_leader
+
+    @property
+    def pool(self) -> rpc.ChannelPool:
+        """The channel pool used for every outgoing call."""
+        return self._pool
+
+    @pool.setter
+    def pool(self, pool: rpc.ChannelPool) -> None:
+        self._pool = pool
+        self.coordinator.pool = pool
 
     def start(self) -> None:
         """Start the background membership pusher."""
-        self._pusher = asyncio.create_task(self._push_loop(), name="membership-pusher")
+        self.coordinator.start()
 
     async def stop(self) -> None:
         """Stop background work."""
-        if self._pusher:
-            self._pusher.cancel()
-            await asyncio.gather(self._pusher, return_exceptions=True)
+        await self.coordinator.stop()
+
+    # -- leadership -------------------------------------------------------
+
+    async def _forwarded(self, method: str, request: Any, context: Any) -> Any | None:
+        """The leader's answer when this controller is a follower, else None."""
+        el = self.elector
+        if el is None or el.is_leader:
+            return None
+        # Just started, or an election is running: it ends within a TTL.
+        leader = el.leader or await el.wait_leader(el.ttl_s)
+        if el.is_leader:
+            return None
+        if leader is None or leader.id == el.me.id:
+            raise Unavailable("no controller leads right now (election in progress); retry")
+        remaining = context.time_remaining() if context is not None else None
+        try:
+            async with self.pool.stub(leader.address, controller_pb2_grpc.ControllerStub) as s:
+                return await getattr(s, method)(request, timeout=remaining or PUSH_TIMEOUT_S * 5)
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise Unavailable(
+                    f"leader {leader.id} at {leader.address} unreachable ({e.details()}); retry"
+                ) from None
+            await context.abort(code, e.details() or "")
+            raise  # unreachable: abort raises
 
     # -- membership -------------------------------------------------------
 
     async def RegisterInstance(
         self, request: common_pb2.ControlInstance, context: grpc.aio.ServicerContext
     ) -> common_pb2.Membership:
-        if request.kind not in _COORDINATE_STUBS:
+        if (fwd := await self._forwarded("RegisterInstance", request, context)) is not None:
+            return fwd  # type: ignore[no-any-return]
+        if request.kind not in COORDINATE_STUBS:
             raise InvalidArgument(
-                f"kind: must be one of {', '.join(KIND_NAMES[k] for k in _COORDINATE_STUBS)}"
+                f"kind: must be one of {', '.join(KIND_NAMES[k] for k in COORDINATE_STUBS)}"
             )
         if not request.id:
             raise InvalidArgument("id: required")
         if not request.address or ":" not in request.address:
             raise InvalidArgument(f"address: must be host:port, got {request.address!r}")
-        if self.registry.register(request):
+        changed = self.registry.register(request)
+        reply = self.registry.membership(request.kind)
+        if changed:
             log.info(
                 "registered %s %s at %s (epoch %d)",
                 KIND_NAMES[request.kind],
@@ -78,12 +136,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 request.address,
                 self.registry.epoch,
             )
-            self._dirty.set()
-        return self.registry.membership()
+            self.coordinator.registered(request, reply)
+        return reply
 
     async def DeregisterInstance(
         self, request: common_pb2.ControlInstance, context: grpc.aio.ServicerContext
     ) -> common_pb2.Membership:
+        if (fwd := await self._forwarded("DeregisterInstance", request, context)) is not None:
+            return fwd  # type: ignore[no-any-return]
         if self.registry.deregister(request.kind, request.id):
             log.info(
                 "deregistered %s %s (epoch %d)",
@@ -91,12 +151,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 request.id,
                 self.registry.epoch,
             )
-            self._dirty.set()
-        return self.registry.membership()
+            self.coordinator.mark_dirty()
+        return self.registry.membership(request.kind)
 
     async def ReportLoad(
         self, request: controller_pb2.LoadReport, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ReportLoadReply:
+        if (fwd := await self._forwarded("ReportLoad", request, context)) is not None:
+            return fwd  # type: ignore[no-any-return]
         known = self.registry.report(
             request.instance.kind,
             request.instance.id,
@@ -109,43 +171,22 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def GetMembership(
         self, request: controller_pb2.GetMembershipRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.Membership:
+        if (fwd := await self._forwarded("GetMembership", request, context)) is not None:
+            return fwd  # type: ignore[no-any-return]
         return self.registry.membership()
-
-    async def _push_loop(self) -> None:
-        # One pusher, always sending the latest membership: a burst of
-        # registrations coalesces into few pushes and none goes out of order.
-        while True:
-            await self._dirty.wait()
-            self._dirty.clear()
-            m = self.registry.membership()
-            await asyncio.gather(
-                *(
-                    self._coordinate(mem.info, common_pb2.CoordinateRequest(membership=m))
-                    for mem in self.registry.members()
-                )
-            )
 
     async def _coordinate(
         self, inst: common_pb2.ControlInstance, req: common_pb2.CoordinateRequest
     ) -> bool:
-        stub_cls = _COORDINATE_STUBS.get(inst.kind)
-        if stub_cls is None:
-            return False
-        try:
-            async with self.pool.stub(inst.address, stub_cls) as stub:
-                await stub.Coordinate(req, timeout=PUSH_TIMEOUT_S)
-            return True
-        except grpc.aio.AioRpcError as e:
-            log.warning(
-                "Coordinate to %s %s failed: %s", KIND_NAMES[inst.kind], inst.id, e.details()
-            )
-            return False
+        return await self.coordinator.coordinate(inst, req)
 
     # -- functions --------------------------------------------------------
 
     async def DeployFunction(
         self, request: controller_pb2.DeployFunctionRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FunctionSpec:
+        if (fwd := await self._forwarded("DeployFunction", request, context)) is not None:
+            return fwd  # type: ignore[no-any-return]
         if not request.HasField("function"):
             raise InvalidArgument("function: required")
         stored = await self.functions.deploy(request.function)
@@ -156,6 +197,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def GetFunction(
         self, request: controller_pb2.GetFunctionRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FunctionSpec:
+        if (fwd := await self._forwarded("GetFunction", request, context)) is not None:
+            return fwd  # type: ignore[no-any-return]
         if not request.name:
             raise InvalidArgument("name: required")
         return await self.functions.get(request.name)
@@ -163,11 +206,15 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def ListFunctions(
         self, request: controller_pb2.ListFunctionsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ListFunctionsReply:
+        if (fwd := await self._forwarded("ListFunctions", request, context)) is not None:
+            return fwd  # type: ignore[no-any-return]
         return controller_pb2.ListFunctionsReply(functions=await self.functions.list())
 
     async def DeleteFunction(
         self, request: controller_pb2.DeleteFunctionRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.DeleteFunctionReply:
+        if (fwd := await self._forwarded("DeleteFunction", request, context)) is not None:
+            return fwd  # type: ignore[no-any-return]
         if not request.name:
             raise InvalidArgument("name: required")
         await self.functions.delete(request.name)
@@ -188,10 +235,31 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     # -- status -----------------------------------------------------------
 
+    def info(self) -> controller_pb2.ControllerInfo:
+        """Who this controller is and who leads."""
+        el = self.elector
+        leader = el.leader if el is not None else None
+        rc = self.reconciler
+        return controller_pb2.ControllerInfo(
+            id=self.controller_id,
+            address=self.address,
+            leader=el is None or el.is_leader,
+            leader_id=leader.id if leader else (self.controller_id if el is None else ""),
+            leader_address=leader.address if leader else (self.address if el is None else ""),
+            term=leader.term if leader else 0,
+            autoscale=rc is not None and rc.enabled,
+            actuator=rc.actuator.name if rc is not None else "none",
+        )
+
     async def GetClusterStatus(
         self, request: controller_pb2.GetClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ClusterStatus:
+        if (fwd := await self._forwarded("GetClusterStatus", request, context)) is not None:
+            return fwd  # type: ignore[no-any-return]
         out = controller_pb2.ClusterStatus(membership=self.registry.membership())
+        out.controller.CopyFrom(self.info())
+        if self.reconciler is not None:
+            out.scaling.extend(self.reconciler.status())
         out.functions.extend(await self.functions.list())
 
         async def nodes(inst: common_pb2.ControlInstance) -> None:

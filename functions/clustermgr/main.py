@@ -6,7 +6,6 @@ import argparse
 from typing import Any
 
 from controlplane.host import HostContext
-from controlplane.loadreport import rpcs_handled
 from controlplane.records import Recorder, add_state_argument
 from functions.clustermgr.policy import NodeRegistry
 from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
@@ -72,9 +71,8 @@ class ClusterMgrComponent:
     def load_counters(self) -> dict[str, int]:
         """Cumulative counts for the load reporter: node_update (heartbeats
         and registrations answered) and modnode (messages sent to Schedule)."""
-        # The servicer counts no heartbeats itself; the RPC interceptor does.
         return {
-            "node_update": rpcs_handled("ClusterMgr/Update", "ClusterMgr/RegisterNode"),
+            "node_update": self.servicer.node_updates,
             "modnode": self.servicer.outbox.sent,
         }
 

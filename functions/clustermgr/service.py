@@ -180,6 +180,8 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         self.outbox = Outbox(pool or rpc.ChannelPool(), timeout_s=modnode_timeout_s)
         self.clustermgr_id = clustermgr_id
         self.modnode_timeout_s = modnode_timeout_s
+        #: RegisterNode and Update calls received (the load reporter's rate).
+        self.node_updates = 0
         self._liveness: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
@@ -199,6 +201,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
             raise InvalidArgument("address must be set (the node agent's host:port)")
         if not request.HasField("capacity"):
             raise InvalidArgument("capacity must be set")
+        self.node_updates += 1
         if not self._owns(request.node_id):
             return self._wrong_owner(request.node_id)
         outcome = self.registry.register(request)
@@ -216,6 +219,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
     ) -> clustermgr_pb2.UpdateReply:
         if not request.node_id:
             raise InvalidArgument("node_id must be set")
+        self.node_updates += 1
         if not self._owns(request.node_id):
             return self._wrong_owner(request.node_id)
         outcome = self.registry.update(request)

@@ -121,8 +121,13 @@ class DispatchComponent:
         return dict(self.servicer.ops)
 
     def queue_depth(self) -> int:
-        """Requests waiting for an instance, over all functions."""
-        return sum(len(r.waiters) for r in self.servicer.routers.values())
+        """Work in progress: requests waiting for an instance, plus the
+        background work under way (scale-ups, handovers to a new owner,
+        deletes). The controller stops a drained instance only at zero, so a
+        handover is never cut off."""
+        waiting = sum(len(r.waiters) for r in self.servicer.routers.values())
+        # The servicer has no public count of its background tasks.
+        return waiting + self.servicer.background
 
     async def stop(self) -> None:
         if self._housekeeping:

@@ -116,6 +116,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
+    @property
+    def background(self) -> int:
+        """Background work under way: scale-ups, handovers, deletes."""
+        return len(self._tasks)
+
     async def close(self) -> None:
         """Cancel background work (scale-ups, deletes)."""
         for t in list(self._tasks):

@@ -71,12 +71,11 @@ class ScheduleComponent:
 
     def load_counters(self) -> dict[str, int]:
         """Cumulative counts for the load reporter. ``schedule`` counts the
-        Schedule requests that arrived (finished as a placement or a no-fit,
-        or still running): its rate is this instance's SRPS even when the
-        instance is saturated and completions lag behind arrivals."""
+        Schedule requests that arrived: its rate is this instance's SRPS even
+        when the instance is saturated and completions lag behind arrivals."""
         s = self.policy.stats
         return {
-            "schedule": s.placements + s.no_fit + self.queue_depth(),
+            "schedule": self.servicer.arrivals,
             "placement": s.placements,
             "probe": s.probes,
             "no_fit": s.no_fit,
@@ -84,9 +83,7 @@ class ScheduleComponent:
 
     def queue_depth(self) -> int:
         """Placements in progress (probing, creating the instance)."""
-        # The servicer keeps no public count; its table of running
-        # placements (one task per instance id) is exactly that.
-        return len(self.servicer._running)
+        return self.servicer.running
 
     async def stop(self) -> None:
         """Cancel placements still running."""

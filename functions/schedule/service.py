@@ -100,6 +100,8 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
         self._recent: OrderedDict[str, schedule_pb2.ScheduleReply] = OrderedDict()
         self._recent_max = recent_results
         self._running: dict[str, asyncio.Task[schedule_pb2.ScheduleReply]] = {}
+        #: Schedule requests received (the SRPS the load reporter sends).
+        self.arrivals = 0
         self.bind(schedule_id or policy.schedule_id, self.pool)
 
     def bind(self, schedule_id: str, pool: rpc.ChannelPool) -> None:
@@ -117,9 +119,15 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
 
     # ----- API ---------------------------------------------------------------
 
+    @property
+    def running(self) -> int:
+        """Placements in progress (probing, creating the instance)."""
+        return len(self._running)
+
     async def Schedule(
         self, request: schedule_pb2.ScheduleRequest, context: grpc.aio.ServicerContext
     ) -> schedule_pb2.ScheduleReply:
+        self.arrivals += 1
         self._validate(request)
         iid = request.instance_id
         done = self._recent.get(iid)

@@ -1,0 +1,105 @@
+"""Member states and views of the registry; controller flags and the
+calibration file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controlplane.calibrate import DEFAULT_T, calibrated_capacities
+from controlplane.cli import build_parser
+from controlplane.clock import ManualClock
+from controlplane.controller.main import scaling_config
+from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry, State
+from galaxy.v1 import common_pb2
+
+D, S, C = (
+    common_pb2.CONTROL_KIND_DISPATCH,
+    common_pb2.CONTROL_KIND_SCHEDULE,
+    common_pb2.CONTROL_KIND_CLUSTERMGR,
+)
+
+
+def ci(kind, i):
+    return common_pb2.ControlInstance(id=i, kind=kind, address=f"h:{abs(hash(i)) % 60000}")
+
+
+def ids(m):
+    return [i.id for i in m.instances]
+
+
+def test_a_warming_schedule_is_seen_by_its_feeders_only_and_draining_by_nobody():
+    r = ControlRegistry(warm_kinds=WARM_AUDIENCE)
+    for k, i in ((D, "d"), (S, "s0"), (C, "c")):
+        r.register(ci(k, i))
+        if k == S:
+            r.set_state(S, "s0", State.READY)
+    r.register(ci(S, "s1"))
+    assert r.get(S, "s1").state is State.WARMING
+    assert ids(r.membership(C)) == ["d", "s0", "s1", "c"]
+    assert ids(r.membership(S)) == ["d", "s0", "s1", "c"]
+    assert ids(r.membership(D)) == ["d", "s0", "c"]
+    assert ids(r.membership()) == ["d", "s0", "c"]  # node agents, clients
+    e = r.epoch
+    assert r.set_state(S, "s1", State.READY) and r.epoch == e + 1
+    assert not r.set_state(S, "s1", State.READY)
+    r.set_state(S, "s0", State.DRAINING)
+    assert "s0" not in ids(r.membership(S)) and "s0" not in ids(r.membership())
+    assert r.get(S, "s0") is not None  # still a member: its reports count
+
+
+def test_silent_members_expire_but_never_reporting_ones_stay():
+    clock = ManualClock()
+    r = ControlRegistry(clock)
+    r.register(ci(D, "quiet"))
+    r.register(ci(D, "talker"))
+    r.report(D, "talker", {"dispatch": 1.0}, 0, 0)
+    clock.advance(10)
+    gone = r.expire(5.0)
+    assert [m.info.id for m in gone] == ["talker"]
+    assert ids(r.membership()) == ["quiet"]
+
+
+def test_seeded_members_expire_unless_they_report_and_epochs_jump():
+    clock = ManualClock()
+    r = ControlRegistry(clock)
+    r.seed([ci(S, "a"), ci(S, "b")], epoch_base=7 << 20)
+    assert r.epoch >= 7 << 20
+    r.report(S, "a", {}, 0, 0)
+    clock.advance(6)
+    r.report(S, "a", {}, 0, 0)
+    assert [m.info.id for m in r.expire(5.0)] == ["b"]
+
+
+def parse(*flags):
+    return build_parser().parse_args(["serve", "controller", *flags])
+
+
+def test_flags_build_the_policy_config(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"t_df": 900.0, "t_sf": 123.0, "t_cmf": 0}))
+    cfg = scaling_config(
+        parse(
+            "--calibration", str(cal), "--t-cmf", "777", "--min-instances", "schedule=2",
+            "--max-instances", "schedule=5", "--high-watermark", "0.9",
+        )
+    )  # fmt: skip
+    assert cfg.limits["dispatch"].capacity == 900.0
+    assert cfg.limits["schedule"].capacity == 123.0
+    assert cfg.limits["clustermgr"].capacity == 777.0  # flag beats file (file had 0)
+    assert (cfg.limits["schedule"].min_instances, cfg.limits["schedule"].max_instances) == (2, 5)
+    assert cfg.high_watermark == 0.9
+    with pytest.raises(SystemExit):
+        parse("--min-instances", "nodeagent=2")
+
+
+def test_calibration_file_defaults_and_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("GALAXY_CALIBRATION", str(tmp_path / "absent.json"))
+    assert calibrated_capacities() == DEFAULT_T  # no file yet: defaults
+    with pytest.raises(SystemExit, match="not found"):
+        calibrated_capacities(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(SystemExit, match="not valid JSON"):
+        calibrated_capacities(bad)
