@@ -26,6 +26,7 @@ import grpc
 from google.protobuf import json_format
 
 from controlplane import spec as specs
+from controlplane.bench.cli import add_subparser as add_bench_subparser
 from controlplane.errors import GalaxyError
 from controlplane.up import (
     Supervisor,
@@ -324,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default=os.environ.get("GALAXY_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="command", required=True)
+    add_bench_subparser(sub)
 
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
     up.add_argument("--nodes", type=int, default=4, help="worker nodes (default 4)")

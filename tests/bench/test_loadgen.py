@@ -1,0 +1,94 @@
+"""The load generator against the raw echo server (real processes, loopback)."""
+
+import pytest
+
+from controlplane.bench import loadgen, runner
+from controlplane.bench.echo import EchoProcess
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def echo():
+    e = EchoProcess()
+    await e.start()
+    yield e
+    await e.stop()
+    assert e.proc is None
+
+
+async def test_closed_loop_counts(echo):
+    job = loadgen.Job(
+        target="echo",
+        address=echo.address,
+        mode="closed",
+        concurrency=4,
+        requests=[(0.0, 0, 0.0)] * 300,
+        warmup=50,
+    )
+    r = await loadgen.run(job)
+    assert r["measured"] == r["ok"] == 250 and r["errors"] == {}
+    assert r["rpcs"] == 250 and r["duration_s"] > 0 and r["cpu_s"] > 0
+    assert len(r["lat_ms"]) == len(r["t_ms"]) == len(r["cold"]) == 250
+    assert r["lag_ms"] == []  # closed loop has no schedule to be late for
+
+
+async def test_open_loop_measures_from_the_intended_send_time(echo):
+    # 200 requests all due at once: whoever goes out last was due long ago,
+    # and its latency must include that wait (no coordinated omission).
+    job = loadgen.Job(
+        target="echo", address=echo.address, mode="open", requests=[(0.0, 0, 0.0)] * 200
+    )
+    r = await loadgen.run(job)
+    assert r["ok"] == 200 and len(r["lag_ms"]) == 200
+    assert all(t == 0.0 for t in r["t_ms"])
+    assert max(r["lat_ms"]) >= max(r["lag_ms"]) > 0
+    assert min(r["lag_ms"]) >= 0  # never sent before its time
+
+
+async def test_open_loop_never_sends_early(echo):
+    # Sub-millisecond gaps: uvloop's millisecond timers would fire early.
+    reqs = [(i * 0.0003, 0, 0.0) for i in range(300)]
+    job = loadgen.Job(target="echo", address=echo.address, mode="open", requests=reqs)
+    r = await loadgen.run(job)
+    assert r["ok"] == 300 and min(r["lag_ms"]) >= 0
+    assert min(r["lat_ms"]) > 0.03  # a loopback gRPC round trip, not a clock artifact
+
+
+async def test_open_loop_stops_at_max_duration(echo):
+    reqs = [(i * 0.01, 0, 0.0) for i in range(100)]  # 1 s of schedule
+    job = loadgen.Job(
+        target="echo", address=echo.address, mode="open", requests=reqs, max_duration_s=0.2
+    )
+    r = await loadgen.run(job)
+    assert 0 < r["not_sent"] < 100 and r["ok"] + r["not_sent"] == 100
+
+
+async def test_subprocess_announces_the_measured_phase(echo, tmp_path):
+    lines = []
+
+    async def on_line(line, pid):
+        lines.append(line)
+
+    job = {
+        "target": "echo",
+        "address": echo.address,
+        "requests": [(0.0, 0, 0.0)] * 100,
+        "warmup": 10,
+    }
+    r = await runner.run_loadgen(job, tmp_path, "t", on_line)
+    assert lines == [loadgen.MEASURING, loadgen.MEASURED]
+    assert r["ok"] == 90
+    assert not (tmp_path / "t.job.json").exists()  # cleaned up
+
+
+async def test_unreachable_server_is_counted_by_status(tmp_path):
+    job = loadgen.Job(
+        target="echo",
+        address="127.0.0.1:1",
+        mode="closed",
+        requests=[(0.0, 0, 0.0)] * 5,
+        timeout_s=0.5,
+    )
+    r = await loadgen.run(job)
+    assert r["ok"] == 0 and r["errors"] == {"UNAVAILABLE": 5} and r["measured"] == 5

@@ -1,0 +1,47 @@
+"""Plan summaries, results.json, report.md and plots from synthetic runs."""
+
+import json
+import math
+
+from controlplane.bench import report
+from tests.bench import fakes
+
+
+def test_summary_counts_add_up_and_ratios_are_to_echo():
+    p = fakes.plan_result()
+    r = p["requests"]
+    assert r["ok"] + r["errors"] == r["measured"] == 10
+    assert r["warm"] + r["cold"] == r["ok"] and r["cold"] == 3
+    assert p["latency_ms"]["cold_start"]["count"] == 3
+    assert p["latency_ms"]["warm_dispatch"]["count"] == 6
+    assert p["latency_ms"]["scheduling"]["count"] == 3
+    t, q = p["throughput"], p["ratio_to_echo"]
+    assert math.isclose(t["requests_per_s"], 18.0) and math.isclose(t["instances_per_s"], 6.0)
+    echo = p["baseline"]["echo"]["requests_per_s"]
+    assert math.isclose(echo, 900.0)
+    for k in ("requests_per_s", "rpcs_per_s", "instances_per_s", "placements_per_s"):
+        assert math.isclose(q[k], t[k] / echo)
+    assert p["errors_by_code"] == {"DEADLINE_EXCEEDED": 1}
+
+
+def test_write_all(tmp_path):
+    res = fakes.results()
+    paths = report.write_all(res, tmp_path)
+    names = {p.name for p in paths}
+    assert {"results.json", "samples.json", "report.md"} <= names
+    for png in ("latency_cdf.png", "throughput.png", "timeline.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Strict JSON: NaN (e.g. an unknowable stddev) became null.
+    doc = json.loads((tmp_path / "results.json").read_text(), parse_constant=_reject)
+    assert doc["plans"][0]["latency_ms"]["scheduling"]["stddev"] is None
+    assert "_samples" not in doc["plans"][0]
+    samples = json.loads((tmp_path / "samples.json").read_text())
+    assert len(samples["0"]["lat_ms"]) == doc["plans"][0]["requests"]["ok"]
+    md = (tmp_path / "report.md").read_text()
+    for text in ("## Throughput", "x echo", "## Latency", "## CPU cores", "boom"):
+        assert text in md
+    assert "![throughput.png](throughput.png)" in md
+
+
+def _reject(name):
+    raise AssertionError(f"non-standard JSON constant {name}")
