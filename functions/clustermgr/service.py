@@ -44,6 +44,8 @@ SERVICE_NAME = clustermgr_pb2.DESCRIPTOR.services_by_name["ClusterMgr"].full_nam
 UPSERT = schedule_pb2.ModNodeRequest.OP_UPSERT
 REMOVE = schedule_pb2.ModNodeRequest.OP_REMOVE
 NODE_KEY_PREFIX = "/galaxy/nodes/"
+#: An unchanged heartbeat is forwarded to Schedule once per this many beats.
+REFRESH_BEATS = 10
 
 #: Write-behind hook: (key, serialized value or None to delete).
 Record = Callable[[str, bytes | None], None]
@@ -182,6 +184,8 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         self.modnode_timeout_s = modnode_timeout_s
         #: RegisterNode and Update calls received (the load reporter's rate).
         self.node_updates = 0
+        # node_id -> when its status was last forwarded to its Schedule owner.
+        self._forwarded: dict[str, float] = {}
         self._liveness: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
@@ -229,9 +233,16 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
             return self._reply()
         rec = self.registry.get(request.node_id)
         assert rec is not None
-        # Every heartbeat goes to the owner (it ignores what it has): a
-        # restarted Schedule instance relearns its partition within one period.
-        self._tell_owner(rec, UPSERT)
+        # Forward changes at once; an unchanged status only every
+        # REFRESH_BEATS heartbeats, so a restarted Schedule instance still
+        # relearns its partition soon. Forwarding every beat cost Schedule
+        # ~0.1 core at idle with 210 nodes (bench profile).
+        now = self.registry.clock.now()
+        last = self._forwarded.get(rec.status.node_id)
+        stale = last is None or now - last >= REFRESH_BEATS * self.heartbeat_s
+        if outcome is not Updated.SAME or stale:
+            self._tell_owner(rec, UPSERT)
+            self._forwarded[rec.status.node_id] = now
         if outcome is not Updated.SAME:
             self._record(rec.status.node_id, rec.status)
         return self._reply()
@@ -265,11 +276,22 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         changed to their new owner, and forget (without declaring them dead)
         the nodes another ClusterMgr instance now manages: their agents
         follow the same membership and heartbeat there."""
+        before = {i.id: i.address for i in self.registry.membership.instances(SCHEDULE)}
         changes = self.registry.set_membership(m)
         if changes is None:
             return
-        for c in changes:
-            rec = self.registry.get(c.node_id)
+        # A Schedule instance back at a new address (restarted) holds no
+        # nodes: send it its whole partition now, not at the next refresh.
+        restarted = {
+            i.id
+            for i in self.registry.membership.instances(SCHEDULE)
+            if i.id in before and before[i.id] != i.address
+        }
+        resend = {c.node_id for c in changes} | {
+            r.status.node_id for r in self.registry.records() if r.owner in restarted
+        }
+        for nid in resend:
+            rec = self.registry.get(nid)
             if rec is not None and rec.alive:
                 self._tell_owner(rec, UPSERT)
         moved = self.registry.not_mine(self.clustermgr_id)
