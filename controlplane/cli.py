@@ -35,6 +35,7 @@ from controlplane.up import (
     print_endpoints,
     read_endpoints,
 )
+from simulator.cli import add_subparser as add_simulator_subparser
 
 SERVE_KINDS = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent")
 
@@ -326,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=os.environ.get("GALAXY_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="command", required=True)
     add_bench_subparser(sub)
+    add_simulator_subparser(sub)
 
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
     up.add_argument("--nodes", type=int, default=4, help="worker nodes (default 4)")

@@ -1,0 +1,127 @@
+"""Function autoscaling and keep-alive, driven through the production KPA.
+
+Every ``tick_s`` each active function's ``KpaAutoscaler``
+(``controlplane.autoscaling.kpa``) observes the function's concurrency
+(requests in flight plus queued, from its ``FunctionRouter``) and decides;
+starts go through the normal scale-up path, removals take the instances
+``idle_instances_to_remove`` names. The keep-alive policy is the production
+one (``controlplane.autoscaling.keepalive.make_keepalive``). A function with
+no instance, nothing pending or queued and a decision of zero stops being
+ticked until its next request, so an 8-hour trace of 500 mostly idle
+functions does not pay 500 autoscalers every tick.
+
+The same adapter serves the Knative-like baseline (with
+``KpaConfig.knative_baseline``) through ``FunctionScaling``'s hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from controlplane.autoscaling.keepalive import make_keepalive
+from controlplane.autoscaling.kpa import KpaAutoscaler, KpaConfig, idle_instances_to_remove
+from functions.dispatch.policy import FunctionRouter, Instance
+from simulator.engine import Sim
+
+#: (function index) -> its router, or None when it has none yet
+RouterOf = Callable[[int], FunctionRouter | None]
+#: (function index, instances to start) / (function index, instance id)
+StartFn = Callable[[int, int], None]
+RetireFn = Callable[[int, str], None]
+
+
+class FunctionScaling:
+    """Ticks a KPA per active function and applies its decisions."""
+
+    def __init__(
+        self,
+        sim: Sim,
+        make_config: Callable[[int], KpaConfig],
+        router_of: RouterOf,
+        start: StartFn,
+        retire: RetireFn,
+        keepalive: str = "fixed",
+        keepalive_opts: dict[str, Any] | None = None,
+        tick_s: float = 2.0,
+    ) -> None:
+        self.sim = sim
+        self.make_config = make_config
+        self.router_of = router_of
+        self._start = start
+        self._retire = retire
+        self.keepalive = keepalive
+        self.keepalive_opts = dict(keepalive_opts or {})
+        self.tick_s = tick_s
+        self.kpas: dict[int, KpaAutoscaler] = {}
+        #: functions ticked, in activation order (a dict for deterministic order)
+        self.active: dict[int, None] = {}
+        self.decisions = 0
+        self.panics = 0
+
+    def start(self) -> None:
+        """Begin ticking."""
+        self.sim.every(self.tick_s, self.tick)
+
+    def touched(self, fn: int) -> None:
+        """fn has traffic or instances: tick it."""
+        self.active[fn] = None
+
+    def added(self, fn: int, inst: Instance) -> None:
+        """An instance of fn became ready."""
+        self.active[fn] = None
+
+    def tick(self) -> None:
+        """One autoscaler round over the active functions."""
+        now = self.sim.now
+        for fn in list(self.active):
+            r = self.router_of(fn)
+            if r is None:
+                del self.active[fn]
+                continue
+            kpa = self.kpas.get(fn)
+            if kpa is None:
+                kpa = self.kpas[fn] = KpaAutoscaler(
+                    self.make_config(fn), make_keepalive(self.keepalive, **self.keepalive_opts)
+                )
+            conc = len(r.waiters)
+            for inst in r.instances.values():
+                conc += inst.in_flight
+            kpa.observe(now, conc, last_active=r.last_active)
+            ready = r.live_count()
+            d = kpa.decide(now, ready, r.pending)
+            self.decisions += 1
+            self.panics += d.panic
+            if d.to_start:
+                self._start(fn, d.to_start)
+            if d.to_remove:
+                for iid in idle_instances_to_remove(r.instances.values(), d.to_remove):
+                    self._retire(fn, iid)
+            if d.desired == 0 and not r.instances and not r.pending and not r.waiters:
+                del self.active[fn]
+
+    def describe(self) -> dict[str, Any]:
+        """For reports."""
+        return {
+            "policy": "controlplane.autoscaling.kpa.KpaAutoscaler",
+            "keepalive": self.keepalive,
+            "keepalive_opts": self.keepalive_opts,
+            "tick_s": self.tick_s,
+        }
+
+
+def galaxy_kpa(
+    model: Any, routers: list[FunctionRouter | None], start: StartFn, retire: RetireFn
+) -> FunctionScaling:
+    """The KPA with Galaxy's defaults (target = the function's concurrency,
+    utilization 1.0) and the run's fixed keep-alive: Galaxy's function
+    autoscaling, also given to the baselines that have none of their own."""
+    f = model.fns
+    return FunctionScaling(
+        model.sim,
+        lambda fn: KpaConfig(target_concurrency=f[fn].concurrency, max_scale=f[fn].max_scale),
+        lambda fn: routers[fn],
+        start,
+        retire,
+        keepalive_opts={"seconds": model.env.cfg.keep_alive_s},
+    )

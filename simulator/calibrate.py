@@ -1,0 +1,307 @@
+"""``galaxy simulate-calibrate``: measure per-operation service times of the real
+services on this machine.
+
+Method: CPU seconds, not wall time, so that other load on a shared machine
+moves the figures little. Start a real control plane with the bench runner
+(``controlplane.bench.runner.run_bench``: `galaxy up` processes, emulated
+nodes, the bench load generator in its own process; one instance of each
+control function, connection cache on, probe cache off so every placement
+probes exactly d = 2 nodes) and drive one kind of work at a time in closed
+loop; read every process's CPU seconds (/proc/<pid>/stat) over the measured
+phase and divide by the operations it served:
+
+- ``warm``: Dispatch + Release to warm functions -> Dispatch's cost of a
+  request and its release (split evenly: both are one unary RPC into the
+  same router; measuring Dispatch alone with held leases gave about the
+  whole warm figure, which we could not explain, so we do not use it); and,
+  since warm requests never touch them, the background CPU of ClusterMgr,
+  Schedule and the node agents = heartbeats (one per node per second) and
+  the ModNode each one causes;
+- ``cold``: every request cold-starts an instance -> per scale-up costs of
+  Dispatch, Schedule (d = 2 probes + one CreateInstance + the Schedule RPC)
+  and the node agents, background subtracted.
+
+The client and server side of one unary RPC come from a raw gRPC echo
+(``controlplane.bench.echo``) timed from this process: client CPU per call
+(the client side of a probe or CreateInstance), server CPU per call (an
+agent's Probe), the extra CPU of a call on a new channel (the connection
+cost), and the loopback one-way delay (the fastest batch's round trip minus
+both sides' CPU, halved). The control instance start time is the time from
+spawning a controller process until it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from simulator.calibration import OPS, Calibration, OpCost
+
+#: The cv given to every measured op: CPU accounting gives means only.
+DEFAULT_CV = 0.5
+_SCENARIOS: list[dict[str, Any]] = [
+    {"name": "warm", "mode": "closed", "total_requests": 4000, "warmup_requests": 400,
+     "cold_fraction": 0.0, "concurrency": 16},
+    {"name": "cold", "mode": "closed", "total_requests": 2500, "warmup_requests": 250,
+     "cold_fraction": 1.0, "concurrency": 32, "cold_functions": 256},
+]  # fmt: skip
+
+
+def bench_doc(nodes: int, quick: bool) -> dict[str, Any]:
+    """The bench file the calibration runs."""
+    scale = 0.3 if quick else 1.0
+    scen = [
+        {**s, "total_requests": int(s["total_requests"] * scale),
+         "warmup_requests": int(s["warmup_requests"] * scale)}
+        for s in _SCENARIOS
+    ]  # fmt: skip
+    return {
+        "name": "calibrate",
+        "control_plane": {"nodes": nodes, "start_delay_ms": 0, "n": 1},
+        "load": {"seed": 1, "echo_requests": 1000, "echo_max_s": 1.0},
+        "parameters": [{"name": "preset", "value": ["G_n-C"]}],
+        "scenarios": scen,
+    }
+
+
+def _cpu(plan: dict[str, Any], prefix: str) -> float:
+    """CPU seconds the processes named prefix* used in a plan's measured phase."""
+    dur = plan["throughput"]["duration_s"]
+    return sum(v for k, v in plan["cpu_cores"].items() if k.startswith(prefix)) * dur
+
+
+def derive(
+    plans: list[dict[str, Any]],
+    echo: dict[str, float],
+    nodes: int,
+    decide: float,
+    heartbeat_s: float = 1.0,
+) -> dict[str, float]:
+    """Per-op means from the bench plans and the echo figures."""
+    by = {p["scenario"]: p for p in plans}
+    warm = by["warm"]
+    dw = warm["throughput"]["duration_s"]
+    bg = {k: _cpu(warm, k) / dw for k in ("schedule", "clustermgr", "agent")}
+
+    def per(scen: str, prefix: str, background: float = 0.0) -> float:
+        p = by[scen]
+        spent = _cpu(p, prefix) - background * p["throughput"]["duration_s"]
+        return max(0.0, spent) / max(1, p["requests"]["ok"])
+
+    beats = nodes / heartbeat_s
+    d_only = per("warm", "dispatch") / 2
+    client, server = echo["client_s"], echo["server_s"]
+    agent_cold = per("cold", "agent", bg["agent"])
+    rpcs = warm["throughput"]["rpcs_per_s"] * dw
+    return {
+        "dispatch.dispatch": d_only,
+        "dispatch.release": d_only,
+        "dispatch.scale_up": max(1e-6, per("cold", "dispatch") - d_only),
+        "schedule.probe": client,
+        "schedule.create": client,
+        "schedule.schedule": max(
+            1e-6, per("cold", "schedule", bg["schedule"]) - 3 * client - decide
+        ),
+        "schedule.decide": decide,
+        "schedule.modnode": bg["schedule"] / beats,
+        "agent.probe": server,
+        "agent.create": max(1e-6, agent_cold - 2 * server),
+        "agent.delete": max(1e-6, agent_cold - 2 * server),
+        "agent.heartbeat": bg["agent"] / beats,
+        "clustermgr.update": bg["clustermgr"] / beats,
+        "client.rpc": _cpu(warm, "load_generator") / max(1.0, rpcs),
+    }
+
+
+def decide_cost(nodes: int, placements: int = 20_000) -> float:
+    """CPU seconds of one placement's policy work (begin, advance, confirm)
+    on a PlacementPolicy over ``nodes`` nodes with the probe cache warm:
+    timed in-process, it is pure Python."""
+    import random
+
+    from controlplane.clock import ManualClock
+    from controlplane.nodeagent.capacity import Res
+    from functions.schedule.model import NodeInfo, ProbeNodes, Reservation
+    from functions.schedule.policy import PlacementPolicy
+
+    clock = ManualClock()
+    pol = PlacementPolicy("s", clock=clock, rng=random.Random(1))
+    infos = {f"n{i}": NodeInfo(f"n{i}", "a:1", Res(4000, 8192), Res(), 1) for i in range(nodes)}
+    for info in infos.values():
+        pol.upsert(info)
+    need = Res(1, 1)
+    t0 = time.process_time()
+    for _ in range(placements):
+        clock.advance(0.0005)
+        pl = pol.begin(need)
+        step = pol.advance(pl)
+        while isinstance(step, ProbeNodes):
+            for tg in step.targets:
+                pol.record_probe(pl, tg.node_id, infos[tg.node_id])
+            step = pol.advance(pl)
+        assert isinstance(step, Reservation), step
+        pol.confirm(step)
+    return (time.process_time() - t0) / placements
+
+
+async def echo_round_trip(n: int = 2000, batches: int = 10) -> dict[str, float]:
+    """Raw gRPC echo from this process: client and server CPU per call, the
+    extra CPU of a call on a fresh channel, and the one-way delay (from the
+    fastest batch of sequential calls: other load only ever adds)."""
+    import grpc
+
+    from controlplane.bench.echo import METHOD, EchoProcess
+    from controlplane.bench.profile import cpu_seconds
+
+    echo = EchoProcess()
+    addr = await echo.start()
+    payload = b"x" * 64
+
+    def cpus() -> tuple[float, float]:
+        return time.process_time(), cpu_seconds(echo.pid) or 0.0
+
+    try:
+        async with grpc.aio.insecure_channel(addr) as ch:
+            call = ch.unary_unary(METHOD)
+            for _ in range(200):
+                await call(payload)
+            c0, s0 = cpus()
+            best = float("inf")
+            for _ in range(batches):
+                t0 = time.perf_counter()
+                for _ in range(n // batches):
+                    await call(payload)
+                best = min(best, (time.perf_counter() - t0) / (n // batches))
+            c1, s1 = cpus()
+        fresh = max(20, n // 20)
+        for _ in range(fresh):
+            async with grpc.aio.insecure_channel(addr) as ch2:
+                await ch2.unary_unary(METHOD)(payload)
+        c2, s2 = cpus()
+    finally:
+        await echo.stop()
+    client, server = (c1 - c0) / n, (s1 - s0) / n
+    new = ((c2 - c1) + (s2 - s1)) / fresh
+    return {
+        "rtt_s": best,
+        "client_s": client,
+        "server_s": server,
+        "hop_s": max(5e-6, (best - client - server) / 2),
+        "connect_s": max(0.0, new - client - server),
+    }
+
+
+async def control_start(tries: int = 3) -> float:
+    """Median seconds from spawning a control process to it being ready."""
+    from controlplane.host import READY_PREFIX
+
+    times = []
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "controlplane.cli", "serve", "controller", "--listen",
+            "127.0.0.1:0", "--metrics-listen", "", "--lifeline",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        while True:
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            if not line or line.decode().startswith(READY_PREFIX):
+                break
+        times.append(time.perf_counter() - t0)
+        proc.terminate()
+        await proc.wait()
+    return statistics.median(times)
+
+
+def build(
+    means: dict[str, float], echo: dict[str, float], start_s: float, meta: dict[str, Any]
+) -> Calibration:
+    """A Calibration from the measured figures."""
+    how = "galaxy simulate-calibrate (CPU seconds of the real processes)"
+    src = {
+        "dispatch.dispatch": "warm: Dispatch CPU / request / 2 (Dispatch + Release)",
+        "dispatch.release": "warm: Dispatch CPU / request / 2 (Dispatch + Release)",
+        "dispatch.scale_up": "cold: Dispatch CPU / cold request - dispatch.dispatch",
+        "schedule.probe": "echo: client CPU per unary call",
+        "schedule.create": "echo: client CPU per unary call",
+        "schedule.schedule": "cold (probe cache off): Schedule CPU / placement - 3 client calls"
+        " - schedule.decide",
+        "schedule.decide": "in-process timing of PlacementPolicy begin/advance/confirm",
+        "schedule.modnode": "warm: Schedule background CPU / heartbeats",
+        "agent.probe": "echo: server CPU per unary call",
+        "agent.create": "cold: node agents' CPU / placement - 2 agent.probe",
+        "agent.delete": "= agent.create (not measured separately)",
+        "agent.heartbeat": "warm: node agents' background CPU / heartbeats",
+        "clustermgr.update": "warm: ClusterMgr CPU / heartbeats",
+        "client.rpc": "warm: load generator CPU / RPC",
+    }
+    ops = {k: OpCost(v, DEFAULT_CV, f"{how}; {src[k]}") for k, v in means.items()}
+    params = {
+        "connect_s": echo["connect_s"],
+        "loopback_hop_s": echo["hop_s"],
+        "control_start_s": start_s,
+        "repartition_s": 0.03,
+    }
+    sources = {
+        "connect_s": "echo: extra client + server CPU of a call on a fresh channel",
+        "loopback_hop_s": "echo: (fastest batch's round trip - client CPU - server CPU) / 2",
+        "control_start_s": "spawn of `galaxy serve controller` until it prints READY (median)",
+        "repartition_s": "DESIGN.md section 1: adding one Schedule instance costs >= 30 ms",
+    }
+    assert set(OPS) <= set(ops)
+    return Calibration(ops, params, {**meta, "echo": echo}, sources)
+
+
+async def measure(nodes: int, quick: bool, log: Any = print, repeat: int = 1) -> Calibration:
+    """Run everything (the bench part ``repeat`` times, taking each op's
+    median); returns the calibration."""
+    from controlplane.bench import plan as pl
+    from controlplane.bench.runner import RunOptions, machine_info, run_bench
+
+    echo = await echo_round_trip(500 if quick else 2000)
+    decide = decide_cost(nodes, 5_000 if quick else 20_000)
+    runs = []
+    for i in range(repeat):
+        with tempfile.TemporaryDirectory(prefix="galaxy-calibrate-") as tmp:
+            bf = pl.parse(bench_doc(nodes, quick), Path(tmp) / "calibrate.yaml")
+            res = await run_bench(bf, RunOptions(Path(tmp), Path(tmp), log=lambda s: log(s)))
+        if res["failures"]:
+            raise RuntimeError(f"calibration run {i + 1} failed: {res['failures']}")
+        runs.append(derive(res["plans"], echo, nodes, decide))
+    means = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    start_s = await control_start(1 if quick else 3)
+    meta = {
+        "machine": json.dumps(machine_info()),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "method": "galaxy simulate-calibrate"
+        + (" --quick" if quick else "")
+        + f" (median of {repeat} runs)",
+        "nodes": nodes,
+    }
+    return build(means, echo, start_s, meta)
+
+
+def save(cal: Calibration, path: Path) -> None:
+    """Write a calibration file."""
+    path.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
+
+
+async def main(args: Any) -> int:
+    """``galaxy simulate-calibrate --out FILE``."""
+    log = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    cal = await measure(args.nodes, args.quick, log, repeat=args.repeat)
+    save(cal, Path(args.out))
+    for k, v in sorted(cal.ops.items()):
+        print(f"{k:<20} {v.mean_s * 1e6:9.1f} us")
+    for k, pv in sorted(cal.params.items()):
+        print(f"{k:<20} {pv * 1e3:9.3f} ms")
+    print(f"wrote {args.out}")
+    return 0

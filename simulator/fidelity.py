@@ -1,0 +1,254 @@
+"""``galaxy simulate-fidelity``: one scenario simulated and run for real.
+
+The scenario is the bench's cold-start burst (experiments/cold-burst.yaml):
+210 emulated nodes, one instance of each control function, both caches,
+every request cold-starts an instance (256 functions of concurrency 1, each
+request keeping its lease). Phase ``max``: closed loop, 32 requests in
+flight, for the maximum throughput. Phase ``half``: open-loop Poisson at half
+the real ``max`` throughput, for latencies.
+
+Real side: the bench runner (``controlplane.bench.runner.run_bench``) starts
+the cluster with `galaxy up` machinery and drives it with the bench load
+generator; scheduling latency is Schedule's own histogram
+(``galaxy_scheduling_latency_seconds``: request received -> placement
+decided).
+
+Simulated side: the same cluster on one machine -- every process (control
+functions, the two node-agent processes of 105 nodes each, the load
+generator) shares the machine's cores (``Host``), loopback delays and the
+calibration's costs -- and the same requests. The simulated scheduling
+latency is measured over the same span (Schedule's receipt to decision) and
+read through the same histogram buckets, so both sides are quantiles
+interpolated in the same buckets.
+
+The check passes when p50 and p99 scheduling latency (phase ``half``) and
+throughput (phase ``max``) agree within 25%.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from controlplane.experiment import RequestProfile
+from simulator import calibration, report
+from simulator.galaxy import VARIANTS, GalaxyModel
+from simulator.network import NetworkConfig
+from simulator.system import Env, SimConfig
+from simulator.workload import Workload, functions
+
+TOLERANCE = 0.25
+HOLD_S = 1e9  # a cold request keeps its lease (its instance) to the end
+COLD_FUNCTIONS = 256
+
+
+def bench_doc(nodes: int, quick: bool) -> dict[str, Any]:
+    """The real side's bench file."""
+    n_max, n_half = (1200, 800) if quick else (3000, 2000)
+    common = {"cold_fraction": 1.0, "cold_functions": COLD_FUNCTIONS}
+    return {
+        "name": "fidelity",
+        "control_plane": {"nodes": nodes, "start_delay_ms": 0},
+        "load": {"seed": 2, "echo_requests": 1000, "echo_max_s": 1.0, "concurrency": 32},
+        "scenarios": [
+            {"name": "max", "mode": "closed", "total_requests": n_max,
+             "warmup_requests": n_max // 10, **common},
+            {"name": "half", "rate_of": {"scenario": "max", "fraction": 0.5},
+             "total_requests": n_half, "warmup_requests": n_half // 10,
+             "request_profile": {"distribution": "Poisson"}, **common},
+        ],
+    }  # fmt: skip
+
+
+async def real_side(nodes: int, quick: bool, log: Any) -> dict[str, Any]:
+    """Run the scenario on a real emulated cluster; the two plans' results."""
+    from controlplane.bench import plan as pl
+    from controlplane.bench.runner import RunOptions, machine_info, run_bench
+
+    with tempfile.TemporaryDirectory(prefix="galaxy-fidelity-") as tmp:
+        bf = pl.parse(bench_doc(nodes, quick), Path(tmp) / "fidelity.yaml")
+        res = await run_bench(bf, RunOptions(Path(tmp), Path(tmp), log=log))
+    if res["failures"]:
+        raise RuntimeError(f"the real run failed: {res['failures']}")
+    out: dict[str, Any] = {"machine": machine_info()}
+    for p in res["plans"]:
+        out[p["scenario"]] = {
+            "requests": p["requests"],
+            "arrival_rate": p["load"]["arrival_rate"],
+            "instances_per_s": p["throughput"]["instances_per_s"],
+            "scheduling_ms": p["latency_ms"]["scheduling"],
+            "cold_start_ms": p["latency_ms"]["cold_start"],
+            "loadavg": p.get("loadavg"),
+        }
+    return out
+
+
+def _bucket_summary(values: list[float]) -> dict[str, float]:
+    """p50/p99 in ms read from the Prometheus buckets the real side uses."""
+    from controlplane.bench.promscrape import Histogram
+    from controlplane.metrics import LATENCY_BUCKETS
+
+    h = Histogram()
+    for b in (*LATENCY_BUCKETS, math.inf):
+        h.buckets[b] = float(sum(1 for v in values if v <= b))
+    h.count, h.sum = float(len(values)), float(sum(values))
+    return h.summary_ms()
+
+
+def kernel_slice_s() -> float:
+    """Linux's EEVDF base slice: 0.75 ms x (1 + log2(CPUs, at most 8))
+    (kernel/sched/fair.c, sysctl_sched_base_slice and its scaling)."""
+    cpus = min(os.cpu_count() or 1, 8)
+    return 0.00075 * (1 + int(math.log2(cpus)))
+
+
+class _Driver:
+    """The load generator: closed loop (``concurrency`` in flight) or open loop."""
+
+    def __init__(self, env: Env, model: GalaxyModel, total: int, warmup: int) -> None:
+        self.env, self.m = env, model
+        self.total, self.warmup = total, warmup
+        self.sent = 0
+        self.t_first = math.inf
+        self.t_last = 0.0
+        self.granted = 0
+
+    def send(self, _: object = None) -> None:
+        if self.sent >= self.total:
+            return
+        if self.sent == self.warmup:
+            self.t_first = self.env.sim.now
+            self.env.rec.warmup_s = self.env.sim.now
+        self.m.request(self.sent % COLD_FUNCTIONS, HOLD_S)
+        self.sent += 1
+
+    def on_grant(self, now: float) -> None:
+        self.granted += 1
+        if self.granted > self.warmup:
+            self.t_last = max(self.t_last, now)
+        if self.granted >= self.total:
+            self.env.sim.stop()  # the phase is over (heartbeats would go on)
+
+
+def sim_phase(
+    cal: calibration.Calibration,
+    nodes: int,
+    total: int,
+    seed: int,
+    concurrency: int = 0,
+    rate: float = 0.0,
+    background: float = 0.0,
+) -> dict[str, Any]:
+    """One phase simulated: closed loop with ``concurrency`` or open at ``rate``."""
+    fns = functions(COLD_FUNCTIONS, "cold", cpu_millis=10, memory_mib=16, cold_start_s=0.0)
+    w = Workload("fidelity", fns, 600.0, lambda: iter(()))
+    hop = cal.param("loopback_hop_s", 50e-6)
+    cfg = SimConfig(
+        nodes=nodes,
+        seed=seed,
+        nodes_per_agent=105,
+        create_parallelism=10_000,  # emulated sandboxes: a timer each, no limit
+        host_cores=os.cpu_count() or 2,
+        host_slice_s=kernel_slice_s(),
+        host_background=background,
+        network=NetworkConfig(hop, hop * 0.2, 0.0, 0.0),
+    )
+    env = Env(cfg, cal, w, seed)
+    env.sim.slack_s = 0.0  # exact arrival order: processes share the cores
+    env.rec.warmup_s = math.inf
+    g = VARIANTS["galaxy"]
+    model = GalaxyModel(env, g, instances=1, controller_scaling=False, heartbeats="all")
+    model.front.client = env.station("load-generator")
+    d = _Driver(env, model, total, total // 10)
+    if concurrency:
+
+        def next_one(now: float) -> None:  # closed loop: each reply sends the next
+            d.on_grant(now)
+            env.sim.at(now, d.send)
+
+        env.rec.on_grant = next_one
+        for _ in range(concurrency):
+            env.sim.at(0.0, d.send)
+    else:
+        env.rec.on_grant = d.on_grant
+        for t in RequestProfile("poisson", rate).arrivals(total, seed):
+            env.sim.at(t, d.send)
+    model.start()
+    env.sim.run(600.0)
+    dur = d.t_last - d.t_first
+    sched = list(env.rec.extra.get("schedule_decision", []))
+    return {
+        "instances_per_s": (d.granted - d.warmup) / dur if dur > 0 else 0.0,
+        "scheduling_ms": _bucket_summary(sched),
+        "scheduling_exact_ms": {k: v * 1000 for k, v in _summ(sched).items() if k != "count"},
+        "cold_start_ms": {
+            k: v if k == "count" else v * 1000 for k, v in _summ(list(env.rec.cold)).items()
+        },
+        "events": env.sim.events,
+    }
+
+
+def _summ(values: list[float]) -> dict[str, float]:
+    from controlplane.experiment import summarize
+
+    return summarize(values)
+
+
+def compare(sim: dict[str, Any], real: dict[str, Any]) -> tuple[list[list[str]], bool]:
+    """Rows (metric, simulated, real, ratio, ok) and whether all agree."""
+    pairs = [
+        ("max: throughput (instances/s)", sim["max"]["instances_per_s"],
+         real["max"]["instances_per_s"]),
+        ("half: scheduling p50 (ms)", sim["half"]["scheduling_ms"]["p50"],
+         real["half"]["scheduling_ms"]["p50"]),
+        ("half: scheduling p99 (ms)", sim["half"]["scheduling_ms"]["p99"],
+         real["half"]["scheduling_ms"]["p99"]),
+    ]  # fmt: skip
+    rows, ok = [], True
+    for name, s, r in pairs:
+        ratio = s / r if r else math.inf
+        good = abs(ratio - 1) <= TOLERANCE
+        ok = ok and good
+        rows.append([name, f"{s:.3f}", f"{r:.3f}", f"{ratio:.2f}", "ok" if good else "FAIL"])
+    return rows, ok
+
+
+def _read_real(path: Path) -> dict[str, Any]:
+    real: dict[str, Any] = json.loads(path.read_text())["real"]
+    return real
+
+
+def _write(out: Path, doc: dict[str, Any], md: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fidelity.json").write_text(json.dumps(doc, indent=1, default=str))
+    (out / "report.md").write_text(md)
+
+
+async def main(args: Any) -> int:
+    """``galaxy simulate-fidelity``."""
+    cal = calibration.load(args.calibration)
+    out = Path(args.out)
+    if args.real:
+        real = _read_real(Path(args.real))
+    else:
+        real = await real_side(args.nodes, args.quick, lambda s: print(s, file=sys.stderr))
+    n_max, n_half = (1200, 800) if args.quick else (3000, 2000)
+    sim = {
+        "max": sim_phase(cal, args.nodes, n_max, args.seed, concurrency=32),
+        "half": sim_phase(cal, args.nodes, n_half, args.seed, rate=real["half"]["arrival_rate"]),
+    }
+    rows, ok = compare(sim, real)
+    header = ["metric", "simulated", "real", "sim/real", f"within {TOLERANCE:.0%}"]
+    table = report.md_table(header, rows)
+    doc = {"sim": sim, "real": real, "ok": ok, "rows": rows}
+    _write(out, doc, f"# Fidelity: simulation vs emulated cluster ({args.nodes} nodes)\n\n"
+           f"{table}\n\nCalibration: {cal.meta.get('method', '')} "
+           f"{cal.meta.get('measured_at', '')}\n")  # fmt: skip
+    print(table)
+    print("fidelity check " + ("PASSED" if ok else "FAILED") + f"; wrote {out}/report.md")
+    return 0 if ok else 1

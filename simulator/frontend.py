@@ -1,0 +1,187 @@
+"""The request data path every model shares.
+
+Requests reach the process that routes their function (a Galaxy Dispatch
+instance, Knative's activator, a Ray proxy, Atoll's semi-global scheduler),
+which routes them with the function's production ``FunctionRouter``: a slot
+on the least-loaded instance, else the request waits (FIFO) and the model's
+``on_wait`` hook decides what to start. Routing costs the calibrated
+Dispatch/Release service times on that process. Sharing this path means
+systems differ only where their control planes differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from functions.dispatch.policy import FunctionRouter, Instance
+from simulator.autoscale import FunctionScaling, galaxy_kpa
+from simulator.cluster import SimNode
+from simulator.engine import Station
+from simulator.system import Env, Req, SystemModel
+
+OwnerFn = Callable[[int], Station]
+WaitFn = Callable[[int, FunctionRouter], None]
+
+
+class Frontend:
+    """Routers of all functions; owner(fn) is the process routing fn."""
+
+    def __init__(
+        self, model: SystemModel, owner: OwnerFn, on_wait: WaitFn, via: Station | None = None
+    ) -> None:
+        self.m = model
+        #: a process every request passes first (a central load balancer)
+        self.via = via
+        #: the client's process, when its CPU counts (one machine: fidelity)
+        self.client: Station | None = None
+        self.s_client = model.env.op("client.rpc")
+        self.sim, self.net, self.rec = model.sim, model.net, model.rec
+        self.owner = owner
+        self.on_wait = on_wait
+        self.routers: list[FunctionRouter | None] = [None] * len(model.fns)
+        self._s_dispatch = model.env.op("dispatch.dispatch")
+        self._s_release = model.env.op("dispatch.release")
+        self.requests = 0
+
+    def router(self, fn: int) -> FunctionRouter:
+        """fn's router (created at first use)."""
+        r = self.routers[fn]
+        if r is None:
+            r = self.routers[fn] = self.m.make_router(fn)
+        return r
+
+    # -- the warm path (lean: it runs for every request) ----------------------
+
+    def request(self, fn: int, duration: float) -> None:
+        """A request arrives now at the client, which sends it to fn's owner."""
+        now = self.sim.now
+        self.requests += 1
+        req = Req(fn, now, duration)
+        if self.client is not None:
+            t = self.client.finish(now, self.s_client()) + self.net.hop()
+            stages = [(self.owner(fn), self._s_dispatch(), 0.0)]
+            self.sim.pipeline(t, stages, self._dispatch, req)
+            return
+        if self.via is not None:
+            t = self.via.finish(now + self.net.hop(), self._s_dispatch()) + self.net.hop()
+            stage = (self.owner(fn), self._s_dispatch(), 0.0)
+            self.sim.pipeline(t, [stage], self._dispatch, req)
+            return
+        t = self.owner(fn).finish(now + self.net.hop(), self._s_dispatch())
+        self.sim.at(t, self._dispatch, req)
+
+    def _dispatch(self, req: Req) -> None:
+        router = self.routers[req.fn] or self.router(req.fn)
+        g = router.acquire()
+        if g is not None:
+            self.m.serve(req, g, self.sim.now + self.net.hop(), self._release)
+            return
+        router.enqueue(req)
+        self.on_wait(req.fn, router)
+
+    def _release(self, req: Req, lease: str) -> None:
+        t = self.owner(req.fn).finish(self.sim.now + self.net.hop(), self._s_release())
+        self.sim.at(t, self._released, (req.fn, lease))
+
+    def _released(self, a: tuple[int, str]) -> None:
+        router = self.routers[a[0]]
+        assert router is not None
+        grants = router.release(a[1])[1]
+        if grants:
+            self.m.serve_all(grants, self.sim.now, self._release)
+
+    # -- instances -------------------------------------------------------------
+
+    def ready(self, fn: int, inst: Instance) -> None:
+        """A started instance is known to fn's router: waiters get its slots."""
+        grants = self.router(fn).scale_up_done(inst)
+        if grants:
+            self.m.serve_all(grants, self.sim.now, self._release)
+
+    def failed(self, fn: int, reason: str) -> None:
+        """A start failed; waiters nothing will serve fail."""
+        for _ in self.router(fn).scale_up_failed():
+            self.rec.failed(reason)
+
+    def remove(self, fn: int, instance_id: str) -> Instance | None:
+        """Stop routing to an (idle) instance; returns it."""
+        r = self.routers[fn]
+        return None if r is None else r.remove_instance(instance_id)
+
+    def live(self) -> int:
+        """Instances routable across all functions."""
+        return sum(len(r.instances) for r in self.routers if r is not None)
+
+
+class RoutedModel(SystemModel):
+    """A system model on the shared data path: a ``Frontend``, function
+    autoscaling by the production KPA (Galaxy's defaults unless a subclass
+    brings its own) and instance life-cycle plumbing. Subclasses implement
+    ``start_instances`` (their control plane) and may override the hooks."""
+
+    def __init__(self, env: Env, owner: OwnerFn, via: Station | None = None) -> None:
+        super().__init__(env)
+        self.front = Frontend(self, owner, self.waiting, via)
+        self.scaling = self.make_scaling()
+        self.a_create = env.op("agent.create")
+        self.a_delete = env.op("agent.delete")
+        # Requests go straight to the data path (one call less per request).
+        self.request = self.front.request  # type: ignore[method-assign]
+
+    def make_scaling(self) -> FunctionScaling:
+        """The function autoscaler (Galaxy's KPA defaults)."""
+        return galaxy_kpa(self, self.front.routers, self.start_instances, self.retire)
+
+    def start(self) -> None:
+        self.scaling.start()
+
+    def finish(self) -> None:
+        self.rec.live_instances(self.sim.now, self.env.cluster.live)
+
+    def params(self) -> dict[str, Any]:
+        cfg = getattr(self, "cfg", None)
+        own = asdict(cfg) if is_dataclass(cfg) and not isinstance(cfg, type) else {}
+        return {**own, "function_scaling": self.scaling.describe()}
+
+    def waiting(self, fn: int, router: FunctionRouter) -> None:
+        """A request queued: start what the production coalescing rule
+        (``scale_ups_needed``) asks for; the autoscaler watches fn."""
+        self.scaling.touched(fn)
+        n = router.scale_ups_needed()
+        if n:
+            self.start_instances(fn, n)
+
+    def start_instances(self, fn: int, n: int) -> None:
+        """Start n instances of fn (the control plane under test)."""
+        raise NotImplementedError
+
+    def create_on(self, node: SimNode, fn: int, iid: str, at: float) -> None:
+        """The node's agent creates the (already allocated) instance; it is
+        ready after the sandbox start, then ``ready`` runs."""
+        stages = [
+            (node.agent, self.a_create(), 0.0),
+            (node.creator, self.fns[fn].cold_start_s, 0.0),
+        ]
+        self.sim.pipeline(at, stages, self.ready, (node, fn, iid))
+
+    def ready(self, a: tuple[SimNode, int, str]) -> None:
+        """An instance is up on its node; its router learns of it one hop later."""
+        node, fn, iid = a
+        self.rec.started(self.sim.now)
+        inst = Instance(iid, node.address, node.id, self.fns[fn].concurrency, meta=node)
+        self.sim.at(self.sim.now + self.net.hop(), self.routable, (fn, inst))
+
+    def routable(self, a: tuple[int, Instance]) -> None:
+        """The router can use the instance: waiters get its slots."""
+        fn, inst = a
+        self.scaling.added(fn, inst)
+        self.front.ready(fn, inst)
+
+    def retire(self, fn: int, instance_id: str) -> None:
+        """Remove an idle instance the autoscaler chose: out of the routing
+        table first, then its node deletes it."""
+        inst = self.front.remove(fn, instance_id)
+        if inst is not None:
+            self.delete_on_node(inst.meta, instance_id, self.a_delete())

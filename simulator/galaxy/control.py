@@ -1,0 +1,310 @@
+"""Control function instances, membership, node heartbeats and ModNode.
+
+Membership is the production ``ControlRegistry`` (the controller's) and
+owners come from a ``MembershipView`` (rendezvous hashing). Each ClusterMgr
+instance holds a production ``NodeRegistry``: a node heartbeats to the
+ClusterMgr instance that owns it, which records the status and forwards it
+(ModNode) to the Schedule instance that owns the node, whose
+``PlacementPolicy.upsert`` takes it. On a membership change, Schedule
+instances ``retain`` only their partition and ClusterMgr re-sends the nodes
+whose owner changed (``NodeRegistry.set_membership``), as the servicers do.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from typing import TYPE_CHECKING, Any
+
+from controlplane.controller.registry import ControlRegistry
+from controlplane.membership import MembershipView
+from functions.clustermgr.policy import NodeRegistry, Updated
+from functions.schedule.policy import PlacementPolicy
+from functions.schedule.service import node_info
+from galaxy.v1 import common_pb2
+from simulator.cluster import SimNode
+from simulator.engine import Station
+from simulator.galaxy.scaling import make_control_scaling
+
+if TYPE_CHECKING:
+    from simulator.galaxy.model import GalaxyModel
+
+DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
+SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
+CLUSTERMGR = common_pb2.CONTROL_KIND_CLUSTERMGR
+KINDS = {"dispatch": DISPATCH, "schedule": SCHEDULE, "clustermgr": CLUSTERMGR}
+_GOLDEN = 0.6180339887498949
+
+
+class ControlInst:
+    """One control function instance: a process (station) with an id."""
+
+    kind = ""
+
+    def __init__(self, iid: str, station: Station) -> None:
+        self.id = iid
+        self.station = station
+        self.ops_seen = 0
+        self.busy_seen = 0.0
+
+
+class DispatchInst(ControlInst):
+    """A Dispatch instance (its routers live in ``GalaxyModel.routers``)."""
+
+    kind = "dispatch"
+
+
+class ScheduleInst(ControlInst):
+    """A Schedule instance and its production placement policy."""
+
+    kind = "schedule"
+
+    def __init__(self, iid: str, station: Station, policy: PlacementPolicy) -> None:
+        super().__init__(iid, station)
+        self.policy = policy
+        #: it takes placements once it has filled its node table
+        self.ready_at = 0.0
+
+
+class ClusterMgrInst(ControlInst):
+    """A ClusterMgr instance and its production node registry."""
+
+    kind = "clustermgr"
+
+    def __init__(self, iid: str, station: Station, registry: NodeRegistry) -> None:
+        super().__init__(iid, station)
+        self.registry = registry
+
+
+class ControlPlane:
+    """Instances of the three control functions and the plumbing between them."""
+
+    def __init__(self, model: GalaxyModel) -> None:
+        self.m = model
+        env = model.env
+        self.env, self.sim, self.net, self.rec = env, env.sim, env.net, env.rec
+        self.cfg = model.cfg
+        self.registry = ControlRegistry(self.sim.clock)
+        self.view = MembershipView()
+        self.dfs: dict[str, DispatchInst] = {}
+        self.sfs: dict[str, ScheduleInst] = {}
+        self.cmfs: dict[str, ClusterMgrInst] = {}
+        #: the three by kind name (for code that treats every kind alike)
+        self.insts: dict[str, dict[str, Any]] = {
+            "dispatch": self.dfs,
+            "schedule": self.sfs,
+            "clustermgr": self.cmfs,
+        }
+        self._serial = {k: 0 for k in KINDS}
+        #: operations done per kind: what load reports are computed from
+        self.critical = dict.fromkeys(KINDS, 0)
+        self._df_cache: list[DispatchInst | None] = [None] * len(env.workload.functions)
+        self._df_station: list[Station | None] = [None] * len(env.workload.functions)
+        self._sf_cache: dict[int, list[ScheduleInst]] = {}
+        self._cmf_cache: list[ClusterMgrInst | None] = [None] * len(env.cluster.nodes)
+        self.s_update = env.op("clustermgr.update")
+        self.s_modnode = env.op("schedule.modnode")
+        self.s_agent_beat = env.op("agent.heartbeat")
+        self.repartition_s = env.cal.param("repartition_s", 0.03)
+        self.start_s = env.cal.param("control_start_s", 1.0)
+        self._rng = random.Random(env.rng.random())
+        for kind in KINDS:
+            for _ in range(self.cfg.instances):
+                self._register(self._make(kind))
+        self._apply(self.registry.membership())
+        self.scaler = make_control_scaling(self)
+
+    # -- instances ------------------------------------------------------------
+
+    def _make(self, kind: str) -> ControlInst:
+        iid = f"{kind}-{self._serial[kind]}"
+        self._serial[kind] += 1
+        st = self.env.station(iid)
+        if kind == "schedule":
+            pol = PlacementPolicy(
+                iid,
+                d=self.cfg.d,
+                probe_cache=self.cfg.probe_cache,
+                probe_ttl_s=self.cfg.probe_ttl_s,
+                max_attempts=self.cfg.max_attempts,
+                clock=self.sim.clock,
+                rng=random.Random(self._rng.random()),
+            )
+            return ScheduleInst(iid, st, pol)
+        if kind == "clustermgr":
+            reg = NodeRegistry(dead_after_s=3 * self.cfg.heartbeat_s, clock=self.sim.clock)
+            return ClusterMgrInst(iid, st, reg)
+        return DispatchInst(iid, st)
+
+    def _register(self, inst: ControlInst) -> None:
+        self.insts[inst.kind][inst.id] = inst
+        n = len(self.insts[inst.kind])
+        port = 9000 + n
+        self.registry.register(
+            common_pb2.ControlInstance(id=inst.id, kind=KINDS[inst.kind], address=f"cp:{port}")
+        )
+        self.rec.control_instances(self.sim.now, inst.kind, n)
+
+    def add(self, kind: str) -> None:
+        """Start one more instance: it registers once its process is up."""
+        inst = self._make(kind)
+        self.rec.count(f"control_added.{kind}")
+
+        def up(_: object) -> None:
+            self._register(inst)
+            if isinstance(inst, ScheduleInst):
+                inst.ready_at = self.sim.now + self.repartition_s
+            self._apply(self.registry.membership())
+
+        self.sim.after(self.start_s, up)
+
+    def remove(self, kind: str) -> None:
+        """Stop the newest instance of a kind (never the last one)."""
+        live = self.insts[kind]
+        if len(live) <= 1:
+            return
+        iid = max(live, key=lambda i: int(i.rsplit("-", 1)[1]))
+        gone = live.pop(iid)
+        self.rec.add(f"cpu_s.{kind}", gone.station.busy)
+        self.registry.deregister(KINDS[kind], iid)
+        self.rec.count(f"control_removed.{kind}")
+        self.rec.control_instances(self.sim.now, kind, len(live))
+        self._apply(self.registry.membership())
+
+    # -- membership -----------------------------------------------------------
+
+    def _apply(self, m: common_pb2.Membership) -> None:
+        """Every instance adopts membership m (as Coordinate pushes it)."""
+        self.view.update(m)
+        self._df_cache = [None] * len(self._df_cache)
+        self._df_station = [None] * len(self._df_cache)
+        self._sf_cache.clear()
+        self._cmf_cache = [None] * len(self._cmf_cache)
+        for sf in self.sfs.values():
+            sf.policy.retain(functools.partial(self._owns, sf.id))
+        for node in self.env.cluster.nodes:
+            cmf = self.clustermgr_owner(node)
+            if cmf.registry.get(node.id) is None:
+                cmf.registry.register(node.status())
+        for cmf in self.cmfs.values():
+            changes = cmf.registry.set_membership(m) or []
+            for c in changes:
+                rec = cmf.registry.get(c.node_id)
+                if rec is not None and c.new:
+                    self._modnode(self.sfs[c.new], rec.status, cmf.station)
+            for nid in cmf.registry.not_mine(cmf.id):
+                cmf.registry.forget(nid)
+        # Functions whose owner changed move with their routing state: the
+        # router stays one object, and the new owner's station serves it
+        # from now on (Dispatch hands over instances and leases).
+
+    def _owns(self, sf_id: str, node_id: str) -> bool:
+        return self._sf_owner_id(node_id) == sf_id
+
+    def _sf_owner_id(self, node_id: str) -> str:
+        o = self.view.owner(SCHEDULE, node_id)
+        return o.id if o is not None else ""
+
+    def dispatch_owner(self, fn: int) -> DispatchInst:
+        """The Dispatch instance owning function fn (rendezvous)."""
+        d = self._df_cache[fn]
+        if d is None:
+            o = self.view.owner(DISPATCH, self.m.fns[fn].name)
+            assert o is not None
+            d = self._df_cache[fn] = self.dfs[o.id]
+        assert d is not None
+        return d
+
+    def dispatch_station(self, fn: int) -> Station:
+        """The process of fn's owning Dispatch instance (hot path: cached)."""
+        st = self._df_station[fn]
+        if st is None:
+            st = self._df_station[fn] = self.dispatch_owner(fn).station
+        return st
+
+    def schedule_ranked(self, fn: int) -> list[ScheduleInst]:
+        """Schedule instances in spill order for function fn."""
+        r = self._sf_cache.get(fn)
+        if r is None:
+            ranked = self.view.ranked(SCHEDULE, self.m.fns[fn].name)
+            r = self._sf_cache[fn] = [self.sfs[i.id] for i in ranked]
+        return r
+
+    def clustermgr_owner(self, node: SimNode) -> ClusterMgrInst:
+        """The ClusterMgr instance a node reports to."""
+        c = self._cmf_cache[node.index]
+        if c is None:
+            o = self.view.owner(CLUSTERMGR, node.id)
+            assert o is not None
+            c = self._cmf_cache[node.index] = self.cmfs[o.id]
+        assert c is not None
+        return c
+
+    # -- heartbeats -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Initial node tables (as registration leaves them), heartbeats,
+        load reports."""
+        for node in self.env.cluster.nodes:
+            sf = self.sfs[self._sf_owner_id(node.id)]
+            sf.policy.upsert(node_info(node.status()))
+        self.env.cluster.on_change = self._changed
+        if self.cfg.heartbeats == "all":
+            for node in self.env.cluster.nodes:
+                self.sim.at(self._phase(node), self._beat, node)
+        if self.scaler is not None:
+            self.sim.every(self.cfg.report_s, self.scaler.tick)
+
+    def finish(self) -> None:
+        """Final samples, and the CPU the control functions spent (overhead)."""
+        for kind, live in self.insts.items():
+            self.rec.control_instances(self.sim.now, kind, len(live))
+            self.rec.add(f"cpu_s.{kind}", sum(i.station.busy for i in live.values()))
+        self.rec.add("cpu_s.control", sum(self.rec.sums[f"cpu_s.{k}"] for k in KINDS))
+
+    def _phase(self, node: SimNode) -> float:
+        # Spread heartbeats over the period, as the agent's Registrar does.
+        return ((node.index * _GOLDEN) % 1.0) * self.cfg.heartbeat_s
+
+    def _changed(self, node: SimNode) -> None:
+        if node.status_due or self.cfg.heartbeats == "all":
+            return
+        node.status_due = True
+        hb, now = self.cfg.heartbeat_s, self.sim.now
+        ph = self._phase(node)
+        t = ph + math.ceil((now - ph) / hb) * hb
+        self.sim.at(t if t > now else t + hb, self._beat, node)
+
+    def _beat(self, node: SimNode) -> None:
+        node.status_due = False
+        self.critical["clustermgr"] += 1
+        cmf = self.clustermgr_owner(node)
+        t = node.agent.finish(self.sim.now, self.s_agent_beat()) + self.net.hop()
+        stage = (cmf.station, self.s_update(), 0.0)
+        self.sim.pipeline(t, [stage], self._update, (cmf, node.status()))
+        if self.cfg.heartbeats == "all":
+            self.sim.after(self.cfg.heartbeat_s, self._beat, node)
+
+    def _update(self, a: tuple[ClusterMgrInst, common_pb2.NodeStatus]) -> None:
+        cmf, status = a
+        out = cmf.registry.update(status)
+        if out is Updated.UNKNOWN:
+            cmf.registry.register(status)
+        elif out is Updated.STALE:
+            return
+        rec = cmf.registry.get(status.node_id)
+        sf = self.sfs.get(rec.owner) if rec is not None else None
+        if sf is not None:
+            self._modnode(sf, status, None)
+
+    def _modnode(self, sf: ControlInst, status: common_pb2.NodeStatus, src: Station | None) -> None:
+        t = self.sim.now if src is None else src.finish(self.sim.now, self.s_update())
+        stage = (sf.station, self.s_modnode(), 0.0)
+        self.sim.pipeline(t + self.net.hop(), [stage], self._upsert, (sf, status))
+
+    def _upsert(self, a: tuple[ScheduleInst, common_pb2.NodeStatus]) -> None:
+        sf, status = a
+        # A Schedule instance only holds nodes of its partition (ModNode check).
+        if self._sf_owner_id(status.node_id) == sf.id:
+            sf.policy.upsert(node_info(status))

@@ -1,0 +1,114 @@
+"""Galaxy as a discrete-event model that drives the production policies.
+
+Per DESIGN.md: a client (the SDK) sends each request to the Dispatch
+instance that owns its function (rendezvous hashing); Dispatch routes it with
+the function's ``FunctionRouter`` (``acquire``/``enqueue``/``release``) and,
+when no slot is free, starts as many instances as ``scale_ups_needed`` says
+(cold-start coalescing). Each start is a Schedule request to the Schedule
+instance the function hashes to (spilling to the next ones on NoFit); that
+instance runs its ``PlacementPolicy`` over its own node partition (probes,
+probe cache, reservation, confirm/reject) and has the node create the
+instance. ClusterMgr instances (``NodeRegistry``) receive node heartbeats and
+forward them to the owning Schedule instance (ModNode). Membership comes
+from the production ``ControlRegistry``; partitions from
+``controlplane.rendezvous`` via ``MembershipView``.
+
+Nothing here decides anything the production code decides: this module only
+moves messages between those objects, with network delays (``Network``) and
+service times (``Calibration``) in between.
+
+Variants (``VARIANTS``): G1 = one instance of each control function, no
+caches; Gn = n instances, no caches; Gn-C = Gn plus the connection cache;
+galaxy = Gn-C plus the probe cache, and the controller scaling control
+functions on SRPS when ``controlplane.controller.scaling`` is present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from functions.dispatch.policy import Instance
+from simulator.frontend import RoutedModel
+from simulator.galaxy.control import ControlPlane
+from simulator.galaxy.placement import Placer, ScaleUp
+from simulator.system import Env
+
+
+@dataclass(frozen=True)
+class GalaxyConfig:
+    """Parameters of the Galaxy model (defaults: the full system)."""
+
+    #: instances of each control function (n of G_n; the start when scaling)
+    instances: int = 4
+    connection_cache: bool = True
+    probe_cache: bool = True
+    #: PlacementPolicy: candidates per placement, probe TTL, rounds
+    d: int = 2
+    probe_ttl_s: float = 0.2
+    max_attempts: int = 3
+    #: Dispatch spills a scale-up to at most this many further Schedule instances
+    max_spill: int = 2
+    heartbeat_s: float = 1.0
+    #: "changes": a node heartbeats only when its status changed (an
+    #: unchanged heartbeat changes no decision); "all": every period.
+    heartbeats: str = "changes"
+    #: the controller scales control functions on SRPS (needs the scaling module)
+    controller_scaling: bool = True
+    report_s: float = 1.0
+    max_instances: int = 64
+
+    def params(self) -> dict[str, Any]:
+        """For reports."""
+        return asdict(self)
+
+
+VARIANTS: dict[str, GalaxyConfig] = {
+    "G1": GalaxyConfig(
+        instances=1, connection_cache=False, probe_cache=False, controller_scaling=False
+    ),
+    "Gn": GalaxyConfig(connection_cache=False, probe_cache=False, controller_scaling=False),
+    "Gn-C": GalaxyConfig(probe_cache=False, controller_scaling=False),
+    "galaxy": GalaxyConfig(),
+}
+
+
+class GalaxyModel(RoutedModel):
+    """See the module docstring."""
+
+    name = "galaxy"
+
+    def __init__(self, env: Env, cfg: GalaxyConfig | None = None, **overrides: Any) -> None:
+        self.cfg = replace(cfg or GalaxyConfig(), **overrides)
+        super().__init__(env, owner=lambda fn: self.front.owner(fn))
+        self.control = ControlPlane(self)
+        self.placer = Placer(self)
+        # The client computes the owner itself (rendezvous), so no forwarding
+        # hop; a function's routing state lives on its current owner.
+        self.front.owner = self.control.dispatch_station
+
+    def start(self) -> None:
+        self.control.start()
+        super().start()
+
+    def finish(self) -> None:
+        self.control.finish()
+        super().finish()
+
+    def start_instances(self, fn: int, n: int) -> None:
+        """Dispatch starts n instances: each a Schedule request."""
+        self.front.router(fn).begin_scale_up(n)
+        df = self.control.dispatch_owner(fn)
+        for _ in range(n):
+            self.placer.start(df, fn)
+
+    def instance_ready(self, su: ScaleUp) -> None:
+        """A started instance reached its Dispatch instance."""
+        node = su.node
+        assert node is not None
+        self.routable((su.fn, Instance(su.iid, node.address, node.id,
+                                       self.fns[su.fn].concurrency, meta=node)))  # fmt: skip
+
+    def scale_up_failed(self, su: ScaleUp) -> None:
+        """No Schedule instance could place it."""
+        self.front.failed(su.fn, "no_capacity")

@@ -1,0 +1,229 @@
+"""The scale-up path of the Galaxy model: Dispatch -> Schedule -> node agent.
+
+A ``ScaleUp`` is one instance start. Dispatch sends it to the Schedule
+instances ranked for the function (owner first, then up to ``max_spill``
+more on NoFit). The Schedule instance steps its production
+``PlacementPolicy`` as events arrive: ``advance`` gives ProbeNodes (send the
+probes; each answer is the node's status when its agent served the probe;
+feed them back with ``record_probe`` once all are in, as the servicer
+does), a Reservation (ask the node to create the instance: ``confirm`` when
+it is ready, ``reject`` when the node's ``NodeCapacity`` refuses), or NoFit.
+
+Costs: the two halves of an RPC's client-side CPU are charged on send and on
+reply; the server side on receipt. Without the connection cache a call
+first opens a channel (``connect_s`` of caller CPU and one round trip).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from functions.schedule.model import NodeInfo, Placement, ProbeNodes, Reservation, Target
+from simulator.cluster import SimNode
+
+if TYPE_CHECKING:
+    from simulator.galaxy.control import DispatchInst, ScheduleInst
+    from simulator.galaxy.model import GalaxyModel
+
+
+class ScaleUp:
+    """One instance start in flight."""
+
+    __slots__ = (
+        "answers",
+        "asked",
+        "cands",
+        "decide",
+        "df",
+        "fn",
+        "iid",
+        "latest",
+        "left",
+        "node",
+        "pl",
+        "probe_t0",
+        "res",
+        "sf",
+        "t_begin",
+        "targets",
+        "tries",
+    )
+
+    def __init__(self, df: DispatchInst, fn: int, asked: float) -> None:
+        self.df = df
+        self.fn = fn
+        self.asked = asked
+        self.cands: list[ScheduleInst] = []
+        self.tries = 0
+        self.sf: ScheduleInst | None = None
+        self.pl: Placement | None = None
+        self.targets: tuple[Target, ...] = ()
+        self.answers: list[NodeInfo] = []
+        self.left = 0
+        self.latest = 0.0
+        self.res: Reservation | None = None
+        self.iid = ""
+        self.node: SimNode | None = None
+        self.probe_t0 = 0.0
+        self.t_begin = 0.0
+        self.decide = 0.0
+
+
+class Placer:
+    """Moves ScaleUps between Dispatch, Schedule and node agents."""
+
+    def __init__(self, model: GalaxyModel) -> None:
+        self.m = model
+        env = model.env
+        self.sim, self.net, self.rec = env.sim, env.net, env.rec
+        self.by_id = env.cluster.by_id
+        cfg = model.cfg
+        self.cached = cfg.connection_cache
+        # Opening a channel costs the caller CPU (and a round trip, below).
+        self.connect = 0.0 if self.cached else env.cal.param("connect_s")
+        self.s_scale_up = env.op("dispatch.scale_up", 0.5)
+        self.s_schedule = env.op("schedule.schedule")
+        self.s_decide = env.op("schedule.decide")
+        self.s_probe = env.op("schedule.probe", 0.5)
+        self.s_create = env.op("schedule.create", 0.5)
+        self.a_probe = env.op("agent.probe")
+        self.a_create = env.op("agent.create")
+
+    def _call(self) -> float:
+        """Network time of an RPC's request leg (a new connection first
+        pays a round trip for its handshake)."""
+        hop = self.net.hop
+        return hop() if self.cached else hop() + hop() + hop()
+
+    # -- Dispatch side --------------------------------------------------------
+
+    def start(self, df: DispatchInst, fn: int) -> None:
+        """Dispatch starts one instance of fn."""
+        su = ScaleUp(df, fn, self.sim.now)
+        su.cands = self.m.control.schedule_ranked(fn)[: 1 + self.m.cfg.max_spill]
+        self.rec.count("scale_ups")
+        self._send(su)
+
+    def _send(self, su: ScaleUp) -> None:
+        if su.tries >= len(su.cands):
+            self.m.scale_up_failed(su)
+            return
+        sf = su.cands[su.tries]
+        su.tries += 1
+        su.sf = sf
+        self.m.control.critical["schedule"] += 1
+        if su.tries > 1:
+            self.rec.count("spills")
+        t = su.df.station.finish(self.sim.now, self.s_scale_up() + self.connect) + self._call()
+        # The policy's own computing (begin/advance/choose) ends the
+        # Schedule RPC's work; the servicer's scheduling latency starts there.
+        su.decide = self.s_decide()
+        stage = (sf.station, self.s_schedule() + su.decide, 0.0)
+        self.sim.pipeline(max(t, sf.ready_at), [stage], self._begin, su)
+
+    def _no_fit(self, su: ScaleUp) -> None:
+        stage = (su.df.station, self.s_scale_up(), 0.0)
+        self.sim.pipeline(self.sim.now + self.net.hop(), [stage], self._send, su)
+
+    # -- Schedule side --------------------------------------------------------
+
+    def _begin(self, su: ScaleUp) -> None:
+        assert su.sf is not None
+        su.t_begin = self.sim.now - su.decide
+        su.pl = su.sf.policy.begin(self.m.needs[su.fn])
+        self._advance(su)
+
+    def _advance(self, su: ScaleUp) -> None:
+        assert su.sf is not None and su.pl is not None
+        step = su.sf.policy.advance(su.pl)
+        if isinstance(step, Reservation):
+            self._reserved(su, step)
+        elif isinstance(step, ProbeNodes):
+            self._probe(su, step)
+        else:  # NoFit: RESOURCE_EXHAUSTED back to Dispatch, which spills
+            self.sim.at(self.sim.now + self.net.hop(), self._no_fit, su)
+
+    def _probe(self, su: ScaleUp, step: ProbeNodes) -> None:
+        sf = su.sf
+        assert sf is not None
+        su.targets = step.targets
+        su.left = len(step.targets)
+        su.answers = []
+        su.latest = 0.0
+        su.probe_t0 = self.sim.now
+        self.rec.count("probes", su.left)
+        self.rec.count("probe_rounds")
+        now = self.sim.now
+        for tg in step.targets:
+            node = self.by_id[tg.node_id]
+            t = sf.station.finish(now, self.s_probe() + self.connect) + self._call()
+            self.sim.pipeline(t, [(node.agent, self.a_probe(), 0.0)], self._probed, (su, node))
+
+    def _probed(self, a: tuple[ScaleUp, SimNode]) -> None:
+        su, node = a
+        # The answer is the node's status when its agent served the probe.
+        su.answers.append(node.info())
+        back = self.sim.now + self.net.hop()
+        su.latest = max(su.latest, back)
+        su.left -= 1
+        if su.left == 0:
+            self.sim.at(su.latest, self._answers, su)
+
+    def _answers(self, su: ScaleUp) -> None:
+        assert su.sf is not None
+        cost = sum(self.s_probe() for _ in su.answers)
+        self.sim.at(su.sf.station.finish(self.sim.now, cost), self._record, su)
+
+    def _record(self, su: ScaleUp) -> None:
+        assert su.sf is not None and su.pl is not None
+        # Probe cost: the time this placement spent waiting for its probes.
+        self.rec.add("probe_wait_s", self.sim.now - su.probe_t0)
+        policy = su.sf.policy
+        for info in su.answers:
+            policy.record_probe(su.pl, info.node_id, info)
+        self._advance(su)
+
+    def _reserved(self, su: ScaleUp, r: Reservation) -> None:
+        assert su.sf is not None
+        self.rec.scheduled(su.asked, self.sim.now)
+        # What the Schedule servicer itself measures: its request to decision.
+        self.rec.sample("schedule_decision", su.asked, self.sim.now - su.t_begin)
+        su.res = r
+        su.iid = self.m.new_id(su.fn)
+        node = su.node = self.by_id[r.node_id]
+        t = su.sf.station.finish(self.sim.now, self.s_create() + self.connect) + self._call()
+        self.sim.pipeline(t, [(node.agent, self.a_create(), 0.0)], self._create, su)
+
+    # -- node side ------------------------------------------------------------
+
+    def _create(self, su: ScaleUp) -> None:
+        node = su.node
+        assert node is not None
+        if not self.m.env.cluster.allocate(node, su.iid, self.m.needs[su.fn]):
+            self.rec.count("rejections")  # the node refused: the view was stale
+            self.sim.at(self.sim.now + self.net.hop(), self._refused, su)
+            return
+        t = node.creator.finish(self.sim.now, self.m.fns[su.fn].cold_start_s)
+        self.sim.at(t, self._ready, su)
+
+    def _refused(self, su: ScaleUp) -> None:
+        assert su.sf is not None and su.res is not None
+        t = su.sf.station.finish(self.sim.now, self.s_create())
+        self.sim.at(t, self._rejected, su)
+
+    def _rejected(self, su: ScaleUp) -> None:
+        assert su.sf is not None and su.res is not None
+        su.sf.policy.reject(su.res)
+        self._advance(su)
+
+    def _ready(self, su: ScaleUp) -> None:
+        assert su.sf is not None
+        self.rec.started(self.sim.now)
+        stage = (su.sf.station, self.s_create(), 0.0)
+        self.sim.pipeline(self.sim.now + self.net.hop(), [stage], self._confirmed, su)
+
+    def _confirmed(self, su: ScaleUp) -> None:
+        assert su.sf is not None and su.res is not None
+        su.sf.policy.confirm(su.res)
+        stage = (su.df.station, self.s_scale_up(), 0.0)
+        self.sim.pipeline(self.sim.now + self.net.hop(), [stage], self.m.instance_ready, su)

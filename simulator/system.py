@@ -1,0 +1,171 @@
+"""What every system model gets (``Env``) and must provide (``SystemModel``),
+plus the data path they share: requests routed by the production
+``FunctionRouter`` (least-loaded instance with a free slot, FIFO waiters),
+so that systems differ only in their control planes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.nodeagent.capacity import Res
+from functions.dispatch.policy import FunctionRouter, Grant, Waiter
+from simulator.calibration import Calibration
+from simulator.cluster import DEFAULT_NODE, Cluster, SimNode
+from simulator.engine import Host, Sim, Station
+from simulator.metrics import Recorder
+from simulator.network import Network, NetworkConfig
+from simulator.workload import FunctionDef, Workload
+
+
+@dataclass
+class SimConfig:
+    """Settings shared by all systems of one run."""
+
+    nodes: int = 210
+    node_res: Res = DEFAULT_NODE
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    seed: int = 1
+    nodes_per_agent: int = 1
+    create_parallelism: int = 8
+    #: 0: every process has its own core(s); n: all share n cores (one machine).
+    host_cores: int = 0
+    #: the kernel's time slice on that host (0: no preemption modelled)
+    host_slice_s: float = 0.0
+    #: other users' runnable processes on that host (its load before the run)
+    host_background: float = 0.0
+    #: an idle function instance is removed after this long (keep-alive).
+    keep_alive_s: float = 60.0
+    #: system-specific overrides, e.g. {"galaxy": {"instances": 8}}.
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class Env:
+    """One run's shared machinery, built fresh for each system."""
+
+    def __init__(self, cfg: SimConfig, cal: Calibration, workload: Workload, seed: int) -> None:
+        self.cfg = cfg
+        self.cal = cal
+        self.workload = workload
+        self.sim = Sim()
+        self.rng = random.Random(seed)
+        self.net = Network(cfg.network, seed + 7)
+        self.host = (
+            Host(cfg.host_cores, cfg.host_slice_s, seed + 11, cfg.host_background)
+            if cfg.host_cores
+            else None
+        )
+        self.cluster = Cluster(
+            cfg.nodes,
+            cfg.node_res,
+            nodes_per_agent=cfg.nodes_per_agent,
+            create_parallelism=cfg.create_parallelism,
+            host=self.host,
+        )
+        self.rec = Recorder(workload.duration_s, workload.warmup_s)
+
+    def station(self, name: str, c: int = 1) -> Station:
+        """A process of this run (on the shared host when there is one)."""
+        return Station(name, c=c, host=self.host)
+
+    def op(self, name: str, scale: float = 1.0) -> Callable[[], float]:
+        """A sampler of a calibrated operation's service time."""
+        return self.cal.sampler(name, self.rng, scale)
+
+
+class Req:
+    """One request in flight (a slotted record: millions are made)."""
+
+    __slots__ = ("arrival", "duration", "fn", "owner")
+
+    def __init__(self, fn: int, arrival: float, duration: float, owner: Any = None) -> None:
+        self.fn = fn
+        self.arrival = arrival
+        self.duration = duration
+        self.owner = owner
+
+
+def need_of(f: FunctionDef) -> Res:
+    """The resources one instance of f holds."""
+    return Res(f.cpu_millis, f.memory_mib, f.gpus)
+
+
+class SystemModel:
+    """Base of every model. Subclasses implement ``request`` and may use the
+    shared data path below."""
+
+    name = "system"
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.sim = env.sim
+        self.net = env.net
+        self.rec = env.rec
+        self.fns = env.workload.functions
+        self.needs = [need_of(f) for f in self.fns]
+        self._ids = 0
+
+    def start(self) -> None:
+        """Schedule periodic work before the first arrival."""
+
+    def request(self, fn: int, duration: float) -> None:
+        """A request for function fn arrives now and runs for duration."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """The run ended (last samples)."""
+
+    def params(self) -> dict[str, Any]:
+        """The model's parameters, for the report."""
+        return {}
+
+    def new_id(self, fn: int) -> str:
+        """A unique instance id."""
+        self._ids += 1
+        return f"{self.fns[fn].name}-{self._ids}"
+
+    def make_router(self, fn: int) -> FunctionRouter:
+        """The production router for a function, on simulated time."""
+        f = self.fns[fn]
+        return FunctionRouter(
+            f.name, f.concurrency, f.max_scale, self.sim.clock, max_queue=10**9, lease_ttl_s=1e9
+        )
+
+    def serve(
+        self, req: Req, grant: Grant, reply_at: float, release: Callable[[Req, str], None]
+    ) -> None:
+        """The client gets its slot at reply_at, calls the instance, and when
+        the request ends (two hops and its duration later) returns the slot
+        through release(req, lease_id) at that time."""
+        self.rec.granted(req.arrival, reply_at, grant.cold_start)
+        hop = self.net.hop
+        done = reply_at + hop() + req.duration + hop()
+        self.sim.at(done, self._done, (req, grant.lease_id, release))
+
+    def _done(self, a: tuple[Req, str, Callable[[Req, str], None]]) -> None:
+        req, lease, release = a
+        self.rec.completed(self.sim.now)
+        release(req, lease)
+
+    def serve_all(
+        self, grants: list[tuple[Waiter, Grant]], at: float, release: Callable[[Req, str], None]
+    ) -> None:
+        """Answer waiters that got slots, each one hop after ``at``."""
+        for w, g in grants:
+            self.serve(w.token, g, at + self.net.hop(), release)
+
+    def delete_on_node(self, node: SimNode, instance_id: str, service_s: float) -> None:
+        """Ask node's agent to delete an instance (one hop, then its
+        capacity is free)."""
+        t = node.agent.finish(self.sim.now + self.net.hop(), service_s)
+        self.sim.at(t, self._deleted, (node, instance_id))
+
+    def _deleted(self, a: tuple[SimNode, str]) -> None:
+        self.env.cluster.free(a[0], a[1])
+        self.rec.count("instances_retired")
+
+
+ModelFactory = Callable[[Env], SystemModel]
