@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,29 @@ class Component(Protocol):
     async def stop(self) -> None:
         """Release resources (child processes, background tasks)."""
         ...
+
+
+def serve_command(
+    kind: str, instance_id: str, host: str, *extra: str, python: str = sys.executable
+) -> list[str]:
+    """The command line that runs one component as a child process: listens
+    on any free port of host (gRPC and /metrics), ready line on stdout, and a
+    lifeline on stdin (used by `galaxy up` and the local actuator)."""
+    return [
+        python,
+        "-m",
+        "controlplane.cli",
+        "serve",
+        kind,
+        "--id",
+        instance_id,
+        "--listen",
+        f"{host}:0",
+        "--metrics-listen",
+        f"{host}:0",
+        "--lifeline",
+        *extra,
+    ]
 
 
 def install_uvloop() -> None:

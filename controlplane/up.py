@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.host import READY_PREFIX
+from controlplane.host import READY_PREFIX, serve_command
 
 log = logging.getLogger(__name__)
 
@@ -105,20 +105,7 @@ class Supervisor:
         self.log_dir = cfg.run_dir / "logs"
 
     def _serve_cmd(self, kind: str, instance_id: str, *extra: str) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "controlplane.cli",
-            "serve",
-            kind,
-            "--id",
-            instance_id,
-            "--listen",
-            f"{self.cfg.host}:0",
-            "--metrics-listen",
-            f"{self.cfg.host}:0",
-            "--lifeline",
-        ]
+        cmd = serve_command(kind, instance_id, self.cfg.host)
         if not self.cfg.connection_cache:
             cmd.append("--no-connection-cache")
         return cmd + list(extra) + self.cfg.extra.get(kind, [])

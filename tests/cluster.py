@@ -38,8 +38,10 @@ class InProcessCluster:
         self.parts: dict[str, Running] = {}
         self.controller = ""
 
-    async def add(self, kind: str, instance_id: str, *flags: str) -> Running:
-        """Start a component and wait until it is serving (and registered)."""
+    async def add(
+        self, kind: str, instance_id: str, *flags: str, listen: str = "127.0.0.1:0"
+    ) -> Running:
+        """Start a component on listen and wait until it is serving (and registered)."""
         argv = ["serve", kind, "--id", instance_id, "--metrics-listen", ""]
         if kind != "controller":
             argv += ["--controller", self.controller]
@@ -51,7 +53,7 @@ class InProcessCluster:
             host.serve(
                 component,
                 instance_id=instance_id,
-                listen="127.0.0.1:0",
+                listen=listen,
                 metrics_listen=None,
                 controller=self.controller,
                 stop=stop,
@@ -64,7 +66,7 @@ class InProcessCluster:
             task.cancel()
             if task in done:
                 task.result()  # raises the start-up error
-            raise TimeoutError(f"{kind} {instance_id} did not become ready")
+            raise TimeoutError(f"{kind} {instance_id} did not become ready on {listen}")
         r = Running(instance_id, component, ready.result(), stop, task)
         self.parts[instance_id] = r
         if kind == "controller":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from controlplane.actuators import cpulimit
 from controlplane.actuators.base import Actuator, ActuatorError
+from controlplane.host import serve_command
 from controlplane.nodeagent.sandbox.process import wait_exit
 
 log = logging.getLogger(__name__)
@@ -82,23 +83,15 @@ class LocalProcessActuator(Actuator):
         """The command line of a new instance."""
         if kind not in KINDS:
             raise ActuatorError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
-        return [
-            self.python,
-            "-m",
-            "controlplane.cli",
-            "serve",
+        return serve_command(
             kind,
-            "--id",
             instance_id,
-            "--listen",
-            f"{self.host}:0",
-            "--metrics-listen",
-            f"{self.host}:0",
+            self.host,
             "--controller",
             self.controller,
-            "--lifeline",
             *self.extra_args.get(kind, []),
-        ]
+            python=self.python,
+        )
 
     async def scale_out(self, kind: str, current: int, desired: int) -> list[str]:
         """Spawn desired - current instances; returns their ids."""

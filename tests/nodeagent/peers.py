@@ -8,12 +8,9 @@ knows about nodes.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
-from typing import Any
 
-from controlplane import host, rpc
-from controlplane.cli import _component_module, build_parser
+from controlplane import rpc
 from controlplane.membership import MembershipView
 from functions.clustermgr.policy import NodeRecord
 from galaxy.v1 import (
@@ -42,36 +39,7 @@ class Peers(InProcessCluster):
 
     async def add_at(self, listen: str, kind: str, instance_id: str, *flags: str) -> Running:
         """``add``, listening on listen (host:port) instead of a free port."""
-        argv = ["serve", kind, "--id", instance_id, "--metrics-listen", ""]
-        if kind != "controller":
-            argv += ["--controller", self.controller]
-        args = build_parser().parse_args([*argv, *flags])
-        component = _component_module(kind).build(args)
-        stop = asyncio.Event()
-        ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(
-            host.serve(
-                component,
-                instance_id=instance_id,
-                listen=listen,
-                metrics_listen=None,
-                controller=self.controller,
-                stop=stop,
-                on_ready=ready.set_result,
-                pool=rpc.ChannelPool(enabled=not args.no_connection_cache),
-            )
-        )
-        done, _ = await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        if ready not in done:
-            task.cancel()
-            if task in done:
-                task.result()  # raises the start-up error
-            raise TimeoutError(f"{kind} {instance_id} did not become ready on {listen}")
-        r = Running(instance_id, component, ready.result(), stop, task)
-        self.parts[instance_id] = r
-        if kind == "controller":
-            self.controller = r.address
-        return r
+        return await self.add(kind, instance_id, *flags, listen=listen)
 
 
 def known(cm: Running) -> dict[str, NodeRecord]:
