@@ -233,16 +233,23 @@ def test_killed_supervisor_leaves_no_orphans(tmp_path):
     g = GalaxyUp(tmp_path, "--nodes", "1")
     g.start()
     pids = g.pids()
-    assert g.cli("deploy", "-f", str(REPO / "examples" / "echo.yaml")).returncode == 0
-    r = g.cli("invoke", "echo", "--data", "x")
-    assert r.returncode == 0, r.stderr
-    pids.append(json.loads(r.stdout.split("HTTP 200: ", 1)[1])["pid"])
-    os.kill(g.proc.pid, signal.SIGKILL)
-    g.proc.wait(timeout=10)
-    # These are not our children, so there is no wait(): poll /proc, bounded.
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
-        time.sleep(0.05)
-    assert not g.kill_leftovers(pids), "orphans after the supervisor was killed"
-    # The stale endpoints file is recognised as stale.
-    assert "no running control plane" in g.cli("status").stderr
+    try:
+        assert g.cli("deploy", "-f", str(REPO / "examples" / "echo.yaml")).returncode == 0
+        r = g.cli("invoke", "echo", "--data", "x")
+        assert r.returncode == 0, r.stderr
+        pids.append(json.loads(r.stdout.split("HTTP 200: ", 1)[1])["pid"])
+        os.kill(g.proc.pid, signal.SIGKILL)
+        g.proc.wait(timeout=10)
+        # These are not our children, so there is no wait(): poll /proc, bounded.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+            time.sleep(0.05)
+        assert not g.kill_leftovers(pids), "orphans after the supervisor was killed"
+        # The stale endpoints file is recognised as stale.
+        assert "no running control plane" in g.cli("status").stderr
+    finally:
+        # Whatever failed above, nothing this test started may outlive it.
+        if g.proc is not None and g.proc.poll() is None:
+            g.proc.kill()
+            g.proc.wait(timeout=10)
+        g.kill_leftovers(pids)

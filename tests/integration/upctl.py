@@ -66,7 +66,18 @@ class GalaxyUp:
             text=True,
             cwd=REPO,
         )
-        assert self.proc.stdout is not None
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            # A half-started control plane must not outlive the test: killing
+            # the supervisor closes its children's lifelines.
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            raise
+        self.endpoints = json.loads((self.run_dir / "endpoints.json").read_text())
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         # readline blocks until the supervisor prints: the ready line is the event.
         while time.monotonic() < deadline:
@@ -78,7 +89,6 @@ class GalaxyUp:
                 break
         else:
             raise AssertionError("galaxy up not ready:\n" + "".join(self.output))
-        self.endpoints = json.loads((self.run_dir / "endpoints.json").read_text())
 
     @property
     def controller(self) -> str:
