@@ -20,7 +20,7 @@ from typing import Any, Protocol, cast
 
 from controlplane import loadreport, rpc
 from controlplane.membership import KIND_NAMES
-from controlplane.metrics import serve_metrics
+from controlplane.metrics import serve_metrics, watch_gc
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -211,6 +211,7 @@ async def serve(
     if metrics_listen:
         mhost, mport = metrics_listen.rsplit(":", 1)
         metrics_address = serve_metrics(mhost, int(mport))
+        watch_gc()
     ctx = HostContext(instance_id, address, metrics_address, controller, pool)
     await server.start()
     loop = asyncio.get_running_loop()

@@ -84,12 +84,8 @@ class FunctionScaling:
                 kpa = self.kpas[fn] = KpaAutoscaler(
                     self.make_config(fn), make_keepalive(self.keepalive, **self.keepalive_opts)
                 )
-            conc = len(r.waiters)
-            for inst in r.instances.values():
-                conc += inst.in_flight
-            kpa.observe(now, conc, last_active=r.last_active)
-            ready = r.live_count()
-            d = kpa.decide(now, ready, r.pending)
+            kpa.observe(now, r.load(), last_active=r.last_active)
+            d = kpa.decide(now, r.live_count(), r.pending)
             self.decisions += 1
             self.panics += d.panic
             if d.to_start:

@@ -95,7 +95,19 @@ def add_subparser(sub: Any) -> None:
         help="reuse a real-cluster result (fidelity.json) instead of starting a cluster",
     )
     f.add_argument("--quick", action="store_true", help="fewer requests (CI)")
-    _common(f)
+    f.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="real runs; each metric's median sim/real ratio is judged (3)",
+    )
+    f.add_argument("--seed", type=int, default=1, help="seed of every random stream (1)")
+    f.add_argument(
+        "--calibration",
+        default="measure",
+        help="'measure' (default: calibrate on this machine just before the real run), "
+        "'shipped' (the calibration shipped with the package), or a calibration JSON",
+    )
     f.set_defaults(func=cmd_fidelity)
 
     c = sub.add_parser(

@@ -17,7 +17,8 @@ from controlplane.errors import ResourceExhausted
 from controlplane.nodeagent.capacity import NodeCapacity, Res
 from functions.schedule.model import NodeInfo
 from galaxy.v1 import common_pb2
-from simulator.engine import Host, Station
+from simulator.engine import Station
+from simulator.host import Host
 
 #: Default node: the `galaxy up` default node (4 cores, 8 GiB).
 DEFAULT_NODE = Res(4000, 8192, 0)

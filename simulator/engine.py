@@ -1,8 +1,8 @@
 """The discrete-event core: a virtual clock, an event heap and service stations.
 
-Time is a ``controlplane.clock.ManualClock``: the production policy objects
-take a clock, and the simulator hands them this one, so they read simulated
-time without knowing it.
+Time is ``Sim.now``; the production policy objects take a
+``controlplane.clock.Clock``, and the simulator hands them a ``SimClock``
+that reads ``Sim.now``, so they read simulated time without knowing it.
 
 Events are ``(time, seq, callback, arg)`` tuples on a ``heapq``; ``seq``
 makes equal times fire in scheduling order, so a run is a pure function of
@@ -18,21 +18,23 @@ submitted in arrival order. A job arriving within ``SLACK_S`` is submitted
 when sent (saving an event); one arriving later -- behind a backed-up
 upstream station -- is submitted by an event at its arrival (``pipeline``),
 so service order differs from arrival order by at most ``SLACK_S`` plus the
-network jitter. A ``Host`` models processes sharing CPU cores (the emulated
-cluster on one machine): a job also waits for a free core of its host.
+network jitter. A station on a ``simulator.host.Host`` is a process sharing
+the machine's CPU cores (the emulated cluster on one machine): a job also
+waits for a core of its host.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-import random
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from controlplane.clock import ManualClock
+if TYPE_CHECKING:
+    from simulator.host import Host
 
 Callback = Callable[[Any], None]
 #: (station, service time, delay after it before the next stage)
@@ -45,16 +47,31 @@ Batch = tuple[Sequence[float], Sequence[int], Sequence[float]]
 ArrivalFn = Callable[[int, float], None]
 
 
+class SimClock:
+    """A ``controlplane.clock.Clock`` on simulated time: it reads ``Sim.now``
+    (so the loop moves one attribute per event, not a clock too)."""
+
+    __slots__ = ("_sim",)
+
+    def __init__(self, sim: Sim) -> None:
+        self._sim = sim
+
+    def now(self) -> float:
+        """The simulated time in seconds."""
+        return self._sim.now
+
+
 class Sim:
     """Event loop over a simulated clock. ``events`` counts processed events."""
 
     def __init__(self, start: float = 0.0) -> None:
-        self.clock = ManualClock(start)
         #: simulated time in seconds (an attribute, not a property: it is read
-        #: on every event; the loop moves it with the clock)
+        #: on every event); it only moves forward
         self.now = start
+        #: the time as a ``Clock`` for the production policies
+        self.clock = SimClock(self)
         self._heap: list[tuple[float, int, Callback, Any]] = []
-        self._seq = 0
+        self._seq = itertools.count(1)
         self.events = 0
         self.stopped = False
         #: see ``pipeline``; 0 submits every job at its arrival (exact order)
@@ -62,8 +79,7 @@ class Sim:
 
     def at(self, t: float, fn: Callback, arg: Any = None) -> None:
         """Call fn(arg) at time t (not earlier than now)."""
-        self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, fn, arg))
+        heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
 
     def after(self, dt: float, fn: Callback, arg: Any = None) -> None:
         """Call fn(arg) dt seconds from now."""
@@ -109,8 +125,9 @@ class Sim:
         """Run events (and merged arrivals) up to time ``until``.
 
         on_arrival(function_index, duration) is called at each arrival time.
+        An event and an arrival at the same time: the event first.
         """
-        heap, pop, clock = self._heap, heapq.heappop, self.clock
+        heap, pop = self._heap, heapq.heappop
         times: Sequence[float] = ()
         fns: Sequence[int] = ()
         durs: Sequence[float] = ()
@@ -118,7 +135,12 @@ class Sim:
         next_arrival = math.inf
         events = self.events
         check = events + 4096
+        now = self.now
         while not self.stopped:
+            if events >= check:
+                check = events + 4096
+                if progress is not None:
+                    progress.update(now)
             if i >= n and arrivals is not None:
                 # Refill from the next non-empty batch (or finish the stream).
                 for batch in arrivals:
@@ -129,85 +151,36 @@ class Sim:
                     times, arrivals = (), None
                 i, n = 0, len(times)
                 next_arrival = times[0] if n else math.inf
-            if heap and heap[0][0] <= next_arrival:
-                t = heap[0][0]
-                if t > until:
-                    break
-                _, _, fn, arg = pop(heap)
-                clock.set(t)
-                self.now = t
-                fn(arg)
-            elif next_arrival != math.inf:
-                if next_arrival > until:
-                    break
-                clock.set(next_arrival)
-                self.now = next_arrival
+            limit = next_arrival if next_arrival < until else until
+            if heap and heap[0][0] <= limit:
+                # The events due before the next arrival, in a tight loop.
+                while True:
+                    t, _, fn, arg = pop(heap)
+                    if t < now:
+                        raise ValueError(f"an event at {t} is in the past (now {now})")
+                    self.now = now = t
+                    fn(arg)
+                    events += 1
+                    if not heap or heap[0][0] > limit or self.stopped or events >= check:
+                        break
+            elif next_arrival <= until and next_arrival != math.inf:
+                self.now = now = next_arrival
                 assert on_arrival is not None
                 on_arrival(fns[i], durs[i])
+                events += 1
                 i += 1
                 next_arrival = times[i] if i < n else math.inf
             else:
                 break
-            events += 1
-            if events >= check:
-                check = events + 4096
-                if progress is not None:
-                    progress.update(clock.now())
         self.events = events
-        if until != math.inf and clock.now() < until and not self.stopped:
-            clock.set(until)
+        if until != math.inf and now < until and not self.stopped:
             self.now = until
         if progress is not None:
-            progress.update(clock.now(), final=True)
+            progress.update(self.now, final=True)
 
     def stop(self) -> None:
         """End ``run`` after the current event."""
         self.stopped = True
-
-
-class Host:
-    """CPU cores shared by the processes (stations) placed on it.
-
-    Each process is single-threaded: a job of a process that is still busy
-    continues on the core its previous job holds; a job of an idle process
-    takes the core that frees first (FIFO in submission order). Submit jobs
-    at their arrival (``Sim.slack_s = 0``) so a core is never held for a job
-    that has not arrived yet.
-
-    With ``slice_s`` > 0 the kernel's time slicing is modelled too: while
-    more of the host's processes have work than there are cores, a job of
-    length s loses its core mid-way with probability s/slice_s (a slice
-    boundary falls inside it) and then waits, on average, the slices of the
-    others: slice_s x (k - cores)/cores for k processes with work (those of
-    the host plus ``background`` ones of other users). The core
-    is meanwhile used by others, so capacity is unchanged; only that job's
-    process is late.
-    """
-
-    __slots__ = ("_rand", "background", "free", "slice_s", "stations")
-
-    def __init__(
-        self, cores: int, slice_s: float = 0.0, seed: int = 0, background: float = 0.0
-    ) -> None:
-        if cores < 1:
-            raise ValueError("a host needs at least one core")
-        self.free = [0.0] * cores  # when each core is next free
-        self.slice_s = slice_s
-        #: runnable processes of others on the machine (e.g. its load average)
-        self.background = background
-        self.stations: list[Station] = []
-        self._rand = random.Random(seed)
-
-    def preemption(self, me: Station, start: float, service: float) -> float:
-        """The extra delay of a job of ``me`` that starts at ``start``."""
-        if self.slice_s <= 0 or self._rand.random() >= service / self.slice_s:
-            return 0.0
-        k = 1 + self.background
-        k += sum(1 for st in self.stations if st is not me and st.free_at > start)
-        c = len(self.free)
-        if k <= c:
-            return 0.0
-        return self._rand.expovariate(c / (self.slice_s * (k - c)))
 
 
 class Station:
@@ -244,22 +217,30 @@ class Station:
         else:
             start = t if t > self._free[0] else self._free[0]
         if self.host is not None:
-            cores = self.host.free
-            if self.free_at >= t and self.core >= 0 and cores[self.core] == self.free_at:
-                core = self.core  # busy: the process keeps its core
-            else:
-                core = min(range(len(cores)), key=cores.__getitem__)
-                if cores[core] > start:
-                    start = cores[core]
-            cores[core] = start + service
-            self.core = core
-            done = start + service + self.host.preemption(self, start, service)
+            done = self.host.place(self, t, start, service)
         else:
             done = start + service
         if self.c == 1:
             self.free_at = done
         else:
             heapq.heapreplace(self._free, done)
+        return done
+
+    def then(self, t: float, service: float) -> float:
+        """Serve work that continues the job this process just finished at
+        ``t`` (e.g. the RPC a handler sends right after deciding): like an
+        event loop running the rest of a task step, it goes before jobs
+        queued behind that one, which start later by ``service``. Those jobs'
+        end times, already given out, are kept (an approximation)."""
+        if self.c != 1 or self.free_at <= t:
+            return self.finish(t, service)
+        self.busy += service
+        self.ops += 1
+        done = t + service
+        self.free_at += service
+        h = self.host
+        if h is not None and self.core >= 0 and h.free[self.core] == self.free_at - service:
+            h.free[self.core] = self.free_at
         return done
 
     def backlog(self, now: float) -> float:

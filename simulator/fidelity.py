@@ -27,9 +27,11 @@ throughput (phase ``max``) agree within 25%.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -43,6 +45,11 @@ from simulator.system import Env, SimConfig
 from simulator.workload import Workload, functions
 
 TOLERANCE = 0.25
+#: Threads a gRPC message to an idle Python process passes through: an
+#: event-engine thread reads the socket, grpc.aio's poller thread takes the
+#: completion, the asyncio loop runs the handler (a Galaxy process runs 4
+#: ``event_engine`` threads, a poller and its loop: /proc/PID/task).
+GRPC_HANDOFFS = 3
 HOLD_S = 1e9  # a cold request keeps its lease (its instance) to the end
 COLD_FUNCTIONS = 256
 
@@ -84,6 +91,11 @@ async def real_side(nodes: int, quick: bool, log: Any) -> dict[str, Any]:
             "scheduling_ms": p["latency_ms"]["scheduling"],
             "cold_start_ms": p["latency_ms"]["cold_start"],
             "loadavg": p.get("loadavg"),
+            "machine_cores": p.get("machine_cores", {}),
+            "gc_pauses": p.get("gc_pauses", {}),
+            "placements": p["throughput"]["placements_per_s"] * p["throughput"]["duration_s"],
+            "probes_per_placement": p["throughput"]["probes_per_placement"],
+            "cpu_cores": p.get("cpu_cores", {}),
         }
     return out
 
@@ -91,10 +103,10 @@ async def real_side(nodes: int, quick: bool, log: Any) -> dict[str, Any]:
 def _bucket_summary(values: list[float]) -> dict[str, float]:
     """p50/p99 in ms read from the Prometheus buckets the real side uses."""
     from controlplane.bench.promscrape import Histogram
-    from controlplane.metrics import LATENCY_BUCKETS
+    from controlplane.metrics import SCHEDULING_BUCKETS
 
     h = Histogram()
-    for b in (*LATENCY_BUCKETS, math.inf):
+    for b in (*SCHEDULING_BUCKETS, math.inf):
         h.buckets[b] = float(sum(1 for v in values if v <= b))
     h.count, h.sum = float(len(values)), float(sum(values))
     return h.summary_ms()
@@ -156,6 +168,8 @@ def sim_phase(
         host_cores=os.cpu_count() or 2,
         host_slice_s=kernel_slice_s(),
         host_background=background,
+        host_wakeup_s=cal.param("wakeup_s", 0.0),
+        host_handoffs=GRPC_HANDOFFS,
         network=NetworkConfig(hop, hop * 0.2, 0.0, 0.0),
     )
     env = Env(cfg, cal, w, seed)
@@ -189,6 +203,12 @@ def sim_phase(
         "cold_start_ms": {
             k: v if k == "count" else v * 1000 for k, v in _summ(list(env.rec.cold)).items()
         },
+        "probes_per_placement": env.rec.counts["probes"] / max(1, env.rec.counts["placements"]),
+        # Each process's CPU over the whole phase (the real side's is over
+        # the measured part): where a disagreement comes from.
+        "cpu_cores": {st.name: st.busy / env.sim.now for st in env.host.stations}
+        if env.host is not None and env.sim.now > 0
+        else {},
         "events": env.sim.events,
     }
 
@@ -199,9 +219,8 @@ def _summ(values: list[float]) -> dict[str, float]:
     return summarize(values)
 
 
-def compare(sim: dict[str, Any], real: dict[str, Any]) -> tuple[list[list[str]], bool]:
-    """Rows (metric, simulated, real, ratio, ok) and whether all agree."""
-    pairs = [
+def _pairs(sim: dict[str, Any], real: dict[str, Any]) -> list[tuple[str, float, float]]:
+    return [
         ("max: throughput (instances/s)", sim["max"]["instances_per_s"],
          real["max"]["instances_per_s"]),
         ("half: scheduling p50 (ms)", sim["half"]["scheduling_ms"]["p50"],
@@ -209,18 +228,44 @@ def compare(sim: dict[str, Any], real: dict[str, Any]) -> tuple[list[list[str]],
         ("half: scheduling p99 (ms)", sim["half"]["scheduling_ms"]["p99"],
          real["half"]["scheduling_ms"]["p99"]),
     ]  # fmt: skip
+
+
+def compare_runs(
+    runs: list[tuple[dict[str, Any], dict[str, Any]]],
+) -> tuple[list[list[str]], bool]:
+    """Rows (metric, simulated, real, sim/real of each run, median ratio, ok)
+    over (sim, real) runs, and whether every metric's median ratio is within
+    the tolerance. On a shared machine one real run's tail moves with what
+    others do (3-22 ms p99 within an hour here), so the check repeats the
+    real run, simulates each one under its own measured conditions, and
+    judges the median ratio."""
+    per_run = [_pairs(sim, real) for sim, real in runs]
     rows, ok = [], True
-    for name, s, r in pairs:
-        ratio = s / r if r else math.inf
+    for i, (name, _, _) in enumerate(per_run[0]):
+        sims = [p[i][1] for p in per_run]
+        reals = [p[i][2] for p in per_run]
+        ratios = [sv / rv if rv else math.inf for sv, rv in zip(sims, reals, strict=True)]
+        ratio = statistics.median(ratios)
         good = abs(ratio - 1) <= TOLERANCE
         ok = ok and good
-        rows.append([name, f"{s:.3f}", f"{r:.3f}", f"{ratio:.2f}", "ok" if good else "FAIL"])
+        rows.append([
+            name, f"{statistics.median(sims):.3f}", f"{statistics.median(reals):.3f}",
+            " ".join(f"{r:.2f}" for r in ratios), f"{ratio:.2f}", "ok" if good else "FAIL",
+        ])  # fmt: skip
     return rows, ok
 
 
-def _read_real(path: Path) -> dict[str, Any]:
-    real: dict[str, Any] = json.loads(path.read_text())["real"]
-    return real
+def compare(sim: dict[str, Any], real: dict[str, Any]) -> tuple[list[list[str]], bool]:
+    """One run's rows (metric, simulated, real, ratio, ok) and whether all agree."""
+    rows, ok = compare_runs([(sim, real)])
+    return [[r[0], r[1], r[2], r[4], r[5]] for r in rows], ok
+
+
+def _read_real(path: Path) -> list[dict[str, Any]]:
+    doc = json.loads(path.read_text())
+    if "runs" in doc:
+        return [r["real"] for r in doc["runs"]]
+    return [doc["real"]]  # a single-run file
 
 
 def _write(out: Path, doc: dict[str, Any], md: str) -> None:
@@ -229,26 +274,84 @@ def _write(out: Path, doc: dict[str, Any], md: str) -> None:
     (out / "report.md").write_text(md)
 
 
+def background_processes(phase: dict[str, Any], cores: int) -> float:
+    """How many CPU-bound processes of others the real run of a phase
+    shared the machine with (``Host``'s ``background``), from what the bench
+    runner measured: the cores others took, ours, and how many of ours were
+    runnable on average (/proc/PID/schedstat). With room to spare, others
+    took all they wanted; on a full machine they got their fair share,
+    cores x k / (k + r) for r of ours, which gives k."""
+    m = phase.get("machine_cores", {})
+    others, ours = float(m.get("others", 0.0)), float(m.get("ours", 0.0))
+    r = float(m.get("ours_runnable", 0.0))
+    if others <= 0.0:
+        return 0.0
+    if ours + others < 0.9 * cores or r <= 0.0:
+        return others
+    return others * r / max(0.1, cores - others)
+
+
+async def _calibration(args: Any, log: Any) -> calibration.Calibration:
+    """The costs to simulate with: measured here and now by default, since a
+    shared machine's speed moves (the echo's CPU per call changed 2x within
+    a day on the reference VM), or the shipped or a given file."""
+    if args.calibration == "measure":
+        if args.real:
+            doc = json.loads(await asyncio.to_thread(Path(args.real).read_text))
+            if "calibration" in doc:  # the one measured with that real run
+                return calibration.parse(doc["calibration"], f"{args.real}: calibration")
+            return calibration.load(None)
+        from simulator import calibrate
+
+        log("calibrating on this machine (galaxy simulate-calibrate --repeat 1)")
+        return await calibrate.measure(args.nodes, args.quick, log, repeat=1)
+    return calibration.load(None if args.calibration == "shipped" else args.calibration)
+
+
+def simulate_run(
+    cal: calibration.Calibration, real: dict[str, Any], nodes: int, quick: bool, seed: int
+) -> dict[str, Any]:
+    """Both phases simulated under one real run's measured conditions."""
+    n_max, n_half = (1200, 800) if quick else (3000, 2000)
+    cores = os.cpu_count() or 2
+    bg = {k: background_processes(real[k], cores) for k in ("max", "half")}
+    return {
+        "max": sim_phase(cal, nodes, n_max, seed, concurrency=32, background=bg["max"]),
+        "half": sim_phase(cal, nodes, n_half, seed, rate=real["half"]["arrival_rate"],
+                          background=bg["half"]),
+        "background": bg,
+    }  # fmt: skip
+
+
 async def main(args: Any) -> int:
     """``galaxy simulate-fidelity``."""
-    cal = calibration.load(args.calibration)
+    log = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    cal = await _calibration(args, log)
     out = Path(args.out)
     if args.real:
-        real = _read_real(Path(args.real))
+        reals = _read_real(Path(args.real))
     else:
-        real = await real_side(args.nodes, args.quick, lambda s: print(s, file=sys.stderr))
-    n_max, n_half = (1200, 800) if args.quick else (3000, 2000)
-    sim = {
-        "max": sim_phase(cal, args.nodes, n_max, args.seed, concurrency=32),
-        "half": sim_phase(cal, args.nodes, n_half, args.seed, rate=real["half"]["arrival_rate"]),
-    }
-    rows, ok = compare(sim, real)
-    header = ["metric", "simulated", "real", "sim/real", f"within {TOLERANCE:.0%}"]
+        reals = []
+        for i in range(args.repeat):
+            log(f"real run {i + 1} of {args.repeat}")
+            reals.append(await real_side(args.nodes, args.quick, log))
+    sims = [simulate_run(cal, r, args.nodes, args.quick, args.seed) for r in reals]
+    rows, ok = compare_runs(list(zip(sims, reals, strict=True)))
+    header = ["metric", "simulated (median)", "real (median)", "sim/real by run",
+              "median sim/real", f"within {TOLERANCE:.0%}"]  # fmt: skip
     table = report.md_table(header, rows)
-    doc = {"sim": sim, "real": real, "ok": ok, "rows": rows}
+    bgs = "; ".join(
+        f"run {i + 1}: max {s['background']['max']:.2f}, half {s['background']['half']:.2f}"
+        for i, s in enumerate(sims)
+    )
+    doc = {"runs": [{"sim": s, "real": r} for s, r in zip(sims, reals, strict=True)],
+           "ok": ok, "rows": rows, "calibration": cal.to_json()}  # fmt: skip
     _write(out, doc, f"# Fidelity: simulation vs emulated cluster ({args.nodes} nodes)\n\n"
-           f"{table}\n\nCalibration: {cal.meta.get('method', '')} "
+           f"{table}\n\nOther work on the machine (CPU-bound processes, estimated from "
+           f"what each real run measured and simulated as background): {bgs}.\n\n"
+           f"Calibration: {cal.meta.get('method', '')} "
            f"{cal.meta.get('measured_at', '')}\n")  # fmt: skip
     print(table)
+    print(f"other work on the machine (CPU-bound processes): {bgs}")
     print("fidelity check " + ("PASSED" if ok else "FAILED") + f"; wrote {out}/report.md")
     return 0 if ok else 1

@@ -134,9 +134,13 @@ class Recorder:
         started = self.counts["instances_started"]
         burst = self.last_started - self.first_scale_up if started else 0.0
         nb = min(len(self._completed), int(end / self.bin_s) + 1)
+        # Sorted once here: summarize and _cdf_points sort again, which on
+        # sorted input is a linear pass (millions of samples in long runs).
+        # Kept as arrays of doubles: a quarter of the memory of a list.
+        sched, dispatch = array("d", sorted(self.sched)), array("d", sorted(self.dispatch))
         return {
-            "scheduling_latency_s": summarize(self.sched),
-            "dispatch_latency_s": summarize(self.dispatch),
+            "scheduling_latency_s": summarize(sched),
+            "dispatch_latency_s": summarize(dispatch),
             "cold_start_latency_s": summarize(self.cold),
             "extra_latency_s": {k: summarize(v) for k, v in sorted(self.extra.items())},
             "throughput": {
@@ -159,13 +163,13 @@ class Recorder:
                 "live_instances": [list(p) for p in self.live],
             },
             "samples": {
-                "scheduling_latency_s": _cdf_points(self.sched),
-                "dispatch_latency_s": _cdf_points(self.dispatch),
+                "scheduling_latency_s": _cdf_points(sched),
+                "dispatch_latency_s": _cdf_points(dispatch),
             },
         }
 
 
-def _cdf_points(values: array, n: int = 200) -> list[float]:
+def _cdf_points(values: Sequence[float], n: int = 200) -> list[float]:
     """n+1 quantiles (0..100%) of values: enough to draw a CDF in a report."""
     if not values:
         return []

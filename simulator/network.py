@@ -15,8 +15,15 @@ stations at both ends, per the calibration).
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+
+import numpy as np
+
+#: hop delays drawn at a time (see ``Network``)
+CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -41,9 +48,18 @@ PROFILES: dict[str, NetworkConfig] = {
 
 class Network:
     """Samples hop delays from a seeded generator of its own (so adding a
-    hop in one model does not shift another model's random stream)."""
+    hop in one model does not shift another model's random stream).
 
-    __slots__ = ("_rand", "base", "cfg", "jitter", "tail_p", "tail_s")
+    A hop is ``base + jitter * u1``, plus ``tail_s`` when ``u2 < tail_p``
+    (u2 drawn only when tail_p > 0), with u1, u2 successive draws of
+    ``random.Random(seed).random()``. The simulator takes tens of millions
+    of hops, so they are computed ``CHUNK`` at a time with numpy from the
+    very same Mersenne Twister stream (numpy's ``RandomState`` continues
+    Python's generator state and makes doubles the same way) and the same
+    float operations: the same delays, bit for bit, as hop by hop.
+    """
+
+    __slots__ = ("_state", "base", "cfg", "hop", "jitter", "tail_p", "tail_s")
 
     def __init__(self, cfg: NetworkConfig, seed: int) -> None:
         if min(cfg.base_s, cfg.jitter_s, cfg.tail_s) < 0:
@@ -53,14 +69,23 @@ class Network:
         self.cfg = cfg
         self.base, self.jitter = cfg.base_s, cfg.jitter_s
         self.tail_p, self.tail_s = cfg.tail_p, cfg.tail_s
-        self._rand = random.Random(seed).random
+        key = random.Random(seed).getstate()[1]
+        self._state = np.random.RandomState()
+        mt = np.array(key[:624], dtype=np.uint32)
+        self._state.set_state(("MT19937", mt, int(key[624]), 0, 0.0))
+        #: () -> the one-way delay of one message (the next of the stream)
+        self.hop: Callable[[], float] = itertools.chain.from_iterable(self._chunks()).__next__
 
-    def hop(self) -> float:
-        """One-way delay of one message."""
-        d = self.base + self.jitter * self._rand()
-        if self.tail_p and self._rand() < self.tail_p:
-            d += self.tail_s
-        return d
+    def _chunks(self) -> Iterator[list[float]]:
+        """The hop delays, CHUNK at a time (see the class docstring)."""
+        while True:
+            if self.tail_p:
+                u = self._state.random_sample(2 * CHUNK)
+                d = self.base + self.jitter * u[0::2]
+                d[u[1::2] < self.tail_p] += self.tail_s
+            else:
+                d = self.base + self.jitter * self._state.random_sample(CHUNK)
+            yield d.tolist()
 
     def bounds(self) -> tuple[float, float]:
         """The smallest and largest possible hop delay."""

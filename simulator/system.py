@@ -15,7 +15,8 @@ from controlplane.nodeagent.capacity import Res
 from functions.dispatch.policy import FunctionRouter, Grant, Waiter
 from simulator.calibration import Calibration
 from simulator.cluster import DEFAULT_NODE, Cluster, SimNode
-from simulator.engine import Host, Sim, Station
+from simulator.engine import Sim, Station
+from simulator.host import Host
 from simulator.metrics import Recorder
 from simulator.network import Network, NetworkConfig
 from simulator.workload import FunctionDef, Workload
@@ -35,8 +36,12 @@ class SimConfig:
     host_cores: int = 0
     #: the kernel's time slice on that host (0: no preemption modelled)
     host_slice_s: float = 0.0
-    #: other users' runnable processes on that host (its load before the run)
+    #: cores other work takes on that host (measured during the real run)
     host_background: float = 0.0
+    #: delay to wake a core that has been idle (halted) for a while
+    host_wakeup_s: float = 0.0
+    #: threads a message to a sleeping process wakes in turn on that host
+    host_handoffs: int = 1
     #: an idle function instance is removed after this long (keep-alive).
     keep_alive_s: float = 60.0
     #: system-specific overrides, e.g. {"galaxy": {"instances": 8}}.
@@ -54,7 +59,14 @@ class Env:
         self.rng = random.Random(seed)
         self.net = Network(cfg.network, seed + 7)
         self.host = (
-            Host(cfg.host_cores, cfg.host_slice_s, seed + 11, cfg.host_background)
+            Host(
+                cfg.host_cores,
+                cfg.host_slice_s,
+                seed + 11,
+                cfg.host_background,
+                wakeup_s=cfg.host_wakeup_s,
+                handoffs=cfg.host_handoffs,
+            )
             if cfg.host_cores
             else None
         )

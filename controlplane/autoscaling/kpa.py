@@ -40,11 +40,12 @@ defaults):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from controlplane.autoscaling.keepalive import FixedKeepAlive, KeepAlivePolicy
 
@@ -60,6 +61,10 @@ __all__ = [
 # Float slack: 2.1 concurrent / (3 x 0.7) is 1.0000000000000002 in floats and
 # must give 1 instance, not 2.
 _EPS = 1e-9
+# Sums of non-negative whole numbers below 2**53 are exact in floats, in any
+# order: up to there a running sum of whole-number samples equals the sum
+# taken afresh, bit for bit.
+_EXACT_SUM = 2**53
 
 
 def _instances_for(concurrency: float, per_instance: float) -> int:
@@ -126,12 +131,13 @@ class KpaConfig:
             f"tick_s={self.tick_s}",
         )
 
-    @property
+    # Cached (the config is frozen): decide reads these every tick.
+    @functools.cached_property
     def panic_window_s(self) -> float:
         """Length of the panic window in seconds."""
         return self.stable_window_s * self.panic_window_fraction
 
-    @property
+    @functools.cached_property
     def target_per_instance(self) -> float:
         """Concurrency one instance is scaled for (target x utilization)."""
         return self.target_concurrency * self.target_utilization
@@ -149,23 +155,39 @@ class KpaConfig:
         return cls(target_concurrency, **{**knative, **overrides})
 
 
-@dataclass(frozen=True)
-class ScaleDecision:
+class ScaleDecision(NamedTuple):
     """What the autoscaler wants for one function at one tick.
 
     ``desired`` is the total instance count wanted; ``to_start`` and
     ``to_remove`` say how to get there from the counts passed to ``decide``:
     pending starts count toward ``desired``, only ready instances are
-    removed (down to ``desired``), and starts under way are never cancelled."""
+    removed (down to ``desired``), and starts under way are never cancelled.
+    ``reason`` says why in words.
+
+    (A named tuple, not a frozen dataclass: one is made every tick for
+    every function, and a tuple is made several times faster.)"""
 
     desired: int
     panic: bool
-    reason: str
+    #: ``reason`` is ``reason_format.format(*reason_args)``, formatted when
+    #: read: decisions are made every tick for every function, formatting
+    #: is a large part of a decision's cost, and most reasons are never read.
+    reason_format: str
     to_start: int = 0
     to_remove: int = 0
     #: average concurrency over the stable and the panic window
     stable_concurrency: float = 0.0
     panic_concurrency: float = 0.0
+    reason_args: tuple[Any, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        """Why this decision, e.g. "stable: 3.50 concurrent over 60s wants 4"."""
+        return self.reason_format.format(*self.reason_args)
+
+
+#: a reason, unformatted: (str.format template, its arguments...)
+_Why = tuple[Any, ...]
 
 
 class KpaAutoscaler:
@@ -179,6 +201,10 @@ class KpaAutoscaler:
         self.config = config
         self.keepalive: KeepAlivePolicy = keepalive if keepalive is not None else FixedKeepAlive(0)
         self._samples: deque[tuple[float, float]] = deque()
+        #: sum of the whole-number samples in ``_samples`` (a Python int:
+        #: exact), and how many samples are not whole numbers
+        self._whole_sum = 0
+        self._fractional = 0
         self._last_t: float | None = None
         #: when the current idle period began (None while busy)
         self._idle_since: float | None = None
@@ -202,7 +228,12 @@ class KpaAutoscaler:
         if not math.isfinite(concurrency) or concurrency < 0:
             raise ValueError(f"concurrency must be a finite number >= 0, got {concurrency!r}")
         self._advance(now)
-        self._samples.append((now, float(concurrency)))
+        c = float(concurrency)
+        self._samples.append((now, c))
+        if c.is_integer():
+            self._whole_sum += int(c)
+        else:
+            self._fractional += 1
         self._prune(now)
         idle_since = self._idle_since
         # A grant or release after the idle start: activity between samples.
@@ -250,8 +281,10 @@ class KpaAutoscaler:
         self._prune(now)
         if not self._samples:
             hold = self._clamp(ready_instances)
-            return self._decision(hold, ready_instances, pending, "no samples yet: hold", 0.0, 0.0)
-        stable_c = self._average(now, cfg.stable_window_s)
+            return self._decision(
+                hold, ready_instances, pending, ("no samples yet: hold",), 0.0, 0.0
+            )
+        stable_c = self._stable_average(now)
         panic_c = self._average(now, cfg.panic_window_s)
         want_stable = _instances_for(stable_c, cfg.target_per_instance)
         want_panic = _instances_for(panic_c, cfg.target_per_instance)
@@ -277,25 +310,24 @@ class KpaAutoscaler:
             # Panic: follow the short window, never scale down.
             self._max_panic = max(self._max_panic, panic_n, ready_instances)
             desired = self._max_panic
-            reason = (
-                f"panic: {panic_c:.2f} concurrent over {cfg.panic_window_s:g}s wants "
-                f"{want_panic} (ready {ready_instances})"
-            )
+            why: _Why = (
+                "panic: {:.2f} concurrent over {:g}s wants {} (ready {})",
+                panic_c, cfg.panic_window_s, want_panic, ready_instances,
+            )  # fmt: skip
         else:
             desired = stable_n
-            reason = (
-                f"stable: {stable_c:.2f} concurrent over {cfg.stable_window_s:g}s wants "
-                f"{want_stable}"
-            )
+            why = ("stable: {:.2f} concurrent over {:g}s wants {}", stable_c,
+                   cfg.stable_window_s, want_stable)  # fmt: skip
             if stable_n != want_stable:
-                reason += f", rate-limited to {stable_n}"
+                why = (why[0] + ", rate-limited to {}", *why[1:], stable_n)
             if desired == 0:
-                desired, reason = self._zero_gate(now, ready_instances + pending)
+                desired, why = self._zero_gate(now, ready_instances + pending)
 
         clamped = self._clamp(desired)
         if clamped != desired:
-            reason += f"; clamped to [{cfg.min_scale}, {cfg.max_scale}] -> {clamped}"
-        return self._decision(clamped, ready_instances, pending, reason, stable_c, panic_c)
+            why = (why[0] + "; clamped to [{}, {}] -> {}", *why[1:],
+                   cfg.min_scale, cfg.max_scale, clamped)  # fmt: skip
+        return self._decision(clamped, ready_instances, pending, why, stable_c, panic_c)
 
     # -- state, for callers and tests --------------------------------------
 
@@ -337,7 +369,7 @@ class KpaAutoscaler:
         self._idle_since, self._idle_told = at, True
         self.keepalive.on_idle_start(at)
 
-    def _zero_gate(self, now: float, have: int) -> tuple[int, str]:
+    def _zero_gate(self, now: float, have: int) -> tuple[int, _Why]:
         """Desired count when the stable window wants zero instances."""
         cfg = self.config
         idle_for = 0.0 if self._idle_since is None else now - self._idle_since
@@ -345,16 +377,17 @@ class KpaAutoscaler:
         keep = self.keepalive.keep_alive_s(now)
         if self._idle_told and prewarm > 0 and prewarm <= idle_for < prewarm + keep:
             return 1, (
-                f"pre-warm: idle {idle_for:.0f}s, keep-alive policy wants an instance "
-                f"from {prewarm:.0f}s to {prewarm + keep:.0f}s"
-            )
+                "pre-warm: idle {:.0f}s, keep-alive policy wants an instance from {:.0f}s to "
+                "{:.0f}s",
+                idle_for, prewarm, prewarm + keep,
+            )  # fmt: skip
         if have == 0:
-            return 0, f"at zero: idle {idle_for:.0f}s"
+            return 0, ("at zero: idle {:.0f}s", idle_for)
         if idle_for < cfg.scale_to_zero_grace_s:
-            return 1, f"grace: idle {idle_for:.0f}s < {cfg.scale_to_zero_grace_s:g}s"
+            return 1, ("grace: idle {:.0f}s < {:g}s", idle_for, cfg.scale_to_zero_grace_s)
         if prewarm <= 0 and idle_for < keep:
-            return 1, f"keep-alive: idle {idle_for:.0f}s < {keep:.0f}s"
-        return 0, f"scale to zero: idle {idle_for:.0f}s"
+            return 1, ("keep-alive: idle {:.0f}s < {:.0f}s", idle_for, keep)
+        return 0, ("scale to zero: idle {:.0f}s", idle_for)
 
     def _advance(self, now: float) -> None:
         if not math.isfinite(now):
@@ -365,8 +398,22 @@ class KpaAutoscaler:
 
     def _prune(self, now: float) -> None:
         cutoff = now - self.config.stable_window_s + _EPS
-        while self._samples and self._samples[0][0] < cutoff:
-            self._samples.popleft()
+        samples = self._samples
+        while samples and samples[0][0] < cutoff:
+            c = samples.popleft()[1]
+            if c.is_integer():
+                self._whole_sum -= int(c)
+            else:
+                self._fractional -= 1
+
+    def _stable_average(self, now: float) -> float:
+        """``_average`` over the stable window, which after ``_prune(now)``
+        holds every sample: from the running sum when that is exact (whole
+        numbers), else summed afresh."""
+        if self._fractional or self._whole_sum >= _EXACT_SUM:
+            return self._average(now, self.config.stable_window_s)
+        n = len(self._samples)
+        return float(self._whole_sum) / n if n else 0.0
 
     def _average(self, now: float, window: float) -> float:
         """Mean of the samples taken in (now - window, now]. With samples at a
@@ -387,18 +434,19 @@ class KpaAutoscaler:
         return n if cfg.max_scale is None else min(n, cfg.max_scale)
 
     def _decision(
-        self, desired: int, ready: int, pending: int, reason: str, stable_c: float, panic_c: float
+        self, desired: int, ready: int, pending: int, why: _Why, stable_c: float, panic_c: float
     ) -> ScaleDecision:
         # Pending starts count toward desired. They are not cancelled (a start
         # cannot be recalled); if they land surplus, a later tick removes them.
         return ScaleDecision(
-            desired=desired,
-            panic=self.in_panic,
-            reason=reason,
-            to_start=max(0, desired - ready - pending),
-            to_remove=max(0, ready - desired),
-            stable_concurrency=stable_c,
-            panic_concurrency=panic_c,
+            desired,
+            self._panic_since is not None,
+            why[0],
+            max(0, desired - ready - pending),
+            max(0, ready - desired),
+            stable_c,
+            panic_c,
+            why[1:],
         )
 
 

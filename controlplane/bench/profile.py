@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,33 @@ def cpu_seconds(pid: int) -> float | None:
         return None
     # fields[11], fields[12]: utime and stime (fields 14 and 15 of stat(5)).
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def machine_cpu() -> dict[str, float]:
+    """Machine-wide CPU seconds so far, summed over CPUs (Linux /proc/stat):
+    ``busy`` (user, nice, system, irq, softirq), ``steal`` (time the
+    hypervisor gave our vCPUs to someone else) and ``at`` (monotonic time of
+    the reading). Empty where /proc/stat is missing."""
+    try:
+        with open("/proc/stat") as f:
+            head = f.readline().split()
+    except OSError:
+        return {}
+    # cpu user nice system idle iowait irq softirq steal guest guest_nice
+    v = [int(x) for x in head[1:9]] + [0] * max(0, 9 - len(head))
+    busy = v[0] + v[1] + v[2] + v[5] + v[6]
+    return {"busy": busy / _TICKS, "steal": v[7] / _TICKS, "at": time.monotonic()}
+
+
+def runnable_seconds(pid: int) -> float | None:
+    """Seconds a process has been runnable so far -- running or waiting in a
+    run queue for a CPU (/proc/PID/schedstat) -- or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            run_ns, wait_ns = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return (int(run_ns) + int(wait_ns)) / 1e9
 
 
 def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:

@@ -201,25 +201,39 @@ async def _run_plan(
     comps = endpoints["components"]
     sched = [c["metrics"] for c in comps if c["name"].startswith("schedule-")]
     disp = [c["metrics"] for c in comps if c["name"].startswith("dispatch-")]
+    others = [
+        c["metrics"]
+        for c in comps
+        if c.get("metrics") and c["name"].startswith(("agent-", "clustermgr-"))
+    ]
     pids = {c["name"]: c["pid"] for c in comps}
     scr: dict[str, list[ps.Scrape]] = {}
     scr["s0"], scr["d0"] = await ps.scrape_all(sched), await ps.scrape_all(disp)
-    scr["s1"], scr["d1"] = scr["s0"], scr["d0"]
+    scr["o0"] = await ps.scrape_all(others)
+    scr["s1"], scr["d1"], scr["o1"] = scr["s0"], scr["d0"], scr["o0"]
     profilers = prof.Profilers(opts.out / "profiles" / prefix) if opts.profile else None
     cpu: list[dict[str, float]] = []
+    machine: list[dict[str, float]] = []
+    runnable: list[float] = []
     load_before = os.getloadavg()[0]
 
     async def on_line(line: str, loadgen_pid: int) -> None:
         if line == MEASURING:
             # Warmup is over: what the control plane did so far is not counted.
             cpu.append(prof.cpu_snapshot(pids))
+            machine.append(prof.machine_cpu())
+            runnable.append(_runnable({**pids, "load_generator": loadgen_pid}))
             scr["s0"], scr["d0"] = await ps.scrape_all(sched), await ps.scrape_all(disp)
+            scr["o0"] = await ps.scrape_all(others)
             if profilers is not None:
                 profiled = {k: v for k, v in pids.items() if not k.startswith("clustermgr")}
                 await profilers.start({**profiled, "loadgen": loadgen_pid})
         else:
             cpu.append(prof.cpu_snapshot(pids))
+            machine.append(prof.machine_cpu())
+            runnable.append(_runnable({**pids, "load_generator": loadgen_pid}))
             scr["s1"], scr["d1"] = await ps.scrape_all(sched), await ps.scrape_all(disp)
+            scr["o1"] = await ps.scrape_all(others)
 
     job = {
         "target": "galaxy",
@@ -242,6 +256,13 @@ async def _run_plan(
     out = sm.summarize_plan(plan, cp, s, wl, res, echo_res, scr)
     out["loadavg"] = [load_before, os.getloadavg()[0]]
     out["cpu_cores"] = sm.cores(cpu, res)
+    out["gc_pauses"] = sm.gc_pauses(scr)
+    if len(machine) >= 2:
+        out["machine_cores"] = sm.machine_cores(machine[0], machine[-1], out["cpu_cores"])
+        wall = machine[-1].get("at", 0.0) - machine[0].get("at", 0.0)
+        if len(runnable) >= 2 and wall > 0:
+            # Our processes runnable on average (running or waiting for a CPU).
+            out["machine_cores"]["ours_runnable"] = (runnable[-1] - runnable[0]) / wall
     e = out["baseline"]["echo"]
     e["cpu_cores"] = {k: (echo_a[1][k] + echo_b[1][k]) / 2 for k in echo_a[1]}
     e["requests_per_s_before"] = sm.div(echo_a[0]["ok"], echo_a[0]["duration_s"])
@@ -250,6 +271,11 @@ async def _run_plan(
     if profile is not None:
         out["profile"] = profile
     return out
+
+
+def _runnable(pids: dict[str, int]) -> float:
+    """Seconds our processes have been runnable so far, summed."""
+    return sum(v for pid in pids.values() if (v := prof.runnable_seconds(pid)) is not None)
 
 
 async def _echo(

@@ -12,6 +12,7 @@ from controlplane.bench import promscrape as ps
 
 SCHED_HIST = "galaxy_scheduling_latency_seconds"
 COLD_HIST = "galaxy_cold_start_latency_seconds"
+GC_HIST = "galaxy_gc_pause_seconds"
 
 
 def merge_runs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +66,42 @@ def cores(snaps: list[dict[str, float]], res: dict[str, Any]) -> dict[str, float
         a, b = snaps[0], snaps[-1]
         for k in sorted(set(a) & set(b)):
             out[k] = div(b[k] - a[k], res["duration_s"])
+    return out
+
+
+def machine_cores(
+    a: dict[str, float], b: dict[str, float], cluster: dict[str, float]
+) -> dict[str, float]:
+    """The machine's CPU over a phase, in cores, from two ``machine_cpu``
+    readings: ``busy`` (all processes), ``steal`` (the hypervisor's), ``ours``
+    (the cluster and load generator, from ``cluster``: ``cores`` output) and
+    ``others`` = busy - ours + steal: the cores other work took from us, which
+    a model of this machine must take away too. Empty without readings."""
+    if not a or not b or b["at"] <= a["at"]:
+        return {}
+    wall = b["at"] - a["at"]
+    busy = (b["busy"] - a["busy"]) / wall
+    steal = (b["steal"] - a["steal"]) / wall
+    ours = sum(v for v in cluster.values() if not math.isnan(v))
+    return {"busy": busy, "steal": steal, "ours": ours, "others": max(0.0, busy - ours) + steal}
+
+
+def gc_pauses(scr: dict[str, list[ps.Scrape]]) -> dict[str, dict[str, Any]]:
+    """Garbage-collector pauses of the Schedule and Dispatch processes over
+    the measured phase, and of the node agents and ClusterMgr together
+    (``others``): count, total seconds and cumulative bucket counts (upper
+    bound in seconds -> pauses at most that long)."""
+    out = {}
+    roles = {"schedule": ("s0", "s1"), "dispatch": ("d0", "d1"), "others": ("o0", "o1")}
+    for role, (a, b) in roles.items():
+        if a not in scr or b not in scr:
+            continue
+        h = ps.histogram_delta(scr[a], scr[b], GC_HIST)
+        out[role] = {
+            "count": h.count,
+            "sum_s": h.sum,
+            "buckets": {repr(k): v for k, v in sorted(h.buckets.items())},
+        }
     return out
 
 

@@ -7,22 +7,31 @@ waiting requests are served, counting starts already under way, so a burst of
 concurrent requests for a function with no instance shares one scale-up
 (coalescing). New instances, releases and removals hand slots to waiters in
 arrival order and return who got what; the caller wakes them.
+
+Instance choice is indexed (a heap of the instances with a free slot), so a
+request costs O(log n), not a scan of the function's n instances.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from controlplane.clock import Clock
 
 
 @dataclass
 class Instance:
-    """A routable function instance and its slots in use."""
+    """A routable function instance and its slots in use.
+
+    ``in_flight``, ``draining`` and ``concurrency`` belong to the router that
+    routes to the instance: it indexes instances by them, so change them only
+    through its methods (read them freely).
+    """
 
     instance_id: str
     address: str
@@ -40,9 +49,11 @@ class Instance:
         return 0 if self.draining else max(0, self.concurrency - self.in_flight)
 
 
-@dataclass(frozen=True)
-class Grant:
-    """A reserved slot: send the request to instance, then release lease_id."""
+class Grant(NamedTuple):
+    """A reserved slot: send the request to instance, then release lease_id.
+
+    (A named tuple, not a frozen dataclass: one is made per request, and a
+    tuple is made several times faster.)"""
 
     lease_id: str
     instance: Instance
@@ -59,8 +70,8 @@ class Waiter:
     done: bool = False
 
 
-@dataclass
-class _Lease:
+class _Lease(NamedTuple):
+    # A tuple, like Grant: one is made per request.
     instance_id: str
     expires_at: float
 
@@ -83,6 +94,31 @@ class FunctionRouter:
     leases: dict[str, _Lease] = field(default_factory=dict)
     last_active: float = 0.0
     _seq: itertools.count[int] = field(default_factory=itertools.count)
+    #: the instances with a free slot as (in_flight, order, instance_id), a
+    #: heap: its top is the least-loaded choice. An instance gets a new entry
+    #: whenever its load changes while it has room; entries that no longer
+    #: match their instance (busier, draining, removed) are dropped when they
+    #: reach the top, or all at once when they pile up (``_reindex``).
+    _free: list[tuple[int, int, str]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+    #: the order in which each instance was added (``instances``' order)
+    _order: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _added: itertools.count[int] = field(
+        default_factory=itertools.count, init=False, repr=False, compare=False
+    )
+    #: totals over ``instances``, kept up to date with them (no scans):
+    #: their ``free`` slots, and how many are draining
+    _slots_free: int = field(default=0, init=False, repr=False, compare=False)
+    _draining: int = field(default=0, init=False, repr=False, compare=False)
+    #: requests in flight on ``instances`` (sum of ``in_flight``)
+    _in_flight: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for iid in self.instances:
+            self._order[iid] = next(self._added)
+        self._reindex()
+        self._recount()
 
     # -- requests ---------------------------------------------------------
 
@@ -94,7 +130,7 @@ class FunctionRouter:
         if self.waiters:
             return None
         inst = self._least_loaded()
-        return None if inst is None else self._grant(inst, cold=False)
+        return None if inst is None else self._grant(inst, False)
 
     def enqueue(self, token: Any = None) -> Waiter:
         """Queue a request that found no free slot."""
@@ -127,7 +163,7 @@ class FunctionRouter:
         """
         if not self.waiters:
             return 0
-        free_now = sum(i.free for i in self.instances.values())
+        free_now = self._slots_free
         uncovered = len(self.waiters) - free_now - self.pending * self.concurrency
         if uncovered <= 0:
             return 0
@@ -141,10 +177,17 @@ class FunctionRouter:
         if lease is None:
             return False, []
         inst = self.instances.get(lease.instance_id)
-        if inst is not None:
-            inst.in_flight = max(0, inst.in_flight - 1)
+        if inst is not None and inst.in_flight > 0:
+            n = inst.in_flight = inst.in_flight - 1
+            self._in_flight -= 1
+            if not inst.draining and n < inst.concurrency:
+                self._slots_free += 1
+                iid = inst.instance_id
+                heapq.heappush(self._free, (n, self._order[iid], iid))
+                if len(self._free) > 2 * len(self.instances) + 16:
+                    self._reindex()
         self.last_active = self.clock.now()
-        return True, self._serve_waiters(cold=False)
+        return True, self._serve_waiters(cold=False) if self.waiters else []
 
     def expire_leases(self) -> list[tuple[Waiter, Grant]]:
         """Release leases whose holder never called Release."""
@@ -178,12 +221,21 @@ class FunctionRouter:
         if inst.instance_id not in self.instances:
             inst.added_at = self.clock.now()
             self.instances[inst.instance_id] = inst
+            self._order[inst.instance_id] = next(self._added)
+            self._slots_free += inst.free
+            self._draining += inst.draining
+            self._in_flight += inst.in_flight
+            self._index(inst)
         return self._serve_waiters(cold=cold)
 
     def remove_instance(self, instance_id: str) -> Instance | None:
         """Stop routing to an instance; its leases are dropped."""
         inst = self.instances.pop(instance_id, None)
+        self._order.pop(instance_id, None)  # its heap entries are now stale
         if inst is not None:
+            self._slots_free -= inst.free
+            self._draining -= inst.draining
+            self._in_flight -= inst.in_flight
             for lid in [lid for lid, le in self.leases.items() if le.instance_id == instance_id]:
                 del self.leases[lid]
         return inst
@@ -193,7 +245,10 @@ class FunctionRouter:
         inst = self.instances.get(instance_id)
         if inst is None:
             return False
-        inst.draining = True
+        if not inst.draining:
+            self._slots_free -= inst.free
+            self._draining += 1
+            inst.draining = True  # its heap entries are now stale
         return True
 
     def handover(self) -> list[tuple[Instance, list[str]]]:
@@ -213,18 +268,27 @@ class FunctionRouter:
         if inst is None:
             return
         expires = self.clock.now() + self.lease_ttl_s
+        free = inst.free
         for lid in lease_ids:
             if lid not in self.leases:
                 self.leases[lid] = _Lease(instance_id, expires)
                 inst.in_flight += 1
+                self._in_flight += 1
+        self._slots_free += inst.free - free
+        self._index(inst)
 
     def fail_all(self) -> list[Waiter]:
         """Remove and return every waiter (function deleted)."""
         return self._drain_waiters()
 
+    def load(self) -> int:
+        """Requests in flight on the instances plus those queued: the
+        concurrency an autoscaler observes."""
+        return self._in_flight + len(self.waiters)
+
     def live_count(self) -> int:
         """Instances that count toward max_scale (draining ones do not)."""
-        return sum(1 for i in self.instances.values() if not i.draining)
+        return len(self.instances) - self._draining
 
     def update_spec(self, concurrency: int, max_scale: int) -> list[tuple[Waiter, Grant]]:
         """Apply a new spec version; new concurrency applies to new instances
@@ -232,21 +296,70 @@ class FunctionRouter:
         self.concurrency, self.max_scale = concurrency, max_scale
         for inst in self.instances.values():
             inst.concurrency = concurrency
+        self._reindex()
+        self._recount()
         return self._serve_waiters(cold=False)
 
     # -- internals --------------------------------------------------------
 
     def _least_loaded(self) -> Instance | None:
-        best: Instance | None = None
-        for inst in self.instances.values():
-            # Least in-flight first; ties go to the oldest instance, which
-            # packs load so idle newer instances can scale to zero.
-            if inst.free > 0 and (best is None or inst.in_flight < best.in_flight):
-                best = inst
-        return best
+        """The instance with a free slot and the fewest requests in flight;
+        ties go to the oldest instance (added first), which packs load so
+        idle newer instances can scale to zero. It is the top of ``_free``
+        once stale entries are dropped, and stays there for ``_grant``."""
+        heap, instances, order = self._free, self.instances, self._order
+        while heap:
+            n, k, iid = heap[0]
+            inst = instances.get(iid)
+            if (
+                inst is not None
+                and inst.in_flight == n
+                and order.get(iid) == k
+                and not inst.draining
+                and n < inst.concurrency
+            ):
+                return inst
+            heapq.heappop(heap)
+        return None
+
+    def _index(self, inst: Instance) -> None:
+        """Enter a routable instance in ``_free`` under its current load when
+        it has a free slot (call after any change that may free one)."""
+        if not inst.draining and inst.in_flight < inst.concurrency:
+            iid = inst.instance_id
+            heapq.heappush(self._free, (inst.in_flight, self._order[iid], iid))
+            # Stale entries of removed instances may never reach the top
+            # (``release`` has a copy of this, inline: it runs per request).
+            if len(self._free) > 2 * len(self.instances) + 16:
+                self._reindex()
+
+    def _reindex(self) -> None:
+        """Rebuild ``_free`` from the instances (drops every stale entry)."""
+        order = self._order
+        self._free = [
+            (i.in_flight, order[iid], iid)
+            for iid, i in self.instances.items()
+            if not i.draining and i.in_flight < i.concurrency
+        ]
+        heapq.heapify(self._free)
+
+    def _recount(self) -> None:
+        """Recompute the totals from the instances."""
+        self._slots_free = sum(i.free for i in self.instances.values())
+        self._draining = sum(1 for i in self.instances.values() if i.draining)
+        self._in_flight = sum(i.in_flight for i in self.instances.values())
 
     def _grant(self, inst: Instance, cold: bool) -> Grant:
+        """A slot on inst, which ``_least_loaded`` just chose (the heap top):
+        its entry moves to its new load, or out when it is now full."""
         inst.in_flight += 1
+        self._in_flight += 1
+        self._slots_free -= 1  # it had one (at least): not draining, below its limit
+        if inst.in_flight < inst.concurrency:
+            iid = inst.instance_id
+            heapq.heapreplace(self._free, (inst.in_flight, self._order[iid], iid))
+        else:
+            heapq.heappop(self._free)
         now = self.clock.now()
         self.last_active = now
         lease_id = f"{self.lease_prefix}{self.name}/{next(self._seq)}"

@@ -103,6 +103,8 @@ class ControlPlane:
         self._df_station: list[Station | None] = [None] * len(env.workload.functions)
         self._sf_cache: dict[int, list[ScheduleInst]] = {}
         self._cmf_cache: list[ClusterMgrInst | None] = [None] * len(env.cluster.nodes)
+        #: node id -> id of the Schedule instance owning it ("" for none)
+        self._sf_owner: dict[str, str] = {}
         self.s_update = env.op("clustermgr.update")
         self.s_modnode = env.op("schedule.modnode")
         self.s_agent_beat = env.op("agent.heartbeat")
@@ -181,6 +183,7 @@ class ControlPlane:
         self._df_station = [None] * len(self._df_cache)
         self._sf_cache.clear()
         self._cmf_cache = [None] * len(self._cmf_cache)
+        self._sf_owner.clear()
         for sf in self.sfs.values():
             sf.policy.retain(functools.partial(self._owns, sf.id))
         for node in self.env.cluster.nodes:
@@ -203,8 +206,13 @@ class ControlPlane:
         return self._sf_owner_id(node_id) == sf_id
 
     def _sf_owner_id(self, node_id: str) -> str:
-        o = self.view.owner(SCHEDULE, node_id)
-        return o.id if o is not None else ""
+        # Cached: every node status update asks (the cache is reset when
+        # the membership changes).
+        sf = self._sf_owner.get(node_id)
+        if sf is None:
+            o = self.view.owner(SCHEDULE, node_id)
+            sf = self._sf_owner[node_id] = o.id if o is not None else ""
+        return sf
 
     def dispatch_owner(self, fn: int) -> DispatchInst:
         """The Dispatch instance owning function fn (rendezvous)."""

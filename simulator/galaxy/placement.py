@@ -156,7 +156,7 @@ class Placer:
         now = self.sim.now
         for tg in step.targets:
             node = self.by_id[tg.node_id]
-            t = sf.station.finish(now, self.s_probe() + self.connect) + self._call()
+            t = sf.station.then(now, self.s_probe() + self.connect) + self._call()
             self.sim.pipeline(t, [(node.agent, self.a_probe(), 0.0)], self._probed, (su, node))
 
     def _probed(self, a: tuple[ScaleUp, SimNode]) -> None:
@@ -172,7 +172,7 @@ class Placer:
     def _answers(self, su: ScaleUp) -> None:
         assert su.sf is not None
         cost = sum(self.s_probe() for _ in su.answers)
-        self.sim.at(su.sf.station.finish(self.sim.now, cost), self._record, su)
+        self.sim.at(su.sf.station.then(self.sim.now, cost), self._record, su)
 
     def _record(self, su: ScaleUp) -> None:
         assert su.sf is not None and su.pl is not None
@@ -191,7 +191,7 @@ class Placer:
         su.res = r
         su.iid = self.m.new_id(su.fn)
         node = su.node = self.by_id[r.node_id]
-        t = su.sf.station.finish(self.sim.now, self.s_create() + self.connect) + self._call()
+        t = su.sf.station.then(self.sim.now, self.s_create() + self.connect) + self._call()
         self.sim.pipeline(t, [(node.agent, self.a_create(), 0.0)], self._create, su)
 
     # -- node side ------------------------------------------------------------

@@ -39,3 +39,36 @@ def test_files_round_trip_and_errors_name_the_entry(tmp_path, cal):
         cb.load(p)
     with pytest.raises(cb.CalibrationError, match="cannot read"):
         cb.load(tmp_path / "missing.json")
+
+
+def _plan(name, ok, dur, cores, probes=0.1, sched_p50_ms=0.06, rpcs_per_s=0.0):
+    return {
+        "scenario": name,
+        "requests": {"ok": ok},
+        "throughput": {"duration_s": dur, "probes_per_placement": probes,
+                       "rpcs_per_s": rpcs_per_s},
+        "cpu_cores": cores,
+        "latency_ms": {"scheduling": {"p50": sched_p50_ms}},
+    }  # fmt: skip
+
+
+def test_derive_takes_the_decision_from_the_real_schedule_when_it_rarely_probes():
+    from simulator.calibrate import derive
+
+    echo = {"client_s": 0.0002, "server_s": 0.0003}
+    warm = _plan("warm", 1000, 1.0, {"dispatch-0": 0.4, "schedule-0": 0.01, "agent-0": 0.1,
+                                      "clustermgr-0": 0.1, "load_generator": 0.2},
+                 rpcs_per_s=2000.0)  # fmt: skip
+    cold = _plan("cold", 500, 1.0, {"dispatch-0": 0.5, "schedule-0": 0.31, "agent-0": 0.35,
+                                     "clustermgr-0": 0.1})  # fmt: skip
+    ops = derive([warm, cold], echo, nodes=100, decide=0.00002)
+    assert ops["schedule.decide"] == pytest.approx(0.00006)  # the real median, not 20 us
+    # Schedule per placement: (0.31 - 0.01) / 500 = 600 us, less 1.1 client
+    # calls (0.1 probes + the CreateInstance) and the decision.
+    assert ops["schedule.schedule"] == pytest.approx(0.0006 - 1.1 * 0.0002 - 0.00006)
+    assert ops["agent.create"] == pytest.approx((0.35 - 0.1) / 500 - 0.1 * 0.0003)
+    assert ops["dispatch.dispatch"] == pytest.approx(0.4 / 1000 / 2)
+    # When most placements probe, their median includes probes: keep the
+    # in-process timing.
+    cold["throughput"]["probes_per_placement"] = 2.0
+    assert derive([warm, cold], echo, nodes=100, decide=0.00002)["schedule.decide"] == 0.00002

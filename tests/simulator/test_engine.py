@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from simulator.engine import SLACK_S, Host, Progress, Sim, Station
+from simulator.engine import SLACK_S, Progress, Sim, Station
+from simulator.host import Host
 
 
 def erlang_c_wait(lam: float, mu: float, c: int) -> float:

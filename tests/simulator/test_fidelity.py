@@ -32,3 +32,54 @@ def test_bench_doc_is_a_valid_bench_file(tmp_path):
 
     bf = pl.parse(fidelity.bench_doc(210, quick=True), tmp_path / "f.yaml")
     assert [p.scenario.name for p in bf.experiment.plans()] == ["max", "half"]
+
+
+def test_other_work_on_the_machine_slows_the_simulated_cluster(cal):
+    quiet = fidelity.sim_phase(cal, 40, 300, seed=1, concurrency=8)
+    busy = fidelity.sim_phase(cal, 40, 300, seed=1, concurrency=8, background=1.0)
+    # Half the machine's two cores taken: the CPU-bound closed loop slows.
+    assert busy["instances_per_s"] < 0.8 * quiet["instances_per_s"]
+    assert set(busy["cpu_cores"]) >= {"dispatch-0", "schedule-0", "agent-0"}
+
+
+def test_background_processes_from_what_the_real_phase_measured():
+    def phase(others, ours, runnable):
+        return {"machine_cores": {"others": others, "ours": ours, "ours_runnable": runnable}}
+
+    # Room to spare: the others took all they wanted (0.7 cores: 0.7 of a hog).
+    assert fidelity.background_processes(phase(0.7, 0.8, 1.5), 2) == 0.7
+    # A full machine: they got their fair share, 2k/(k + 6) = 0.25 -> k = 6/7.
+    assert abs(fidelity.background_processes(phase(0.25, 1.75, 6.0), 2) - 6 / 7) < 1e-9
+    assert fidelity.background_processes({}, 2) == 0.0  # an old result without readings
+
+
+async def test_a_reused_real_result_brings_its_calibration(tmp_path, cal):
+    import argparse
+    import json
+
+    doc = {"real": {}, "calibration": cal.to_json()}
+    doc["calibration"]["ops"]["schedule.decide"]["mean_s"] = 0.000123
+    path = tmp_path / "fidelity.json"
+    path.write_text(json.dumps(doc))
+    args = argparse.Namespace(calibration="measure", real=str(path), nodes=210, quick=True)
+    used = await fidelity._calibration(args, print)
+    assert used.ops["schedule.decide"].mean_s == 0.000123
+    args.calibration = "shipped"
+    assert (await fidelity._calibration(args, print)).ops == cal.ops
+
+
+def test_repeated_runs_are_judged_by_the_median_ratio():
+    def run(tput, p50, p99):
+        return {
+            "max": {"instances_per_s": tput},
+            "half": {"scheduling_ms": {"p50": p50, "p99": p99}},
+        }
+
+    real = run(100.0, 1.0, 10.0)
+    # One run's tail far off (a noisy neighbour), the other two close.
+    sims = [run(110.0, 1.1, 30.0), run(90.0, 0.9, 11.0), run(100.0, 1.0, 9.0)]
+    rows, ok = fidelity.compare_runs([(s, real) for s in sims])
+    assert ok
+    assert rows[2][3] == "3.00 1.10 0.90" and rows[2][4] == "1.10"
+    rows, ok = fidelity.compare_runs([(sims[0], real), (sims[0], real), (sims[1], real)])
+    assert not ok and rows[2][5] == "FAIL"
