@@ -57,6 +57,9 @@ class FunctionScaling:
         #: functions ticked, in activation order (a dict for deterministic order)
         self.active: dict[int, None] = {}
         self.decisions = 0
+        #: the routers by function, when the caller has such a list: read
+        #: directly instead of through ``router_of`` (every tick, every function)
+        self.routers: list[FunctionRouter | None] | None = None
         self.panics = 0
 
     def start(self) -> None:
@@ -74,20 +77,22 @@ class FunctionScaling:
     def tick(self) -> None:
         """One autoscaler round over the active functions."""
         now = self.sim.now
+        router_of, kpas, routers = self.router_of, self.kpas, self.routers
         for fn in list(self.active):
-            r = self.router_of(fn)
+            r = routers[fn] if routers is not None else router_of(fn)
             if r is None:
                 del self.active[fn]
                 continue
-            kpa = self.kpas.get(fn)
+            kpa = kpas.get(fn)
             if kpa is None:
-                kpa = self.kpas[fn] = KpaAutoscaler(
+                kpa = kpas[fn] = KpaAutoscaler(
                     self.make_config(fn), make_keepalive(self.keepalive, **self.keepalive_opts)
                 )
             kpa.observe(now, r.load(), last_active=r.last_active)
             d = kpa.decide(now, r.live_count(), r.pending)
             self.decisions += 1
-            self.panics += d.panic
+            if d.panic:
+                self.panics += 1
             if d.to_start:
                 self._start(fn, d.to_start)
             if d.to_remove:
@@ -113,7 +118,7 @@ def galaxy_kpa(
     utilization 1.0) and the run's fixed keep-alive: Galaxy's function
     autoscaling, also given to the baselines that have none of their own."""
     f = model.fns
-    return FunctionScaling(
+    fs = FunctionScaling(
         model.sim,
         lambda fn: KpaConfig(target_concurrency=f[fn].concurrency, max_scale=f[fn].max_scale),
         lambda fn: routers[fn],
@@ -121,3 +126,5 @@ def galaxy_kpa(
         retire,
         keepalive_opts={"seconds": model.env.cfg.keep_alive_s},
     )
+    fs.routers = routers
+    return fs

@@ -197,11 +197,13 @@ async def echo_round_trip(n: int = 2000, batches: int = 10) -> dict[str, float]:
             # Calls spaced out, as a lightly loaded control plane makes them:
             # both ends go idle and each wake costs more than a busy hop.
             spaced = []
+            _, s_sp = cpus()
             for _ in range(max(20, n // 20)):
                 await asyncio.sleep(0.01)
                 t0 = time.perf_counter()
                 await call(payload)
                 spaced.append(time.perf_counter() - t0)
+            _, s_sp2 = cpus()
         fresh = max(20, n // 20)
         for _ in range(fresh):
             async with grpc.aio.insecure_channel(addr) as ch2:
@@ -219,6 +221,8 @@ async def echo_round_trip(n: int = 2000, batches: int = 10) -> dict[str, float]:
         "connect_s": max(0.0, new - client - server),
         # Two wakes per spaced call: the server's for the request, ours for the reply.
         "wakeup_s": max(0.0, (statistics.median(spaced) - best) / 2),
+        # The server's extra CPU for a request that finds it asleep.
+        "wake_cpu_s": max(0.0, (s_sp2 - s_sp) / len(spaced) - server),
     }
 
 
@@ -276,6 +280,7 @@ def build(
         "control_start_s": start_s,
         "repartition_s": 0.03,
         "wakeup_s": echo["wakeup_s"],
+        "wake_cpu_s": echo["wake_cpu_s"],
     }
     sources = {
         "connect_s": "echo: extra client + server CPU of a call on a fresh channel",
@@ -283,6 +288,7 @@ def build(
         "control_start_s": "spawn of `galaxy serve controller` until it prints READY (median)",
         "repartition_s": "DESIGN.md section 1: adding one Schedule instance costs >= 30 ms",
         "wakeup_s": "echo: (median round trip of calls 10 ms apart - fastest batch's) / 2",
+        "wake_cpu_s": "echo: server CPU per call 10 ms apart - per call back to back",
     }
     assert set(OPS) <= set(ops)
     return Calibration(ops, params, {**meta, "echo": echo}, sources)

@@ -25,6 +25,7 @@ waits for a core of its host.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from simulator.host import Host
 
 Callback = Callable[[Any], None]
+#: an entry of the event heap: (time, sequence number, callback, its argument)
+Event = tuple[float, int, Callback, Any]
 #: (station, service time, delay after it before the next stage)
 Stage = tuple["Station", float, float]
 #: A job is handed to a station when sent if it arrives within this much;
@@ -70,7 +73,7 @@ class Sim:
         self.now = start
         #: the time as a ``Clock`` for the production policies
         self.clock = SimClock(self)
-        self._heap: list[tuple[float, int, Callback, Any]] = []
+        self._heap: list[Event] = []
         self._seq = itertools.count(1)
         self.events = 0
         self.stopped = False
@@ -80,6 +83,12 @@ class Sim:
     def at(self, t: float, fn: Callback, arg: Any = None) -> None:
         """Call fn(arg) at time t (not earlier than now)."""
         heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
+
+    def pusher(self) -> tuple[Callable[[Event], None], Callable[[], int]]:
+        """``at`` in parts, for code that schedules an event per request:
+        ``push((t, seq(), fn, arg))`` is ``at(t, fn, arg)`` without the
+        call of ``at`` (both are built-ins)."""
+        return functools.partial(heapq.heappush, self._heap), self._seq.__next__
 
     def after(self, dt: float, fn: Callback, arg: Any = None) -> None:
         """Call fn(arg) dt seconds from now."""
@@ -100,13 +109,21 @@ class Sim:
         call then(arg). A stage whose arrival is more than ``slack_s`` away
         is entered by an event at that time, so each station still serves
         jobs in (nearly) arrival order even behind a backed-up upstream."""
-        t = arrive
+        t, now, slack = arrive, self.now, self.slack_s
         for i, (st, service, gap) in enumerate(stages):
-            if t - self.now > self.slack_s:
+            if t - now > slack:
                 self.at(t, self._resume, (stages[i:], then, arg))
                 return
             t = st.finish(t, service) + gap
         self.at(t, then, arg)
+
+    def stage(self, arrive: float, st: Station, service: float, then: Callback, arg: Any) -> None:
+        """``pipeline(arrive, [(st, service, 0.0)], then, arg)``: one station
+        (most messages), without the list and the loop."""
+        if arrive - self.now > self.slack_s:
+            self.at(arrive, self._resume, ([(st, service, 0.0)], then, arg))
+            return
+        heapq.heappush(self._heap, (st.finish(arrive, service), next(self._seq), then, arg))
 
     def _resume(self, a: tuple[list[Stage], Callback, Any]) -> None:
         self.pipeline(self.now, a[0], a[1], a[2])
@@ -212,18 +229,17 @@ class Station:
         """Serve a job arriving at t that needs ``service`` s; its finish time."""
         self.busy += service
         self.ops += 1
+        host = self.host
         if self.c == 1:
-            start = t if t > self.free_at else self.free_at
-        else:
-            start = t if t > self._free[0] else self._free[0]
-        if self.host is not None:
-            done = self.host.place(self, t, start, service)
-        else:
-            done = start + service
-        if self.c == 1:
+            free = self.free_at
+            start = t if t > free else free
+            done = start + service if host is None else host.place(self, t, start, service)
             self.free_at = done
-        else:
-            heapq.heapreplace(self._free, done)
+            return done
+        free = self._free[0]
+        start = t if t > free else free
+        done = start + service if host is None else host.place(self, t, start, service)
+        heapq.heapreplace(self._free, done)
         return done
 
     def then(self, t: float, service: float) -> float:

@@ -155,8 +155,14 @@ def sim_phase(
     concurrency: int = 0,
     rate: float = 0.0,
     background: float = 0.0,
+    client_cost_s: float | None = None,
 ) -> dict[str, Any]:
-    """One phase simulated: closed loop with ``concurrency`` or open at ``rate``."""
+    """One phase simulated: closed loop with ``concurrency`` or open at ``rate``.
+
+    client_cost_s: the load generator's CPU per request as measured in the
+    real run (it is the test harness, not the system checked: its open-loop
+    timers cost 2-3x a closed-loop call, and its CPU is load on the machine).
+    """
     fns = functions(COLD_FUNCTIONS, "cold", cpu_millis=10, memory_mib=16, cold_start_s=0.0)
     w = Workload("fidelity", fns, 600.0, lambda: iter(()))
     hop = cal.param("loopback_hop_s", 50e-6)
@@ -170,6 +176,7 @@ def sim_phase(
         host_background=background,
         host_wakeup_s=cal.param("wakeup_s", 0.0),
         host_handoffs=GRPC_HANDOFFS,
+        host_wake_cpu_s=cal.param("wake_cpu_s", 0.0),
         network=NetworkConfig(hop, hop * 0.2, 0.0, 0.0),
     )
     env = Env(cfg, cal, w, seed)
@@ -178,6 +185,9 @@ def sim_phase(
     g = VARIANTS["galaxy"]
     model = GalaxyModel(env, g, instances=1, controller_scaling=False, heartbeats="all")
     model.front.client = env.station("load-generator")
+    if client_cost_s is not None and env.host is not None:
+        model.front.s_client = lambda: client_cost_s
+        env.host.measured.add(model.front.client)
     d = _Driver(env, model, total, total // 10)
     if concurrency:
 
@@ -315,12 +325,24 @@ def simulate_run(
     n_max, n_half = (1200, 800) if quick else (3000, 2000)
     cores = os.cpu_count() or 2
     bg = {k: background_processes(real[k], cores) for k in ("max", "half")}
+    client = {k: client_cost(real[k]) for k in ("max", "half")}
     return {
-        "max": sim_phase(cal, nodes, n_max, seed, concurrency=32, background=bg["max"]),
+        "max": sim_phase(cal, nodes, n_max, seed, concurrency=32, background=bg["max"],
+                         client_cost_s=client["max"]),
         "half": sim_phase(cal, nodes, n_half, seed, rate=real["half"]["arrival_rate"],
-                          background=bg["half"]),
+                          background=bg["half"], client_cost_s=client["half"]),
         "background": bg,
+        "client_cost_s": client,
     }  # fmt: skip
+
+
+def client_cost(phase: dict[str, Any]) -> float | None:
+    """The real load generator's CPU seconds per request in a phase."""
+    cores = phase.get("cpu_cores", {}).get("load_generator")
+    rate = phase.get("instances_per_s") or 0.0
+    if cores is None or not rate > 0 or math.isnan(cores):
+        return None
+    return float(cores) / rate
 
 
 async def main(args: Any) -> int:

@@ -44,6 +44,15 @@ class Frontend:
         self._s_dispatch = model.env.op("dispatch.dispatch")
         self._s_release = model.env.op("dispatch.release")
         self.requests = 0
+        #: per function, the process of its owner when the model keeps it
+        #: here (None: ask ``owner``); Galaxy keeps its Dispatch owners here
+        self.owners: list[Station | None] = [None] * len(model.fns)
+        # Bound once: the warm path below uses them for every request (and
+        # a method looked up on an object is a new object each time).
+        self._hop = self.net.hop
+        self._push, self._seq = self.sim.pusher()
+        self._on_dispatch, self._on_release = self._dispatch, self._release
+        self._on_released = self._released
 
     def router(self, fn: int) -> FunctionRouter:
         """fn's router (created at first use)."""
@@ -69,28 +78,31 @@ class Frontend:
             stage = (self.owner(fn), self._s_dispatch(), 0.0)
             self.sim.pipeline(t, [stage], self._dispatch, req)
             return
-        t = self.owner(fn).finish(now + self.net.hop(), self._s_dispatch())
-        self.sim.at(t, self._dispatch, req)
+        st = self.owners[fn] or self.owner(fn)
+        t = st.finish(now + self._hop(), self._s_dispatch())
+        self._push((t, self._seq(), self._on_dispatch, req))  # sim.at(t, ...)
 
     def _dispatch(self, req: Req) -> None:
         router = self.routers[req.fn] or self.router(req.fn)
         g = router.acquire()
         if g is not None:
-            self.m.serve(req, g, self.sim.now + self.net.hop(), self._release)
+            self.m.serve(req, g, self.sim.now + self._hop(), self._on_release)
             return
         router.enqueue(req)
         self.on_wait(req.fn, router)
 
     def _release(self, req: Req, lease: str) -> None:
-        t = self.owner(req.fn).finish(self.sim.now + self.net.hop(), self._s_release())
-        self.sim.at(t, self._released, (req.fn, lease))
+        fn = req.fn
+        st = self.owners[fn] or self.owner(fn)
+        t = st.finish(self.sim.now + self._hop(), self._s_release())
+        self._push((t, self._seq(), self._on_released, (fn, lease)))  # sim.at(t, ...)
 
     def _released(self, a: tuple[int, str]) -> None:
         router = self.routers[a[0]]
         assert router is not None
         grants = router.release(a[1])[1]
         if grants:
-            self.m.serve_all(grants, self.sim.now, self._release)
+            self.m.serve_all(grants, self.sim.now, self._on_release)
 
     # -- instances -------------------------------------------------------------
 

@@ -37,6 +37,12 @@ class Host:
     the burst under way at the end of its slice, U(0, slice) later, and runs
     through (it has used far less CPU than a hog), the burst resuming after.
 
+    ``wake_cpu_s``: a message to a process idle for longer than
+    ``IDLE_AFTER_S`` costs that much more CPU (its gRPC and event-loop
+    threads went to sleep and must be woken; measured with the echo, about
+    the cost of the call itself on the reference VM). The per-op costs come
+    from saturated runs, where processes seldom sleep.
+
     ``wakeup_s``: a job that finds its core idle for longer than
     ``HALT_AFTER_S`` (halted) starts that much later. On a VM, waking a
     halted vCPU goes through the hypervisor; `galaxy simulate-calibrate`
@@ -64,15 +70,22 @@ class Host:
         "background",
         "free",
         "handoffs",
+        "measured",
         "owner",
         "slice_s",
         "stations",
+        "wake_cpu_s",
         "wakeup_s",
     )
 
     #: An idle core halts after this long: the guest's haltpoll cpuidle
     #: governor polls for 200 us first (Linux ``guest_halt_poll_ns`` default).
     HALT_AFTER_S = 0.0002
+    #: A process idle this long has put its threads to sleep: the next
+    #: message costs ``wake_cpu_s`` more CPU (measured: a gRPC echo costs the
+    #: same CPU per call at 0.5 ms spacing as back to back, most of the extra
+    #: at 2 ms, all of it at 10 ms).
+    IDLE_AFTER_S = 0.001
 
     def __init__(
         self,
@@ -82,6 +95,7 @@ class Host:
         background: float = 0.0,
         wakeup_s: float = 0.0,
         handoffs: int = 1,
+        wake_cpu_s: float = 0.0,
     ) -> None:
         if cores < 1:
             raise ValueError("a host needs at least one core")
@@ -100,6 +114,10 @@ class Host:
         # math.inf: no background (the gap's mean is drawn per burst, below)
         self._bg_gap = 1.0 if background > 0 else math.inf
         self.wakeup_s = wakeup_s
+        #: extra CPU a message to a process idle for IDLE_AFTER_S costs
+        self.wake_cpu_s = wake_cpu_s
+        #: processes whose per-job cost was measured whole (wakes included)
+        self.measured: set[Station] = set()
         if handoffs < 1:
             raise ValueError("a message needs at least one thread to run it")
         #: threads a message to a sleeping process wakes in turn (each must
@@ -192,6 +210,13 @@ class Host:
             core = st.core  # busy: the process keeps its core
             end = self.run(core, start, service)
         else:
+            if (
+                self.wake_cpu_s > 0
+                and t - st.free_at > self.IDLE_AFTER_S
+                and st not in self.measured
+            ):
+                service += self.wake_cpu_s  # its threads were asleep
+                st.busy += self.wake_cpu_s
             for _ in range(self.handoffs - 1):
                 # A thread that only passes the message on: it needs a core,
                 # then hands over (its CPU is in the calibrated op costs).

@@ -21,6 +21,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from controlplane.experiment import summarize
 
 
@@ -40,6 +42,9 @@ class Recorder:
         self.sums: dict[str, float] = defaultdict(float)
         nb = int(duration_s / self.bin_s) + 2
         self._completed = [0] * nb
+        #: completion times not yet counted into ``_completed`` (binned in
+        #: bulk by ``summary``: cheaper than one by one)
+        self._completions = array("d")
         self._started = [0] * nb
         self._arrived = [0] * nb
         self.control: dict[str, list[tuple[float, int]]] = {}
@@ -59,10 +64,7 @@ class Recorder:
 
     def arrived(self, times: Sequence[float]) -> None:
         """A batch of arrivals (counted per bin when the batch is read)."""
-        arr, n, b = self._arrived, len(self._arrived) - 1, self.bin_s
-        for t in times:
-            i = int(t / b)
-            arr[i if i < n else n] += 1
+        _count_bins(self._arrived, times, self.bin_s)
 
     def granted(self, arrival: float, now: float, cold: bool) -> None:
         """A request's client got a slot at now."""
@@ -77,9 +79,7 @@ class Recorder:
 
     def completed(self, t: float) -> None:
         """A request finished running."""
-        i = int(t / self.bin_s)
-        c = self._completed
-        c[i if i < len(c) else -1] += 1
+        self._completions.append(t)
         self.n_completed += 1
 
     def failed(self, reason: str) -> None:
@@ -109,7 +109,10 @@ class Recorder:
     def sample(self, key: str, asked_at: float, value: float) -> None:
         """An extra latency sample (counted when asked after the warmup)."""
         if asked_at >= self.warmup_s:
-            self.extra.setdefault(key, array("d")).append(value)
+            arr = self.extra.get(key)
+            if arr is None:
+                arr = self.extra[key] = array("d")
+            arr.append(value)
 
     def add(self, key: str, value: float) -> None:
         """Add to a named total (seconds of probing, of control CPU, ...)."""
@@ -130,14 +133,15 @@ class Recorder:
     def summary(self, end: float) -> dict[str, Any]:
         """Everything a report needs, as plain JSON-able data."""
         span = max(end - self.warmup_s, 1e-9)
+        _count_bins(self._completed, self._completions, self.bin_s)
+        del self._completions[:]
         self.counts["completed"] = self.n_completed
         started = self.counts["instances_started"]
         burst = self.last_started - self.first_scale_up if started else 0.0
         nb = min(len(self._completed), int(end / self.bin_s) + 1)
-        # Sorted once here: summarize and _cdf_points sort again, which on
-        # sorted input is a linear pass (millions of samples in long runs).
-        # Kept as arrays of doubles: a quarter of the memory of a list.
-        sched, dispatch = array("d", sorted(self.sched)), array("d", sorted(self.dispatch))
+        # Sorted once here (summarize takes sorted arrays of doubles as they
+        # are). Kept as arrays of doubles: a quarter of the memory of a list.
+        sched, dispatch = _sorted(self.sched), _sorted(self.dispatch)
         return {
             "scheduling_latency_s": summarize(sched),
             "dispatch_latency_s": summarize(dispatch),
@@ -169,9 +173,36 @@ class Recorder:
         }
 
 
-def _cdf_points(values: Sequence[float], n: int = 200) -> list[float]:
-    """n+1 quantiles (0..100%) of values: enough to draw a CDF in a report."""
-    if not values:
+def _count_bins(counts: list[int], times: Sequence[float], bin_s: float) -> None:
+    """counts[min(int(t / bin_s), len(counts) - 1)] += 1 for each t: with
+    numpy, all at once, when every t is finite and >= 0 (the same bins);
+    else one by one."""
+    n = len(counts) - 1
+    t = np.asarray(times, dtype=np.float64)
+    if len(t) and np.isfinite(t).all() and t.min() >= 0:
+        binned = np.bincount(np.minimum(t / bin_s, n).astype(np.int64))
+        for i in np.flatnonzero(binned).tolist():
+            counts[i] += int(binned[i])
+        return
+    for x in times:
+        i = int(x / bin_s)
+        counts[i if i < n else n] += 1
+
+
+def _sorted(values: array) -> array:
+    """``array("d", sorted(values))``, by numpy (millions of samples). Equal
+    doubles are the same value, so any sort gives the same sequence except
+    for -0.0 and 0.0 (equal, yet told apart: a stable sort keeps them as
+    Python's does); with NaN, Python's sort."""
+    a = np.asarray(values, dtype=np.float64)
+    if np.isnan(a).any():
+        return array("d", sorted(values))
+    stable = bool(np.signbit(a[a == 0]).any())
+    return array("d", np.sort(a, kind="stable" if stable else "quicksort").tobytes())
+
+
+def _cdf_points(v: Sequence[float], n: int = 200) -> list[float]:
+    """n+1 quantiles (0..100%) of v (sorted): enough to draw a CDF in a report."""
+    if not v:
         return []
-    v = sorted(values)
     return [v[min(len(v) - 1, round(i * (len(v) - 1) / n))] for i in range(n + 1)]

@@ -42,6 +42,8 @@ class SimConfig:
     host_wakeup_s: float = 0.0
     #: threads a message to a sleeping process wakes in turn on that host
     host_handoffs: int = 1
+    #: extra CPU of a message to a process that has been idle
+    host_wake_cpu_s: float = 0.0
     #: an idle function instance is removed after this long (keep-alive).
     keep_alive_s: float = 60.0
     #: system-specific overrides, e.g. {"galaxy": {"instances": 8}}.
@@ -66,6 +68,7 @@ class Env:
                 cfg.host_background,
                 wakeup_s=cfg.host_wakeup_s,
                 handoffs=cfg.host_handoffs,
+                wake_cpu_s=cfg.host_wake_cpu_s,
             )
             if cfg.host_cores
             else None

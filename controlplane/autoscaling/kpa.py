@@ -45,9 +45,16 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from controlplane.autoscaling.keepalive import FixedKeepAlive, KeepAlivePolicy
+
+# (Re-exported: they were defined here first.)
+from controlplane.autoscaling.removal import (
+    InstanceView,
+    RemovalCandidate,
+    idle_instances_to_remove,
+)
 
 __all__ = [
     "InstanceView",
@@ -214,6 +221,8 @@ class KpaAutoscaler:
         self._last_busy: float | None = None
         self._panic_since: float | None = None  # last time the panic condition held
         self._max_panic = 0
+        #: (base, config, up_cap, down_floor) of the last decision (``decide``)
+        self._limits: tuple[int, KpaConfig | None, int, int] = (0, None, 0, 0)
 
     # -- inputs -------------------------------------------------------------
 
@@ -227,14 +236,27 @@ class KpaAutoscaler:
         count as activity, so the idle clock restarts."""
         if not math.isfinite(concurrency) or concurrency < 0:
             raise ValueError(f"concurrency must be a finite number >= 0, got {concurrency!r}")
-        self._advance(now)
+        # _advance and _prune, inline: observe runs every tick for every
+        # function (the simulator's 8-hour traces: millions of times)
+        if not math.isfinite(now):
+            raise ValueError(f"now must be a finite time, got {now!r}")
+        if self._last_t is not None and now < self._last_t:
+            raise ValueError(f"time went backward: {now} < {self._last_t}")
+        self._last_t = now
         c = float(concurrency)
-        self._samples.append((now, c))
+        samples = self._samples
+        samples.append((now, c))
         if c.is_integer():
             self._whole_sum += int(c)
         else:
             self._fractional += 1
-        self._prune(now)
+        cutoff = now - self.config.stable_window_s + _EPS
+        while samples and samples[0][0] < cutoff:
+            old = samples.popleft()[1]
+            if old.is_integer():
+                self._whole_sum -= int(old)
+            else:
+                self._fractional -= 1
         idle_since = self._idle_since
         # A grant or release after the idle start: activity between samples.
         between = (
@@ -277,25 +299,41 @@ class KpaAutoscaler:
                 f"ready_instances and pending must be >= 0, got {ready_instances}, {pending}"
             )
         cfg = self.config
-        self._advance(now)
-        self._prune(now)
+        if now != self._last_t:
+            # (At the time of the last observe, as per tick, both were just
+            # done: the clock checked and the window pruned to now.)
+            self._advance(now)
+            self._prune(now)
         if not self._samples:
             hold = self._clamp(ready_instances)
             return self._decision(
                 hold, ready_instances, pending, ("no samples yet: hold",), 0.0, 0.0
             )
-        stable_c = self._stable_average(now)
+        if self._fractional or self._whole_sum >= _EXACT_SUM:
+            stable_c = self._average(now, cfg.stable_window_s)
+        else:  # _stable_average, inline
+            stable_c = float(self._whole_sum) / len(self._samples)
         panic_c = self._average(now, cfg.panic_window_s)
-        want_stable = _instances_for(stable_c, cfg.target_per_instance)
-        want_panic = _instances_for(panic_c, cfg.target_per_instance)
+        # (_instances_for is 0 without traffic: skip the call in that case)
+        per = cfg.target_per_instance
+        want_stable = _instances_for(stable_c, per) if stable_c > 0 else 0
+        want_panic = _instances_for(panic_c, per) if panic_c > 0 else 0
 
         # Rate limits, with ready counted as at least 1 (Knative does the same)
         # so scaling from zero is possible.
-        base = max(1, ready_instances)
-        up_cap = math.ceil(base * cfg.max_scale_up_rate - _EPS)
-        down_floor = math.floor(base / cfg.max_scale_down_rate + _EPS)
-        stable_n = min(max(want_stable, down_floor), up_cap)
-        panic_n = min(max(want_panic, down_floor), up_cap)
+        # (Conditional expressions for max and min, and the limits kept for
+        # the last ``base``, which seldom changes: decide runs every tick.)
+        base = ready_instances if ready_instances > 1 else 1
+        limits = self._limits
+        if base != limits[0] or cfg is not limits[1]:
+            up = math.ceil(base * cfg.max_scale_up_rate - _EPS)
+            down = math.floor(base / cfg.max_scale_down_rate + _EPS)
+            limits = self._limits = (base, cfg, up, down)
+        up_cap, down_floor = limits[2], limits[3]
+        stable_n = want_stable if want_stable > down_floor else down_floor
+        stable_n = stable_n if stable_n < up_cap else up_cap
+        panic_n = want_panic if want_panic > down_floor else down_floor
+        panic_n = panic_n if panic_n < up_cap else up_cap
 
         over = want_panic / base >= cfg.panic_threshold
         if over:
@@ -323,7 +361,10 @@ class KpaAutoscaler:
             if desired == 0:
                 desired, why = self._zero_gate(now, ready_instances + pending)
 
-        clamped = self._clamp(desired)
+        # _clamp, inline (every tick of every function)
+        clamped = desired if desired >= cfg.min_scale else cfg.min_scale
+        if cfg.max_scale is not None and clamped > cfg.max_scale:
+            clamped = cfg.max_scale
         if clamped != desired:
             why = (why[0] + "; clamped to [{}, {}] -> {}", *why[1:],
                    cfg.min_scale, cfg.max_scale, clamped)  # fmt: skip
@@ -438,59 +479,19 @@ class KpaAutoscaler:
     ) -> ScaleDecision:
         # Pending starts count toward desired. They are not cancelled (a start
         # cannot be recalled); if they land surplus, a later tick removes them.
-        return ScaleDecision(
-            desired,
-            self._panic_since is not None,
-            why[0],
-            max(0, desired - ready - pending),
-            max(0, ready - desired),
-            stable_c,
-            panic_c,
-            why[1:],
+        start, remove = desired - ready - pending, ready - desired
+        # tuple.__new__: the named tuple without its generated Python __new__
+        # (one decision per function per tick)
+        return tuple.__new__(
+            ScaleDecision,
+            (
+                desired,
+                self._panic_since is not None,
+                why[0],
+                start if start > 0 else 0,
+                remove if remove > 0 else 0,
+                stable_c,
+                panic_c,
+                why[1:],
+            ),
         )
-
-
-class RemovalCandidate(Protocol):
-    """An instance as the removal helper needs it (read-only);
-    ``functions.dispatch.policy.Instance`` fits as is."""
-
-    @property
-    def instance_id(self) -> str: ...
-    @property
-    def in_flight(self) -> int: ...
-    @property
-    def added_at(self) -> float: ...
-    @property
-    def draining(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class InstanceView:
-    """A plain ``RemovalCandidate`` (for the simulator and tests)."""
-
-    instance_id: str
-    in_flight: int
-    added_at: float
-    draining: bool = False
-
-
-def idle_instances_to_remove(
-    instances: Iterable[RemovalCandidate],
-    count: int,
-    idle_since: Mapping[str, float] | None = None,
-) -> list[str]:
-    """Ids of up to ``count`` instances to drain and then delete.
-
-    Never one with requests in flight, never one already draining. The most
-    recently added go first so the older, warm ones stay (the Dispatch router
-    packs load on the oldest instance, so the newest are the ones going
-    idle); among equals, the one idle longest (``idle_since``), then by id so
-    the choice is deterministic. May return fewer than ``count`` when not
-    enough instances are idle; ask again next tick.
-    """
-    if count <= 0:
-        return []
-    since = idle_since or {}
-    idle = [i for i in instances if i.in_flight == 0 and not i.draining]
-    idle.sort(key=lambda i: (-i.added_at, since.get(i.instance_id, math.inf), i.instance_id))
-    return [i.instance_id for i in idle[:count]]

@@ -29,6 +29,14 @@ class Res:
     memory_mib: int = 0
     gpus: int = 0
 
+    def __init__(self, cpu_millis: int = 0, memory_mib: int = 0, gpus: int = 0) -> None:
+        # What the generated frozen __init__ does (object.__setattr__ per
+        # field), through the slot descriptors directly: about a third
+        # cheaper, and the simulator makes millions of these.
+        _set_cpu(self, cpu_millis)
+        _set_mem(self, memory_mib)
+        _set_gpus(self, gpus)
+
     def __add__(self, other: Res) -> Res:
         return Res(
             self.cpu_millis + other.cpu_millis,
@@ -56,8 +64,11 @@ class Res:
         return self.cpu_millis == 0 and self.memory_mib == 0 and self.gpus == 0
 
     def clamped(self) -> Res:
-        """Components below 0 raised to 0."""
-        return Res(max(self.cpu_millis, 0), max(self.memory_mib, 0), max(self.gpus, 0))
+        """Components below 0 raised to 0 (self when none is: it is immutable)."""
+        c, m, g = self.cpu_millis, self.memory_mib, self.gpus
+        if c >= 0 and m >= 0 and g >= 0:
+            return self
+        return Res(max(c, 0), max(m, 0), max(g, 0))
 
     @classmethod
     def from_proto(cls, r: common_pb2.Resources | None) -> Res:
@@ -70,12 +81,10 @@ class Res:
         """As ``common_pb2.Resources``; components are clamped to uint32
         because the wire type cannot carry a negative deficit."""
 
-        def u32(v: int) -> int:
-            return min(max(v, 0), _UINT32_MAX)
-
-        return common_pb2.Resources(
-            cpu_millis=u32(self.cpu_millis), memory_mib=u32(self.memory_mib), gpus=u32(self.gpus)
-        )
+        c, m, g = self.cpu_millis, self.memory_mib, self.gpus
+        if not (0 <= c <= _UINT32_MAX and 0 <= m <= _UINT32_MAX and 0 <= g <= _UINT32_MAX):
+            c, m, g = _u32(c), _u32(m), _u32(g)
+        return common_pb2.Resources(cpu_millis=c, memory_mib=m, gpus=g)
 
     def shortfall(self, need: Res) -> list[str]:
         """Human-readable list of the components where self (free) < need."""
@@ -92,6 +101,17 @@ class Res:
 
     def __str__(self) -> str:
         return f"{self.cpu_millis}m cpu, {self.memory_mib}Mi memory, {self.gpus} gpus"
+
+
+# The slot descriptors ``Res.__init__`` sets the fields through (a frozen
+# dataclass forbids plain assignment).
+_set_cpu = Res.__dict__["cpu_millis"].__set__
+_set_mem = Res.__dict__["memory_mib"].__set__
+_set_gpus = Res.__dict__["gpus"].__set__
+
+
+def _u32(v: int) -> int:
+    return min(max(v, 0), _UINT32_MAX)
 
 
 ZERO = Res()
@@ -127,7 +147,13 @@ class NodeCapacity:
 
     def fits(self, req: Res) -> bool:
         """True when req fits the free resources now."""
-        return req.fits_in(self.free_resources())
+        # req.fits_in(self.free_resources()) without making the Res.
+        c, a = self.capacity, self._allocated
+        return (
+            req.cpu_millis <= c.cpu_millis - a.cpu_millis
+            and req.memory_mib <= c.memory_mib - a.memory_mib
+            and req.gpus <= c.gpus - a.gpus
+        )
 
     def holds(self, instance_id: str) -> bool:
         """True when instance_id holds an allocation."""
@@ -152,10 +178,11 @@ class NodeCapacity:
         """
         if instance_id in self._held:
             return False
-        if req != req.clamped():
+        clamped = req.clamped()  # req itself when nothing is negative
+        if clamped is not req and req != clamped:
             raise ValueError(f"a resource request must not be negative: {req}")
-        free = self.free_resources()
-        if not req.fits_in(free):
+        if not self.fits(req):
+            free = self.free_resources()
             node = f"node {self.node_id}" if self.node_id else "node"
             raise ResourceExhausted(f"{node} has " + "; ".join(free.shortfall(req)))
         self._held[instance_id] = req

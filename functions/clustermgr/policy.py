@@ -134,7 +134,14 @@ class NodeRegistry:
             return Updated.UNKNOWN
         if status.seq < rec.status.seq:
             return Updated.STALE
-        changed = _content(status) != _content(rec.status)
+        old = rec.status
+        # The scalar fields first: a heartbeat usually differs in them, and
+        # then the serialized resources need not be compared.
+        changed = (
+            status.instances != old.instances
+            or status.address != old.address
+            or _content(status) != _content(old)
+        )
         rec.status = common_pb2.NodeStatus()
         rec.status.CopyFrom(status)
         rec.last_seen = self.clock.now()

@@ -363,8 +363,11 @@ class FunctionRouter:
         now = self.clock.now()
         self.last_active = now
         lease_id = f"{self.lease_prefix}{self.name}/{next(self._seq)}"
-        self.leases[lease_id] = _Lease(inst.instance_id, now + self.lease_ttl_s)
-        return Grant(lease_id, inst, cold)
+        # tuple.__new__ makes the same named tuples as _Lease(...) and
+        # Grant(...), without their generated Python __new__: one of each
+        # per request.
+        self.leases[lease_id] = tuple.__new__(_Lease, (inst.instance_id, now + self.lease_ttl_s))
+        return tuple.__new__(Grant, (lease_id, inst, cold))
 
     def _serve_waiters(self, cold: bool) -> list[tuple[Waiter, Grant]]:
         out: list[tuple[Waiter, Grant]] = []

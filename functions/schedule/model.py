@@ -109,13 +109,52 @@ class NodeState:
     probe_at: float = 0.0
     probe_tick: int = -1
 
+    # The free estimates are on the placement hot path: they work component
+    # by component, in the order of the Res arithmetic they stand for (given
+    # in each docstring), and make one Res at most.
+
+    def _status_left(self) -> tuple[int, int, int]:
+        """capacity - allocated - (confirmed - status_confirmed) - inflight"""
+        cap, al = self.info.capacity, self.info.allocated
+        co, sc, inf = self.confirmed, self.status_confirmed, self.inflight
+        return (
+            cap.cpu_millis - al.cpu_millis - (co.cpu_millis - sc.cpu_millis) - inf.cpu_millis,
+            cap.memory_mib - al.memory_mib - (co.memory_mib - sc.memory_mib) - inf.memory_mib,
+            cap.gpus - al.gpus - (co.gpus - sc.gpus) - inf.gpus,
+        )
+
     def status_free(self) -> Res:
-        since = self.confirmed - self.status_confirmed
-        return (self.info.capacity - self.info.allocated - since - self.inflight).clamped()
+        """(capacity - allocated - since - inflight).clamped(), where since
+        is ``confirmed - status_confirmed``: what the status misses."""
+        c, m, g = self._status_left()
+        return Res(max(c, 0), max(m, 0), max(g, 0))
+
+    def status_fits(self, need: Res) -> bool:
+        """need.fits_in(self.status_free())"""
+        c, m, g = self._status_left()
+        return (
+            need.cpu_millis <= max(c, 0) and need.memory_mib <= max(m, 0) and need.gpus <= max(g, 0)
+        )
 
     def cached_free(self) -> Res:
-        assert self.probe_free is not None
-        return (self.probe_free - self.inflight).clamped()
+        """(probe_free - inflight).clamped()"""
+        pf, inf = self.probe_free, self.inflight
+        assert pf is not None
+        return Res(
+            max(pf.cpu_millis - inf.cpu_millis, 0),
+            max(pf.memory_mib - inf.memory_mib, 0),
+            max(pf.gpus - inf.gpus, 0),
+        )
+
+    def cached_fits(self, need: Res) -> bool:
+        """need.fits_in(self.cached_free())"""
+        pf, inf = self.probe_free, self.inflight
+        assert pf is not None
+        return (
+            need.cpu_millis <= max(pf.cpu_millis - inf.cpu_millis, 0)
+            and need.memory_mib <= max(pf.memory_mib - inf.memory_mib, 0)
+            and need.gpus <= max(pf.gpus - inf.gpus, 0)
+        )
 
 
 #: Scores a candidate: (node, free estimate, need) -> higher is better.
@@ -125,17 +164,21 @@ Score = Callable[[NodeInfo, Res, Res], float]
 def least_loaded(node: NodeInfo, free: Res, need: Res) -> float:
     """Default score: the free fraction left on the node's tightest resource
     after placing ``need`` (spreads load; ties go to the first sampled)."""
-    cap, left = node.capacity, free - need
-    fractions = [
-        left_v / cap_v
-        for left_v, cap_v in (
-            (left.cpu_millis, cap.cpu_millis),
-            (left.memory_mib, cap.memory_mib),
-            (left.gpus, cap.gpus),
-        )
-        if cap_v > 0
-    ]
-    return min(fractions, default=0.0)
+    # min over the resources the node has of (free - need) / capacity,
+    # written out: it is computed for every candidate of every placement.
+    cap = node.capacity
+    best: float | None = None
+    if cap.cpu_millis > 0:
+        best = (free.cpu_millis - need.cpu_millis) / cap.cpu_millis
+    if cap.memory_mib > 0:
+        f = (free.memory_mib - need.memory_mib) / cap.memory_mib
+        if best is None or f < best:
+            best = f
+    if cap.gpus > 0:
+        f = (free.gpus - need.gpus) / cap.gpus
+        if best is None or f < best:
+            best = f
+    return 0.0 if best is None else best
 
 
 def describe(need: Res) -> str:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from controlplane.clock import Clock, MonotonicClock
 from controlplane.nodeagent.capacity import Res
@@ -313,44 +313,64 @@ class PlacementPolicy:
         need, d = pl.need, self.d
         fresh: list[str] = []
         if self.probe_cache:
+            nodes, excluded = self._nodes, pl.excluded
             fits = []
             for nid in self._fresh_ids(now):
-                n = self._nodes[nid]
-                if nid not in pl.excluded and need.fits_in(n.cached_free()):
+                # (_fresh_ids has checked ``_fresh``, inline here too)
+                if nid not in excluded and nodes[nid].cached_fits(need):
                     fits.append(nid)
-            fresh = self.rng.sample(fits, min(d, len(fits)))
+            # (sampling none draws no random number)
+            fresh = self.rng.sample(fits, min(d, len(fits))) if fits else []
         if len(fresh) >= d:
             return fresh, []
-        skip = set(fresh) | pl.excluded
+        return fresh, self._sample(d - len(fresh), set(fresh) | pl.excluded, need, now)
 
-        def ok(nid: str) -> bool:
-            n = self._nodes[nid]
-            if nid in skip or (self.probe_cache and self._fresh(n, now)):
-                return False  # fresh ones were judged above
-            return need.fits_in(n.status_free())
-
-        return fresh, self._sample(ok, d - len(fresh))
-
-    def _fresh_ids(self, now: float) -> Iterable[str]:
-        while self._recent:  # drop expired entries from the old end
-            nid = next(iter(self._recent))
-            n = self._nodes[nid]
-            if self._fresh(n, now):
+    def _fresh_ids(self, now: float) -> list[str]:
+        """The nodes with a fresh probe answer (``_fresh``), oldest first."""
+        recent, nodes, ttl = self._recent, self._nodes, self.probe_ttl_s
+        while recent:  # drop expired entries from the old end
+            nid = next(iter(recent))
+            n = nodes[nid]
+            if n.probe_free is not None and now - n.probe_at <= ttl:
                 break
-            del self._recent[nid]
+            del recent[nid]
         # Answers can arrive out of send order, so check each one too.
-        return [nid for nid in self._recent if self._fresh(self._nodes[nid], now)]
+        out = []
+        for nid in recent:
+            n = nodes[nid]
+            if n.probe_free is not None and now - n.probe_at <= ttl:
+                out.append(nid)
+        return out
 
-    def _sample(self, ok: Callable[[str], bool], k: int) -> list[str]:
-        """k distinct node ids satisfying ok, uniformly: rejection sampling
-        first (cheap in big partitions), then a full scan if that starves."""
+    def _sample(self, k: int, skip: set[str], need: Res, now: float) -> list[str]:
+        """k distinct node ids, uniformly, of nodes not in skip and not fresh
+        (those were judged from the cache) that fit need per their status
+        view: rejection sampling first (cheap in big partitions), then a
+        full scan if that starves."""
         ids = self._ids
         if k <= 0 or not ids:
             return []
+        nodes, cache, ttl = self._nodes, self.probe_cache, self.probe_ttl_s
+
+        def ok(nid: str) -> bool:
+            n = nodes[nid]
+            if nid in skip:
+                return False
+            if cache and n.probe_free is not None and now - n.probe_at <= ttl:
+                return False  # fresh (``_fresh``)
+            return n.status_fits(need)
+
         picked: list[str] = []
+        randrange, size = self.rng.randrange, len(ids)
         for _ in range(4 * k + 4):
-            nid = ids[self.rng.randrange(len(ids))]
-            if nid not in picked and ok(nid):
+            nid = ids[randrange(size)]
+            # ok(nid), inline: this loop runs for most placements
+            if nid in picked or nid in skip:
+                continue
+            n = nodes[nid]
+            if cache and n.probe_free is not None and now - n.probe_at <= ttl:
+                continue
+            if n.status_fits(need):
                 picked.append(nid)
                 if len(picked) == k:
                     return picked
@@ -359,14 +379,15 @@ class PlacementPolicy:
 
     def _choose(self, pl: Placement) -> Reservation | None:
         best: tuple[float, str] | None = None
+        nodes, known, excluded, need = self._nodes, pl.known, pl.excluded, pl.need
         for nid in pl.candidates:
-            n = self._nodes.get(nid)
-            if n is None or nid not in pl.known or nid in pl.excluded or n.probe_free is None:
+            n = nodes.get(nid)
+            if n is None or nid not in known or nid in excluded or n.probe_free is None:
                 continue
             free = n.cached_free()
-            if not pl.need.fits_in(free):
+            if not need.fits_in(free):
                 continue
-            s = self.score(n.info, free, pl.need)
+            s = self.score(n.info, free, need)
             if best is None or s > best[0]:
                 best = (s, nid)
         if best is None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from controlplane.controller.registry import ControlRegistry
 from controlplane.membership import MembershipView
 from functions.clustermgr.policy import NodeRegistry, Updated
+from functions.schedule.model import NodeInfo
 from functions.schedule.policy import PlacementPolicy
 from functions.schedule.service import node_info
 from galaxy.v1 import common_pb2
@@ -100,7 +101,10 @@ class ControlPlane:
         #: operations done per kind: what load reports are computed from
         self.critical = dict.fromkeys(KINDS, 0)
         self._df_cache: list[DispatchInst | None] = [None] * len(env.workload.functions)
-        self._df_station: list[Station | None] = [None] * len(env.workload.functions)
+        #: per function, the process of its Dispatch owner once asked (None:
+        #: not yet); emptied in place on a membership change, so the model's
+        #: ``Frontend.owners`` can be this very list
+        self.dispatch_stations: list[Station | None] = [None] * len(env.workload.functions)
         self._sf_cache: dict[int, list[ScheduleInst]] = {}
         self._cmf_cache: list[ClusterMgrInst | None] = [None] * len(env.cluster.nodes)
         #: node id -> id of the Schedule instance owning it ("" for none)
@@ -111,6 +115,8 @@ class ControlPlane:
         self.repartition_s = env.cal.param("repartition_s", 0.03)
         self.start_s = env.cal.param("control_start_s", 1.0)
         self._rng = random.Random(env.rng.random())
+        # Bound once (heartbeats schedule them by the hundred thousand).
+        self._on_update, self._on_upsert = self._update, self._upsert
         for kind in KINDS:
             for _ in range(self.cfg.instances):
                 self._register(self._make(kind))
@@ -180,7 +186,7 @@ class ControlPlane:
         """Every instance adopts membership m (as Coordinate pushes it)."""
         self.view.update(m)
         self._df_cache = [None] * len(self._df_cache)
-        self._df_station = [None] * len(self._df_cache)
+        self.dispatch_stations[:] = [None] * len(self._df_cache)
         self._sf_cache.clear()
         self._cmf_cache = [None] * len(self._cmf_cache)
         self._sf_owner.clear()
@@ -226,9 +232,9 @@ class ControlPlane:
 
     def dispatch_station(self, fn: int) -> Station:
         """The process of fn's owning Dispatch instance (hot path: cached)."""
-        st = self._df_station[fn]
+        st = self.dispatch_stations[fn]
         if st is None:
-            st = self._df_station[fn] = self.dispatch_owner(fn).station
+            st = self.dispatch_stations[fn] = self.dispatch_owner(fn).station
         return st
 
     def schedule_ranked(self, fn: int) -> list[ScheduleInst]:
@@ -287,15 +293,18 @@ class ControlPlane:
     def _beat(self, node: SimNode) -> None:
         node.status_due = False
         self.critical["clustermgr"] += 1
-        cmf = self.clustermgr_owner(node)
+        cmf = self._cmf_cache[node.index] or self.clustermgr_owner(node)
         t = node.agent.finish(self.sim.now, self.s_agent_beat()) + self.net.hop()
-        stage = (cmf.station, self.s_update(), 0.0)
-        self.sim.pipeline(t, [stage], self._update, (cmf, node.status()))
+        # The status as sent, and as Schedule's ModNode handler converts it
+        # (``node_info``: the same values, taken here from the node, which
+        # is cheaper than converting the message).
+        a = (cmf, node.status(), node.info())
+        self.sim.stage(t, cmf.station, self.s_update(), self._on_update, a)
         if self.cfg.heartbeats == "all":
             self.sim.after(self.cfg.heartbeat_s, self._beat, node)
 
-    def _update(self, a: tuple[ClusterMgrInst, common_pb2.NodeStatus]) -> None:
-        cmf, status = a
+    def _update(self, a: tuple[ClusterMgrInst, common_pb2.NodeStatus, NodeInfo]) -> None:
+        cmf, status, info = a
         out = cmf.registry.update(status)
         if out is Updated.UNKNOWN:
             cmf.registry.register(status)
@@ -304,15 +313,23 @@ class ControlPlane:
         rec = cmf.registry.get(status.node_id)
         sf = self.sfs.get(rec.owner) if rec is not None else None
         if sf is not None:
-            self._modnode(sf, status, None)
+            self._modnode(sf, status, None, info)
 
-    def _modnode(self, sf: ControlInst, status: common_pb2.NodeStatus, src: Station | None) -> None:
+    def _modnode(
+        self,
+        sf: ControlInst,
+        status: common_pb2.NodeStatus,
+        src: Station | None,
+        info: NodeInfo | None = None,
+    ) -> None:
         t = self.sim.now if src is None else src.finish(self.sim.now, self.s_update())
-        stage = (sf.station, self.s_modnode(), 0.0)
-        self.sim.pipeline(t + self.net.hop(), [stage], self._upsert, (sf, status))
+        t += self.net.hop()
+        self.sim.stage(t, sf.station, self.s_modnode(), self._on_upsert, (sf, status, info))
 
-    def _upsert(self, a: tuple[ScheduleInst, common_pb2.NodeStatus]) -> None:
-        sf, status = a
+    def _upsert(self, a: tuple[ScheduleInst, common_pb2.NodeStatus, NodeInfo | None]) -> None:
+        sf, status, info = a
+        if info is None:
+            info = node_info(status)
         # A Schedule instance only holds nodes of its partition (ModNode check).
-        if self._sf_owner_id(status.node_id) == sf.id:
-            sf.policy.upsert(node_info(status))
+        if self._sf_owner_id(info.node_id) == sf.id:
+            sf.policy.upsert(info)

@@ -86,6 +86,7 @@ class GalaxyModel(RoutedModel):
         # The client computes the owner itself (rendezvous), so no forwarding
         # hop; a function's routing state lives on its current owner.
         self.front.owner = self.control.dispatch_station
+        self.front.owners = self.control.dispatch_stations
 
     def start(self) -> None:
         self.control.start()

@@ -88,6 +88,9 @@ class Placer:
         self.s_create = env.op("schedule.create", 0.5)
         self.a_probe = env.op("agent.probe")
         self.a_create = env.op("agent.create")
+        # Bound once: each placement schedules them.
+        self._on_begin, self._on_probed = self._begin, self._probed
+        self._on_create, self._on_confirmed = self._create, self._confirmed
 
     def _call(self) -> float:
         """Network time of an RPC's request leg (a new connection first
@@ -118,12 +121,13 @@ class Placer:
         # The policy's own computing (begin/advance/choose) ends the
         # Schedule RPC's work; the servicer's scheduling latency starts there.
         su.decide = self.s_decide()
-        stage = (sf.station, self.s_schedule() + su.decide, 0.0)
-        self.sim.pipeline(max(t, sf.ready_at), [stage], self._begin, su)
+        service = self.s_schedule() + su.decide
+        self.sim.stage(max(t, sf.ready_at), sf.station, service, self._on_begin, su)
 
     def _no_fit(self, su: ScaleUp) -> None:
-        stage = (su.df.station, self.s_scale_up(), 0.0)
-        self.sim.pipeline(self.sim.now + self.net.hop(), [stage], self._send, su)
+        self.sim.stage(
+            self.sim.now + self.net.hop(), su.df.station, self.s_scale_up(), self._send, su
+        )
 
     # -- Schedule side --------------------------------------------------------
 
@@ -157,7 +161,7 @@ class Placer:
         for tg in step.targets:
             node = self.by_id[tg.node_id]
             t = sf.station.then(now, self.s_probe() + self.connect) + self._call()
-            self.sim.pipeline(t, [(node.agent, self.a_probe(), 0.0)], self._probed, (su, node))
+            self.sim.stage(t, node.agent, self.a_probe(), self._on_probed, (su, node))
 
     def _probed(self, a: tuple[ScaleUp, SimNode]) -> None:
         su, node = a
@@ -192,7 +196,7 @@ class Placer:
         su.iid = self.m.new_id(su.fn)
         node = su.node = self.by_id[r.node_id]
         t = su.sf.station.then(self.sim.now, self.s_create() + self.connect) + self._call()
-        self.sim.pipeline(t, [(node.agent, self.a_create(), 0.0)], self._create, su)
+        self.sim.stage(t, node.agent, self.a_create(), self._on_create, su)
 
     # -- node side ------------------------------------------------------------
 
@@ -219,11 +223,11 @@ class Placer:
     def _ready(self, su: ScaleUp) -> None:
         assert su.sf is not None
         self.rec.started(self.sim.now)
-        stage = (su.sf.station, self.s_create(), 0.0)
-        self.sim.pipeline(self.sim.now + self.net.hop(), [stage], self._confirmed, su)
+        t = self.sim.now + self.net.hop()
+        self.sim.stage(t, su.sf.station, self.s_create(), self._on_confirmed, su)
 
     def _confirmed(self, su: ScaleUp) -> None:
         assert su.sf is not None and su.res is not None
         su.sf.policy.confirm(su.res)
-        stage = (su.df.station, self.s_scale_up(), 0.0)
-        self.sim.pipeline(self.sim.now + self.net.hop(), [stage], self.m.instance_ready, su)
+        t = self.sim.now + self.net.hop()
+        self.sim.stage(t, su.df.station, self.s_scale_up(), self.m.instance_ready, su)

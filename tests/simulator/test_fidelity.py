@@ -1,5 +1,7 @@
 """The simulated side of the fidelity check and its comparison."""
 
+import pytest
+
 from simulator import fidelity
 
 
@@ -83,3 +85,10 @@ def test_repeated_runs_are_judged_by_the_median_ratio():
     assert rows[2][3] == "3.00 1.10 0.90" and rows[2][4] == "1.10"
     rows, ok = fidelity.compare_runs([(sims[0], real), (sims[0], real), (sims[1], real)])
     assert not ok and rows[2][5] == "FAIL"
+
+
+def test_the_load_generator_cost_is_measured_per_real_phase():
+    phase = {"cpu_cores": {"load_generator": 0.3}, "instances_per_s": 400.0}
+    assert fidelity.client_cost(phase) == pytest.approx(0.00075)
+    assert fidelity.client_cost({"cpu_cores": {}, "instances_per_s": 400.0}) is None
+    assert fidelity.client_cost({"cpu_cores": {"load_generator": 0.3}}) is None

@@ -101,3 +101,18 @@ def test_each_thread_a_message_passes_through_must_get_a_core():
     assert waits(3, 1.5) > 1.5 * waits(1, 1.5) > 0.0  # busy cores: every thread waits
     with pytest.raises(ValueError, match="thread"):
         Host(1, handoffs=0)
+
+
+def test_a_message_to_a_sleeping_process_costs_the_wake_cpu():
+    host = Host(2, wake_cpu_s=0.0002)
+    st = Station("p", host=host)
+    # Idle for long: the job costs its service plus the wake-up CPU.
+    assert st.finish(1.0, 0.001) == pytest.approx(1.0012)
+    # Another message within the idle window: its threads are still awake.
+    t = 1.0012 + Host.IDLE_AFTER_S / 2
+    assert st.finish(t, 0.001) == pytest.approx(t + 0.001)
+    assert st.busy == pytest.approx(0.0022)  # the wake-up is CPU the process used
+    # A process whose per-job cost was measured whole pays no extra.
+    harness = Station("load-generator", host=host)
+    host.measured.add(harness)
+    assert harness.finish(5.0, 0.001) == pytest.approx(5.001)
