@@ -4,9 +4,11 @@ Time is ``Sim.now``; the production policy objects take a
 ``controlplane.clock.Clock``, and the simulator hands them a ``SimClock``
 that reads ``Sim.now``, so they read simulated time without knowing it.
 
-Events are ``(time, seq, callback, arg)`` tuples on a ``heapq``; ``seq``
-makes equal times fire in scheduling order, so a run is a pure function of
-its seed. Workload arrivals are not pushed on the heap: they come from a
+Events run in time order, events at the same time in the order they were
+scheduled, so a run is a pure function of its seed. The queue is a
+``heapq`` of the event times (plain floats: cheaper to order than tuples)
+and a dict from a time to its event (to a FIFO of them when several share
+the time). Workload arrivals are not pushed on the heap: they come from a
 sorted stream that the loop merges with the heap (one heap operation saved
 per request, and memory bounded to one batch of arrivals).
 
@@ -25,12 +27,11 @@ waits for a core of its host.
 
 from __future__ import annotations
 
-import functools
 import heapq
-import itertools
 import math
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
     from simulator.host import Host
 
 Callback = Callable[[Any], None]
-#: an entry of the event heap: (time, sequence number, callback, its argument)
-Event = tuple[float, int, Callback, Any]
 #: (station, service time, delay after it before the next stage)
 Stage = tuple["Station", float, float]
 #: A job is handed to a station when sent if it arrives within this much;
@@ -73,8 +72,12 @@ class Sim:
         self.now = start
         #: the time as a ``Clock`` for the production policies
         self.clock = SimClock(self)
-        self._heap: list[Event] = []
-        self._seq = itertools.count(1)
+        #: the times of the pending events, one entry per event: a heap of
+        #: floats (cheaper to order than tuples of (time, seq, ...))
+        self._times: list[float] = []
+        #: time -> the event due then, (t, fn, arg), or a deque of them in
+        #: the order they were scheduled when several share that time
+        self._due: dict[float, Any] = {}
         self.events = 0
         self.stopped = False
         #: see ``pipeline``; 0 submits every job at its arrival (exact order)
@@ -82,13 +85,15 @@ class Sim:
 
     def at(self, t: float, fn: Callback, arg: Any = None) -> None:
         """Call fn(arg) at time t (not earlier than now)."""
-        heapq.heappush(self._heap, (t, next(self._seq), fn, arg))
-
-    def pusher(self) -> tuple[Callable[[Event], None], Callable[[], int]]:
-        """``at`` in parts, for code that schedules an event per request:
-        ``push((t, seq(), fn, arg))`` is ``at(t, fn, arg)`` without the
-        call of ``at`` (both are built-ins)."""
-        return functools.partial(heapq.heappush, self._heap), self._seq.__next__
+        due = self._due
+        e = due.get(t)
+        if e is None:
+            due[t] = (t, fn, arg)
+        elif type(e) is tuple:
+            due[t] = deque((e, (t, fn, arg)))
+        else:
+            e.append((t, fn, arg))
+        heapq.heappush(self._times, t)
 
     def after(self, dt: float, fn: Callback, arg: Any = None) -> None:
         """Call fn(arg) dt seconds from now."""
@@ -123,14 +128,14 @@ class Sim:
         if arrive - self.now > self.slack_s:
             self.at(arrive, self._resume, ([(st, service, 0.0)], then, arg))
             return
-        heapq.heappush(self._heap, (st.finish(arrive, service), next(self._seq), then, arg))
+        self.at(st.finish(arrive, service), then, arg)
 
     def _resume(self, a: tuple[list[Stage], Callback, Any]) -> None:
         self.pipeline(self.now, a[0], a[1], a[2])
 
     def pending(self) -> int:
         """Events scheduled and not yet run."""
-        return len(self._heap)
+        return len(self._times)
 
     def run(
         self,
@@ -144,7 +149,8 @@ class Sim:
         on_arrival(function_index, duration) is called at each arrival time.
         An event and an arrival at the same time: the event first.
         """
-        heap, pop = self._heap, heapq.heappop
+        heap, pop, due = self._times, heapq.heappop, self._due
+        take = due.pop
         times: Sequence[float] = ()
         fns: Sequence[int] = ()
         durs: Sequence[float] = ()
@@ -169,16 +175,21 @@ class Sim:
                 i, n = 0, len(times)
                 next_arrival = times[0] if n else math.inf
             limit = next_arrival if next_arrival < until else until
-            if heap and heap[0][0] <= limit:
+            if heap and heap[0] <= limit:
                 # The events due before the next arrival, in a tight loop.
                 while True:
-                    t, _, fn, arg = pop(heap)
+                    e = take(pop(heap))
+                    if type(e) is not tuple:  # several events at that time
+                        q, e = e, e.popleft()
+                        if q:
+                            due[e[0]] = q
+                    t, fn, arg = e
                     if t < now:
                         raise ValueError(f"an event at {t} is in the past (now {now})")
                     self.now = now = t
                     fn(arg)
                     events += 1
-                    if not heap or heap[0][0] > limit or self.stopped or events >= check:
+                    if not heap or heap[0] > limit or self.stopped or events >= check:
                         break
             elif next_arrival <= until and next_arrival != math.inf:
                 self.now = now = next_arrival

@@ -49,8 +49,7 @@ class Frontend:
         self.owners: list[Station | None] = [None] * len(model.fns)
         # Bound once: the warm path below uses them for every request (and
         # a method looked up on an object is a new object each time).
-        self._hop = self.net.hop
-        self._push, self._seq = self.sim.pusher()
+        self._hop, self._at = self.net.hop, self.sim.at
         self._on_dispatch, self._on_release = self._dispatch, self._release
         self._on_released = self._released
 
@@ -80,7 +79,7 @@ class Frontend:
             return
         st = self.owners[fn] or self.owner(fn)
         t = st.finish(now + self._hop(), self._s_dispatch())
-        self._push((t, self._seq(), self._on_dispatch, req))  # sim.at(t, ...)
+        self._at(t, self._on_dispatch, req)
 
     def _dispatch(self, req: Req) -> None:
         router = self.routers[req.fn] or self.router(req.fn)
@@ -95,7 +94,7 @@ class Frontend:
         fn = req.fn
         st = self.owners[fn] or self.owner(fn)
         t = st.finish(self.sim.now + self._hop(), self._s_release())
-        self._push((t, self._seq(), self._on_released, (fn, lease)))  # sim.at(t, ...)
+        self._at(t, self._on_released, (fn, lease))
 
     def _released(self, a: tuple[int, str]) -> None:
         router = self.routers[a[0]]

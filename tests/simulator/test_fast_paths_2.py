@@ -163,3 +163,35 @@ def test_arrivals_and_completions_binned_as_one_by_one(seed):
     for t in (-1.0, -2.5, 3.0):
         want[int(t / rec2.bin_s)] += 1
     assert rec2._arrived == want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_events_run_in_time_then_scheduling_order(seed):
+    # The float heap and the dict of events give the order of (time, seq)
+    # tuples on a heap: equal times (many here) in the order scheduled,
+    # including events scheduled while others at that time run.
+    from simulator.engine import Sim
+
+    rng = random.Random(seed)
+    sim = Sim()
+    ran: list[tuple[float, int]] = []
+    plain: list[tuple[float, int, int]] = []  # (t, seq, id): sorted = the order
+    serial = [0]
+
+    def schedule(t: float) -> None:
+        serial[0] += 1
+        plain.append((t, serial[0], serial[0]))
+        sim.at(t, fire, serial[0])
+
+    def fire(i: int) -> None:
+        ran.append((sim.now, i))
+        for _ in range(rng.choice([0, 1, 1, 2, 2])):
+            if len(plain) < 3000:
+                schedule(sim.now + rng.choice([0.0, 0.0, 0.5, 1.0, rng.random()]))
+
+    for _ in range(50):
+        schedule(rng.choice([0.0, 1.0, 2.0, rng.random() * 3]))
+    sim.run()
+    want = [(t, i) for t, _, i in sorted(plain)]
+    assert ran == want and sim.pending() == 0
+    assert len(ran) > 500 and len({t for t, _ in ran}) < len(ran)  # ties happened
