@@ -219,7 +219,8 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 #: below this many values ``stdev`` leaves the work to ``statistics.stdev``
 _FAST_STDEV_MIN = 1000
-_CHUNK = 1 << 20
+#: values summed at a time (bounds numpy's temporary arrays: ~10 of them)
+_CHUNK = 1 << 18
 
 
 def stdev(values: Sequence[float]) -> float:
@@ -293,7 +294,8 @@ def _exact_stdev(values: Sequence[float]) -> float | None:
 
 def _chunk_sums(np: Any, m: Any, shift: Any) -> tuple[int, int]:
     """Exact sum of m * 2**shift and of (m * 2**shift)**2 over a chunk of
-    at most 2**20 values (int64 arrays, |m| < 2**53)."""
+    at most 2**20 values (int64 arrays, |m| < 2**53): the bounds below
+    hold up to that size."""
     if not bool(np.all(shift[1:] >= shift[:-1])):  # (sorted samples: already)
         order = np.argsort(shift, kind="stable")
         m, shift = m[order], shift[order]

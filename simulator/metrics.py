@@ -26,6 +26,10 @@ import numpy as np
 from controlplane.experiment import summarize
 
 
+#: completion times binned at a time (see ``Recorder.completed``)
+_FOLD = 1 << 16
+
+
 class Recorder:
     """Samples and time series of one run (requests before warmup_s are
     served but not counted)."""
@@ -43,7 +47,7 @@ class Recorder:
         nb = int(duration_s / self.bin_s) + 2
         self._completed = [0] * nb
         #: completion times not yet counted into ``_completed`` (binned in
-        #: bulk by ``summary``: cheaper than one by one)
+        #: bulk, ``_FOLD`` at a time and by ``summary``: cheaper than one by one)
         self._completions = array("d")
         self._started = [0] * nb
         self._arrived = [0] * nb
@@ -79,8 +83,16 @@ class Recorder:
 
     def completed(self, t: float) -> None:
         """A request finished running."""
-        self._completions.append(t)
+        c = self._completions
+        c.append(t)
         self.n_completed += 1
+        if len(c) >= _FOLD:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Count the completion times held into ``_completed``."""
+        _count_bins(self._completed, self._completions, self.bin_s)
+        del self._completions[:]
 
     def failed(self, reason: str) -> None:
         """A request could not be served."""
@@ -133,8 +145,7 @@ class Recorder:
     def summary(self, end: float) -> dict[str, Any]:
         """Everything a report needs, as plain JSON-able data."""
         span = max(end - self.warmup_s, 1e-9)
-        _count_bins(self._completed, self._completions, self.bin_s)
-        del self._completions[:]
+        self._fold()
         self.counts["completed"] = self.n_completed
         started = self.counts["instances_started"]
         burst = self.last_started - self.first_scale_up if started else 0.0
