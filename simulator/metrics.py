@@ -25,7 +25,6 @@ import numpy as np
 
 from controlplane.experiment import summarize
 
-
 #: completion times binned at a time (see ``Recorder.completed``)
 _FOLD = 1 << 16
 

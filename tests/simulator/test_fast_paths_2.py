@@ -134,8 +134,10 @@ def test_station_finish_is_lindleys_recursion(c):
     assert st.ops == 2000
 
 
+@pytest.mark.parametrize("fold", [100, 1 << 16])
 @pytest.mark.parametrize("seed", range(4))
-def test_arrivals_and_completions_binned_as_one_by_one(seed):
+def test_arrivals_and_completions_binned_as_one_by_one(seed, fold, monkeypatch):
+    monkeypatch.setattr(metrics, "_FOLD", fold)  # held completions binned this many at a time
     rng = random.Random(seed)
     dur = rng.choice([10.0, 3600.0, 28800.0])
     rec = metrics.Recorder(dur)
