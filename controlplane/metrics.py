@@ -54,6 +54,12 @@ SCHEDULING_LATENCY = Histogram(
     "From Schedule request to placement decision.",
     buckets=SCHEDULING_BUCKETS,
 )
+PROBE_ROUND_TRIP = Histogram(
+    "galaxy_probe_round_trip_seconds",
+    "Schedule: from sending a round of probes to having every answer (the "
+    "part of scheduling latency spent waiting on node agents).",
+    buckets=SCHEDULING_BUCKETS,
+)
 INSTANCES = Gauge(
     "galaxy_function_instances",
     "Function instances known to this process (Dispatch: routable; node agent: running).",

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from simulator.host import Host
+    from simulator.loop import EventLoop
 
 Callback = Callable[[Any], None]
 #: (station, service time, delay after it before the next stage)
@@ -125,10 +126,22 @@ class Sim:
     def stage(self, arrive: float, st: Station, service: float, then: Callback, arg: Any) -> None:
         """``pipeline(arrive, [(st, service, 0.0)], then, arg)``: one station
         (most messages), without the list and the loop."""
+        if st.loop is not None:  # an event loop (simulator.loop): a new call
+            st.loop.deliver(arrive, service, then, arg, False)
+            return
         if arrive - self.now > self.slack_s:
             self.at(arrive, self._resume, ([(st, service, 0.0)], then, arg))
             return
         self.at(st.finish(arrive, service), then, arg)
+
+    def reply(self, arrive: float, st: Station, service: float, then: Callback, arg: Any) -> None:
+        """``stage`` for the answer to a call ``st`` made: the same on a
+        FIFO station; an event loop resumes the caller in fewer iterations
+        than it takes to accept a new call."""
+        if st.loop is not None:
+            st.loop.deliver(arrive, service, then, arg, True)
+            return
+        self.stage(arrive, st, service, then, arg)
 
     def _resume(self, a: tuple[list[Stage], Callback, Any]) -> None:
         self.pipeline(self.now, a[0], a[1], a[2])
@@ -218,7 +231,7 @@ class Station:
     reports (ops/s, utilisation) to scaling policies.
     """
 
-    __slots__ = ("_free", "busy", "c", "core", "free_at", "host", "name", "ops")
+    __slots__ = ("_free", "busy", "c", "core", "free_at", "host", "loop", "name", "ops")
 
     def __init__(self, name: str = "", c: int = 1, host: Host | None = None) -> None:
         if c < 1:
@@ -235,6 +248,8 @@ class Station:
         self._free = [0.0] * c  # c > 1: free times of the servers (a heap)
         self.busy = 0.0
         self.ops = 0
+        #: messages go through this event loop (``simulator.loop``) if set
+        self.loop: EventLoop | None = None
 
     def finish(self, t: float, service: float) -> float:
         """Serve a job arriving at t that needs ``service`` s; its finish time."""

@@ -17,6 +17,7 @@ from simulator.calibration import Calibration
 from simulator.cluster import DEFAULT_NODE, Cluster, SimNode
 from simulator.engine import Sim, Station
 from simulator.host import Host
+from simulator.loop import EventLoop
 from simulator.metrics import Recorder
 from simulator.network import Network, NetworkConfig
 from simulator.workload import FunctionDef, Workload
@@ -44,6 +45,9 @@ class SimConfig:
     host_handoffs: int = 1
     #: extra CPU of a message to a process that has been idle
     host_wake_cpu_s: float = 0.0
+    #: model each process on the host as an asyncio event loop
+    #: (``simulator.loop``) rather than a FIFO queue
+    host_event_loops: bool = False
     #: an idle function instance is removed after this long (keep-alive).
     keep_alive_s: float = 60.0
     #: system-specific overrides, e.g. {"galaxy": {"instances": 8}}.
@@ -81,10 +85,17 @@ class Env:
             host=self.host,
         )
         self.rec = Recorder(workload.duration_s, workload.warmup_s)
+        self.event_loops = cfg.host_event_loops and self.host is not None
+        if self.event_loops:
+            for agent in self.cluster.agents:
+                agent.loop = EventLoop(self.sim, agent)
 
     def station(self, name: str, c: int = 1) -> Station:
         """A process of this run (on the shared host when there is one)."""
-        return Station(name, c=c, host=self.host)
+        st = Station(name, c=c, host=self.host)
+        if self.event_loops:
+            st.loop = EventLoop(self.sim, st)
+        return st
 
     def op(self, name: str, scale: float = 1.0) -> Callable[[], float]:
         """A sampler of a calibrated operation's service time."""

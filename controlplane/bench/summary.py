@@ -11,6 +11,7 @@ from controlplane.bench import plan as pl
 from controlplane.bench import promscrape as ps
 
 SCHED_HIST = "galaxy_scheduling_latency_seconds"
+PROBE_HIST = "galaxy_probe_round_trip_seconds"
 COLD_HIST = "galaxy_cold_start_latency_seconds"
 GC_HIST = "galaxy_gc_pause_seconds"
 
@@ -172,6 +173,7 @@ def summarize_plan(
             "cold_start": ex.summarize(cold_lat),
             "cold_start_dispatch_wait": ex.summarize(cold_wait),
             "scheduling": sched.summary_ms(),
+            "probe_round_trip": ps.histogram_delta(scr["s0"], scr["s1"], PROBE_HIST).summary_ms(),
             "scale_up_in_dispatch": scale_up.summary_ms(),
             "send_lag": ex.summarize(res["lag_ms"]),
         },

@@ -66,7 +66,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--high-watermark", type=float, default=0.8)
     g.add_argument("--low-watermark", type=float, default=0.3)
     g.add_argument("--scale-out-cooldown-s", type=float, default=2.0)
-    g.add_argument("--scale-in-cooldown-s", type=float, default=10.0)
+    g.add_argument(
+        "--scale-in-cooldown-s",
+        type=float,
+        default=300.0,
+        help="seconds below the low watermark before scaling in (300, like HPA's "
+        "downscale stabilization)",
+    )
     g.add_argument("--max-step-out", type=int, default=4, help="instances added at most at once")
     g.add_argument("--min-instances", type=_kv, action="append", default=[], help="KIND=N")
     g.add_argument("--max-instances", type=_kv, action="append", default=[], help="KIND=N")

@@ -17,7 +17,7 @@ from controlplane import rpc
 from controlplane.clock import Clock, MonotonicClock
 from controlplane.errors import InvalidArgument, ResourceExhausted, Unavailable
 from controlplane.membership import MembershipView
-from controlplane.metrics import NODES, PROBES, SCHEDULING_LATENCY
+from controlplane.metrics import NODES, PROBE_ROUND_TRIP, PROBES, SCHEDULING_LATENCY
 from controlplane.nodeagent.capacity import Res
 from functions.schedule.model import NodeInfo, NoFit, Placement, ProbeNodes, Target
 from functions.schedule.policy import PlacementPolicy
@@ -284,7 +284,9 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
 
     async def _probe(self, pl: Placement, step: ProbeNodes) -> None:
         PROBES.inc(len(step.targets))
+        t0 = self.clock.now()
         answers = await asyncio.gather(*(self._probe_one(t) for t in step.targets))
+        PROBE_ROUND_TRIP.observe(self.clock.now() - t0)
         for t, status in zip(step.targets, answers, strict=True):
             self.policy.record_probe(pl, t.node_id, status)
 

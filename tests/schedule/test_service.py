@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from controlplane.nodeagent.capacity import Res
 from controlplane.nodeagent.sandbox import EmulatedBackend
@@ -159,10 +160,17 @@ async def test_nodes_flow_from_clustermgr_to_schedule(make_stack) -> None:
 
 async def test_places_on_fitting_nodes_until_full(make_stack) -> None:
     st = await make_stack()
+    rounds = "galaxy_probe_round_trip_seconds_count"
+    before = REGISTRY.get_sample_value(rounds) or 0.0
+    sum_before = REGISTRY.get_sample_value("galaxy_probe_round_trip_seconds_sum") or 0.0
     r = await st.sf.Schedule(req("g-1", spec("gpu-fn", cpu=500, gpus=1)), timeout=5)
     assert r.instance.node_id == "gpu" and r.schedule_id == "s-1"
     assert r.instance.node_address == st.agent_addr and r.instance.function == "gpu-fn"
     assert r.probes == 1 and r.scheduling_ms > 0  # only one node has a GPU
+    # The probe's round trip is part of the scheduling latency it reports.
+    assert REGISTRY.get_sample_value(rounds) == before + 1
+    rt_sum = REGISTRY.get_sample_value("galaxy_probe_round_trip_seconds_sum") or 0.0
+    assert 0 < rt_sum - sum_before <= r.scheduling_ms / 1000
     placed = {"g-1": "gpu"}
     # 500m pieces: 2 on small, 8 on big, 1 more on gpu. Then nothing fits.
     for i in range(11):

@@ -92,3 +92,39 @@ def test_the_load_generator_cost_is_measured_per_real_phase():
     assert fidelity.client_cost(phase) == pytest.approx(0.00075)
     assert fidelity.client_cost({"cpu_cores": {}, "instances_per_s": 400.0}) is None
     assert fidelity.client_cost({"cpu_cores": {"load_generator": 0.3}}) is None
+
+
+def test_each_real_run_is_simulated_with_several_seeds_and_their_medians_compared():
+    def phase(tput, p50, p99):
+        return {"instances_per_s": tput, "scheduling_ms": {"p50": p50, "p99": p99}, "x": 1}
+
+    med = fidelity._median_of([phase(100, 1.0, 9.0), phase(90, 3.0, 2.0), phase(120, 2.0, 30.0)])
+    assert med["instances_per_s"] == 100 and med["scheduling_ms"] == {"p50": 2.0, "p99": 9.0}
+    assert len(med["seeds"]) == 3 and med["x"] == 1
+
+
+def test_simulate_run_uses_the_real_runs_rate_and_sim_seeds(cal, monkeypatch):
+    seen = []
+
+    def fake_phase(cal, nodes, total, seed, **kw):
+        seen.append((seed, kw.get("rate"), kw.get("concurrency")))
+        return {"instances_per_s": float(seed), "scheduling_ms": {"p50": 1.0, "p99": 2.0}}
+
+    monkeypatch.setattr(fidelity, "sim_phase", fake_phase)
+    real = {"max": {}, "half": {"arrival_rate": 123.0}}
+    out = fidelity.simulate_run(cal, real, 40, True, seed=5)
+    seeds = list(range(5, 5 + fidelity.SIM_SEEDS))
+    assert seen == [(s, None, 32) for s in seeds] + [(s, 123.0, None) for s in seeds]
+    assert out["max"]["instances_per_s"] == float(seeds[len(seeds) // 2])
+
+
+def test_diagnostics_show_probe_round_trips_and_skip_missing_readings():
+    def run(rt50, ppp):
+        half = {"probe_round_ms": {"p50": rt50, "p99": 2 * rt50}, "probes_per_placement": ppp}
+        return {"half": half, "max": {"probes_per_placement": ppp}}
+
+    old_real = {"half": {"probes_per_placement": 0.1}, "max": {}}  # before the metric existed
+    rows = fidelity.diagnostics([(run(1.0, 0.1), run(3.0, 0.05)), (run(2.0, 0.2), old_real)])
+    assert rows[0] == ["half: probe round trip p50 (ms)", "1.500", "3.000"]
+    assert rows[2] == ["half: probes per placement", "0.150", "0.075"]
+    assert rows[3][2] == "0.050"

@@ -92,3 +92,27 @@ def test_ablation_variants_order_scheduling_latency(cal):
     cfg = SimConfig(nodes=40, seed=4)
     p50 = {v: run_one(v, w, cfg, cal)["scheduling_latency_s"]["p50"] for v in ("Gn", "Gn-C")}
     assert p50["Gn-C"] < p50["Gn"]  # the connection cache removes channel set-up
+
+
+def test_probe_answers_queue_behind_work_already_waiting_in_schedule(cal):
+    """A probe's answers are a new message to Schedule: they wait for the
+    work queued there before them (they do not jump the queue)."""
+    from simulator.galaxy import GalaxyModel
+    from simulator.galaxy.control import ScheduleInst
+    from simulator.galaxy.placement import ScaleUp
+    from simulator.system import Env
+    from simulator.workload import Workload, functions
+
+    fns = functions(1, "cold", cpu_millis=10, memory_mib=16, cold_start_s=0.0)
+    env = Env(SimConfig(nodes=4), cal, Workload("t", fns, 10.0, lambda: iter(())), 1)
+    model = GalaxyModel(env, instances=1, controller_scaling=False)
+    sf = next(iter(model.control.sfs.values()))
+    assert isinstance(sf, ScheduleInst)
+    recorded: list[float] = []
+    model.placer._record = lambda su: recorded.append(env.sim.now)  # type: ignore[method-assign]
+    su = ScaleUp(model.control.dispatch_owner(0), 0, 0.0)
+    su.sf = sf
+    backlog_end = sf.station.finish(0.0, 0.05)  # 50 ms of work already queued
+    env.sim.at(0.001, model.placer._answers, su)
+    env.sim.run(1.0)
+    assert recorded and recorded[0] >= backlog_end
