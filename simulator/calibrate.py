@@ -226,6 +226,25 @@ async def echo_round_trip(n: int = 2000, batches: int = 10) -> dict[str, float]:
     }
 
 
+async def loop_steps() -> dict[str, float]:
+    """Event-loop iterations of a grpc.aio call (``controlplane.bench.loopsteps``,
+    in a process of its own: it patches the loop class)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "controlplane.bench.loopsteps",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise RuntimeError("counting event-loop iterations took over 120 s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"counting event-loop iterations failed: {err.decode()[-500:]}")
+    doc = json.loads(out)
+    return {"loop_request_steps": doc["request_steps"], "loop_reply_steps": doc["reply_steps"]}
+
+
 async def control_start(tries: int = 3) -> float:
     """Median seconds from spawning a control process to it being ready."""
     from controlplane.host import READY_PREFIX
@@ -281,6 +300,8 @@ def build(
         "repartition_s": 0.03,
         "wakeup_s": echo["wakeup_s"],
         "wake_cpu_s": echo["wake_cpu_s"],
+        "loop_request_steps": echo["loop_request_steps"],
+        "loop_reply_steps": echo["loop_reply_steps"],
     }
     sources = {
         "connect_s": "echo: extra client + server CPU of a call on a fresh channel",
@@ -289,6 +310,10 @@ def build(
         "repartition_s": "DESIGN.md section 1: adding one Schedule instance costs >= 30 ms",
         "wakeup_s": "echo: (median round trip of calls 10 ms apart - fastest batch's) / 2",
         "wake_cpu_s": "echo: server CPU per call 10 ms apart - per call back to back",
+        "loop_request_steps": "python -m controlplane.bench.loopsteps: event-loop iterations"
+        " from a call waking a grpc.aio server to its handler (median)",
+        "loop_reply_steps": "python -m controlplane.bench.loopsteps: event-loop iterations"
+        " from a reply waking the client to the caller resuming (median)",
     }
     assert set(OPS) <= set(ops)
     return Calibration(ops, params, {**meta, "echo": echo}, sources)
@@ -301,6 +326,7 @@ async def measure(nodes: int, quick: bool, log: Any = print, repeat: int = 1) ->
     from controlplane.bench.runner import RunOptions, machine_info, run_bench
 
     echo = await echo_round_trip(500 if quick else 2000)
+    echo.update(await loop_steps())
     decide = decide_cost(nodes, 5_000 if quick else 20_000)
     runs = []
     for i in range(repeat):
@@ -336,6 +362,9 @@ async def main(args: Any) -> int:
     for k, v in sorted(cal.ops.items()):
         print(f"{k:<20} {v.mean_s * 1e6:9.1f} us")
     for k, pv in sorted(cal.params.items()):
-        print(f"{k:<20} {pv * 1e3:9.3f} ms")
+        if k.startswith("loop_"):
+            print(f"{k:<20} {pv:9.0f} iterations")
+        else:
+            print(f"{k:<20} {pv * 1e3:9.3f} ms")
     print(f"wrote {args.out}")
     return 0

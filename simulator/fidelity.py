@@ -40,6 +40,7 @@ from typing import Any
 from controlplane.experiment import RequestProfile
 from simulator import calibration, report
 from simulator.galaxy import VARIANTS, GalaxyModel
+from simulator.loop import REPLY_STEPS, REQUEST_STEPS
 from simulator.network import NetworkConfig
 from simulator.system import Env, SimConfig
 from simulator.workload import Workload, functions
@@ -188,6 +189,10 @@ def sim_phase(
         host_handoffs=GRPC_HANDOFFS,
         host_wake_cpu_s=cal.param("wake_cpu_s", 0.0),
         host_event_loops=EVENT_LOOPS,
+        host_loop_steps=(
+            round(cal.param("loop_request_steps", REQUEST_STEPS)),
+            round(cal.param("loop_reply_steps", REPLY_STEPS)),
+        ),
         network=NetworkConfig(hop, hop * 0.2, 0.0, 0.0),
     )
     env = Env(cfg, cal, w, seed)

@@ -17,7 +17,7 @@ from simulator.calibration import Calibration
 from simulator.cluster import DEFAULT_NODE, Cluster, SimNode
 from simulator.engine import Sim, Station
 from simulator.host import Host
-from simulator.loop import EventLoop
+from simulator.loop import REPLY_STEPS, REQUEST_STEPS, EventLoop
 from simulator.metrics import Recorder
 from simulator.network import Network, NetworkConfig
 from simulator.workload import FunctionDef, Workload
@@ -48,6 +48,8 @@ class SimConfig:
     #: model each process on the host as an asyncio event loop
     #: (``simulator.loop``) rather than a FIFO queue
     host_event_loops: bool = False
+    #: iterations of a new call / of a reply in those loops
+    host_loop_steps: tuple[int, int] = (REQUEST_STEPS, REPLY_STEPS)
     #: an idle function instance is removed after this long (keep-alive).
     keep_alive_s: float = 60.0
     #: system-specific overrides, e.g. {"galaxy": {"instances": 8}}.
@@ -88,13 +90,13 @@ class Env:
         self.event_loops = cfg.host_event_loops and self.host is not None
         if self.event_loops:
             for agent in self.cluster.agents:
-                agent.loop = EventLoop(self.sim, agent)
+                agent.loop = EventLoop(self.sim, agent, *cfg.host_loop_steps)
 
     def station(self, name: str, c: int = 1) -> Station:
         """A process of this run (on the shared host when there is one)."""
         st = Station(name, c=c, host=self.host)
         if self.event_loops:
-            st.loop = EventLoop(self.sim, st)
+            st.loop = EventLoop(self.sim, st, *self.cfg.host_loop_steps)
         return st
 
     def op(self, name: str, scale: float = 1.0) -> Callable[[], float]:

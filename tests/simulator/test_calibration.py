@@ -72,3 +72,14 @@ def test_derive_takes_the_decision_from_the_real_schedule_when_it_rarely_probes(
     # in-process timing.
     cold["throughput"]["probes_per_placement"] = 2.0
     assert derive([warm, cold], echo, nodes=100, decide=0.00002)["schedule.decide"] == 0.00002
+
+
+async def test_event_loop_steps_of_a_grpc_call_are_counted():
+    """A real grpc.aio server and client over loopback, in their own processes."""
+    from simulator import calibrate
+
+    steps = await calibrate.loop_steps()
+    # Reaching a handler takes grpc.aio several iterations (accept, the
+    # call's task, reading the message); a reply fewer, but at least one.
+    assert steps["loop_request_steps"] > steps["loop_reply_steps"] >= 1
+    assert steps["loop_request_steps"] >= 3
