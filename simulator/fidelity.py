@@ -393,6 +393,15 @@ def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return med
 
 
+#: Other work (CPU-bound processes) above which a run is flagged.
+BUSY_BACKGROUND = 1.0
+
+
+def busy_runs(sims: list[dict[str, Any]]) -> list[int]:
+    """The runs (1-based) during which others' work took a core or more."""
+    return [i + 1 for i, s in enumerate(sims) if max(s["background"].values()) >= BUSY_BACKGROUND]
+
+
 def client_cost(phase: dict[str, Any]) -> float | None:
     """The real load generator's CPU seconds per request in a phase."""
     cores = phase.get("cpu_cores", {}).get("load_generator")
@@ -437,5 +446,13 @@ async def main(args: Any) -> int:
     print(table)
     print(diag)
     print(f"other work on the machine (CPU-bound processes): {bgs}")
+    busy = busy_runs(sims)
+    if busy:
+        print(
+            f"warning: other users' work took a core or more in run(s) {busy}; the model "
+            "of it is the least certain part of the check (docs/simulator.md, Fidelity): "
+            "rerun on a quieter machine to test the rest",
+            file=sys.stderr,
+        )
     print("fidelity check " + ("PASSED" if ok else "FAILED") + f"; wrote {out}/report.md")
     return 0 if ok else 1

@@ -128,3 +128,9 @@ def test_diagnostics_show_probe_round_trips_and_skip_missing_readings():
     assert rows[0] == ["half: probe round trip p50 (ms)", "1.500", "3.000"]
     assert rows[2] == ["half: probes per placement", "0.150", "0.075"]
     assert rows[3][2] == "0.050"
+
+
+def test_runs_with_a_core_of_other_work_are_flagged():
+    sims = [{"background": {"max": 0.2, "half": 0.3}}, {"background": {"max": 3.4, "half": 0.2}}]
+    assert fidelity.busy_runs(sims) == [2]
+    assert fidelity.busy_runs(sims[:1]) == []
