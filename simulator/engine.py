@@ -7,10 +7,10 @@ that reads ``Sim.now``, so they read simulated time without knowing it.
 Events run in time order, events at the same time in the order they were
 scheduled, so a run is a pure function of its seed. The queue is a
 ``heapq`` of the event times (plain floats: cheaper to order than tuples)
-and a dict from a time to its event (to a FIFO of them when several share
-the time). Workload arrivals are not pushed on the heap: they come from a
-sorted stream that the loop merges with the heap (one heap operation saved
-per request, and memory bounded to one batch of arrivals).
+and a dict from a time to its event (the later events sharing that time
+wait in a FIFO of their own). Workload arrivals are not pushed on the heap:
+they come from a sorted stream that the loop merges with the heap (one heap
+operation saved per request, and memory bounded to one batch of arrivals).
 
 A ``Station`` is a process that serves operations one (or ``c``) at a time in
 FIFO order, e.g. one control function instance. It needs no events of its
@@ -48,6 +48,8 @@ SLACK_S = 0.001
 #: One batch of arrivals: (times, function indices, durations), sorted by time.
 Batch = tuple[Sequence[float], Sequence[int], Sequence[float]]
 ArrivalFn = Callable[[int, float], None]
+#: bound once: ``at`` runs for every event
+_heappush = heapq.heappush
 
 
 class SimClock:
@@ -76,9 +78,12 @@ class Sim:
         #: the times of the pending events, one entry per event: a heap of
         #: floats (cheaper to order than tuples of (time, seq, ...))
         self._times: list[float] = []
-        #: time -> the event due then, (t, fn, arg), or a deque of them in
-        #: the order they were scheduled when several share that time
-        self._due: dict[float, Any] = {}
+        #: time -> the first event due then, (fn, arg)
+        self._due: dict[float, tuple[Callback, Any]] = {}
+        #: time -> the events due then after the one in ``_due``, in the
+        #: order they were scheduled (rare: kept apart, so that an event
+        #: needs no check for them while this is empty)
+        self._more: dict[float, deque[tuple[Callback, Any]]] = {}
         self.events = 0
         self.stopped = False
         #: see ``pipeline``; 0 submits every job at its arrival (exact order)
@@ -86,15 +91,16 @@ class Sim:
 
     def at(self, t: float, fn: Callback, arg: Any = None) -> None:
         """Call fn(arg) at time t (not earlier than now)."""
-        due = self._due
-        e = due.get(t)
-        if e is None:
-            due[t] = (t, fn, arg)
-        elif type(e) is tuple:
-            due[t] = deque((e, (t, fn, arg)))
-        else:
-            e.append((t, fn, arg))
-        heapq.heappush(self._times, t)
+        ev = (fn, arg)
+        # One dict operation when t is free (nearly always): setdefault
+        # returns ev itself then.
+        if self._due.setdefault(t, ev) is not ev:
+            q = self._more.get(t)
+            if q is None:
+                self._more[t] = deque((ev,))
+            else:
+                q.append(ev)
+        _heappush(self._times, t)
 
     def after(self, dt: float, fn: Callback, arg: Any = None) -> None:
         """Call fn(arg) dt seconds from now."""
@@ -162,13 +168,15 @@ class Sim:
         on_arrival(function_index, duration) is called at each arrival time.
         An event and an arrival at the same time: the event first.
         """
-        heap, pop, due = self._times, heapq.heappop, self._due
+        heap, pop, due, more = self._times, heapq.heappop, self._due, self._more
         take = due.pop
+        inf = math.inf
+        arrive = on_arrival if on_arrival is not None else _no_on_arrival
         times: Sequence[float] = ()
         fns: Sequence[int] = ()
         durs: Sequence[float] = ()
         i = n = 0
-        next_arrival = math.inf
+        next_arrival = inf
         events = self.events
         check = events + 4096
         now = self.now
@@ -186,17 +194,18 @@ class Sim:
                 else:
                     times, arrivals = (), None
                 i, n = 0, len(times)
-                next_arrival = times[0] if n else math.inf
+                next_arrival = times[0] if n else inf
             limit = next_arrival if next_arrival < until else until
             if heap and heap[0] <= limit:
                 # The events due before the next arrival, in a tight loop.
                 while True:
-                    e = take(pop(heap))
-                    if type(e) is not tuple:  # several events at that time
-                        q, e = e, e.popleft()
-                        if q:
-                            due[e[0]] = q
-                    t, fn, arg = e
+                    t = pop(heap)
+                    fn, arg = take(t)
+                    if more and t in more:  # the next event at t moves up
+                        q = more[t]
+                        due[t] = q.popleft()
+                        if not q:
+                            del more[t]
                     if t < now:
                         raise ValueError(f"an event at {t} is in the past (now {now})")
                     self.now = now = t
@@ -204,13 +213,12 @@ class Sim:
                     events += 1
                     if not heap or heap[0] > limit or self.stopped or events >= check:
                         break
-            elif next_arrival <= until and next_arrival != math.inf:
+            elif next_arrival <= until and next_arrival != inf:
                 self.now = now = next_arrival
-                assert on_arrival is not None
-                on_arrival(fns[i], durs[i])
+                arrive(fns[i], durs[i])
                 events += 1
                 i += 1
-                next_arrival = times[i] if i < n else math.inf
+                next_arrival = times[i] if i < n else inf
             else:
                 break
         self.events = events
@@ -224,6 +232,10 @@ class Sim:
         self.stopped = True
 
 
+def _no_on_arrival(fn: int, duration: float) -> None:
+    raise TypeError("Sim.run got arrivals but no on_arrival")
+
+
 class Station:
     """A FIFO server with c parallel servers (see the module docstring).
 
@@ -231,7 +243,7 @@ class Station:
     reports (ops/s, utilisation) to scaling policies.
     """
 
-    __slots__ = ("_free", "busy", "c", "core", "free_at", "host", "loop", "name", "ops")
+    __slots__ = ("_free", "_lone", "busy", "c", "core", "free_at", "host", "loop", "name", "ops")
 
     def __init__(self, name: str = "", c: int = 1, host: Host | None = None) -> None:
         if c < 1:
@@ -250,11 +262,19 @@ class Station:
         self.ops = 0
         #: messages go through this event loop (``simulator.loop``) if set
         self.loop: EventLoop | None = None
+        #: one server with a core of its own (no host): ``finish`` is then
+        #: Lindley's recursion alone, its first and cheapest case
+        self._lone = c == 1 and host is None
 
     def finish(self, t: float, service: float) -> float:
         """Serve a job arriving at t that needs ``service`` s; its finish time."""
         self.busy += service
         self.ops += 1
+        if self._lone:
+            free = self.free_at
+            done = (t if t > free else free) + service
+            self.free_at = done
+            return done
         host = self.host
         if self.c == 1:
             free = self.free_at
@@ -288,7 +308,8 @@ class Station:
     def backlog(self, now: float) -> float:
         """Seconds of queued work ahead of a job arriving now."""
         nxt = self.free_at if self.c == 1 else self._free[0]
-        return max(0.0, nxt - now)
+        ahead = nxt - now
+        return ahead if ahead > 0.0 else 0.0  # max(0.0, ahead), cheaper
 
 
 class Progress:

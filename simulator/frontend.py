@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-from functions.dispatch.policy import FunctionRouter, Instance
+from functions.dispatch.policy import FunctionRouter, Grant, Instance, Waiter
 from simulator.autoscale import FunctionScaling, galaxy_kpa
 from simulator.cluster import SimNode
 from simulator.engine import Station
@@ -23,6 +23,8 @@ from simulator.system import Env, Req, SystemModel
 
 OwnerFn = Callable[[int], Station]
 WaitFn = Callable[[int, FunctionRouter], None]
+#: a request on its way to its owner: (function index, arrival, duration)
+Sent = tuple[int, float, float]
 
 
 class Frontend:
@@ -50,7 +52,7 @@ class Frontend:
         # Bound once: the warm path below uses them for every request (and
         # a method looked up on an object is a new object each time).
         self._hop, self._at = self.net.hop, self.sim.at
-        self._on_dispatch, self._on_release = self._dispatch, self._release
+        self._on_dispatch, self._on_done = self._dispatch, self._done
         self._on_released = self._released
 
     def router(self, fn: int) -> FunctionRouter:
@@ -66,42 +68,69 @@ class Frontend:
         """A request arrives now at the client, which sends it to fn's owner."""
         now = self.sim.now
         self.requests += 1
-        req = Req(fn, now, duration)
+        # On its way to the owner a request is a plain tuple, not a ``Req``:
+        # most get a slot at once and never need one (see ``_dispatch``).
+        sent = (fn, now, duration)
         if self.client is not None:
             t = self.client.finish(now, self.s_client()) + self.net.hop()
             stages = [(self.owner(fn), self._s_dispatch(), 0.0)]
-            self.sim.pipeline(t, stages, self._dispatch, req)
+            self.sim.pipeline(t, stages, self._dispatch, sent)
             return
         if self.via is not None:
             t = self.via.finish(now + self.net.hop(), self._s_dispatch()) + self.net.hop()
             stage = (self.owner(fn), self._s_dispatch(), 0.0)
-            self.sim.pipeline(t, [stage], self._dispatch, req)
+            self.sim.pipeline(t, [stage], self._dispatch, sent)
             return
         st = self.owners[fn] or self.owner(fn)
         t = st.finish(now + self._hop(), self._s_dispatch())
-        self._at(t, self._on_dispatch, req)
+        self._at(t, self._on_dispatch, sent)
 
-    def _dispatch(self, req: Req) -> None:
-        router = self.routers[req.fn] or self.router(req.fn)
+    def _dispatch(self, sent: Sent) -> None:
+        fn, arrival, duration = sent
+        router = self.routers[fn] or self.router(fn)
         g = router.acquire()
         if g is not None:
-            self.m.serve(req, g, self.sim.now + self._hop(), self._on_release)
+            # _serve, inline (most requests find a free slot)
+            hop = self._hop
+            reply_at = self.sim.now + hop()
+            self.rec.granted(arrival, reply_at, g.cold_start)
+            done = reply_at + hop() + duration + hop()
+            self._at(done, self._on_done, (fn, g.lease_id))
             return
-        router.enqueue(req)
-        self.on_wait(req.fn, router)
+        router.enqueue(Req(fn, arrival, duration))
+        self.on_wait(fn, router)
 
-    def _release(self, req: Req, lease: str) -> None:
-        fn = req.fn
+    def _serve(self, req: Req, grant: Grant, reply_at: float) -> None:
+        """The client gets its slot at reply_at and calls the instance; the
+        request ends two hops and its duration later (``_done``)."""
+        self.rec.granted(req.arrival, reply_at, grant.cold_start)
+        hop = self._hop
+        done = reply_at + hop() + req.duration + hop()
+        self._at(done, self._on_done, (req.fn, grant.lease_id))
+
+    def _serve_all(self, grants: list[tuple[Waiter, Grant]]) -> None:
+        """Answer waiters that got slots, each one hop from now."""
+        now = self.sim.now
+        for w, g in grants:
+            self._serve(w.token, g, now + self._hop())
+
+    def _done(self, a: tuple[int, str]) -> None:
+        """A request (of function a[0], holding lease a[1]) ended: its client
+        returns the slot to fn's owner (one hop), which releases it when
+        served (``_released``, with the same tuple)."""
+        now = self.sim.now
+        self.rec.completed(now)
+        fn = a[0]
         st = self.owners[fn] or self.owner(fn)
-        t = st.finish(self.sim.now + self._hop(), self._s_release())
-        self._at(t, self._on_released, (fn, lease))
+        t = st.finish(now + self._hop(), self._s_release())
+        self._at(t, self._on_released, a)
 
     def _released(self, a: tuple[int, str]) -> None:
         router = self.routers[a[0]]
         assert router is not None
         grants = router.release(a[1])[1]
         if grants:
-            self.m.serve_all(grants, self.sim.now, self._on_release)
+            self._serve_all(grants)
 
     # -- instances -------------------------------------------------------------
 
@@ -109,7 +138,7 @@ class Frontend:
         """A started instance is known to fn's router: waiters get its slots."""
         grants = self.router(fn).scale_up_done(inst)
         if grants:
-            self.m.serve_all(grants, self.sim.now, self._release)
+            self._serve_all(grants)
 
     def failed(self, fn: int, reason: str) -> None:
         """A start failed; waiters nothing will serve fail."""

