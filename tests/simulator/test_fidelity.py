@@ -134,3 +134,34 @@ def test_runs_with_a_core_of_other_work_are_flagged():
     sims = [{"background": {"max": 0.2, "half": 0.3}}, {"background": {"max": 3.4, "half": 0.2}}]
     assert fidelity.busy_runs(sims) == [2]
     assert fidelity.busy_runs(sims[:1]) == []
+
+
+def test_op_costs_are_scaled_per_process_to_the_real_runs_cpu(cal):
+    sim = {"cpu_cores": {"dispatch-0": 0.2, "schedule-0": 0.4, "agent-0": 0.1, "agent-1": 0.1}}
+    real = {"cpu_cores": {"dispatch-0": 0.3, "schedule-0": 0.2, "agent-0": 0.25, "agent-1": 0.15,
+                          "load_generator": 0.5}}  # fmt: skip
+    f = fidelity.speed_factors(sim, real)
+    assert f == pytest.approx({"dispatch": 1.5, "schedule": 0.5, "agent": 2.0, "clustermgr": 1.0})
+    s = fidelity.scaled(cal, f)
+    assert s.mean("dispatch.scale_up") == pytest.approx(1.5 * cal.mean("dispatch.scale_up"))
+    assert s.mean("agent.probe") == pytest.approx(2.0 * cal.mean("agent.probe"))
+    assert s.mean("clustermgr.update") == cal.mean("clustermgr.update")
+    assert s.mean("client.rpc") == cal.mean("client.rpc")  # the harness: not a process checked
+    assert s.params == cal.params and cal.mean("dispatch.scale_up") != s.mean("dispatch.scale_up")
+
+
+def test_simulate_run_scales_costs_from_a_first_half_phase(cal, monkeypatch):
+    seen = []
+
+    def fake_phase(cal_, nodes, total, seed, **kw):
+        seen.append(cal_.mean("schedule.schedule"))
+        return {"instances_per_s": 1.0, "scheduling_ms": {"p50": 1.0, "p99": 2.0},
+                "cpu_cores": {"schedule-0": 0.1}}  # fmt: skip
+
+    monkeypatch.setattr(fidelity, "sim_phase", fake_phase)
+    real = {"max": {}, "half": {"arrival_rate": 10.0, "cpu_cores": {"schedule-0": 0.3}}}
+    out = fidelity.simulate_run(cal, real, 40, True, seed=1)
+    assert out["factors"]["schedule"] == pytest.approx(3.0)
+    base = cal.mean("schedule.schedule")
+    assert seen[0] == base and all(v == pytest.approx(3 * base) for v in seen[1:])
+    assert len(seen) == 1 + 2 * fidelity.SIM_SEEDS
