@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -109,9 +109,18 @@ class Calibration:
         rand = rng.random
         return lambda: scaled[bits(12)] + (pause_s if rand() < pause_p else 0.0)
 
-    def scaled(self, factor: float) -> Calibration:
-        """Every op's mean multiplied by factor (a slower/faster machine)."""
-        ops = {k: OpCost(v.mean_s * factor, v.cv, v.source) for k, v in self.ops.items()}
+    def scaled(self, factor: float | Mapping[str, float]) -> Calibration:
+        """Every op's mean multiplied by factor (a slower/faster machine); a
+        mapping scales the ops of each process by its own factor, keyed by
+        the op name's prefix (``{"schedule": 1.2}`` scales ``schedule.*``;
+        ops of other prefixes are kept)."""
+
+        def f(op: str) -> float:
+            if isinstance(factor, Mapping):
+                return factor.get(op.split(".", 1)[0], 1.0)
+            return factor
+
+        ops = {k: OpCost(v.mean_s * f(k), v.cv, v.source) for k, v in self.ops.items()}
         return Calibration(ops, dict(self.params), dict(self.meta), dict(self.sources))
 
     def to_json(self) -> dict[str, Any]:

@@ -34,7 +34,6 @@ import os
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -389,15 +388,6 @@ def speed_factors(sim: dict[str, Any], real: dict[str, Any]) -> dict[str, float]
     return out
 
 
-def scaled(cal: calibration.Calibration, factors: dict[str, float]) -> calibration.Calibration:
-    """The calibration with each op's cost times its process's factor."""
-    ops = {
-        k: replace(v, mean_s=v.mean_s * factors.get(k.split(".", 1)[0], 1.0))
-        for k, v in cal.ops.items()
-    }
-    return calibration.Calibration(ops, dict(cal.params), dict(cal.meta), dict(cal.sources))
-
-
 def simulate_run(
     cal: calibration.Calibration, real: dict[str, Any], nodes: int, quick: bool, seed: int
 ) -> dict[str, Any]:
@@ -413,10 +403,10 @@ def simulate_run(
     rate = real["half"]["arrival_rate"]
     factors = {k: 1.0 for k in _PROCESS_OF}
     if SCALE_TO_RUN and real["half"].get("cpu_cores"):
-        probe = sim_phase(cal, nodes, n_half, seed, rate=rate, background=bg["half"],
+        first = sim_phase(cal, nodes, n_half, seed, rate=rate, background=bg["half"],
                           client_cost_s=client["half"])  # fmt: skip
-        factors = speed_factors(probe, real["half"])
-        cal = scaled(cal, factors)
+        factors = speed_factors(first, real["half"])
+        cal = cal.scaled(factors)
     out: dict[str, Any] = {"background": bg, "client_cost_s": client, "factors": factors}
     for ph in ("max", "half"):
         kw: dict[str, Any] = {"concurrency": 32} if ph == "max" else {"rate": rate}

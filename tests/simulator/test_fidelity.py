@@ -142,7 +142,7 @@ def test_op_costs_are_scaled_per_process_to_the_real_runs_cpu(cal):
                           "load_generator": 0.5}}  # fmt: skip
     f = fidelity.speed_factors(sim, real)
     assert f == pytest.approx({"dispatch": 1.5, "schedule": 0.5, "agent": 2.0, "clustermgr": 1.0})
-    s = fidelity.scaled(cal, f)
+    s = cal.scaled(f)
     assert s.mean("dispatch.scale_up") == pytest.approx(1.5 * cal.mean("dispatch.scale_up"))
     assert s.mean("agent.probe") == pytest.approx(2.0 * cal.mean("agent.probe"))
     assert s.mean("clustermgr.update") == cal.mean("clustermgr.update")
