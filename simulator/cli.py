@@ -94,7 +94,11 @@ def add_subparser(sub: Any) -> None:
         default=None,
         help="reuse a real-cluster result (fidelity.json) instead of starting a cluster",
     )
-    f.add_argument("--quick", action="store_true", help="fewer requests (CI)")
+    f.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer requests: a smoke test of the command, too few samples to judge p99",
+    )
     f.add_argument(
         "--repeat",
         type=int,
