@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controlplane import rendezvous
+from controlplane.runtime import rendezvous
 
 
 def moved_table(n_nodes: int, max_n: int) -> list[tuple[int, float, float, float]]:

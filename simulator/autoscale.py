@@ -1,11 +1,11 @@
 """Function autoscaling and keep-alive, driven through the production KPA.
 
 Every ``tick_s`` each active function's ``KpaAutoscaler``
-(``controlplane.autoscaling.kpa``) observes the function's concurrency
+(``functions.dispatch.autoscaling.kpa``) observes the function's concurrency
 (requests in flight plus queued, from its ``FunctionRouter``) and decides;
 starts go through the normal scale-up path, removals take the instances
 ``idle_instances_to_remove`` names. The keep-alive policy is the production
-one (``controlplane.autoscaling.keepalive.make_keepalive``). A function with
+one (``functions.dispatch.autoscaling.keepalive.make_keepalive``). A function with
 no instance, nothing pending or queued and a decision of zero stops being
 ticked until its next request, so an 8-hour trace of 500 mostly idle
 functions does not pay 500 autoscalers every tick.
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from controlplane.autoscaling.keepalive import make_keepalive
-from controlplane.autoscaling.kpa import KpaAutoscaler, KpaConfig, idle_instances_to_remove
+from functions.dispatch.autoscaling.keepalive import make_keepalive
+from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig, idle_instances_to_remove
 from functions.dispatch.policy import FunctionRouter, Instance
 from simulator.engine import Sim
 
@@ -104,7 +104,7 @@ class FunctionScaling:
     def describe(self) -> dict[str, Any]:
         """For reports."""
         return {
-            "policy": "controlplane.autoscaling.kpa.KpaAutoscaler",
+            "policy": "functions.dispatch.autoscaling.kpa.KpaAutoscaler",
             "keepalive": self.keepalive,
             "keepalive_opts": self.keepalive_opts,
             "tick_s": self.tick_s,

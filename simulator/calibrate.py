@@ -140,8 +140,8 @@ def decide_cost(nodes: int, placements: int = 20_000) -> float:
     timed in-process, it is pure Python."""
     import random
 
-    from controlplane.clock import ManualClock
-    from controlplane.nodeagent.capacity import Res
+    from controlplane.runtime.clock import ManualClock
+    from controlplane.runtime.resources import Res
     from functions.schedule.model import NodeInfo, ProbeNodes, Reservation
     from functions.schedule.policy import PlacementPolicy
 
@@ -247,13 +247,13 @@ async def loop_steps() -> dict[str, float]:
 
 async def control_start(tries: int = 3) -> float:
     """Median seconds from spawning a control process to it being ready."""
-    from controlplane.host import READY_PREFIX
+    from controlplane.runtime.host import READY_PREFIX
 
     times = []
     for _ in range(tries):
         t0 = time.perf_counter()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "controlplane.cli", "serve", "controller", "--listen",
+            sys.executable, "-m", "controlplane.tools.cli", "serve", "controller", "--listen",
             "127.0.0.1:0", "--metrics-listen", "", "--lifeline",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,

@@ -6,7 +6,7 @@
     galaxy simulate-calibrate --out calibration.json
 
 (``galaxy calibrate`` is the controller's T_DF/T_SF/T_CMF measurement,
-``controlplane.calibrate``; this one measures per-operation service times.)
+``controlplane.tools.calibrate``; this one measures per-operation service times.)
 
 Wire it with ``simulator.cli.add_subparser(sub)`` next to the other
 sub-commands. Heavy modules are imported when a command runs, not here.
@@ -19,12 +19,27 @@ import sys
 from typing import Any
 
 
+def _needs_extra(command: str, error: ModuleNotFoundError) -> int:
+    """Exit 2 with the extra to install when ``error`` is an optional package
+    (numpy, matplotlib); re-raise anything else."""
+    from controlplane.runtime.extras import missing_from
+
+    missing = missing_from(error, f"galaxy {command}")
+    if missing is None:
+        raise error
+    print(f"galaxy {command}: {missing}", file=sys.stderr)
+    return 2
+
+
 async def cmd_simulate(args: argparse.Namespace) -> int:
     """``galaxy simulate``."""
-    from simulator import commands
-    from simulator.calibration import CalibrationError
-    from simulator.experiments import SpecError
-    from simulator.traces import TraceError
+    try:
+        from simulator import commands
+        from simulator.calibration import CalibrationError
+        from simulator.experiments import SpecError
+        from simulator.traces import TraceError
+    except ModuleNotFoundError as e:
+        return _needs_extra("simulate", e)
 
     try:
         return commands.simulate(args)
@@ -35,14 +50,20 @@ async def cmd_simulate(args: argparse.Namespace) -> int:
 
 async def cmd_fidelity(args: argparse.Namespace) -> int:
     """``galaxy simulate-fidelity``."""
-    from simulator import fidelity
+    try:
+        from simulator import fidelity
+    except ModuleNotFoundError as e:
+        return _needs_extra("simulate-fidelity", e)
 
     return await fidelity.main(args)
 
 
 async def cmd_calibrate(args: argparse.Namespace) -> int:
     """``galaxy simulate-calibrate``."""
-    from simulator import calibrate
+    try:
+        from simulator import calibrate
+    except ModuleNotFoundError as e:
+        return _needs_extra("simulate-calibrate", e)
 
     return await calibrate.main(args)
 

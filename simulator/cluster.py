@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controlplane.errors import ResourceExhausted
 from controlplane.nodeagent.capacity import NodeCapacity, Res
+from controlplane.runtime.errors import ResourceExhausted
 from functions.schedule.model import NodeInfo
 from galaxy.v1 import common_pb2
 from simulator.engine import Station

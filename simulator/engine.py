@@ -1,7 +1,7 @@
 """The discrete-event core: a virtual clock, an event heap and service stations.
 
 Time is ``Sim.now``; the production policy objects take a
-``controlplane.clock.Clock``, and the simulator hands them a ``SimClock``
+``controlplane.runtime.clock.Clock``, and the simulator hands them a ``SimClock``
 that reads ``Sim.now``, so they read simulated time without knowing it.
 
 Events run in time order, events at the same time in the order they were
@@ -53,7 +53,7 @@ _heappush = heapq.heappush
 
 
 class SimClock:
-    """A ``controlplane.clock.Clock`` on simulated time: it reads ``Sim.now``
+    """A ``controlplane.runtime.clock.Clock`` on simulated time: it reads ``Sim.now``
     (so the loop moves one attribute per event, not a clock too)."""
 
     __slots__ = ("_sim",)

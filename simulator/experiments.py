@@ -4,7 +4,7 @@ Workload specs (``--workload``): ``azure2019[:minutes=N,spread=even]``,
 ``azure2021``, ``llm2023``, ``poisson:rate=R,duration=S,functions=N``,
 ``gamma:rate=R,shape=K,duration=S``, ``bursty:duration=S,trough=R,peak=X``,
 a folder in the Azure 2019 format, or an experiment file (YAML, the
-``controlplane.experiment`` format) whose plans are each run.
+``controlplane.bench.experiment`` format) whose plans are each run.
 
 Plan parameters map onto the simulation: ``nodes``, ``seed``,
 ``keep_alive_s``, ``create_parallelism``; ``instances`` /
@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from controlplane import experiment as ex
+from controlplane.bench import experiment as ex
 from simulator import traces
 from simulator import workload as wl
 from simulator.system import SimConfig
@@ -125,7 +125,7 @@ def plan_config(plan: ex.Plan, base: SimConfig) -> tuple[SimConfig, str | None]:
 
 
 def plan_workload(plan: ex.Plan, seed: int) -> wl.Workload:
-    """A plan's workload (``controlplane.experiment`` arrivals)."""
+    """A plan's workload (``controlplane.bench.experiment`` arrivals)."""
     return wl.from_plan(plan, seed)
 
 

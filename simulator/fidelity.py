@@ -37,15 +37,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from controlplane.experiment import RequestProfile
+from controlplane.bench.experiment import RequestProfile
 from simulator import calibration, report
+from simulator.fidelity_compare import (  # noqa: F401 (re-exported)
+    TOLERANCE,
+    _summ,
+    compare,
+    compare_runs,
+    diagnostics,
+)
 from simulator.galaxy import VARIANTS, GalaxyModel
 from simulator.loop import REPLY_STEPS, REQUEST_STEPS
 from simulator.network import NetworkConfig
 from simulator.system import Env, SimConfig
 from simulator.workload import Workload, functions
 
-TOLERANCE = 0.25
 #: Threads a gRPC message to an idle Python process passes through: an
 #: event-engine thread reads the socket, grpc.aio's poller thread takes the
 #: completion, the asyncio loop runs the handler (a Galaxy process runs 4
@@ -116,7 +122,7 @@ async def real_side(nodes: int, quick: bool, log: Any) -> dict[str, Any]:
 def _bucket_summary(values: list[float]) -> dict[str, float]:
     """p50/p99 in ms read from the Prometheus buckets the real side uses."""
     from controlplane.bench.promscrape import Histogram
-    from controlplane.metrics import SCHEDULING_BUCKETS
+    from controlplane.runtime.metrics import SCHEDULING_BUCKETS
 
     h = Histogram()
     for b in (*SCHEDULING_BUCKETS, math.inf):
@@ -248,74 +254,6 @@ def sim_phase(
         else {},
         "events": env.sim.events,
     }
-
-
-def _summ(values: list[float]) -> dict[str, float]:
-    from controlplane.experiment import summarize
-
-    return summarize(values)
-
-
-def _pairs(sim: dict[str, Any], real: dict[str, Any]) -> list[tuple[str, float, float]]:
-    return [
-        ("max: throughput (instances/s)", sim["max"]["instances_per_s"],
-         real["max"]["instances_per_s"]),
-        ("half: scheduling p50 (ms)", sim["half"]["scheduling_ms"]["p50"],
-         real["half"]["scheduling_ms"]["p50"]),
-        ("half: scheduling p99 (ms)", sim["half"]["scheduling_ms"]["p99"],
-         real["half"]["scheduling_ms"]["p99"]),
-    ]  # fmt: skip
-
-
-def diagnostics(runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[list[str]]:
-    """Rows (figure, simulated, real: medians over the runs) that are shown,
-    not judged: where a disagreement in the judged ones comes from."""
-    rows = []
-    for ph, key, q, label in (
-        ("half", "probe_round_ms", "p50", "half: probe round trip p50 (ms)"),
-        ("half", "probe_round_ms", "p99", "half: probe round trip p99 (ms)"),
-        ("half", "probes_per_placement", "", "half: probes per placement"),
-        ("max", "probes_per_placement", "", "max: probes per placement"),
-    ):
-        vals = []
-        for side in (0, 1):
-            v = [r[side][ph].get(key) for r in runs]
-            v = [x.get(q, math.nan) if isinstance(x, dict) else x for x in v if x is not None]
-            v = [float(x) for x in v if isinstance(x, int | float) and not math.isnan(x)]
-            vals.append(f"{statistics.median(v):.3f}" if v else "-")
-        rows.append([label, *vals])
-    return rows
-
-
-def compare_runs(
-    runs: list[tuple[dict[str, Any], dict[str, Any]]],
-) -> tuple[list[list[str]], bool]:
-    """Rows (metric, simulated, real, sim/real of each run, median ratio, ok)
-    over (sim, real) runs, and whether every metric's median ratio is within
-    the tolerance. On a shared machine one real run's tail moves with what
-    others do (3-22 ms p99 within an hour here), so the check repeats the
-    real run, simulates each one under its own measured conditions, and
-    judges the median ratio."""
-    per_run = [_pairs(sim, real) for sim, real in runs]
-    rows, ok = [], True
-    for i, (name, _, _) in enumerate(per_run[0]):
-        sims = [p[i][1] for p in per_run]
-        reals = [p[i][2] for p in per_run]
-        ratios = [sv / rv if rv else math.inf for sv, rv in zip(sims, reals, strict=True)]
-        ratio = statistics.median(ratios)
-        good = abs(ratio - 1) <= TOLERANCE
-        ok = ok and good
-        rows.append([
-            name, f"{statistics.median(sims):.3f}", f"{statistics.median(reals):.3f}",
-            " ".join(f"{r:.2f}" for r in ratios), f"{ratio:.2f}", "ok" if good else "FAIL",
-        ])  # fmt: skip
-    return rows, ok
-
-
-def compare(sim: dict[str, Any], real: dict[str, Any]) -> tuple[list[list[str]], bool]:
-    """One run's rows (metric, simulated, real, ratio, ok) and whether all agree."""
-    rows, ok = compare_runs([(sim, real)])
-    return [[r[0], r[1], r[2], r[4], r[5]] for r in rows], ok
 
 
 def _read_real(path: Path) -> list[dict[str, Any]]:

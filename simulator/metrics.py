@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from controlplane.experiment import summarize
+from controlplane.bench.experiment import summarize
 
 #: completion times binned at a time (see ``Recorder.completed``)
 _FOLD = 1 << 16

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.nodeagent.capacity import Res
+from controlplane.runtime.resources import Res
 from functions.dispatch.policy import FunctionRouter
 from simulator.calibration import Calibration
 from simulator.cluster import DEFAULT_NODE, Cluster, SimNode

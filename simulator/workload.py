@@ -6,7 +6,7 @@ in memory at once and every system replays the very same requests (each call
 to ``batches()`` restarts the same seeded stream).
 
 Synthetic generators here; real traces in ``simulator.traces``; experiment
-files (``controlplane.experiment``) become workloads with ``from_plan``.
+files (``controlplane.bench.experiment``) become workloads with ``from_plan``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from controlplane.experiment import Plan, RequestProfile
+from controlplane.bench.experiment import Plan, RequestProfile
 from simulator.engine import Batch
 
 #: Default sandbox start (cold start on the node): the measured spawn-to-ready

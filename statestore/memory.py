@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from controlplane.clock import Clock, MonotonicClock
+from controlplane.runtime.clock import Clock, MonotonicClock
 
 from .base import (
     DEFAULT_MAX_TXN_OPS,

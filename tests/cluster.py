@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane import host, rpc
-from controlplane.cli import _component_module, build_parser
+from controlplane.runtime import host, rpc
+from controlplane.tools.cli import _component_module, build_parser
 
 
 @dataclass

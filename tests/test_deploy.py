@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controlplane.cli import build_parser
+from controlplane.tools.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

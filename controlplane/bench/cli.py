@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m controlplane.bench``: the bench without the main CLI."""
     import logging
 
-    from controlplane.host import install_uvloop
+    from controlplane.runtime.host import install_uvloop
 
     p = argparse.ArgumentParser(prog="galaxy bench", description=__doc__)
     add_arguments(p)

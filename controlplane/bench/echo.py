@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--listen", default="127.0.0.1:0")
     args = p.parse_args(argv)
-    from controlplane.host import install_uvloop
+    from controlplane.runtime.host import install_uvloop
 
     install_uvloop()
     asyncio.run(serve(args.listen))

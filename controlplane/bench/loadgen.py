@@ -111,7 +111,7 @@ class LoadGen:
 
     async def __aenter__(self) -> LoadGen:
         if self.job.target == "galaxy":
-            from controlplane.client import GalaxyClient
+            from controlplane.sdk.client import GalaxyClient
 
             self._client = GalaxyClient(self.job.address, timeout=self.job.timeout_s)
             await self._client.refresh_membership()
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with open(args.job) as f:
         job = Job.from_dict(json.load(f))
-    from controlplane.host import install_uvloop
+    from controlplane.runtime.host import install_uvloop
 
     install_uvloop()
     result = asyncio.run(run(job))

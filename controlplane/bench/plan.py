@@ -1,6 +1,6 @@
 """Bench experiment files: control plane configs and request schedules.
 
-A bench file is an experiment file (``controlplane.experiment``, DESIGN.md
+A bench file is an experiment file (``controlplane.bench.experiment``, DESIGN.md
 section 4) with two optional top-level blocks for what is not swept:
 
     control_plane: {nodes: 210, dispatch: 1, schedule: 1, clustermgr: 1,
@@ -31,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from controlplane import experiment as ex
+from controlplane.bench import experiment as ex
 from controlplane.bench import trace as tr
-from controlplane.up import UpConfig
+from controlplane.launch.up import UpConfig
 from galaxy.v1 import common_pb2
 
 CP_DEFAULTS: dict[str, Any] = {

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from controlplane import experiment as ex
+from controlplane.bench import experiment as ex
 from controlplane.bench import plan as pl
 from controlplane.bench import report, runner, slo
 

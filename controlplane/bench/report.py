@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -195,8 +196,15 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def write_plots(r: dict[str, Any], samples: dict[str, Any], out: Path) -> list[Path]:
-    """latency_cdf.png, throughput.png, timeline.png."""
-    import matplotlib
+    """latency_cdf.png, throughput.png, timeline.png (none, with a note on
+    stderr, when matplotlib is not installed: the figures are in the report)."""
+    from controlplane.runtime.extras import MissingExtra, require
+
+    try:
+        matplotlib = require("matplotlib", "galaxy bench's PNG plots")
+    except MissingExtra as e:
+        print(f"galaxy bench: no plots: {e}", file=sys.stderr)
+        return []
 
     matplotlib.use("Agg")  # files only: no display on a server or in CI
     import matplotlib.pyplot as plt

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from controlplane import experiment as ex
+from controlplane.bench import experiment as ex
 from controlplane.bench import plan as pl
 from controlplane.bench import profile as prof
 from controlplane.bench import promscrape as ps
@@ -32,7 +32,7 @@ from controlplane.bench import summary as sm
 from controlplane.bench.echo import EchoProcess
 from controlplane.bench.etcd import LocalEtcd
 from controlplane.bench.loadgen import MEASURED, MEASURING
-from controlplane.up import Supervisor
+from controlplane.launch.up import Supervisor
 
 SCHEMA = "galaxy-bench/1"
 _DEPLOY_CONCURRENCY = 32
@@ -304,7 +304,7 @@ async def _echo(
 
 
 async def _deploy(controller: str, wl: pl.Workload) -> None:
-    from controlplane.client import GalaxyClient
+    from controlplane.sdk.client import GalaxyClient
 
     sem = asyncio.Semaphore(_DEPLOY_CONCURRENCY)
     async with GalaxyClient(controller) as c:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from controlplane import experiment as ex
+from controlplane.bench import experiment as ex
 from controlplane.bench import plan as pl
 from controlplane.bench import promscrape as ps
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane.controller.scaling import Decision
-from controlplane.membership import KIND_BY_NAME
+from controlplane.runtime.membership import KIND_BY_NAME
 from galaxy.v1 import controller_pb2
 
 

@@ -27,7 +27,6 @@ from typing import Any
 
 import grpc
 
-from controlplane import rendezvous, rpc
 from controlplane.controller.registry import (
     CLUSTERMGR,
     DISPATCH,
@@ -36,7 +35,8 @@ from controlplane.controller.registry import (
     Member,
     State,
 )
-from controlplane.membership import KIND_NAMES
+from controlplane.runtime import rendezvous, rpc
+from controlplane.runtime.membership import KIND_NAMES
 from galaxy.v1 import (
     clustermgr_pb2,
     clustermgr_pb2_grpc,

@@ -11,8 +11,8 @@ the store; a controller taking over leadership fills it from the store.
 
 from __future__ import annotations
 
-from controlplane import spec as specs
-from controlplane.errors import NotFound, Unavailable
+from controlplane.runtime import spec as specs
+from controlplane.runtime.errors import NotFound, Unavailable
 from galaxy.v1 import common_pb2
 from statestore import StateStore, StoreUnavailable
 

@@ -9,10 +9,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from controlplane.actuators.base import Actuator, NoActuator
-from controlplane.actuators.cpulimit import parse_limits
-from controlplane.calibrate import calibrated_capacities
 from controlplane.controller.actions import Changes, Timeouts
+from controlplane.controller.actuators.base import Actuator, NoActuator
+from controlplane.controller.actuators.cpulimit import parse_limits
+from controlplane.controller.capacities import calibrated_capacities
 from controlplane.controller.coordinator import Coordinator
 from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.leader import DEFAULT_PREFIX, LeaderElector, LeaderInfo, ScaleLedger
@@ -20,8 +20,8 @@ from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry
 from controlplane.controller.scaling import KINDS, KindLimits, ScalingConfig
 from controlplane.controller.service import ControllerServicer
-from controlplane.host import HostContext
-from controlplane.rpc import ChannelPool
+from controlplane.runtime.host import HostContext
+from controlplane.runtime.rpc import ChannelPool
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from statestore import StateStore, StoreError, open_store
 
@@ -137,7 +137,7 @@ def scaling_config(args: argparse.Namespace) -> ScalingConfig:
 def make_actuator(args: argparse.Namespace) -> Actuator:
     """The actuator named by --actuator."""
     if args.actuator == "kubernetes":
-        from controlplane.actuators.kubernetes import KubernetesActuator
+        from controlplane.controller.actuators.kubernetes import KubernetesActuator
 
         token = Path(args.k8s_token_file).read_text().strip() if args.k8s_token_file else None
         return KubernetesActuator(
@@ -148,7 +148,7 @@ def make_actuator(args: argparse.Namespace) -> Actuator:
             verify_ssl=not args.k8s_insecure,
         )
     if args.actuator == "local":
-        from controlplane.actuators.local import LocalProcessActuator
+        from controlplane.controller.actuators.local import LocalProcessActuator
 
         extra: dict[str, list[str]] = {}
         for kind, flags in args.instance_args:

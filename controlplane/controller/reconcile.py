@@ -29,10 +29,9 @@ from dataclasses import replace
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controlplane.actuators.base import Actuator, ActuatorError
-from controlplane.clock import Clock
 from controlplane.controller import scalemetrics as sm
 from controlplane.controller.actions import ActionRecord, Changes, Timeouts
+from controlplane.controller.actuators.base import Actuator, ActuatorError
 from controlplane.controller.coordinator import Coordinator
 from controlplane.controller.leader import Fenced, ScaleLedger
 from controlplane.controller.registry import ControlRegistry, State
@@ -48,7 +47,8 @@ from controlplane.controller.scaling import (
     decide,
     utilization,
 )
-from controlplane.membership import KIND_BY_NAME
+from controlplane.runtime.clock import Clock
+from controlplane.runtime.membership import KIND_BY_NAME
 from galaxy.v1 import controller_pb2
 from statestore import StoreError
 

@@ -18,7 +18,7 @@ import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from controlplane.clock import Clock, MonotonicClock
+from controlplane.runtime.clock import Clock, MonotonicClock
 from galaxy.v1 import common_pb2
 
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from controlplane.metrics import LATENCY_BUCKETS
+from controlplane.runtime.metrics import LATENCY_BUCKETS
 
 INSTANCES = Gauge(
     "galaxy_control_instances",

@@ -13,14 +13,14 @@ from typing import Any
 
 import grpc
 
-from controlplane import rpc
 from controlplane.controller.coordinator import COORDINATE_STUBS, Coordinator
 from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.leader import LeaderElector
 from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import ControlRegistry
-from controlplane.errors import InvalidArgument, Unavailable
-from controlplane.membership import KIND_NAMES
+from controlplane.runtime import rpc
+from controlplane.runtime.errors import InvalidArgument, Unavailable
+from controlplane.runtime.membership import KIND_NAMES
 from galaxy.v1 import (
     clustermgr_pb2,
     clustermgr_pb2_grpc,

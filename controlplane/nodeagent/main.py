@@ -1,7 +1,7 @@
 """The node agent as a hostable component: command-line flags and ``build``.
 
 The CLI adds these flags to its ``nodeagent`` subcommand and runs
-``controlplane.host.serve(build(args), ...)``.
+``controlplane.runtime.host.serve(build(args), ...)``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from controlplane.host import HostContext
-from controlplane.nodeagent.capacity import Res
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS, Registrar
 from controlplane.nodeagent.sandbox import (
     BACKENDS,
@@ -21,6 +19,8 @@ from controlplane.nodeagent.sandbox import (
     make_sandbox_backend,
 )
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
+from controlplane.runtime.host import HostContext
+from controlplane.runtime.resources import Res
 from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def node_ids(prefix: str, count: int, start: int = 0) -> list[str]:
 
 
 class NodeAgentComponent:
-    """A node pool served by one process; satisfies ``controlplane.host.Component``.
+    """A node pool served by one process; satisfies ``controlplane.runtime.host.Component``.
 
     Node agents do not register as control instances (kind 0); they register
     their nodes with ClusterMgr instead (``Registrar``).

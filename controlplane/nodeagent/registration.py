@@ -20,8 +20,8 @@ from typing import Any
 
 import grpc
 
-from controlplane import rpc
-from controlplane.membership import MembershipView
+from controlplane.runtime import rpc
+from controlplane.runtime.membership import MembershipView
 from galaxy.v1 import clustermgr_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from controlplane import rpc
-from controlplane.errors import GalaxyError, InvalidArgument, NotFound, Unavailable
-from controlplane.metrics import INSTANCES
 from controlplane.nodeagent.capacity import NodeCapacity, Res
 from controlplane.nodeagent.sandbox import Sandbox, SandboxBackend, describe_exit
+from controlplane.runtime import rpc
+from controlplane.runtime.errors import GalaxyError, InvalidArgument, NotFound, Unavailable
+from controlplane.runtime.metrics import INSTANCES
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc, nodeagent_pb2, nodeagent_pb2_grpc
 
 log = logging.getLogger(__name__)

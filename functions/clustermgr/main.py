@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from controlplane.host import HostContext
-from controlplane.records import Recorder, add_state_argument
+from controlplane.runtime.host import HostContext
 from functions.clustermgr.policy import NodeRegistry
 from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
 from galaxy.v1 import clustermgr_pb2_grpc, common_pb2
+from statestore.records import Recorder, add_state_argument
 
 
 def _positive(s: str) -> float:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from controlplane.clock import Clock, MonotonicClock
-from controlplane.membership import MembershipView
+from controlplane.runtime.clock import Clock, MonotonicClock
+from controlplane.runtime.membership import MembershipView
 from galaxy.v1 import common_pb2
 
 SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE

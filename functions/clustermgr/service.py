@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import grpc
 
-from controlplane import rpc
-from controlplane.errors import InvalidArgument
-from controlplane.metrics import NODES
+from controlplane.runtime import rpc
+from controlplane.runtime.errors import InvalidArgument
+from controlplane.runtime.metrics import NODES
 from functions.clustermgr.policy import (
     CLUSTERMGR,
     SCHEDULE,

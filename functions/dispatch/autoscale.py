@@ -1,7 +1,7 @@
 """Function autoscaling on a Dispatch instance: one KPA autoscaler (with its
 keep-alive policy) per function this instance routes, ticked periodically.
 
-The decisions are the pure policies of ``controlplane/autoscaling``; this
+The decisions are the pure policies of ``functions/dispatch/autoscaling``; this
 module only feeds them the router's numbers and turns their answers into
 actions the servicer carries out (start n instances; retire these ones).
 Retired instances leave the routing tables *before* they are deleted on their
@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from controlplane.autoscaling.keepalive import make_keepalive
-from controlplane.autoscaling.kpa import KpaAutoscaler, KpaConfig
-from controlplane.clock import Clock
+from controlplane.runtime.clock import Clock
+from functions.dispatch.autoscaling.keepalive import make_keepalive
+from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
 from functions.dispatch.policy import FunctionRouter
 from galaxy.v1 import common_pb2
 

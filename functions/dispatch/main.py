@@ -8,13 +8,13 @@ import contextlib
 import logging
 from typing import Any
 
-from controlplane.host import HostContext
-from controlplane.records import Recorder, add_state_argument
-from controlplane.rpc import ChannelPool
+from controlplane.runtime.host import HostContext
+from controlplane.runtime.rpc import ChannelPool
 from functions.dispatch import autoscale
 from functions.dispatch.service import DispatchServicer
 from galaxy.v1 import common_pb2, dispatch_pb2_grpc
 from statestore import StoreError
+from statestore.records import Recorder, add_state_argument
 
 log = logging.getLogger(__name__)
 # How long start-up may wait for instance records before starting empty.

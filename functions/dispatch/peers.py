@@ -12,8 +12,13 @@ import time
 
 import grpc
 
-from controlplane import metrics, rpc
-from controlplane.errors import FailedPrecondition, GalaxyError, ResourceExhausted, Unavailable
+from controlplane.runtime import metrics, rpc
+from controlplane.runtime.errors import (
+    FailedPrecondition,
+    GalaxyError,
+    ResourceExhausted,
+    Unavailable,
+)
 from galaxy.v1 import (
     common_pb2,
     dispatch_pb2,

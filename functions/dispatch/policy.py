@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from controlplane.clock import Clock
+from controlplane.runtime.clock import Clock
 
 
 @dataclass

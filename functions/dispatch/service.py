@@ -18,9 +18,9 @@ from typing import Any
 
 import grpc
 
-from controlplane import metrics, rpc
-from controlplane.clock import Clock, MonotonicClock
-from controlplane.errors import (
+from controlplane.runtime import metrics, rpc
+from controlplane.runtime.clock import Clock, MonotonicClock
+from controlplane.runtime.errors import (
     DeadlineExceeded,
     GalaxyError,
     InvalidArgument,
@@ -28,7 +28,7 @@ from controlplane.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from controlplane.membership import MembershipView
+from controlplane.runtime.membership import MembershipView
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from controlplane.host import HostContext
+from controlplane.runtime.host import HostContext
 from functions.schedule.policy import PlacementPolicy
 from functions.schedule.service import SERVICE_NAME, ScheduleServicer
 from galaxy.v1 import common_pb2, schedule_pb2_grpc

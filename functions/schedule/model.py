@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controlplane.nodeagent.capacity import Res, interned
+from controlplane.runtime.resources import Res, interned
 
 ZERO = Res()
 

@@ -35,8 +35,8 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable
 
-from controlplane.clock import Clock, MonotonicClock
-from controlplane.nodeagent.capacity import Res
+from controlplane.runtime.clock import Clock, MonotonicClock
+from controlplane.runtime.resources import Res
 from functions.schedule.model import (
     ZERO,
     NodeInfo,

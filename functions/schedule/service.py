@@ -13,12 +13,12 @@ from collections import OrderedDict
 
 import grpc
 
-from controlplane import rpc
-from controlplane.clock import Clock, MonotonicClock
-from controlplane.errors import InvalidArgument, ResourceExhausted, Unavailable
-from controlplane.membership import MembershipView
-from controlplane.metrics import NODES, PROBE_ROUND_TRIP, PROBES, SCHEDULING_LATENCY
-from controlplane.nodeagent.capacity import Res
+from controlplane.runtime import rpc
+from controlplane.runtime.clock import Clock, MonotonicClock
+from controlplane.runtime.errors import InvalidArgument, ResourceExhausted, Unavailable
+from controlplane.runtime.membership import MembershipView
+from controlplane.runtime.metrics import NODES, PROBE_ROUND_TRIP, PROBES, SCHEDULING_LATENCY
+from controlplane.runtime.resources import Res
 from functions.schedule.model import NodeInfo, NoFit, Placement, ProbeNodes, Target
 from functions.schedule.policy import PlacementPolicy
 from galaxy.v1 import (

@@ -1,6 +1,6 @@
 """Knative-like centralized control plane.
 
-Scaling: the production KPA (``controlplane.autoscaling.kpa``) with Knative's
+Scaling: the production KPA (``functions.dispatch.autoscaling.kpa``) with Knative's
 defaults (``KpaConfig.knative_baseline``: 2 s tick, 60 s stable / 6 s panic
 window, panic at 200%, target utilization 0.7, scale-to-zero grace 30 s, max
 scale-up rate 1000). With no instance, the activator buffers requests and
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controlplane.autoscaling.kpa import KpaConfig
+from functions.dispatch.autoscaling.kpa import KpaConfig
 from functions.dispatch.policy import FunctionRouter, Instance
 from simulator.autoscale import FunctionScaling
 from simulator.cluster import SimNode

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controlplane.nodeagent.capacity import Res
+from controlplane.runtime.resources import Res
 from functions.dispatch.policy import Instance
 from simulator.cluster import SimNode
 from simulator.frontend import RoutedModel

@@ -18,7 +18,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from controlplane.controller.registry import ControlRegistry
-from controlplane.membership import MembershipView
+from controlplane.runtime.membership import MembershipView
 from functions.clustermgr.policy import NodeRegistry, Updated
 from functions.schedule.model import NodeInfo
 from functions.schedule.policy import PlacementPolicy

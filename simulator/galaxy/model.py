@@ -11,7 +11,7 @@ probe cache, reservation, confirm/reject) and has the node create the
 instance. ClusterMgr instances (``NodeRegistry``) receive node heartbeats and
 forward them to the owning Schedule instance (ModNode). Membership comes
 from the production ``ControlRegistry``; partitions from
-``controlplane.rendezvous`` via ``MembershipView``.
+``controlplane.runtime.rendezvous`` via ``MembershipView``.
 
 Nothing here decides anything the production code decides: this module only
 moves messages between those objects, with network delays (``Network``) and

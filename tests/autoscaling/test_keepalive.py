@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from controlplane.autoscaling import (
+from functions.dispatch.autoscaling import (
     FixedKeepAlive,
     HybridHistogramKeepAlive,
     KeepAlivePolicy,

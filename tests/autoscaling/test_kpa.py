@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from controlplane.autoscaling import (
+from controlplane.runtime.clock import ManualClock
+from functions.dispatch.autoscaling import (
     FixedKeepAlive,
     InstanceView,
     KpaAutoscaler,
@@ -12,7 +13,6 @@ from controlplane.autoscaling import (
     ScaleDecision,
     idle_instances_to_remove,
 )
-from controlplane.clock import ManualClock
 from functions.dispatch.policy import FunctionRouter, Instance
 
 TICK = 2.0

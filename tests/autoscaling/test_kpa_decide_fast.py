@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-from controlplane.autoscaling import KpaAutoscaler, KpaConfig, ScaleDecision
-from controlplane.autoscaling.keepalive import FixedKeepAlive
-from controlplane.autoscaling.kpa import _EPS, _instances_for
+from functions.dispatch.autoscaling import KpaAutoscaler, KpaConfig, ScaleDecision
+from functions.dispatch.autoscaling.keepalive import FixedKeepAlive
+from functions.dispatch.autoscaling.kpa import _EPS, _instances_for
 
 
 class PlainKpa(KpaAutoscaler):

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from controlplane.autoscaling import KpaAutoscaler, KpaConfig, ScaleDecision
+from functions.dispatch.autoscaling import KpaAutoscaler, KpaConfig, ScaleDecision
 
 
 def fresh_sum_check(kpa: KpaAutoscaler, now: float) -> None:

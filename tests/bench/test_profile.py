@@ -8,9 +8,11 @@ _HEAD = 'process 1:"python";<module> (a/cli.py:10);'
 COLLAPSED = "\n".join(
     [
         _HEAD + "run (asyncio/runners.py:44);Runner.run (asyncio/runners.py:118) 60",
-        _HEAD + "wrapped (controlplane/rpc.py:70);Dispatch (functions/dispatch/service.py:200) 30",
         _HEAD
-        + "wrapped (controlplane/rpc.py:71);"
+        + "wrapped (controlplane/runtime/rpc.py:70);"
+        + "Dispatch (functions/dispatch/service.py:200) 30",
+        _HEAD
+        + "wrapped (controlplane/runtime/rpc.py:71);"
         + "labels (/usr/lib/python3.11/site-packages/prometheus_client/metrics.py:9) 10",
         "garbage line",
     ]
@@ -26,7 +28,7 @@ def test_top_functions_self_and_total():
     # Library paths are shortened; line numbers do not split a function.
     assert top_self["labels (prometheus_client/metrics.py)"] == 0.1
     total = dict(t["total"])
-    assert total["wrapped (controlplane/rpc.py)"] == 0.4
+    assert total["wrapped (controlplane/runtime/rpc.py)"] == 0.4
     assert "<module> (a/cli.py)" not in total  # on every stack: no information
     assert profile.top_functions("") == {"samples": 0, "self": [], "total": []}
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controlplane import rendezvous
-from controlplane.clock import ManualClock
+from controlplane.runtime import rendezvous
+from controlplane.runtime.clock import ManualClock
 from functions.clustermgr.policy import NodeRegistry, Registered, Updated
 from galaxy.v1 import common_pb2
 

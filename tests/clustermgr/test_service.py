@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 import pytest
 
-from controlplane import rendezvous
-from controlplane.clock import Clock, ManualClock, MonotonicClock
-from controlplane.rpc import ChannelPool, create_server, insecure_channel
+from controlplane.runtime import rendezvous
+from controlplane.runtime.clock import Clock, ManualClock, MonotonicClock
+from controlplane.runtime.rpc import ChannelPool, create_server, insecure_channel
 from functions.clustermgr.policy import NodeRegistry
 from functions.clustermgr.service import SERVICE_NAME as CM_SERVICE
 from functions.clustermgr.service import ClusterMgrServicer

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from controlplane.clock import ManualClock
+from controlplane.runtime.clock import ManualClock
 from functions.clustermgr.policy import NodeRegistry, Updated, _content
 from galaxy.v1 import common_pb2
 

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from controlplane import rpc
-from controlplane.actuators.base import Actuator
 from controlplane.controller.actions import Changes, Timeouts
+from controlplane.controller.actuators.base import Actuator
 from controlplane.controller.coordinator import Coordinator
 from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry
 from controlplane.controller.scaling import KindLimits, ScalingConfig
 from controlplane.controller.service import ControllerServicer
+from controlplane.runtime import rpc
 from galaxy.v1 import (
     common_pb2,
     controller_pb2_grpc,

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from controlplane.controller.burst import burst, summarize
+from controlplane.tools.burst import burst, summarize
 from tests.integration.upctl import GalaxyUp, pid_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

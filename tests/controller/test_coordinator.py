@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane import rendezvous
-from controlplane.actuators.base import NoActuator
+from controlplane.controller.actuators.base import NoActuator
+from controlplane.runtime import rendezvous
 from galaxy.v1 import (
     clustermgr_pb2,
     clustermgr_pb2_grpc,

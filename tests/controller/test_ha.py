@@ -25,7 +25,7 @@ from controlplane.controller.leader import (
     LeaderInfo,
     ScaleLedger,
 )
-from controlplane.host import READY_PREFIX
+from controlplane.runtime.host import READY_PREFIX
 from galaxy.v1 import (
     common_pb2,
     controller_pb2,
@@ -86,7 +86,7 @@ class ControllerProc:
                 [
                     sys.executable,
                     "-m",
-                    "controlplane.cli",
+                    "controlplane.tools.cli",
                     "serve",
                     "controller",
                     "--id",

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("kubernetes_asyncio")
 pytest.importorskip("aiohttp")
 
-from controlplane.actuators.base import ActuatorError
-from controlplane.actuators.kubernetes import DELETION_COST, KubernetesActuator
+from controlplane.controller.actuators.base import ActuatorError
+from controlplane.controller.actuators.kubernetes import DELETION_COST, KubernetesActuator
 from galaxy.v1 import (
     common_pb2,
     controller_pb2,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane import rpc
-from controlplane.actuators.base import NoActuator
-from controlplane.clock import ManualClock
+from controlplane.controller.actuators.base import NoActuator
 from controlplane.controller.registry import State
-from controlplane.loadreport import LoadReporter, rates
+from controlplane.runtime import rpc
+from controlplane.runtime.clock import ManualClock
+from controlplane.runtime.loadreport import LoadReporter, rates
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from tests.controller.conftest import Controller
 

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from controlplane.actuators.base import ActuatorError
-from controlplane.actuators.local import LocalProcessActuator
+from controlplane.controller.actuators.base import ActuatorError
+from controlplane.controller.actuators.local import LocalProcessActuator
 from controlplane.controller.registry import State
 from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc, schedule_pb2_grpc
 from tests.controller.conftest import Controller, ScheduleStandIn, serve

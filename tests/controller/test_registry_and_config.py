@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from controlplane.calibrate import DEFAULT_T, calibrated_capacities
-from controlplane.cli import build_parser
-from controlplane.clock import ManualClock
+from controlplane.controller.capacities import DEFAULT_T, calibrated_capacities
 from controlplane.controller.main import scaling_config
 from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry, State
+from controlplane.runtime.clock import ManualClock
+from controlplane.tools.cli import build_parser
 from galaxy.v1 import common_pb2
 
 D, S, C = (

@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from controlplane.clock import ManualClock
 from controlplane.controller.scaling import (
     KindLimits,
     KindLoad,
@@ -18,6 +17,7 @@ from controlplane.controller.scaling import (
     decide,
     needed_instances,
 )
+from controlplane.runtime.clock import ManualClock
 
 T_SF = 100.0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.client import GalaxyClient
+from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 from tests.cluster import InProcessCluster, eventually, eventually_async
 

@@ -1,7 +1,7 @@
 """Grants made with ``tuple.__new__`` are the named tuples ``Grant(...)``
 makes; leases are plain (instance_id, expires_at) tuples."""
 
-from controlplane.clock import ManualClock
+from controlplane.runtime.clock import ManualClock
 from functions.dispatch.policy import FunctionRouter, Grant, Instance
 
 

@@ -4,7 +4,7 @@ replacement instance on a live node."""
 
 from __future__ import annotations
 
-from controlplane.client import GalaxyClient
+from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2
 from tests.cluster import InProcessCluster, eventually
 

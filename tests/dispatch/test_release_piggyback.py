@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.client import GalaxyClient
+from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2
 from tests.cluster import InProcessCluster, eventually
 

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from controlplane import rendezvous
-from controlplane.client import GalaxyClient
+from controlplane.runtime import rendezvous
+from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
 from tests.cluster import InProcessCluster, eventually
 

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from controlplane.clock import ManualClock
+from controlplane.runtime.clock import ManualClock
 from functions.dispatch.policy import FunctionRouter, Instance
 
 

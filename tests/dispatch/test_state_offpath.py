@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from controlplane.client import GalaxyClient
+from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 from statestore import open_store
 from tests.cluster import InProcessCluster, eventually

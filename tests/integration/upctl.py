@@ -42,7 +42,7 @@ class GalaxyUp:
     ) -> subprocess.CompletedProcess[str]:
         """Run a `galaxy` CLI command against this control plane."""
         return subprocess.run(
-            [sys.executable, "-m", "controlplane.cli", "--run-dir", str(self.run_dir), *args],
+            [sys.executable, "-m", "controlplane.tools.cli", "--run-dir", str(self.run_dir), *args],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -55,7 +55,7 @@ class GalaxyUp:
             [
                 sys.executable,
                 "-m",
-                "controlplane.cli",
+                "controlplane.tools.cli",
                 "--run-dir",
                 str(self.run_dir),
                 "up",

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
-from controlplane import rpc
-from controlplane.nodeagent.capacity import Res
 from controlplane.nodeagent.registration import Registrar
 from controlplane.nodeagent.sandbox import EmulatedBackend, ProcessBackend, SandboxBackend
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
+from controlplane.runtime import rpc
+from controlplane.runtime.resources import Res
 from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
 
 if TYPE_CHECKING:

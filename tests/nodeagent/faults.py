@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from controlplane import rpc
+from controlplane.runtime import rpc
 from functions.clustermgr.service import SERVICE_NAME
 from galaxy.v1 import clustermgr_pb2_grpc
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from controlplane import rpc
-from controlplane.membership import MembershipView
+from controlplane.runtime import rpc
+from controlplane.runtime.membership import MembershipView
 from functions.clustermgr.policy import NodeRecord
 from galaxy.v1 import (
     clustermgr_pb2,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.errors import ResourceExhausted
 from controlplane.nodeagent.capacity import ZERO, NodeCapacity, Res
+from controlplane.runtime.errors import ResourceExhausted
 from galaxy.v1 import common_pb2
 
 

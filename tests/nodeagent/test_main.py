@@ -1,5 +1,5 @@
 """The node agent component: flags, build(), start/stop in-process, and a
-real agent process run by controlplane.host.serve."""
+real agent process run by controlplane.runtime.host.serve."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from controlplane import rpc
-from controlplane.host import READY_PREFIX, HostContext
 from controlplane.nodeagent.main import NodeAgentComponent, add_arguments, build
 from controlplane.nodeagent.sandbox import EmulatedBackend, ProcessBackend
+from controlplane.runtime import rpc
+from controlplane.runtime.host import READY_PREFIX, HostContext
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 
 from .conftest import REPO, echo_spec, wait_pid_exit
@@ -115,7 +115,7 @@ async def test_start_with_controller_registers(pool, peers):
 
 AGENT = """
 import argparse, asyncio, sys
-from controlplane import host
+from controlplane.runtime import host
 from controlplane.nodeagent.main import add_arguments, build
 p = argparse.ArgumentParser()
 add_arguments(p)

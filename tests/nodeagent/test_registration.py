@@ -9,7 +9,7 @@ import asyncio
 import logging
 import socket
 
-from controlplane.loadreport import rpcs_handled
+from controlplane.runtime.loadreport import rpcs_handled
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from tests.cluster import eventually
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from controlplane.nodeagent import capacity
-from controlplane.nodeagent.capacity import Res, interned
+from controlplane.runtime import resources as capacity
+from controlplane.runtime.resources import Res, interned
 
 
 def plain(c, m, g) -> tuple:

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from controlplane.errors import Unavailable
 from controlplane.nodeagent.sandbox import (
     EmulatedBackend,
     ProcessBackend,
     describe_exit,
     make_sandbox_backend,
 )
+from controlplane.runtime.errors import Unavailable
 from galaxy.v1 import common_pb2
 
 from .conftest import REPO, echo_spec, http, pid_gone, py_spec, wait_pid_exit

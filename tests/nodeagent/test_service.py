@@ -13,9 +13,9 @@ import signal
 import grpc
 import pytest
 
-from controlplane.client import GalaxyClient
-from controlplane.nodeagent.capacity import Res
 from controlplane.nodeagent.sandbox import EmulatedBackend
+from controlplane.runtime.resources import Res
+from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import (
     common_pb2,
     dispatch_pb2,

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from controlplane.clock import ManualClock
 from controlplane.nodeagent.capacity import NodeCapacity, Res
+from controlplane.runtime.clock import ManualClock
 from functions.schedule.model import NodeInfo, NodeState, least_loaded
 from functions.schedule.policy import NoFit, Placement, PlacementPolicy, ProbeNodes, Reservation
 

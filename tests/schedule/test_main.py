@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from controlplane.host import HostContext
-from controlplane.rpc import ChannelPool
+from controlplane.runtime.host import HostContext
+from controlplane.runtime.rpc import ChannelPool
 from functions.clustermgr import main as cm_main
 from functions.schedule import main as sf_main
 from galaxy.v1 import common_pb2

@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from controlplane.clock import ManualClock
-from controlplane.errors import ResourceExhausted
 from controlplane.nodeagent.capacity import NodeCapacity, Res
+from controlplane.runtime.clock import ManualClock
+from controlplane.runtime.errors import ResourceExhausted
 from functions.schedule.policy import (
     NodeInfo,
     NoFit,

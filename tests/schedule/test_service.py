@@ -14,11 +14,11 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from controlplane.nodeagent.capacity import Res
 from controlplane.nodeagent.sandbox import EmulatedBackend
 from controlplane.nodeagent.service import SERVICE_NAME as AGENT_SERVICE
 from controlplane.nodeagent.service import NodeAgentServicer
-from controlplane.rpc import ChannelPool, create_server, insecure_channel
+from controlplane.runtime.resources import Res
+from controlplane.runtime.rpc import ChannelPool, create_server, insecure_channel
 from functions.clustermgr.policy import NodeRegistry
 from functions.clustermgr.service import SERVICE_NAME as CM_SERVICE
 from functions.clustermgr.service import ClusterMgrServicer
@@ -265,7 +265,7 @@ async def test_modnodes_batch_is_all_or_nothing_and_in_order():
     """ModNodes applies changes in order; one bad entry rejects the batch."""
     import grpc
 
-    from controlplane import rpc
+    from controlplane.runtime import rpc
     from functions.schedule.policy import PlacementPolicy
     from functions.schedule.service import ScheduleServicer
     from galaxy.v1 import common_pb2, schedule_pb2, schedule_pb2_grpc

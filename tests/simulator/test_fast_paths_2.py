@@ -10,7 +10,7 @@ from array import array
 
 import pytest
 
-from controlplane.nodeagent.capacity import Res
+from controlplane.runtime.resources import Res
 from functions.schedule.service import node_info
 from galaxy.v1 import common_pb2
 from simulator import metrics

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.clock import ManualClock
+from controlplane.runtime.clock import ManualClock
 from functions.dispatch.policy import FunctionRouter, Grant, Instance
 from simulator import workload as wl
 from simulator.frontend import Frontend

@@ -5,11 +5,11 @@ import functools
 
 import pytest
 
-from controlplane import rendezvous
-from controlplane.autoscaling import kpa
 from controlplane.controller import scaling
 from controlplane.nodeagent.capacity import NodeCapacity
+from controlplane.runtime import rendezvous
 from functions.clustermgr.policy import NodeRegistry
+from functions.dispatch.autoscaling import kpa
 from functions.dispatch.policy import FunctionRouter
 from functions.schedule.policy import PlacementPolicy
 from simulator import workload as wl
@@ -75,7 +75,7 @@ def test_galaxy_model_calls_the_production_policies(counts, cal):
     assert counts["NodeRegistry.update"] > 0 and counts["PlacementPolicy.upsert"] >= 40
     assert counts["KpaAutoscaler.decide"] > 0
     assert counts["controlplane.controller.scaling.decide"] >= 19  # one per report period
-    assert counts["controlplane.rendezvous.owner"] > 0
+    assert counts["controlplane.runtime.rendezvous.owner"] > 0
 
 
 def test_probe_cache_switch_reaches_the_policy(cal):

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from controlplane import experiment as ex
+from controlplane.bench import experiment as ex
 from simulator import traces
 from simulator import workload as wl
 

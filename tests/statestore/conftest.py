@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from controlplane.clock import ManualClock
+from controlplane.runtime.clock import ManualClock
 from statestore import EtcdStore, MemoryStore, StateStore
 from tests.etcd_server import EtcdServer
 

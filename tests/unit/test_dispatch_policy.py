@@ -2,7 +2,7 @@
 
 import pytest
 
-from controlplane.clock import ManualClock
+from controlplane.runtime.clock import ManualClock
 from functions.dispatch.policy import FunctionRouter, Instance, QueueFull
 
 

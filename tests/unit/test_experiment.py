@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from controlplane import experiment as ex
+from controlplane.bench import experiment as ex
 
 DOC = {
     "scenarios": [

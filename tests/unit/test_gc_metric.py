@@ -4,7 +4,7 @@ import gc
 
 from prometheus_client import REGISTRY
 
-from controlplane import metrics
+from controlplane.runtime import metrics
 
 
 def _count(gen: str) -> float:

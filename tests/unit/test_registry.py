@@ -1,7 +1,7 @@
 """Controller membership registry."""
 
 from controlplane.controller.registry import ControlRegistry
-from controlplane.membership import MembershipView
+from controlplane.runtime.membership import MembershipView
 from galaxy.v1 import common_pb2
 
 D = common_pb2.CONTROL_KIND_DISPATCH

@@ -2,7 +2,7 @@
 
 import statistics
 
-from controlplane import rendezvous
+from controlplane.runtime import rendezvous
 
 
 def nodes(n):

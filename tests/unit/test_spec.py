@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane import spec
-from controlplane.errors import InvalidArgument
+from controlplane.runtime import spec
+from controlplane.runtime.errors import InvalidArgument
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import pytest
 
-from controlplane import experiment as ex
+from controlplane.bench import experiment as ex
 
 
 def samples(rng: random.Random, kind: int, n: int) -> list[float]:

@@ -18,8 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
-from controlplane.errors import Unavailable
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
+from controlplane.runtime.errors import Unavailable
+from controlplane.runtime.procs import wait_exit
 from galaxy.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -152,27 +153,6 @@ async def _ready_probe(port: int, path: str, timeout_s: float) -> bool:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
-    """Await a child's exit without a thread: its pidfd turns readable when
-    it exits; then reaping it cannot block."""
-    loop = asyncio.get_running_loop()
-    fd = os.pidfd_open(proc.pid)
-    exited: asyncio.Future[None] = loop.create_future()
-
-    def on_readable() -> None:
-        loop.remove_reader(fd)
-        if not exited.done():
-            exited.set_result(None)
-
-    loop.add_reader(fd, on_readable)
-    try:
-        await exited
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-    return proc.wait()
 
 
 class ProcessSandbox(Sandbox):

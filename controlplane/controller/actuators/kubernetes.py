@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controlplane.actuators.base import Actuator, ActuatorError
+from controlplane.controller.actuators.base import Actuator, ActuatorError
 
 log = logging.getLogger(__name__)
 

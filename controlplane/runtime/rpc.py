@@ -17,8 +17,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from controlplane.errors import GalaxyError
-from controlplane.metrics import RPC_LATENCY, RPC_REQUESTS
+from controlplane.runtime.errors import GalaxyError
+from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,13 @@ histogram policy of "Serverless in the Wild", ATC'20). Pure policies with no
 I/O; see docs/autoscaling.md.
 """
 
-from controlplane.autoscaling.keepalive import (
+from functions.dispatch.autoscaling.keepalive import (
     FixedKeepAlive,
     HybridHistogramKeepAlive,
     KeepAlivePolicy,
     make_keepalive,
 )
-from controlplane.autoscaling.kpa import (
+from functions.dispatch.autoscaling.kpa import (
     InstanceView,
     KpaAutoscaler,
     KpaConfig,

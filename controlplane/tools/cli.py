@@ -25,16 +25,16 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from controlplane import spec as specs
 from controlplane.bench.cli import add_subparser as add_bench_subparser
-from controlplane.errors import GalaxyError
-from controlplane.up import (
+from controlplane.launch.up import (
     Supervisor,
     UpConfig,
     default_run_dir,
     print_endpoints,
     read_endpoints,
 )
+from controlplane.runtime import spec as specs
+from controlplane.runtime.errors import GalaxyError
 from simulator.cli import add_subparser as add_simulator_subparser
 
 SERVE_KINDS = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent")
@@ -141,7 +141,7 @@ def _scaling_flags(args: argparse.Namespace) -> list[str]:
 
 
 def _cpu_limits(values: list[str]) -> dict[str, float]:
-    from controlplane.actuators.cpulimit import parse_limits
+    from controlplane.controller.actuators.cpulimit import parse_limits
 
     try:
         return parse_limits(values)
@@ -150,7 +150,7 @@ def _cpu_limits(values: list[str]) -> dict[str, float]:
 
 
 async def cmd_calibrate(args: argparse.Namespace) -> int:
-    from controlplane.calibrate import calibrate, default_path
+    from controlplane.tools.calibrate import calibrate, default_path
 
     out = Path(args.out) if args.out else default_path()
     print(
@@ -178,7 +178,7 @@ async def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
-    from controlplane import host, rpc
+    from controlplane.runtime import host, rpc
 
     mod = _component_module(args.kind)
     if args.kind != "controller" and not args.controller:
@@ -199,7 +199,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
 
 
 async def cmd_deploy(args: argparse.Namespace) -> int:
-    from controlplane.client import GalaxyClient
+    from controlplane.sdk.client import GalaxyClient
 
     spec = specs.load_file(args.file)
     async with GalaxyClient(find_controller(args)) as c:
@@ -209,7 +209,7 @@ async def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 async def cmd_invoke(args: argparse.Namespace) -> int:
-    from controlplane.client import GalaxyClient
+    from controlplane.sdk.client import GalaxyClient
 
     data = args.data.encode() if args.data is not None else sys.stdin.buffer.read()
     async with GalaxyClient(find_controller(args), timeout=args.timeout) as c:
@@ -224,8 +224,8 @@ async def cmd_invoke(args: argparse.Namespace) -> int:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    from controlplane.client import GalaxyClient
-    from controlplane.membership import KIND_NAMES
+    from controlplane.runtime.membership import KIND_NAMES
+    from controlplane.sdk.client import GalaxyClient
 
     async with GalaxyClient(find_controller(args)) as c:
         st = await c.status()
@@ -269,7 +269,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
 def _print_scaling(st: Any) -> None:
     """Per control function kind: instances, load vs T, recent decisions."""
-    from controlplane.membership import KIND_NAMES
+    from controlplane.runtime.membership import KIND_NAMES
 
     c = st.controller
     if c.id:
@@ -293,7 +293,7 @@ def _print_scaling(st: Any) -> None:
 
 
 async def cmd_functions(args: argparse.Namespace) -> int:
-    from controlplane.client import GalaxyClient
+    from controlplane.sdk.client import GalaxyClient
 
     async with GalaxyClient(find_controller(args)) as c:
         fns = await c.list_functions()
@@ -303,7 +303,7 @@ async def cmd_functions(args: argparse.Namespace) -> int:
 
 
 async def cmd_delete(args: argparse.Namespace) -> int:
-    from controlplane.client import GalaxyClient
+    from controlplane.sdk.client import GalaxyClient
 
     async with GalaxyClient(find_controller(args)) as c:
         await c.delete_function(args.name)
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from controlplane.host import install_uvloop
+    from controlplane.runtime.host import install_uvloop
 
     install_uvloop()
     try:

@@ -9,6 +9,6 @@ One interface (``Actuator``), two implementations:
   replica count is set through the scale subresource.
 """
 
-from controlplane.actuators.base import Actuator, ActuatorError, NoActuator
+from controlplane.controller.actuators.base import Actuator, ActuatorError, NoActuator
 
 __all__ = ["Actuator", "ActuatorError", "NoActuator"]

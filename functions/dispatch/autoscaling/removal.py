@@ -1,5 +1,5 @@
 """Which idle function instances to remove when the autoscaler scales down
-(``controlplane.autoscaling.kpa`` re-exports these). Pure, no I/O."""
+(``functions.dispatch.autoscaling.kpa`` re-exports these). Pure, no I/O."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.host import READY_PREFIX, serve_command
+from controlplane.runtime.host import READY_PREFIX, serve_command
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class Supervisor:
         self.children.append(child)
         cpus = self.cfg.control_cpu_limits.get(name.split("-")[0])
         if cpus:
-            from controlplane.actuators import cpulimit
+            from controlplane.controller.actuators import cpulimit
 
             try:
                 child.cgroup = cpulimit.limit_process(proc.pid, cpus, name)
@@ -250,7 +250,7 @@ class Supervisor:
 
     async def wait_nodes_registered(self, timeout_s: float = 60.0) -> int:
         """Wait until ClusterMgr reports every node alive; returns the count."""
-        from controlplane.client import GalaxyClient
+        from controlplane.sdk.client import GalaxyClient
 
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
@@ -295,7 +295,7 @@ class Supervisor:
             await asyncio.gather(*(_terminate(c.proc, grace_s) for c in members))
         for c in self.children:
             if c.cgroup is not None:
-                from controlplane.actuators import cpulimit
+                from controlplane.controller.actuators import cpulimit
 
                 cpulimit.release(c.cgroup)
         self.children.clear()

@@ -14,9 +14,9 @@ from typing import Any
 
 import grpc
 
-from controlplane import rpc
-from controlplane.errors import FailedPrecondition
-from controlplane.membership import MembershipView
+from controlplane.runtime import rpc
+from controlplane.runtime.errors import FailedPrecondition
+from controlplane.runtime.membership import MembershipView
 from galaxy.v1 import (
     common_pb2,
     controller_pb2,

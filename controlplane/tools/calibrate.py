@@ -2,7 +2,7 @@
 
 T_x is the maximum throughput of one instance of a control function in its
 critical operation: Dispatch requests/s, Schedule requests/s (SRPS), node
-updates/s. The command starts a real control plane (``controlplane.up``,
+updates/s. The command starts a real control plane (``controlplane.launch.up``,
 one instance of each kind, emulated nodes), drives each instance to
 saturation with a closed-loop client (``--concurrency`` requests always in
 flight) for ``--duration-s`` after a short warm-up, and writes the rates to
@@ -24,38 +24,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-#: Used when no calibration file exists: `galaxy calibrate` on the 2-core
-#: reference machine, no CPU limits, rounded down (docs/controller.md).
-DEFAULT_T: dict[str, float] = {"dispatch": 2400.0, "schedule": 1100.0, "clustermgr": 2500.0}
-_FILE_KEYS = {"dispatch": "t_df", "schedule": "t_sf", "clustermgr": "t_cmf"}
-
-
-def default_path() -> Path:
-    """$GALAXY_CALIBRATION, else ~/.galaxy/calibration.json."""
-    env = os.environ.get("GALAXY_CALIBRATION")
-    return Path(env) if env else Path.home() / ".galaxy" / "calibration.json"
-
-
-def calibrated_capacities(path: str | Path | None = None) -> dict[str, float]:
-    """T per kind from the calibration file, with ``DEFAULT_T`` for what it
-    lacks. An explicitly named file must exist and parse."""
-    p = Path(path) if path else default_path()
-    out = dict(DEFAULT_T)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        if path:
-            raise SystemExit(
-                f"galaxy: calibration file {p} not found; run `galaxy calibrate`"
-            ) from None
-        return out
-    except ValueError as e:
-        raise SystemExit(f"galaxy: calibration file {p} is not valid JSON: {e}") from None
-    for kind, key in _FILE_KEYS.items():
-        v = data.get(key)
-        if isinstance(v, int | float) and v > 0:
-            out[kind] = float(v)
-    return out
+from controlplane.controller.capacities import (  # noqa: F401 (re-exported)
+    _FILE_KEYS,
+    DEFAULT_T,
+    calibrated_capacities,
+    default_path,
+)
 
 
 async def closed_loop(
@@ -94,7 +68,7 @@ async def closed_loop(
 async def _measure(
     endpoints: dict[str, Any], concurrency: int, warmup: float, dur: float
 ) -> dict[str, Any]:
-    from controlplane.client import GalaxyClient
+    from controlplane.sdk.client import GalaxyClient
     from galaxy.v1 import (
         clustermgr_pb2_grpc,
         common_pb2,
@@ -168,7 +142,7 @@ async def calibrate(
     cpu_limits: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Start a control plane, measure every kind, write and return the file's data."""
-    from controlplane.up import Supervisor, UpConfig
+    from controlplane.launch.up import Supervisor, UpConfig
 
     with tempfile.TemporaryDirectory(prefix="galaxy-calibrate-") as run_dir:
         sup = Supervisor(

@@ -1,7 +1,7 @@
 """A cold-start burst against a running control plane, to watch the
 controller scale Schedule (the issue's done-when experiment).
 
-    python -m controlplane.controller.burst --nodes 210 --t-sf 150
+    python -m controlplane.tools.burst --nodes 210 --t-sf 150
 
 starts ``galaxy up --nodes 210 --sandbox emulated --autoscale-control`` (in
 this process, as real child processes), deploys ``--functions`` functions
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.client import GalaxyClient
+from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
 
 SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
@@ -207,8 +207,8 @@ def summarize(res: BurstResult) -> dict[str, Any]:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     """Start the control plane, run the burst, stop it; the summary."""
-    from controlplane.actuators.cpulimit import parse_limits
-    from controlplane.up import Supervisor, UpConfig
+    from controlplane.controller.actuators.cpulimit import parse_limits
+    from controlplane.launch.up import Supervisor, UpConfig
 
     flags = ["--scale-in-cooldown-s", str(args.scale_in_cooldown_s)]
     flags += ["--max-instances", f"schedule={args.max_schedule}"]
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument("--run-dir", default=None, help="keep the logs here (default: a temp dir)")
     args = p.parse_args(argv)
-    from controlplane.host import install_uvloop
+    from controlplane.runtime.host import install_uvloop
 
     install_uvloop()
     summary = asyncio.run(main_async(args))

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from controlplane import loadreport, rpc
-from controlplane.membership import KIND_NAMES
-from controlplane.metrics import serve_metrics, watch_gc
+from controlplane.runtime import loadreport, rpc
+from controlplane.runtime.membership import KIND_NAMES
+from controlplane.runtime.metrics import serve_metrics, watch_gc
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def serve_command(
     return [
         python,
         "-m",
-        "controlplane.cli",
+        "controlplane.tools.cli",
         "serve",
         kind,
         "--id",
@@ -199,7 +199,7 @@ async def serve(
     embedding): serving ends when stop is set, and on_ready receives the
     ready record instead of it being printed. Signal handlers are installed
     only when no stop event is given. A registered component reports its
-    load every load_report_s seconds (0 = never; see controlplane.loadreport).
+    load every load_report_s seconds (0 = never; see controlplane.runtime.loadreport).
     """
     pool = pool or rpc.ChannelPool()
     server, port, health_servicer = rpc.create_server(listen, component.services())

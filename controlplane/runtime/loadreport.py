@@ -21,9 +21,9 @@ from typing import Any, cast
 
 import grpc
 
-from controlplane import rpc
-from controlplane.clock import Clock, MonotonicClock
-from controlplane.metrics import RPC_REQUESTS
+from controlplane.runtime import rpc
+from controlplane.runtime.clock import Clock, MonotonicClock
+from controlplane.runtime.metrics import RPC_REQUESTS
 from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)

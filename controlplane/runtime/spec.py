@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from controlplane.errors import InvalidArgument
+from controlplane.runtime.errors import InvalidArgument
 from galaxy.v1 import common_pb2
 
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -1,10 +1,10 @@
 """Local process actuator: control function instances as child processes.
 
 The embedded default (``galaxy up --autoscale-control``). Each instance is
-``python -m controlplane.cli serve KIND --id KIND-aN --controller SELF
+``python -m controlplane.tools.cli serve KIND --id KIND-aN --controller SELF
 --lifeline ...``. Its stdin is a pipe whose write end only this process
 holds: when the controller exits, even by SIGKILL, the pipe closes and the
-instance stops (see ``controlplane.host``), so no instance outlives it.
+instance stops (see ``controlplane.runtime.host``), so no instance outlives it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controlplane.actuators import cpulimit
-from controlplane.actuators.base import Actuator, ActuatorError
-from controlplane.host import serve_command
-from controlplane.nodeagent.sandbox.process import wait_exit
+from controlplane.controller.actuators import cpulimit
+from controlplane.controller.actuators.base import Actuator, ActuatorError
+from controlplane.runtime.host import serve_command
+from controlplane.runtime.procs import wait_exit
 
 log = logging.getLogger(__name__)
 

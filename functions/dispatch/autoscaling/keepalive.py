@@ -1,7 +1,7 @@
 """Keep-alive policies: how long an idle function keeps its last instance.
 
 Pure: no I/O; time comes in as arguments. One policy object per function. The
-autoscaler (``controlplane.autoscaling.kpa.KpaAutoscaler``) tells it when the
+autoscaler (``functions.dispatch.autoscaling.kpa.KpaAutoscaler``) tells it when the
 function goes idle (no request in flight or queued) and when the first request
 after an idle period arrives, and asks it two questions:
 

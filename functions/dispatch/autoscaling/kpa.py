@@ -1,7 +1,7 @@
 """Function-instance autoscaling in the style of the Knative Pod Autoscaler (KPA).
 
 Pure: no I/O, no asyncio, no clock reads; the caller passes ``now`` (from an
-injected ``controlplane.clock.Clock``), so the Dispatch service and the
+injected ``controlplane.runtime.clock.Clock``), so the Dispatch service and the
 simulator run the same code tick by tick. One ``KpaAutoscaler`` per function.
 
 Each tick the caller reports the function's concurrency (requests in flight
@@ -31,7 +31,7 @@ defaults):
   be removed after there has not been any traffic to the Revision for the
   entire duration of the stable window"), (2) the function has been idle for
   scale_to_zero_grace_s (default 30 s) and (3) the keep-alive policy agrees
-  (``controlplane.autoscaling.keepalive``; it may also ask to pre-warm one
+  (``functions.dispatch.autoscaling.keepalive``; it may also ask to pre-warm one
   instance ahead of a predicted request). In Knative the grace period is an
   upper bound on waiting for the activator to be in the request path; here it
   is a minimum idle time, which with the default windows (60 s > 30 s) makes
@@ -47,10 +47,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-from controlplane.autoscaling.keepalive import FixedKeepAlive, KeepAlivePolicy
+from functions.dispatch.autoscaling.keepalive import FixedKeepAlive, KeepAlivePolicy
 
 # (Re-exported: they were defined here first.)
-from controlplane.autoscaling.removal import (
+from functions.dispatch.autoscaling.removal import (
     InstanceView,
     RemovalCandidate,
     idle_instances_to_remove,

@@ -6,7 +6,7 @@ ClusterMgr to Schedule, node agents to ClusterMgr, the SDK) holds one.
 
 from __future__ import annotations
 
-from controlplane import rendezvous
+from controlplane.runtime import rendezvous
 from galaxy.v1 import common_pb2
 
 Kind = int  # a common_pb2.ControlKind value

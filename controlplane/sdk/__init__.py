@@ -1,0 +1,1 @@
+"""The Python client SDK (``GalaxyClient``): deploy, dispatch, invoke."""
