@@ -34,6 +34,7 @@ from controlplane.launch.up import (
     read_endpoints,
 )
 from controlplane.runtime import spec as specs
+from controlplane.runtime.config import ConfigError
 from controlplane.runtime.errors import GalaxyError
 from simulator.cli import add_subparser as add_simulator_subparser
 
@@ -486,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         print(f"galaxy: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:
+        print(f"galaxy: {e}", file=sys.stderr)
+        return 2
     except GalaxyError as e:
         print(f"galaxy: {e.code.name}: {e.message}", file=sys.stderr)
         return 1

@@ -5,36 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from controlplane.runtime import config
 from controlplane.runtime.host import HostContext
+from functions.clustermgr.config import ClusterMgrConfig
 from functions.clustermgr.policy import NodeRegistry
 from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
 from galaxy.v1 import clustermgr_pb2_grpc, common_pb2
-from statestore.records import Recorder, add_state_argument
-
-
-def _positive(s: str) -> float:
-    v = float(s)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
+from statestore.records import Recorder
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """ClusterMgr flags (common ones are added by the CLI)."""
-    p.add_argument(
-        "--heartbeat-ms",
-        type=_positive,
-        default=1000.0,
-        help="heartbeat interval told to node agents, milliseconds (default 1000)",
-    )
-    p.add_argument(
-        "--dead-after-ms",
-        type=_positive,
-        default=None,
-        help="a node silent this long is declared dead, milliseconds "
-        "(default 3 x --heartbeat-ms, i.e. 3000)",
-    )
-    add_state_argument(p)
+    """ClusterMgr flags (common ones are added by the CLI), from ``ClusterMgrConfig``."""
+    config.add_arguments(p, ClusterMgrConfig)
 
 
 class ClusterMgrComponent:
@@ -85,8 +67,12 @@ class ClusterMgrComponent:
 
 def build(args: argparse.Namespace) -> ClusterMgrComponent:
     """The ClusterMgr component from parsed flags."""
-    dead_after_ms = args.dead_after_ms or 3 * args.heartbeat_ms
-    registry = NodeRegistry(dead_after_s=dead_after_ms / 1000.0)
+    return from_config(config.from_args(ClusterMgrConfig, args))
+
+
+def from_config(cfg: ClusterMgrConfig) -> ClusterMgrComponent:
+    """The ClusterMgr component from its configuration."""
+    registry = NodeRegistry(dead_after_s=cfg.dead_after_s)
     return ClusterMgrComponent(
-        registry, heartbeat_s=args.heartbeat_ms / 1000.0, record=Recorder(args.state)
+        registry, heartbeat_s=cfg.heartbeat_ms / 1000.0, record=Recorder(cfg.state)
     )

@@ -8,13 +8,15 @@ import contextlib
 import logging
 from typing import Any
 
+from controlplane.runtime import config
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.rpc import ChannelPool
 from functions.dispatch import autoscale
+from functions.dispatch.config import DispatchConfig
 from functions.dispatch.service import DispatchServicer
 from galaxy.v1 import common_pb2, dispatch_pb2_grpc
 from statestore import StoreError
-from statestore.records import Recorder, add_state_argument
+from statestore.records import Recorder
 
 log = logging.getLogger(__name__)
 # How long start-up may wait for instance records before starting empty.
@@ -22,26 +24,9 @@ RECOVER_TIMEOUT_S = 5.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Dispatch flags (common ones are added by the CLI)."""
-    p.add_argument(
-        "--lease-ttl-ms",
-        type=int,
-        default=300_000,
-        help="a slot not Released is reclaimed after this long (default 300000)",
-    )
-    p.add_argument(
-        "--max-queue",
-        type=int,
-        default=10_000,
-        help="requests waiting per function before RESOURCE_EXHAUSTED",
-    )
-    p.add_argument(
-        "--max-spill",
-        type=int,
-        default=2,
-        help="Schedule instances tried after the owner when it has no room",
-    )
-    add_state_argument(p)
+    """Dispatch flags (common ones are added by the CLI): ``DispatchConfig``
+    and the function autoscaler's."""
+    config.add_arguments(p, DispatchConfig)
     autoscale.add_arguments(p)
 
 
@@ -52,15 +37,16 @@ class DispatchComponent:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.recorder = Recorder(args.state)
+        cfg = config.from_args(DispatchConfig, args)
+        self.recorder = Recorder(cfg.state)
         # Placeholder pool until start() hands over the host's.
         self.servicer = DispatchServicer(
             instance_id=args.id,
             pool=ChannelPool(),
             controller=args.controller,
-            lease_ttl_s=args.lease_ttl_ms / 1000.0,
-            max_queue=args.max_queue,
-            max_spill=args.max_spill,
+            lease_ttl_s=cfg.lease_ttl_ms / 1000.0,
+            max_queue=cfg.max_queue,
+            max_spill=cfg.max_spill,
             record=self.recorder,
             autoscale=autoscale.AutoscaleSettings.from_args(args),
         )

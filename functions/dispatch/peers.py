@@ -19,6 +19,7 @@ from controlplane.runtime.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from functions.dispatch.config import DEFAULTS
 from galaxy.v1 import (
     common_pb2,
     dispatch_pb2,
@@ -39,7 +40,9 @@ SCHEDULE_SLACK_S = 5.0
 class Peers:
     """Outbound RPCs of one Dispatch instance."""
 
-    def __init__(self, instance_id: str, pool: rpc.ChannelPool, max_spill: int = 2) -> None:
+    def __init__(
+        self, instance_id: str, pool: rpc.ChannelPool, max_spill: int = DEFAULTS.max_spill
+    ) -> None:
         self.instance_id = instance_id
         self.pool = pool
         self.max_spill = max_spill

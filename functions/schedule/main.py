@@ -5,45 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from controlplane.runtime import config
 from controlplane.runtime.host import HostContext
+from functions.schedule import scoring
+from functions.schedule.config import ScheduleConfig
 from functions.schedule.policy import PlacementPolicy
 from functions.schedule.service import SERVICE_NAME, ScheduleServicer
 from galaxy.v1 import common_pb2, schedule_pb2_grpc
 
 
-def _positive_int(s: str) -> int:
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _non_negative(s: str) -> float:
-    v = float(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Schedule flags (common ones are added by the CLI)."""
-    p.add_argument(
-        "--probe-d",
-        type=_positive_int,
-        default=2,
-        help="candidate nodes compared per placement (power of d choices; default 2)",
-    )
-    p.add_argument(
-        "--no-probe-cache",
-        action="store_true",
-        help="probe every candidate on every placement (ablation of the probe cache)",
-    )
-    p.add_argument(
-        "--probe-ttl-ms",
-        type=_non_negative,
-        default=200.0,
-        help="how long a probe answer is trusted, ms (default 200)",
-    )
+    """Schedule flags (common ones are added by the CLI), from ``ScheduleConfig``."""
+    config.add_arguments(p, ScheduleConfig)
 
 
 class ScheduleComponent:
@@ -92,9 +65,16 @@ class ScheduleComponent:
 
 def build(args: argparse.Namespace) -> ScheduleComponent:
     """The Schedule component from parsed flags."""
+    return from_config(config.from_args(ScheduleConfig, args))
+
+
+def from_config(cfg: ScheduleConfig) -> ScheduleComponent:
+    """The Schedule component from its configuration."""
     policy = PlacementPolicy(
-        d=args.probe_d,
-        probe_cache=not args.no_probe_cache,
-        probe_ttl_s=args.probe_ttl_ms / 1000.0,
+        d=cfg.probe_d,
+        probe_cache=cfg.probe_cache,
+        probe_ttl_s=cfg.probe_ttl_s,
+        max_attempts=cfg.max_attempts,
+        score=scoring.lookup(cfg.scoring),
     )
     return ScheduleComponent(policy)

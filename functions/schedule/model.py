@@ -65,6 +65,8 @@ class Placement:
     awaiting: dict[str, tuple[int, float, NodeState, Res]] = field(default_factory=dict)
     reservation: Reservation | None = None
     done: bool = False
+    #: The function being placed (scoring terms may use it: locality).
+    function: str = ""
 
 
 @dataclass
@@ -162,11 +164,12 @@ class NodeState:
         )
 
 
-#: Scores a candidate: (node, free estimate, need) -> higher is better.
-Score = Callable[[NodeInfo, Res, Res], float]
+#: Scores a candidate: (node, free estimate, need, function being placed)
+#: -> higher is better. Terms are registered by name in ``scoring``.
+Score = Callable[[NodeInfo, Res, Res, str], float]
 
 
-def least_loaded(node: NodeInfo, free: Res, need: Res) -> float:
+def least_loaded(node: NodeInfo, free: Res, need: Res, function: str = "") -> float:
     """Default score: the free fraction left on the node's tightest resource
     after placing ``need`` (spreads load; ties go to the first sampled)."""
     # min over the resources the node has of (free - need) / capacity,

@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.resources import Res
+from functions.schedule.config import ScheduleConfig
 from functions.schedule.model import (
     ZERO,
     NodeInfo,
@@ -67,6 +68,10 @@ __all__ = [
 ]
 
 
+#: Production's defaults (one place: ``ScheduleConfig``).
+_DEFAULTS = ScheduleConfig()
+
+
 class PlacementPolicy:
     """Power-of-d placement with a probe cache over one node partition.
 
@@ -80,10 +85,10 @@ class PlacementPolicy:
         self,
         schedule_id: str = "",
         *,
-        d: int = 2,
-        probe_cache: bool = True,
-        probe_ttl_s: float = 0.2,
-        max_attempts: int = 3,
+        d: int = _DEFAULTS.probe_d,
+        probe_cache: bool = _DEFAULTS.probe_cache,
+        probe_ttl_s: float = _DEFAULTS.probe_ttl_s,
+        max_attempts: int = _DEFAULTS.max_attempts,
         clock: Clock | None = None,
         rng: random.Random | None = None,
         score: Score = least_loaded,
@@ -163,9 +168,9 @@ class PlacementPolicy:
 
     # ----- placement steps --------------------------------------------------
 
-    def begin(self, need: Res) -> Placement:
-        """Start placing one instance that needs ``need``."""
-        return Placement(need=need, started_at=self.clock.now())
+    def begin(self, need: Res, function: str = "") -> Placement:
+        """Start placing one instance of ``function`` that needs ``need``."""
+        return Placement(need=need, started_at=self.clock.now(), function=function)
 
     def advance(self, pl: Placement) -> ProbeNodes | Reservation | NoFit:
         """The next step of a placement (see the module docstring)."""
@@ -388,7 +393,7 @@ class PlacementPolicy:
             free = n.cached_free()
             if not need.fits_in(free):
                 continue
-            s = self.score(n.info, free, need)
+            s = self.score(n.info, free, need, pl.function)
             if best is None or s > best[0]:
                 best = (s, nid)
         if best is None:

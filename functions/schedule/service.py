@@ -241,7 +241,7 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
 
     async def _place(self, request: schedule_pb2.ScheduleRequest) -> schedule_pb2.ScheduleReply:
         t0 = self.clock.now()
-        pl = self.policy.begin(Res.from_proto(request.function.resources))
+        pl = self.policy.begin(Res.from_proto(request.function.resources), request.function.name)
         try:
             while True:
                 step = self.policy.advance(pl)

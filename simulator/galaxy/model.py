@@ -28,11 +28,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from functions.dispatch.config import DispatchConfig
 from functions.dispatch.policy import Instance
+from functions.schedule.config import ScheduleConfig
 from simulator.frontend import RoutedModel
 from simulator.galaxy.control import ControlPlane
 from simulator.galaxy.placement import Placer, ScaleUp
 from simulator.system import Env
+
+_SCHEDULE = ScheduleConfig()
+_DISPATCH = DispatchConfig()
 
 
 @dataclass(frozen=True)
@@ -44,11 +49,13 @@ class GalaxyConfig:
     connection_cache: bool = True
     probe_cache: bool = True
     #: PlacementPolicy: candidates per placement, probe TTL, rounds
-    d: int = 2
-    probe_ttl_s: float = 0.2
-    max_attempts: int = 3
-    #: Dispatch spills a scale-up to at most this many further Schedule instances
-    max_spill: int = 2
+    #: (production's defaults: ``ScheduleConfig``)
+    d: int = _SCHEDULE.probe_d
+    probe_ttl_s: float = _SCHEDULE.probe_ttl_s
+    max_attempts: int = _SCHEDULE.max_attempts
+    #: Dispatch spills a scale-up to at most this many further Schedule
+    #: instances (``DispatchConfig``)
+    max_spill: int = _DISPATCH.max_spill
     heartbeat_s: float = 1.0
     #: "changes": a node heartbeats only when its status changed (an
     #: unchanged heartbeat changes no decision); "all": every period.

@@ -1,0 +1,200 @@
+"""Typed configuration: one pydantic model per component, defaults in one
+place, command-line flags derived from the models.
+
+Why pydantic: the rules (ranges, choices, lengths) are declared once on the
+field and enforced wherever a config is made: from flags (`galaxy serve`),
+from code (the in-process test cluster, `galaxy up`, bench plans, the
+simulator) or from a file. argparse only parses: each flag's ``type`` is the
+field's own validator, so a bad value fails at parse time with the flag named
+and the same rule as everywhere else.
+
+A field becomes ``--field-name`` unless ``flag=`` names it; a bool that
+defaults to False is a switch (``--name``), one that defaults to True is
+switched off by ``--no-name``; a ``list`` field is a repeatable flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from typing import Any, TypeVar, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+C = TypeVar("C", bound="Config")
+
+
+class ConfigError(ValueError):
+    """A configuration value broke its field's rule (the message names the
+    flag and the rule, never more than a short prefix of the value)."""
+
+
+class Config(BaseModel):
+    """Base of every component's configuration: immutable, no unknown keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    def replace(self: C, **changes: Any) -> C:
+        """A copy with ``changes`` applied, validated like a new config."""
+        return type(self).model_validate({**self.model_dump(), **changes})
+
+
+def setting(
+    default: Any,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    group: str | None = None,
+    metavar: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    **rules: Any,
+) -> Any:
+    """A config field: its default, help text, optional flag name and
+    argparse group, and pydantic rules (``ge``, ``gt``, ``le``,
+    ``max_length`` ...)."""
+    extra: dict[str, Any] = {"flag": flag, "group": group, "metavar": metavar}
+    if choices:
+        extra["choices"] = list(choices)
+    return Field(
+        default, description=help, json_schema_extra={k: v for k, v in extra.items() if v}, **rules
+    )
+
+
+def _extra(info: Any) -> dict[str, Any]:
+    e = info.json_schema_extra
+    return e if isinstance(e, dict) else {}
+
+
+def _annotation(cls: type[Config], name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def flag_of(cls: type[Config], name: str) -> str:
+    """The command-line flag of field ``name``."""
+    info = cls.model_fields[name]
+    explicit = _extra(info).get("flag")
+    if explicit:
+        return str(explicit)
+    if _annotation(cls, name) is bool and info.default is True:
+        return "--no-" + name.replace("_", "-")
+    return "--" + name.replace("_", "-")
+
+
+def _short(value: object) -> str:
+    s = repr(value)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _validator(cls: type[Config], name: str, item_type: Any) -> Any:
+    """An argparse ``type`` applying the field's rules to one value."""
+    info = cls.model_fields[name]
+    rules = [m for m in info.metadata]
+    adapter: TypeAdapter[Any] = TypeAdapter(
+        typing.Annotated[item_type, *rules] if rules else item_type
+    )
+    choices = _extra(info).get("choices")
+
+    def parse(text: str) -> Any:
+        if choices and text not in choices:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}")
+        try:
+            return adapter.validate_python(text)
+        except ValidationError as e:
+            raise argparse.ArgumentTypeError(e.errors()[0]["msg"]) from None
+
+    parse.__name__ = name  # argparse names the type in some messages
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type[Config]) -> None:
+    """Add one flag per field of ``cls`` (grouped by each field's ``group``)."""
+    groups: dict[str, Any] = {}
+    for name, info in cls.model_fields.items():
+        extra = _extra(info)
+        target: Any = parser
+        if extra.get("group"):
+            g = str(extra["group"])
+            target = groups.get(g) or groups.setdefault(g, parser.add_argument_group(g))
+        ann = _annotation(cls, name)
+        flag = flag_of(cls, name)
+        help_text = info.description or ""
+        kw: dict[str, Any] = {"dest": name, "help": help_text}
+        if extra.get("metavar"):
+            kw["metavar"] = extra["metavar"]
+        if ann is bool:
+            kw["action"] = "store_false" if info.default is True else "store_true"
+            kw["default"] = info.default
+        elif get_origin(ann) is list:
+            kw.update(action="append", default=None, type=_validator(cls, name, get_args(ann)[0]))
+        else:
+            inner = _optional_inner(ann)
+            kw.update(default=info.default, type=_validator(cls, name, inner))
+            if info.default is not None and "default" not in help_text:
+                kw["help"] = (help_text + f" (default {info.default})").strip()
+        target.add_argument(flag, **kw)
+
+
+def _optional_inner(ann: Any) -> Any:
+    """``T`` for ``T | None``, else ``ann``."""
+    if get_origin(ann) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(ann) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return ann
+
+
+def from_args(cls: type[C], args: argparse.Namespace) -> C:
+    """The config of ``cls`` from parsed flags (fields not on the namespace
+    keep their defaults; a repeatable flag never given keeps its default)."""
+    values = {}
+    for name in cls.model_fields:
+        if not hasattr(args, name):
+            continue
+        v = getattr(args, name)
+        if v is None and get_origin(_annotation(cls, name)) is list:
+            continue
+        values[name] = v
+    return build(cls, **values)
+
+
+def build(cls: type[C], **values: Any) -> C:
+    """``cls(**values)``, with a failure as a ``ConfigError`` naming the flag."""
+    try:
+        return cls(**values)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = str(err["loc"][0]) if err["loc"] else ""
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if loc in cls.model_fields:
+            raise ConfigError(
+                f"{flag_of(cls, loc)}: {msg} (got {_short(err.get('input'))})"
+            ) from None
+        # A rule across fields: its message names them; the input is all of them.
+        raise ConfigError(f"{cls.__name__}: {msg}") from None
+
+
+#: The gRPC message size limit every server and channel sets, both ways.
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class RpcConfig(Config):
+    """What every gRPC server and channel of a process takes: deadlines,
+    message size limits and the connection cache. (Transport credentials
+    and tokens belong here too; docs/security.md.)"""
+
+    connection_cache: bool = setting(
+        True,
+        "reuse one channel per peer address (off: every call opens and closes one; "
+        "the ablation of the connection cache)",
+        flag="--no-connection-cache",
+    )
+    deadline_s: float = setting(
+        10.0, "deadline of an outgoing RPC that sets none, seconds", gt=0, flag="--rpc-deadline-s"
+    )
+    max_message_bytes: int = setting(
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "largest gRPC message sent or received, bytes",
+        ge=1024,
+        flag="--max-message-bytes",
+    )
