@@ -91,7 +91,8 @@ def add_subparser(sub: Any) -> None:
     )
     p.add_argument(
         "--experiment",
-        help="run a documented experiment: overall, scalability, ablation, cluster-size",
+        help="run a documented experiment: overall, scalability, ablation, cluster-size, "
+        "sensitivity",
     )
     p.add_argument("--quick", action="store_true", help="a smaller version of --experiment")
     p.add_argument("--out", required=True, help="directory for report.md, results.json, PNGs")

@@ -20,7 +20,9 @@ from simulator.experiments import (
 )
 from simulator.network import PROFILES
 from simulator.runner import SYSTEMS, run_one
-from simulator.studies import STUDIES, Section
+from simulator.sensitivity import sensitivity
+from simulator.studies import STUDIES as _STUDIES
+from simulator.studies import Section
 from simulator.system import SimConfig
 
 DEFAULT_SYSTEMS = "galaxy,knative,sparrow,ray,atoll"
@@ -28,6 +30,10 @@ DEFAULT_SYSTEMS = "galaxy,knative,sparrow,ray,atoll"
 
 class UsageError(ValueError):
     """A bad command line; printed without a traceback."""
+
+
+#: Every documented experiment, by name.
+STUDIES = {**_STUDIES, "sensitivity": sensitivity}
 
 
 def _systems(text: str) -> list[str]:

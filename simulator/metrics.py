@@ -59,6 +59,10 @@ class Recorder:
         self.extra: dict[str, array] = {}
         #: called with the time a client gets its slot (closed-loop drivers)
         self.on_grant: Callable[[float], None] | None = None
+        #: ask times (after warmup) of every scale-up, and of those that
+        #: ended (placed or given up): the rest were still waiting at the end
+        self._asked = array("d")
+        self._settled = array("d")
 
     def _bin(self, t: float) -> int:
         i = int(t / self.bin_s)
@@ -106,11 +110,23 @@ class Recorder:
 
     # -- control plane ------------------------------------------------------
 
+    def asked(self, now: float, n: int = 1) -> None:
+        """``n`` scale-ups (instance starts) asked for now."""
+        self.counts["scale_ups"] += n
+        if now >= self.warmup_s:
+            self._asked.extend([now] * n)
+
+    def gave_up(self, asked_at: float) -> None:
+        """A scale-up asked for at asked_at ended without a placement."""
+        if asked_at >= self.warmup_s:
+            self._settled.append(asked_at)
+
     def scheduled(self, asked_at: float, now: float) -> None:
         """A placement decision for a scale-up asked for at asked_at."""
         self.counts["placements"] += 1
         if asked_at >= self.warmup_s:
             self.sched.append(now - asked_at)
+            self._settled.append(asked_at)
         # min(first_scale_up, asked_at), written out (a tenth of the cost)
         if asked_at < self.first_scale_up:
             self.first_scale_up = asked_at
@@ -161,8 +177,18 @@ class Recorder:
         # Sorted once here (summarize takes sorted arrays of doubles as they
         # are). Kept as arrays of doubles: a quarter of the memory of a list.
         sched, dispatch = _sorted(self.sched), _sorted(self.dispatch)
+        waiting = unsettled(self._asked, self._settled, end)
         return {
             "scheduling_latency_s": summarize(sched),
+            # Scale-ups still waiting for a placement at the end, as censored
+            # samples (their wait so far, a lower bound): a system that
+            # leaves work queued cannot look faster by not finishing it.
+            "scale_ups_unplaced_at_end": len(waiting),
+            "scheduling_latency_with_unplaced_s": (
+                summarize(_sorted(array("d", [*sched, *waiting])))
+                if len(waiting)
+                else summarize(sched)
+            ),
             "dispatch_latency_s": summarize(dispatch),
             "cold_start_latency_s": summarize(self.cold),
             "extra_latency_s": {k: summarize(v) for k, v in sorted(self.extra.items())},
@@ -190,6 +216,21 @@ class Recorder:
                 "dispatch_latency_s": _cdf_points(dispatch),
             },
         }
+
+
+def unsettled(asked: Sequence[float], settled: Sequence[float], end: float) -> list[float]:
+    """How long each scale-up asked for but never settled has waited at
+    ``end``: the multiset difference ``asked - settled`` of ask times."""
+    if len(asked) == len(settled):
+        return []
+    a_vals, a_counts = np.unique(np.asarray(asked, dtype=np.float64), return_counts=True)
+    s_vals, s_counts = np.unique(np.asarray(settled, dtype=np.float64), return_counts=True)
+    left = a_counts.copy()
+    idx = np.searchsorted(a_vals, s_vals)
+    ok = (idx < len(a_vals)) & (a_vals[np.minimum(idx, len(a_vals) - 1)] == s_vals)
+    np.subtract.at(left, idx[ok], s_counts[ok])
+    left = np.maximum(left, 0)
+    return [float(end - t) for t in np.repeat(a_vals, left)]
 
 
 def _count_bins(counts: list[int], times: Sequence[float], bin_s: float) -> None:

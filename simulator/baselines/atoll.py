@@ -78,7 +78,7 @@ class AtollModel(RoutedModel):
 
     def start_instances(self, fn: int, n: int) -> None:
         self.front.router(fn).begin_scale_up(n)
-        self.rec.count("scale_ups", n)
+        self.rec.asked(self.sim.now, n)
         home = self.sgs[self.sets[fn][0]]
         if home.backlog(self.sim.now) > self.cfg.backlog_s:
             self._extend(fn)
@@ -110,6 +110,7 @@ class AtollModel(RoutedModel):
                 ask.tried = 0
                 self.sim.after(self.cfg.scale_delay_s, self._send, ask)
             else:
+                self.rec.gave_up(ask.asked)
                 self.front.failed(ask.fn, "no_capacity")
             return
         self.rec.scheduled(ask.asked, self.sim.now)

@@ -116,7 +116,7 @@ class KnativeModel(RoutedModel):
     def start_instances(self, fn: int, n: int) -> None:
         self.front.router(fn).begin_scale_up(n)
         for _ in range(n):
-            self.rec.count("scale_ups")
+            self.rec.asked(self.sim.now)
             pod = _Pod(fn, self.sim.now, self.new_id(fn))
             self._step(self.serving, self.cfg.serving_s, self._deployment, pod)
 
@@ -142,6 +142,7 @@ class KnativeModel(RoutedModel):
                     best, best_free = node, score
         if best is None:
             self.rec.count("unschedulable")
+            self.rec.gave_up(pod.asked)
             self.front.failed(pod.fn, "no_capacity")
             return
         self.rec.scheduled(pod.asked, self.sim.now)

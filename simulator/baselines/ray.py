@@ -85,7 +85,7 @@ class RayModel(RoutedModel):
 
     def start_instances(self, fn: int, n: int) -> None:
         self.front.router(fn).begin_scale_up(n)
-        self.rec.count("scale_ups", n)
+        self.rec.asked(self.sim.now, n)
         self.pending.extend(_Ask(fn, self.sim.now) for _ in range(n))
 
     # -- the central controller loop ---------------------------------------------
@@ -130,6 +130,7 @@ class RayModel(RoutedModel):
             ask.waits += 1
             if ask.waits > self.cfg.max_waits:
                 self.rec.count("unschedulable")
+                self.rec.gave_up(ask.asked)
                 self.front.failed(ask.fn, "no_capacity")
             else:
                 self.rec.count("spill_waits")

@@ -71,7 +71,7 @@ class SparrowModel(RoutedModel):
 
     def start_instances(self, fn: int, m: int) -> None:
         self.front.router(fn).begin_scale_up(m)
-        self.rec.count("scale_ups", m)
+        self.rec.asked(self.sim.now, m)
         sched = self._rng.choice(self.scheds)  # stateless: any will do
         job = _Job(fn, m, self.sim.now, sched)
         t = sched.finish(self.sim.now + self.net.hop(), self.s_submit())

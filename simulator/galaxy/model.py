@@ -119,4 +119,5 @@ class GalaxyModel(RoutedModel):
 
     def scale_up_failed(self, su: ScaleUp) -> None:
         """No Schedule instance could place it."""
+        self.rec.gave_up(su.asked)
         self.front.failed(su.fn, "no_capacity")

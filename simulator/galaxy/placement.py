@@ -104,7 +104,7 @@ class Placer:
         """Dispatch starts one instance of fn."""
         su = ScaleUp(df, fn, self.sim.now)
         su.cands = self.m.control.schedule_ranked(fn)[: 1 + self.m.cfg.max_spill]
-        self.rec.count("scale_ups")
+        self.rec.asked(self.sim.now)
         self._send(su)
 
     def _send(self, su: ScaleUp) -> None:
