@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from simulator.baselines.atoll import AtollConfig
+from simulator.baselines.sparrow import SparrowConfig
 from simulator.calibration import Calibration
 from simulator.runner import run_one
 from simulator.system import SimConfig
@@ -171,24 +173,56 @@ def cluster_size(
     per_node_rate, flood_s = 2.0, 4.0
     sec = Section(
         f"Cluster size sweep: cold starts at {per_node_rate:g}/s per node for {flood_s:g} s "
-        "(full Galaxy: starts with 4 instances of each, controller scaling on)",
-        ["nodes", "system", "instances started", "scale-ups/s", "sched p50 ms", "sched p99 ms",
+        "(full Galaxy: starts with 4 instances of each, controller scaling on; "
+        "'=n' rows give Sparrow's schedulers / Atoll's SGSs the Schedule instances "
+        "Galaxy's controller grew to: the same number of scheduler processes)",
+        ["nodes", "system", "schedulers", "instances started", "scale-ups/s",
+         "scale-ups/s per scheduler", "sched p50 ms", "sched p99 ms", "unplaced at end",
          "galaxy instances (max)", "sim events/s"],
     )  # fmt: skip
+    defaults = {"sparrow": SparrowConfig().schedulers, "atoll": AtollConfig().sgs}
     for nodes in sizes:
         rate = per_node_rate * nodes
         total = int(rate * flood_s)
         w = flood(total, rate, FLOOD_FUNCTIONS, flood_s + 20.0, seed=seed, **SMALL)
         cfg = SimConfig(nodes=nodes, seed=seed)
-        for s in systems:
-            r = sec.runs[f"{nodes}/{s}"] = _run(f"{nodes} nodes {s}", s, w, cfg, cal, log, progress)
+        runs: list[tuple[str, str, SimConfig, int]] = [
+            (s, s, cfg, defaults.get(s, 1 if s == "knative" else 0)) for s in systems
+        ]
+        galaxy_n = 0
+        while runs:
+            label, s, c, schedulers = runs.pop(0)
+            r = sec.runs[f"{nodes}/{label}"] = _run(f"{nodes} nodes {label}", s, w, c, cal, log,
+                                                     progress)  # fmt: skip
             tp, sl = r["throughput"], r["scheduling_latency_s"]
             ctl = r["series"]["control_instances"]
-            top = "/".join(str(max(p[1] for p in ctl[k])) for k in ("dispatch", "schedule",
-                           "clustermgr") if k in ctl and s == "galaxy") or "-"  # fmt: skip
-            sec.rows.append([str(nodes), s, str(r["counts"].get("instances_started", 0)),
-                             f"{tp['scale_up_rate_per_s']:.0f}", _ms(sl["p50"]), _ms(sl["p99"]),
-                             top, f"{r['perf']['events_per_s']:,.0f}"])  # fmt: skip
+            top = "-"
+            if s == "galaxy":
+                most = {k: max(p[1] for p in ctl[k]) for k in ("dispatch", "schedule",
+                        "clustermgr") if k in ctl}  # fmt: skip
+                top = "/".join(str(v) for v in most.values()) or "-"
+                schedulers = most.get("schedule", 0)
+                if label == "galaxy":
+                    galaxy_n = schedulers
+                # Same number of scheduler processes for the partitioned
+                # baselines, and Galaxy itself with them all from the start
+                # (what pre-warmed control functions would give).
+                runs += [(f"{b} =n", b, replace(c, params={b: {key: galaxy_n}}), galaxy_n)
+                         for b, key in (("sparrow", "schedulers"), ("atoll", "sgs"))
+                         if label == "galaxy" and galaxy_n and galaxy_n != defaults[b]]  # fmt: skip
+                if label == "galaxy" and galaxy_n > 4:
+                    fixed = {"controller_scaling": False, "instances": galaxy_n}
+                    runs.append(("galaxy =n fixed", "galaxy",
+                                 replace(c, params={"galaxy": fixed}), galaxy_n))  # fmt: skip
+            if s == "ray":
+                schedulers = nodes  # bottom-up: every raylet schedules
+            rate_s = tp["scale_up_rate_per_s"]
+            per = f"{rate_s / schedulers:.0f}" if schedulers else "-"
+            sec.rows.append([str(nodes), label, str(schedulers or "-"),
+                             str(r["counts"].get("instances_started", 0)), f"{rate_s:.0f}", per,
+                             _ms(sl["p50"]), _ms(sl["p99"]), str(r["scale_ups_unplaced_at_end"]),
+                             top,
+                             f"{r['perf']['events_per_s']:,.0f}"])  # fmt: skip
     return [sec]
 
 

@@ -73,7 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds below the low watermark before scaling in (300, like HPA's "
         "downscale stabilization)",
     )
-    g.add_argument("--max-step-out", type=int, default=4, help="instances added at most at once")
+    g.add_argument(
+        "--max-step-out",
+        type=int,
+        default=None,
+        help="instances added at most at once (default: no bound, straight to the needed count)",
+    )
     g.add_argument("--min-instances", type=_kv, action="append", default=[], help="KIND=N")
     g.add_argument("--max-instances", type=_kv, action="append", default=[], help="KIND=N")
     g.add_argument("--scale-tick-s", type=float, default=1.0, help="decision period")

@@ -154,7 +154,11 @@ class Reconciler:
             if not self.is_leader():
                 continue
             try:
-                await self.tick()
+                # Every kind that needs a decision gets it this round (a kind
+                # being scaled is busy, so it is not decided twice).
+                for _ in KINDS:
+                    if await self.tick() is None:
+                        break
             except Exception:  # one bad tick must not end scaling
                 log.exception("reconcile tick failed")
 

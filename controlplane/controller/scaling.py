@@ -14,7 +14,8 @@ T_CMF) and n ready instances:
   kind's critical operation (``LOAD_OPS``);
 * needed = ceil(load / (target_utilization * T)), clamped to [min, max];
 * u > high_watermark (and the scale-out cooldown has passed): scale out to
-  max(n + 1, needed), at most ``max_step_out`` instances at once;
+  max(n + 1, needed) in one step (a flood needs its instances now, not four
+  a tick); ``max_step_out`` bounds the step when set;
 * u < low_watermark continuously for ``scale_in_cooldown_s`` (and as long
   since the last action): scale in by one, unless the remaining instances
   would then run above target utilization;
@@ -76,7 +77,9 @@ class ScalingConfig:
     #: load that doubles every 30 s (the simulator's bursty p99 went from
     #: 3 ms with instances kept to ~200 ms).
     scale_in_cooldown_s: float = 300.0
-    max_step_out: int = 4
+    #: Instances added at most in one decision; None: no bound (straight to
+    #: the count the load needs).
+    max_step_out: int | None = None
     #: A decided target not reached after this long no longer blocks the kind.
     action_timeout_s: float = 60.0
 
@@ -86,8 +89,8 @@ class ScalingConfig:
                 "need 0 < low_watermark < target_utilization < high_watermark, got "
                 f"{self.low_watermark} / {self.target_utilization} / {self.high_watermark}"
             )
-        if self.max_step_out < 1:
-            raise ValueError("max_step_out must be >= 1")
+        if self.max_step_out is not None and self.max_step_out < 1:
+            raise ValueError("max_step_out must be >= 1 (or None: no bound)")
         if min(self.scale_out_cooldown_s, self.scale_in_cooldown_s, self.action_timeout_s) < 0:
             raise ValueError("cooldowns and timeouts must be >= 0")
 
@@ -209,7 +212,9 @@ def _candidate(
     if u > cfg.high_watermark and n < lim.max_instances:
         if now - ks.last_out_at < cfg.scale_out_cooldown_s:
             return None
-        to = min(lim.max_instances, max(n + 1, needed), n + cfg.max_step_out)
+        to = min(lim.max_instances, max(n + 1, needed))
+        if cfg.max_step_out is not None:
+            to = min(to, n + cfg.max_step_out)
         reason = (
             f"overload: {op} {load:.0f}/s is {u:.0%} of {n} x T={lim.capacity:.0f}/s "
             f"(> {cfg.high_watermark:.0%}); need {needed}"
@@ -229,6 +234,20 @@ def _candidate(
         )
         return 1.0 - u / 10, Decision(kind, n, n - 1, "underload", reason, load, u)
     return None
+
+
+def decide_all(ctx: ScalingContext, state: ScalingState) -> tuple[list[Decision], ScalingState]:
+    """Every decision of one tick: one per kind at most (``decide`` until
+    it has none; a kind just decided is pending, so it is not decided twice).
+    During a flood every kind that needs instances gets them in the same
+    tick instead of one kind per tick."""
+    out: list[Decision] = []
+    for _ in range(len(ctx.kinds) + 1):
+        d, state = decide(ctx, state)
+        if d is None:
+            break
+        out.append(d)
+    return out, state
 
 
 def decide(ctx: ScalingContext, state: ScalingState) -> tuple[Decision | None, ScalingState]:

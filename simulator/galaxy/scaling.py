@@ -4,7 +4,8 @@ Each tick (``report_s``) the simulated controller gathers what the load
 reports would say -- per kind, the rate of its critical operation (Dispatch
 requests, Schedule requests = SRPS, ClusterMgr node updates) and queue
 depth -- and calls the production policy
-``controlplane.controller.scaling.decide``; a decision adds instances (each
+``controlplane.controller.scaling.decide_all`` (one round of the reconcile
+loop: a decision per kind at most); a decision adds instances (each
 registers after ``control_start_s`` and the partitions change) or removes
 one. T (the per-instance maximum throughput) is derived from the
 calibration: the CPU one critical operation costs with the operations that
@@ -74,17 +75,16 @@ class ControlScaling:
                 len(insts), rate, depth, busy=now < self._busy_until[kind]
             )
         ctx = policy.ScalingContext(now, loads, self.config)
-        d, self.state = policy.decide(ctx, self.state)
-        if d is None:
-            return
-        self.decisions.append((now, d.kind, d.current, d.desired, d.code))
-        if d.delta > 0:
-            for _ in range(d.delta):
-                cp.add(d.kind)
-            self._busy_until[d.kind] = now + cp.start_s
-        else:
-            for _ in range(-d.delta):
-                cp.remove(d.kind)
+        decisions, self.state = policy.decide_all(ctx, self.state)
+        for d in decisions:
+            self.decisions.append((now, d.kind, d.current, d.desired, d.code))
+            if d.delta > 0:
+                for _ in range(d.delta):
+                    cp.add(d.kind)
+                self._busy_until[d.kind] = now + cp.start_s
+            else:
+                for _ in range(-d.delta):
+                    cp.remove(d.kind)
 
     def describe(self) -> dict[str, object]:
         """For reports."""
