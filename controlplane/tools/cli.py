@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from controlplane.bench.cli import add_subparser as add_bench_subparser
 from controlplane.launch.up import (
@@ -33,9 +30,16 @@ from controlplane.launch.up import (
     print_endpoints,
     read_endpoints,
 )
-from controlplane.runtime import spec as specs
 from controlplane.runtime.config import ConfigError
 from controlplane.runtime.errors import GalaxyError
+from controlplane.tools.calls import (
+    cmd_delete,
+    cmd_deploy,
+    cmd_functions,
+    cmd_invoke,
+    cmd_status,
+)
+from controlplane.tools.common import CliError, find_controller  # noqa: F401 (re-exported)
 from simulator.cli import add_subparser as add_simulator_subparser
 
 SERVE_KINDS = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent")
@@ -52,25 +56,6 @@ def _component_module(kind: str) -> Any:
             "clustermgr": "functions.clustermgr.main",
             "nodeagent": "controlplane.nodeagent.main",
         }[kind]
-    )
-
-
-class CliError(Exception):
-    """A user-facing error: printed without a traceback, exit code 1."""
-
-
-def find_controller(args: argparse.Namespace) -> str:
-    """--controller, else $GALAXY_CONTROLLER, else the running `galaxy up`."""
-    if getattr(args, "controller", None):
-        return str(args.controller)
-    if os.environ.get("GALAXY_CONTROLLER"):
-        return os.environ["GALAXY_CONTROLLER"]
-    ep = read_endpoints(Path(args.run_dir))
-    if ep and ep.get("controller"):
-        return str(ep["controller"])
-    raise CliError(
-        f"no running control plane found in {args.run_dir}; start one with `galaxy up` "
-        "or pass --controller HOST:PORT"
     )
 
 
@@ -197,122 +182,6 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         load_report_s=args.load_report_ms / 1000.0,
     )
     return 0
-
-
-async def cmd_deploy(args: argparse.Namespace) -> int:
-    from controlplane.sdk.client import GalaxyClient
-
-    spec = specs.load_file(args.file)
-    async with GalaxyClient(find_controller(args)) as c:
-        stored = await c.deploy(spec)
-    print(f"deployed {stored.name} (version {stored.version})")
-    return 0
-
-
-async def cmd_invoke(args: argparse.Namespace) -> int:
-    from controlplane.sdk.client import GalaxyClient
-
-    data = args.data.encode() if args.data is not None else sys.stdin.buffer.read()
-    async with GalaxyClient(find_controller(args), timeout=args.timeout) as c:
-        r = await c.invoke(args.name, data, path=args.path)
-    kind = "cold" if r.instance.cold_start else "warm"
-    print(
-        f"instance {r.instance.instance_id} at {r.instance.address} on {r.instance.node_id} "
-        f"({kind}, dispatch {r.instance.wait_ms:.2f} ms)"
-    )
-    print(f"HTTP {r.status}: {r.text()}")
-    return 0 if 200 <= r.status < 300 else 1
-
-
-async def cmd_status(args: argparse.Namespace) -> int:
-    from controlplane.runtime.membership import KIND_NAMES
-    from controlplane.sdk.client import GalaxyClient
-
-    async with GalaxyClient(find_controller(args)) as c:
-        st = await c.status()
-    if args.json:
-        print(json_format.MessageToJson(st, preserving_proto_field_name=True))
-        return 0
-    print(f"control functions (epoch {st.membership.epoch}):")
-    for i in st.membership.instances:
-        print(f"  {KIND_NAMES.get(i.kind, '?'):<11} {i.id:<14} {i.address}")
-    _print_scaling(st)
-    alive = sum(1 for n in st.nodes if n.alive)
-    print(f"nodes: {len(st.nodes)} ({alive} alive)")
-    for n in st.nodes[: args.max_nodes]:
-        s = n.status
-        print(
-            f"  {s.node_id:<12} {'alive' if n.alive else 'DEAD ':<5} schedule={n.schedule_id:<11}"
-            f" cpu {s.allocated.cpu_millis}/{s.capacity.cpu_millis}m"
-            f" mem {s.allocated.memory_mib}/{s.capacity.memory_mib}Mi"
-            f" gpu {s.allocated.gpus}/{s.capacity.gpus} instances {s.instances}"
-        )
-    if len(st.nodes) > args.max_nodes:
-        print(f"  ... {len(st.nodes) - args.max_nodes} more (--max-nodes)")
-    print(f"functions: {len(st.functions)}")
-    for f in st.functions:
-        print(
-            f"  {f.name:<16} v{f.version} concurrency={f.concurrency} "
-            f"scale={f.min_scale}..{f.max_scale} cpu={f.resources.cpu_millis}m "
-            f"mem={f.resources.memory_mib}Mi gpu={f.resources.gpus}"
-        )
-    print(f"instances: {len(st.instances)}")
-    for s in st.instances:
-        i = s.instance
-        print(
-            f"  {i.instance_id:<28} {i.function:<12} {i.node_id:<10} {i.address:<21} "
-            f"in-flight {s.in_flight}/{i.concurrency}{' draining' if s.draining else ''}"
-        )
-    for w in st.warnings:
-        print(f"warning: {w}")
-    return 0
-
-
-def _print_scaling(st: Any) -> None:
-    """Per control function kind: instances, load vs T, recent decisions."""
-    from controlplane.runtime.membership import KIND_NAMES
-
-    c = st.controller
-    if c.id:
-        role = "leader" if c.leader else f"follower of {c.leader_id or '?'} {c.leader_address}"
-        mode = "on" if c.autoscale else "off"
-        term = f", term {c.term}" if c.term else ""
-        print(f"controller {c.id}: {role}{term}; autoscaling {mode} (actuator {c.actuator})")
-    for k in st.scaling:
-        extra = "".join(
-            f", {n} {what}" for n, what in ((k.warming, "warming"), (k.draining, "draining")) if n
-        )
-        print(
-            f"  {KIND_NAMES.get(k.kind, '?'):<11} instances {k.instances}/{k.desired} desired"
-            f" [{k.min_instances}..{k.max_instances}]{extra}  load {k.load:.0f} {k.load_op}/s"
-            f" vs T {k.capacity:.0f}/s per instance = {k.utilization:.0%}  queue {k.queue_depth}"
-        )
-        for d in list(k.decisions)[:3]:
-            when = time.strftime("%H:%M:%S", time.localtime(d.decided_at_unix))
-            took = f" in {d.duration_s:.2f}s" if d.duration_s else ""
-            print(f"    {when} {d.from_instances}->{d.to_instances} {d.outcome}{took}: {d.reason}")
-
-
-async def cmd_functions(args: argparse.Namespace) -> int:
-    from controlplane.sdk.client import GalaxyClient
-
-    async with GalaxyClient(find_controller(args)) as c:
-        fns = await c.list_functions()
-    for f in fns:
-        print(json.dumps(json_format.MessageToDict(f, preserving_proto_field_name=True)))
-    return 0
-
-
-async def cmd_delete(args: argparse.Namespace) -> int:
-    from controlplane.sdk.client import GalaxyClient
-
-    async with GalaxyClient(find_controller(args)) as c:
-        await c.delete_function(args.name)
-    print(f"deleted {args.name}")
-    return 0
-
-
-# -- parser -----------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,6 +29,7 @@ from controlplane.runtime.errors import (
     Unavailable,
 )
 from controlplane.runtime.membership import MembershipView
+from functions.dispatch import coordination
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
@@ -41,14 +42,6 @@ from galaxy.v1 import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class _Moved(Exception):
-    """A waiting request's function now belongs to another Dispatch instance."""
-
-    def __init__(self, owner: common_pb2.ControlInstance) -> None:
-        super().__init__(owner.id)
-        self.owner = owner
 
 
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
@@ -237,7 +230,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         timeout = MAX_WAIT_S if remaining is None else max(0.0, remaining - DEADLINE_MARGIN_S)
         try:
             grant = await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except _Moved as moved:
+        except coordination.Moved as moved:
             # Repartitioned while waiting: the new owner serves it (one hop).
             return await self._forward(moved.owner, request, context)
         except TimeoutError:
@@ -450,106 +443,19 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                     self._router(await self._spec(action.function))
         return common_pb2.CoordinateReply(epoch=self.membership.epoch)
 
-    def _hand_over_moved(self) -> None:
-        """Give functions this instance no longer owns to their new owners.
-
-        Order matters: the routing state is taken and dropped at once, the
-        instances (with their reserved slots) are sent, and only then are
-        waiting and newly arriving requests forwarded. Forwarding first would
-        make the new owner cold-start an instance it is about to receive.
-        """
-        for name in list(self.routers):
-            owner = self._owner(name)
-            if owner is None:
-                continue
-            router = self.routers.pop(name)
-            moved = router.handover()
-            waiters = router.fail_all()
-            for inst, _ in moved:
-                self._remove(router, inst.instance_id)
-            log.info(
-                "function %s moved to dispatch %s: handing over %d instances",
-                name,
-                owner.id,
-                len(moved),
-            )
-            done = asyncio.Event()
-            self._moving[name] = done
-            self._spawn(self._hand_over(name, owner, moved, waiters, done))
-
-    async def _hand_over(
-        self,
-        name: str,
-        owner: common_pb2.ControlInstance,
-        moved: list[tuple[Instance, list[str]]],
-        waiters: list[Waiter],
-        done: asyncio.Event,
-    ) -> None:
-        try:
-            await asyncio.gather(
-                *(
-                    self.peers.send_instance(owner, inst.meta, leases)
-                    for inst, leases in moved
-                    if inst.meta is not None
-                )
-            )
-        finally:
-            if self._moving.get(name) is done:
-                del self._moving[name]
-            done.set()
-            for w in waiters:
-                fut: asyncio.Future[Grant] = w.token
-                if not fut.done():
-                    fut.set_exception(_Moved(owner))
-
-    def _node_dead(self, node_id: str) -> None:
-        """Stop routing to instances on a dead node; replace them for waiters."""
-        for router in self.routers.values():
-            lost = [i for i, inst in router.instances.items() if inst.node_id == node_id]
-            for iid in lost:
-                self._remove(router, iid)
-            if lost:
-                log.warning(
-                    "node %s is dead: dropped %d instances of %s", node_id, len(lost), router.name
-                )
-                spec = self._specs.get(router.name)
-                if spec is not None:
-                    self._trigger_scale_up(router, spec)
-
-    def _function_deleted(self, name: str) -> None:
-        self._specs.pop(name, None)
-        router = self.routers.pop(name, None)
-        if router is None:
-            return
-        for w in router.fail_all():
-            fut: asyncio.Future[Grant] = w.token
-            if not fut.done():
-                fut.set_exception(NotFound(f"function {name!r} was deleted"))
-        for inst in list(router.instances.values()):
-            self._remove(router, inst.instance_id)
-            if inst.meta is not None:
-                self._spawn(self.peers.delete_on_node(inst.meta))
-
     async def ListInstances(
         self, request: dispatch_pb2.ListInstancesRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb2.ListInstancesReply:
-        out = dispatch_pb2.ListInstancesReply(dispatch_id=self.instance_id)
-        for name in sorted(self.routers):
-            if request.function and name != request.function:
-                continue
-            r = self.routers[name]
-            out.functions.append(
-                dispatch_pb2.FunctionRouting(
-                    function=name, waiting=len(r.waiters), pending=r.pending
-                )
-            )
-            for inst in r.instances.values():
-                out.instances.append(
-                    dispatch_pb2.InstanceState(
-                        instance=inst.meta, in_flight=inst.in_flight, draining=inst.draining
-                    )
-                )
-        return out
+        return coordination.list_instances(self, request)
+
+    def _hand_over_moved(self) -> None:
+        coordination.hand_over_moved(self)
+
+    def _node_dead(self, node_id: str) -> None:
+        coordination.node_dead(self, node_id)
+
+    def _function_deleted(self, name: str) -> None:
+        coordination.function_deleted(self, name)
 
     # -- housekeeping -----------------------------------------------------
 

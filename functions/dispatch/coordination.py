@@ -1,0 +1,134 @@
+"""Dispatch's coordination with the rest of the control plane: handing
+functions over to their new owner after a membership change, dropping the
+instances of a dead node, forgetting a deleted function, and listing what it
+routes. The servicer calls these with itself; the routing decisions stay in
+``FunctionRouter``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from controlplane.runtime.errors import NotFound
+from functions.dispatch.policy import Grant, Instance, Waiter
+from galaxy.v1 import common_pb2, dispatch_pb2
+
+if TYPE_CHECKING:
+    from functions.dispatch.service import DispatchServicer
+
+log = logging.getLogger(__name__)
+
+
+class Moved(Exception):
+    """A waiting request's function now belongs to another Dispatch instance."""
+
+    def __init__(self, owner: common_pb2.ControlInstance) -> None:
+        super().__init__(owner.id)
+        self.owner = owner
+
+
+def hand_over_moved(svc: DispatchServicer) -> None:
+    """Give functions this instance no longer owns to their new owners.
+
+    Order matters: the routing state is taken and dropped at once, the
+    instances (with their reserved slots) are sent, and only then are
+    waiting and newly arriving requests forwarded. Forwarding first would
+    make the new owner cold-start an instance it is about to receive.
+    """
+    for name in list(svc.routers):
+        owner = svc._owner(name)
+        if owner is None:
+            continue
+        router = svc.routers.pop(name)
+        moved = router.handover()
+        waiters = router.fail_all()
+        for inst, _ in moved:
+            svc._remove(router, inst.instance_id)
+        log.info(
+            "function %s moved to dispatch %s: handing over %d instances",
+            name,
+            owner.id,
+            len(moved),
+        )
+        done = asyncio.Event()
+        svc._moving[name] = done
+        svc._spawn(hand_over(svc, name, owner, moved, waiters, done))
+
+
+async def hand_over(
+    svc: DispatchServicer,
+    name: str,
+    owner: common_pb2.ControlInstance,
+    moved: list[tuple[Instance, list[str]]],
+    waiters: list[Waiter],
+    done: asyncio.Event,
+) -> None:
+    try:
+        await asyncio.gather(
+            *(
+                svc.peers.send_instance(owner, inst.meta, leases)
+                for inst, leases in moved
+                if inst.meta is not None
+            )
+        )
+    finally:
+        if svc._moving.get(name) is done:
+            del svc._moving[name]
+        done.set()
+        for w in waiters:
+            fut: asyncio.Future[Grant] = w.token
+            if not fut.done():
+                fut.set_exception(Moved(owner))
+
+
+def node_dead(svc: DispatchServicer, node_id: str) -> None:
+    """Stop routing to instances on a dead node; replace them for waiters."""
+    for router in svc.routers.values():
+        lost = [i for i, inst in router.instances.items() if inst.node_id == node_id]
+        for iid in lost:
+            svc._remove(router, iid)
+        if lost:
+            log.warning(
+                "node %s is dead: dropped %d instances of %s", node_id, len(lost), router.name
+            )
+            spec = svc._specs.get(router.name)
+            if spec is not None:
+                svc._trigger_scale_up(router, spec)
+
+
+def function_deleted(svc: DispatchServicer, name: str) -> None:
+    svc._specs.pop(name, None)
+    router = svc.routers.pop(name, None)
+    if router is None:
+        return
+    for w in router.fail_all():
+        fut: asyncio.Future[Grant] = w.token
+        if not fut.done():
+            fut.set_exception(NotFound(f"function {name!r} was deleted"))
+    for inst in list(router.instances.values()):
+        svc._remove(router, inst.instance_id)
+        if inst.meta is not None:
+            svc._spawn(svc.peers.delete_on_node(inst.meta))
+
+
+def list_instances(
+    svc: DispatchServicer, request: dispatch_pb2.ListInstancesRequest
+) -> dispatch_pb2.ListInstancesReply:
+    """What this instance routes: functions, their queues and instances."""
+    out = dispatch_pb2.ListInstancesReply(dispatch_id=svc.instance_id)
+    for name in sorted(svc.routers):
+        if request.function and name != request.function:
+            continue
+        r = svc.routers[name]
+        out.functions.append(
+            dispatch_pb2.FunctionRouting(function=name, waiting=len(r.waiters), pending=r.pending)
+        )
+        for inst in r.instances.values():
+            out.instances.append(
+                dispatch_pb2.InstanceState(
+                    instance=inst.meta, in_flight=inst.in_flight, draining=inst.draining
+                )
+            )
+    return out
