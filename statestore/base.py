@@ -142,12 +142,13 @@ class StateStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def put_many(self, items: Sequence[tuple[str, bytes]]) -> int:
+    async def put_many(self, items: Sequence[tuple[str, bytes]], lease: int | None = None) -> int:
         """Write all items atomically (one revision) and return that revision.
 
         Readers see either none or all of the writes. If a key appears more than
         once the last value wins. Raises ``ValueError`` for more than
-        ``max_txn_ops`` distinct keys.
+        ``max_txn_ops`` distinct keys. ``lease`` attaches every key to that
+        lease, as ``put`` does (``LeaseNotFound`` if it does not exist).
         """
 
     @abc.abstractmethod

@@ -278,13 +278,16 @@ class EtcdStore(StateStore):
             ok, responses = await client.transaction(compare=compare, success=success, failure=[])
         return bool(ok), responses
 
-    async def put_many(self, items: Sequence[tuple[str, bytes]]) -> int:
+    async def put_many(self, items: Sequence[tuple[str, bytes]], lease: int | None = None) -> int:
         """See ``StateStore.put_many``; one etcd transaction."""
         merged = dedupe_items(items, self.max_txn_ops)
         client = self._client()
         if not merged:
             return await self._current_revision(client)
-        ops = [client.transactions.put(_encode(k), bytes(v)) for k, v in merged.items()]
+        ops = [
+            client.transactions.put(_encode(k), bytes(v), lease=lease or 0)
+            for k, v in merged.items()
+        ]
         _, responses = await self._txn(client, [], ops)
         revision: int = responses[0].response_put.header.revision
         return revision

@@ -244,16 +244,17 @@ class MemoryStore(StateStore):
         self._set(key, bytes(value), lease, self._revision)
         return self._revision
 
-    async def put_many(self, items: Sequence[tuple[str, bytes]]) -> int:
+    async def put_many(self, items: Sequence[tuple[str, bytes]], lease: int | None = None) -> int:
         """See ``StateStore.put_many``."""
         self._begin()
         merged = dedupe_items(items, self.max_txn_ops)
+        lease = self._check_lease(lease)
         if not merged:
             return self._revision
         # Everything happens without an await, so no reader can see half a batch.
         self._revision += 1
         for key, value in merged.items():
-            self._set(key, bytes(value), None, self._revision)
+            self._set(key, bytes(value), lease, self._revision)
         return self._revision
 
     async def delete(self, key: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from statestore import StateStore, WriteBehind, open_store
+from statestore.leased import DEFAULT_RECORD_TTL_S, LeasedStore
 
 
 def add_state_argument(p: argparse.ArgumentParser) -> None:
@@ -23,10 +24,15 @@ def add_state_argument(p: argparse.ArgumentParser) -> None:
 
 
 class Recorder:
-    """A never-blocking ``record(key, value | None)`` over a write-behind queue."""
+    """A never-blocking ``record(key, value | None)`` over a write-behind queue.
 
-    def __init__(self, url: str) -> None:
-        self.store: StateStore = open_store(url)
+    Records are attached to a lease this process keeps alive
+    (``LeasedStore``): they disappear within ``ttl_s`` of the process dying,
+    and at once when it stops cleanly."""
+
+    def __init__(self, url: str, ttl_s: float = DEFAULT_RECORD_TTL_S) -> None:
+        self.leased = LeasedStore(open_store(url), ttl_s)
+        self.store: StateStore = self.leased
         self.writer = WriteBehind(self.store)
 
     def __call__(self, key: str, value: bytes | None) -> None:

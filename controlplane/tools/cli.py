@@ -40,6 +40,7 @@ from controlplane.tools.calls import (
     cmd_status,
 )
 from controlplane.tools.common import CliError, find_controller  # noqa: F401 (re-exported)
+from controlplane.tools.store_cmd import add_subparser as add_store_subparser
 from simulator.cli import add_subparser as add_simulator_subparser
 
 SERVE_KINDS = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent")
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     add_bench_subparser(sub)
     add_simulator_subparser(sub)
+    add_store_subparser(sub)
 
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
     up.add_argument("--nodes", type=int, default=4, help="worker nodes (default 4)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from controlplane.runtime.config import Config, setting
+from statestore.leased import DEFAULT_RECORD_TTL_S
 
 
 class ClusterMgrConfig(Config):
@@ -23,6 +24,12 @@ class ClusterMgrConfig(Config):
         "state store for records written behind: memory:// (per process, the embedded "
         "default) or etcd://host:port[,host:port]",
         max_length=1024,
+    )
+    record_ttl_s: float = setting(
+        DEFAULT_RECORD_TTL_S,
+        "lease of the records this process writes: they disappear this long after it dies",
+        gt=0,
+        le=3600,
     )
 
     @model_validator(mode="after")

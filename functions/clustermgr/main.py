@@ -74,5 +74,7 @@ def from_config(cfg: ClusterMgrConfig) -> ClusterMgrComponent:
     """The ClusterMgr component from its configuration."""
     registry = NodeRegistry(dead_after_s=cfg.dead_after_s)
     return ClusterMgrComponent(
-        registry, heartbeat_s=cfg.heartbeat_ms / 1000.0, record=Recorder(cfg.state)
+        registry,
+        heartbeat_s=cfg.heartbeat_ms / 1000.0,
+        record=Recorder(cfg.state, cfg.record_ttl_s),
     )

@@ -6,6 +6,7 @@ model read them from here). The function autoscaler's flags are in
 from __future__ import annotations
 
 from controlplane.runtime.config import Config, setting
+from statestore.leased import DEFAULT_RECORD_TTL_S
 
 
 class DispatchConfig(Config):
@@ -25,6 +26,12 @@ class DispatchConfig(Config):
         "state store for records written behind: memory:// (per process, the embedded "
         "default) or etcd://host:port[,host:port]",
         max_length=1024,
+    )
+    record_ttl_s: float = setting(
+        DEFAULT_RECORD_TTL_S,
+        "lease of the records this process writes: they disappear this long after it dies",
+        gt=0,
+        le=3600,
     )
 
 

@@ -38,7 +38,7 @@ class DispatchComponent:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         cfg = config.from_args(DispatchConfig, args)
-        self.recorder = Recorder(cfg.state)
+        self.recorder = Recorder(cfg.state, cfg.record_ttl_s)
         # Placeholder pool until start() hands over the host's.
         self.servicer = DispatchServicer(
             instance_id=args.id,

@@ -386,6 +386,10 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         live, gone = await self.peers.running(records)
         for info in live:
             self._recovered.setdefault(info.function, []).append(info)
+            # Under this process's lease now: the old one expires with its writer.
+            self.record(
+                f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString()
+            )
         for info in gone:
             self.record(f"/galaxy/instances/{info.function}/{info.instance_id}", None)
         count = len(live)
