@@ -52,3 +52,49 @@ class FailedPrecondition(GalaxyError):
     """The system is not in a state to do this (e.g. not ready yet)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unauthenticated(GalaxyError):
+    """No valid credentials were presented."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(GalaxyError):
+    """The credentials do not allow this."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Internal(GalaxyError):
+    """A bug or an unexpected failure on the server."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[GalaxyError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        ResourceExhausted,
+        Unavailable,
+        DeadlineExceeded,
+        FailedPrecondition,
+        Unauthenticated,
+        PermissionDenied,
+        Internal,
+    )
+}
+
+#: Outcomes a client may retry (elsewhere, after a backoff): the request was
+#: not served and doing it again cannot do it twice.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+
+def from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError) -> GalaxyError:
+    """The typed Galaxy error for a failed RPC, keeping its code and details."""
+    code = error.code() if callable(getattr(error, "code", None)) else grpc.StatusCode.UNKNOWN
+    details = error.details() if callable(getattr(error, "details", None)) else str(error)
+    cls = _BY_CODE.get(code, GalaxyError)
+    return cls(details or code.name) if cls is not GalaxyError else GalaxyError(details, code)

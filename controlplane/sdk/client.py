@@ -3,20 +3,39 @@
 The client learns the Dispatch instances from the controller and sends each
 request straight to the instance that owns its function (rendezvous hashing,
 the same rule the servers use), so no hop is wasted.
+
+Failures it absorbs (docs/reliability.md): a Dispatch instance that is
+unavailable is skipped for the next one in rendezvous order (any instance
+forwards to the owner, and the next in order is the owner once the dead one
+leaves the membership), with jittered backoff inside the caller's deadline;
+an instance that cannot be reached after its grant is replaced by another
+grant (the request never left, so this is safe for any request). Every
+error it raises is a ``GalaxyError`` subclass carrying the gRPC code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
 from controlplane.runtime import rpc
-from controlplane.runtime.errors import FailedPrecondition
+from controlplane.runtime.errors import (
+    RETRYABLE,
+    DeadlineExceeded,
+    FailedPrecondition,
+    GalaxyError,
+    from_rpc_error,
+)
 from controlplane.runtime.membership import MembershipView
+from controlplane.sdk.http import HttpPool, NotSent
+from controlplane.sdk.retry import Backoff
 from galaxy.v1 import (
     common_pb2,
     controller_pb2,
@@ -37,6 +56,7 @@ class InvokeResult:
     instance: dispatch_pb2.InstanceAddr
     status: int
     body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
 
     def text(self) -> str:
         """The answer body as text."""
@@ -46,11 +66,17 @@ class InvokeResult:
 class GalaxyClient:
     """Async client of one Galaxy control plane (controller address)."""
 
-    def __init__(self, controller: str, timeout: float = 30.0) -> None:
+    def __init__(
+        self, controller: str, timeout: float = 30.0, backoff: Backoff | None = None
+    ) -> None:
         self.controller = controller
         self.timeout = timeout
         self.pool = rpc.ChannelPool(timeout=timeout)
+        self.http = HttpPool()
+        self.backoff = backoff or Backoff()
         self.membership = MembershipView()
+        #: Failovers made (a Dispatch instance skipped, an instance replaced).
+        self.failovers = 0
         # Deferred releases by owner address, sent with the next Dispatch to
         # that owner or by a flush RELEASE_DELAY_S later, whichever is first.
         self._pending: dict[str, list[dispatch_pb2.ReleaseRequest]] = {}
@@ -69,11 +95,15 @@ class GalaxyClient:
             await self._flush(address)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.http.close()
         await self.pool.close()
 
     async def _ctl(self, method: str, request: Any) -> Any:
-        async with self.pool.stub(self.controller, controller_pb2_grpc.ControllerStub) as s:
-            return await getattr(s, method)(request)
+        try:
+            async with self.pool.stub(self.controller, controller_pb2_grpc.ControllerStub) as s:
+                return await getattr(s, method)(request)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
 
     # -- admin ------------------------------------------------------------
 
@@ -101,43 +131,72 @@ class GalaxyClient:
         return await self._ctl("GetClusterStatus", controller_pb2.GetClusterStatusRequest())  # type: ignore[no-any-return]
 
     async def refresh_membership(self) -> None:
-        """Fetch the current Dispatch instances from the controller."""
-        self.membership.update(
-            await self._ctl("GetMembership", controller_pb2.GetMembershipRequest())
-        )
+        """Fetch the current Dispatch instances from the controller. What the
+        controller answers is the truth even when its epoch is lower than
+        the one held (a restarted controller), so it replaces the view."""
+        m = await self._ctl("GetMembership", controller_pb2.GetMembershipRequest())
+        view = MembershipView()
+        view.update(m)
+        self.membership = view
 
     # -- data path --------------------------------------------------------
 
-    async def dispatch(self, function: str, request_id: str = "") -> dispatch_pb2.InstanceAddr:
+    async def dispatch(
+        self, function: str, request_id: str = "", deadline_s: float | None = None
+    ) -> dispatch_pb2.InstanceAddr:
         """Reserve a slot on an instance of function (may cold-start one).
 
-        If the owning Dispatch instance is gone (UNAVAILABLE: scaled in or
-        crashed), the membership is fetched again and the request retried
-        once at the new owner.
+        Dispatch instances are tried in rendezvous order for the function:
+        one that is unavailable (crashed, scaled in) is skipped for the next,
+        with jittered backoff, for at most ``deadline_s`` seconds (default: the
+        client's timeout). A
+        request id is made when none is given, so a retry is the same
+        request to Dispatch.
         """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (deadline_s or self.timeout)
         if not self.membership.ids(DISPATCH):
             await self.refresh_membership()
-        req = dispatch_pb2.DispatchRequest(function=function, request_id=request_id)
-        for attempt in (0, 1):
-            owner = self.membership.owner(DISPATCH, function)
-            if owner is None:
-                raise FailedPrecondition("no Dispatch instance is registered with the controller")
-            req.releases.extend(self._take_pending(owner.address))
+        req = dispatch_pb2.DispatchRequest(
+            function=function, request_id=request_id or uuid.uuid4().hex
+        )
+        attempts, skipped = 0, set[str]()
+        while True:
+            ranked = [m for m in self.membership.ranked(DISPATCH, function) if m.id not in skipped]
+            if not ranked:
+                if not self.membership.ids(DISPATCH):
+                    raise FailedPrecondition(
+                        "no Dispatch instance is registered with the controller"
+                    )
+                skipped.clear()  # every one failed once: start over after a backoff
+                ranked = self.membership.ranked(DISPATCH, function)
+            target = ranked[0]
+            attempts += 1
+            req.releases.extend(self._take_pending(target.address))
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise DeadlineExceeded(f"dispatch {function[:64]!r}: deadline exceeded")
             try:
-                async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
-                    return await s.Dispatch(req)  # type: ignore[no-any-return]
+                async with self.pool.stub(target.address, dispatch_pb2_grpc.DispatchStub) as s:
+                    return await s.Dispatch(req, timeout=remaining)  # type: ignore[no-any-return]
             except grpc.aio.AioRpcError as e:
                 if req.releases:
                     # Maybe not applied: send them on their own (a repeat is harmless).
-                    self._pending.setdefault(owner.address, []).extend(req.releases)
+                    self._pending.setdefault(target.address, []).extend(req.releases)
                     del req.releases[:]
-                    self._flush_soon(owner.address)
-                if e.code() != grpc.StatusCode.UNAVAILABLE or attempt:
-                    raise
-                await self.refresh_membership()
-                if self.membership.owner(DISPATCH, function) == owner:
-                    raise  # same owner: a real outage, let the caller back off
-        raise AssertionError("unreachable")
+                    self._flush_soon(target.address)
+                if e.code() not in RETRYABLE:
+                    raise from_rpc_error(e) from None
+                delay = self.backoff.delay(attempts, loop.time(), deadline)
+                if delay is None:
+                    raise from_rpc_error(e) from None
+                self.failovers += 1
+                skipped.add(target.id)
+                await asyncio.sleep(delay)
+                try:
+                    await self.refresh_membership()
+                except GalaxyError:
+                    pass  # the controller may be failing over too: keep the old view
 
     async def release(self, addr: dispatch_pb2.InstanceAddr, defer: bool = False) -> bool:
         """Give back the slot of a dispatch() result.
@@ -160,8 +219,11 @@ class GalaxyClient:
                     RELEASE_DELAY_S, self._flush_soon, owner.address
                 )
             return True
-        async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
-            r = await s.Release(rel)
+        try:
+            async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
+                r = await s.Release(rel)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
         return bool(r.released)
 
     def _take_pending(self, address: str) -> list[dispatch_pb2.ReleaseRequest]:
@@ -182,42 +244,90 @@ class GalaxyClient:
         async with self.pool.stub(address, dispatch_pb2_grpc.DispatchStub) as s:
             await asyncio.gather(*(s.Release(r) for r in rels), return_exceptions=True)
 
-    async def invoke(self, function: str, data: bytes, path: str = "/") -> InvokeResult:
-        """Dispatch, POST data to the instance over HTTP, release the slot."""
-        addr = await self.dispatch(function)
+    async def invoke(
+        self,
+        function: str,
+        data: bytes,
+        path: str = "/",
+        headers: dict[str, str] | None = None,
+        method: str = "POST",
+    ) -> InvokeResult:
+        """Dispatch, send the request to the instance over HTTP, release the
+        slot. An instance that cannot be reached is replaced by another grant
+        (the request was never sent)."""
+        async with self._granted(function, path, data, headers, method) as (addr, resp):
+            if resp is None:
+                return InvokeResult(addr, 200, _emulated_body(addr, data))
+            body = await resp.read()
+            return InvokeResult(addr, resp.status, body, dict(resp.headers))
+
+    async def invoke_stream(
+        self,
+        function: str,
+        data: bytes,
+        path: str = "/",
+        headers: dict[str, str] | None = None,
+        method: str = "POST",
+    ) -> AsyncIterator[bytes]:
+        """Like ``invoke``, yielding the body as the instance produces it
+        (chunked responses and server-sent events arrive chunk by chunk,
+        without their transfer framing)."""
+        async with self._granted(function, path, data, headers, method) as (addr, resp):
+            if resp is None:
+                yield _emulated_body(addr, data)
+                return
+            async for chunk in resp.content.iter_any():
+                yield chunk
+
+    @asynccontextmanager
+    async def _granted(
+        self,
+        function: str,
+        path: str,
+        data: bytes,
+        headers: dict[str, str] | None,
+        method: str,
+    ) -> AsyncIterator[tuple[dispatch_pb2.InstanceAddr, Any]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        held: list[dispatch_pb2.InstanceAddr] = []
+        attempts = 0
         try:
-            status, body = await http_post(addr.address, path, data, self.timeout)
+            while True:
+                addr = await self.dispatch(function, deadline_s=max(deadline - loop.time(), 0.001))
+                attempts += 1
+                if addr.address.startswith("emulated://"):
+                    held.append(addr)
+                    yield addr, None
+                    return
+                try:
+                    async with self.http.open(
+                        addr.address, path, data, max(deadline - loop.time(), 0.001), method,
+                        headers,
+                    ) as resp:  # fmt: skip
+                        held.append(addr)
+                        yield addr, resp
+                        return
+                except NotSent:
+                    # Keep the dead instance's slot while asking again, so the
+                    # next grant goes elsewhere; released below either way.
+                    held.append(addr)
+                    delay = self.backoff.delay(attempts, loop.time(), deadline)
+                    if delay is None:
+                        raise
+                    self.failovers += 1
+                    await asyncio.sleep(delay)
         finally:
-            await self.release(addr, defer=True)
-        return InvokeResult(addr, status, body)
+            for a in held:
+                try:
+                    await self.release(a, defer=True)
+                except GalaxyError:
+                    pass  # its Dispatch is gone: the lease goes with it
 
 
-async def http_post(address: str, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
-    """Minimal HTTP/1.1 POST over asyncio streams (no extra dependency)."""
-    if address.startswith("emulated://"):
-        # Emulated sandboxes have no process: answer like an echo would.
-        return 200, json.dumps(
-            {"echo": body.decode("utf-8", "replace"), "emulated": address}
-        ).encode()
-    host, port = address.rsplit(":", 1)
-
-    async def go() -> tuple[int, bytes]:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        try:
-            head = (
-                f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {len(body)}\r\n"
-                "Content-Type: application/octet-stream\r\nConnection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
-            await writer.drain()
-            raw = await reader.read()
-        finally:
-            writer.close()
-        header, _, payload = raw.partition(b"\r\n\r\n")
-        status = int(header.split(b" ", 2)[1])
-        return status, payload
-
-    return await asyncio.wait_for(go(), timeout_s)
+def _emulated_body(addr: dispatch_pb2.InstanceAddr, data: bytes) -> bytes:
+    # Emulated sandboxes have no process: answer like an echo would.
+    return json.dumps({"echo": data.decode("utf-8", "replace"), "emulated": addr.address}).encode()
 
 
 class SyncGalaxyClient:
