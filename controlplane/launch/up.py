@@ -83,6 +83,8 @@ class UpConfig:
     #: CPUs each control function process may use, by kind (like a pod's
     #: limits.cpu); a kind not named is unlimited.
     control_cpu_limits: dict[str, float] = field(default_factory=dict)
+    #: HTTP port of the gateway (0: any free port; -1: no gateway).
+    gateway_port: int = 8080
 
 
 @dataclass
@@ -235,6 +237,11 @@ class Supervisor:
                 )
             )
         await asyncio.gather(*jobs)
+        if cfg.gateway_port >= 0:
+            cmd = self._serve_cmd("gateway", "gateway-0", "--controller", caddr)
+            # serve_command listens on any port; the gateway has a known one.
+            cmd[cmd.index("--listen") + 1] = f"{cfg.host}:{cfg.gateway_port}"
+            await self._spawn("gateway-0", cmd)
         endpoints = self.endpoints()
         (cfg.run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints, indent=2))
         return endpoints
@@ -245,6 +252,8 @@ class Supervisor:
         for c in self.children:
             if c.name == "controller":
                 out["controller"] = c.ready["address"]
+            if c.ready.get("kind") == "gateway":
+                out.setdefault("gateway", c.ready["address"])
             out["components"].append({"name": c.name, **c.ready, "log": str(c.log_path)})
         return out
 
@@ -333,11 +342,16 @@ def print_endpoints(endpoints: dict[str, Any], nodes_alive: int, out: Any = sys.
     print(f"Galaxy control plane is up (controller {endpoints['controller']})", file=out)
     for c in endpoints["components"]:
         extra = f" nodes={len(c['nodes'])}" if "nodes" in c else ""
+        proto = "http" if c.get("kind") == "gateway" else "grpc"
         print(
-            f"  {c['name']:<14} grpc {c['address']:<21} metrics http://{c['metrics']}/metrics"
+            f"  {c['name']:<14} {proto} {c['address']:<21} metrics http://{c['metrics']}/metrics"
             f"  pid {c['pid']}{extra}",
             file=out,
         )
     print(f"  nodes alive: {nodes_alive}", file=out)
+    if endpoints.get("gateway"):
+        print(f"Gateway: http://{endpoints['gateway']}", file=out)
     print("Try: galaxy deploy -f examples/echo.yaml && galaxy invoke echo --data hello", file=out)
+    if endpoints.get("gateway"):
+        print(f"     curl http://{endpoints['gateway']}/functions/echo -d hi", file=out)
     print("Press Ctrl-C to stop.", file=out, flush=True)

@@ -153,7 +153,7 @@ def _load_reporter(
     )
 
 
-def _watch_lifeline(stop: asyncio.Event) -> None:
+def watch_lifeline(stop: asyncio.Event) -> None:
     """Stop when stdin reaches EOF: the supervisor died or closed our pipe.
 
     This is what keeps `galaxy up` from leaving orphans even if it is killed
@@ -220,7 +220,7 @@ async def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     if lifeline:
-        _watch_lifeline(stop)
+        watch_lifeline(stop)
     kind_name = getattr(component, "name", None) or KIND_NAMES.get(component.kind, "nodeagent")
     reporter: loadreport.LoadReporter | None = None
     try:

@@ -255,7 +255,7 @@ class GalaxyClient:
         """Dispatch, send the request to the instance over HTTP, release the
         slot. An instance that cannot be reached is replaced by another grant
         (the request was never sent)."""
-        async with self._granted(function, path, data, headers, method) as (addr, resp):
+        async with self.granted(function, path, data, headers, method) as (addr, resp):
             if resp is None:
                 return InvokeResult(addr, 200, _emulated_body(addr, data))
             body = await resp.read()
@@ -272,7 +272,7 @@ class GalaxyClient:
         """Like ``invoke``, yielding the body as the instance produces it
         (chunked responses and server-sent events arrive chunk by chunk,
         without their transfer framing)."""
-        async with self._granted(function, path, data, headers, method) as (addr, resp):
+        async with self.granted(function, path, data, headers, method) as (addr, resp):
             if resp is None:
                 yield _emulated_body(addr, data)
                 return
@@ -280,7 +280,7 @@ class GalaxyClient:
                 yield chunk
 
     @asynccontextmanager
-    async def _granted(
+    async def granted(
         self,
         function: str,
         path: str,
@@ -288,6 +288,10 @@ class GalaxyClient:
         headers: dict[str, str] | None,
         method: str,
     ) -> AsyncIterator[tuple[dispatch_pb2.InstanceAddr, Any]]:
+        """A slot on an instance of ``function`` and the instance's response
+        to the request (its body unread; None for an emulated sandbox); the
+        slot is released when the block ends, however it ends. An instance
+        that cannot be reached is replaced by another grant."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         held: list[dispatch_pb2.InstanceAddr] = []

@@ -43,7 +43,7 @@ from controlplane.tools.common import CliError, find_controller  # noqa: F401 (r
 from controlplane.tools.store_cmd import add_subparser as add_store_subparser
 from simulator.cli import add_subparser as add_simulator_subparser
 
-SERVE_KINDS = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent")
+SERVE_KINDS = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent", "gateway")
 
 
 def _component_module(kind: str) -> Any:
@@ -56,6 +56,7 @@ def _component_module(kind: str) -> Any:
             "schedule": "functions.schedule.main",
             "clustermgr": "functions.clustermgr.main",
             "nodeagent": "controlplane.nodeagent.main",
+            "gateway": "controlplane.gateway.main",
         }[kind]
     )
 
@@ -83,6 +84,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         autoscale_control=args.autoscale_control,
         controller_args=_scaling_flags(args),
         control_cpu_limits=_cpu_limits(args.control_cpu_limit),
+        gateway_port=args.gateway_port,
     )
     if read_endpoints(cfg.run_dir):
         raise CliError(
@@ -170,6 +172,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     mod = _component_module(args.kind)
     if args.kind != "controller" and not args.controller:
         raise CliError("--controller HOST:PORT is required")
+    if args.kind == "gateway":  # HTTP, not a gRPC component
+        return int(await mod.run(args))
     component = mod.build(args)
     await host.serve(
         component,
@@ -223,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--state", default="memory://", help="memory:// (default) or etcd://host:port[,host:port]"
     )
     up.add_argument("--host", default="127.0.0.1", help="address every component listens on")
+    up.add_argument(
+        "--gateway-port",
+        type=int,
+        default=8080,
+        help="HTTP port of the gateway (default 8080; 0: any free port; -1: no gateway)",
+    )
     up.add_argument(
         "--no-connection-cache", action="store_true", help="ablation: a new gRPC channel per call"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -55,6 +56,8 @@ def test_up_prints_every_endpoint(up):
     for name in ("controller", "dispatch-0", "schedule-0", "clustermgr-0", "agent-0", "agent-1"):
         assert re.search(rf"{name}\s+grpc 127\.0\.0\.1:\d+", text), text
     assert "nodes alive: 2" in text
+    assert re.search(r"gateway-0\s+http 127\.0\.0\.1:\d+", text), text
+    assert f"Gateway: http://{up.endpoints['gateway']}" in text
 
 
 def test_deploy_then_cold_then_warm_invoke(up):
@@ -73,6 +76,19 @@ def test_deploy_then_cold_then_warm_invoke(up):
     assert "(warm" in second.stdout
     body2 = json.loads(second.stdout.split("HTTP 200: ", 1)[1])
     assert body2 == {**body, "echo": "again"}  # same instance, same process
+
+
+def test_quick_tour_curl_through_the_gateway(up):
+    # echo is deployed and warm (the test above)
+    out = subprocess.run(
+        ["curl", "-sS", "--max-time", "60", f"http://{up.endpoints['gateway']}/functions/echo",
+         "-d", "hi"],
+        capture_output=True, text=True, timeout=70,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout)
+    assert body["echo"] == "hi"
+    up.instance_pids.append(body["pid"])
 
 
 def test_status_lists_everything(up):

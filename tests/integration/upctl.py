@@ -59,6 +59,8 @@ class GalaxyUp:
                 "--run-dir",
                 str(self.run_dir),
                 "up",
+                # Tests may run beside a real `galaxy up` on 8080: any free port.
+                *(() if "--gateway-port" in self.args else ("--gateway-port", "0")),
                 *self.args,
             ],
             stdout=subprocess.PIPE,

@@ -1,0 +1,136 @@
+"""Gateway overhead, measured in one run (`python -m controlplane.bench.gateway`):
+the same warm requests to the echo function (1) straight to its instance,
+(2) through a bare aiohttp reverse proxy (the floor any proxy on this HTTP
+stack pays) and (3) through the Galaxy gateway (routing, a Dispatch slot
+per request, streaming back, release). Modes alternate in rounds so that
+the machine's drift hits them alike; the report gives latencies and the
+ratios the goals are stated in (docs/gateway.md).
+
+Needs a running `galaxy up` (its run dir) with examples/echo.yaml deployed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from controlplane.launch.up import default_run_dir, read_endpoints
+from controlplane.sdk.client import GalaxyClient
+
+
+async def _bare_proxy(upstream: str) -> tuple[web.AppRunner, str]:
+    session = aiohttp.ClientSession()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        async with session.post(f"http://{upstream}/", data=body) as r:
+            out = web.StreamResponse(status=r.status)
+            out.content_type = r.content_type
+            await out.prepare(request)
+            async for chunk in r.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    app.on_cleanup.append(lambda _: session.close())
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+
+async def _round(url: str, n: int, concurrency: int) -> tuple[list[float], float]:
+    lat: list[float] = []
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency)
+    ) as s:  # fmt: skip
+        left = n
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                t0 = time.perf_counter()
+                async with s.post(url, data=b"x") as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"{url}: HTTP {r.status}")
+                lat.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return lat, n / (time.perf_counter() - t0)
+
+
+async def measure(run_dir: Path, n: int, rounds: int, concurrency: int) -> dict[str, object]:
+    """Latencies (ms) and requests/s per mode, and the ratios."""
+    ep = read_endpoints(run_dir)
+    if not ep or not ep.get("gateway"):
+        raise SystemExit(f"no `galaxy up` with a gateway in {run_dir}")
+    async with GalaxyClient(ep["controller"]) as c:
+        addr = await c.dispatch("echo")  # a warm instance to aim at directly
+        await c.release(addr)
+    runner, proxy = await _bare_proxy(addr.address)
+    urls = {
+        "direct": f"http://{addr.address}/",
+        "bare_proxy": f"http://{proxy}/",
+        "gateway": f"http://{ep['gateway']}/functions/echo",
+    }
+    lat: dict[str, list[float]] = {k: [] for k in urls}
+    rate: dict[str, list[float]] = {k: [] for k in urls}
+    try:
+        for url in urls.values():  # warm-up: connections, the instance
+            await _round(url, 200, concurrency)
+        for _ in range(rounds):
+            for mode, url in urls.items():
+                got, rps = await _round(url, n, concurrency)
+                lat[mode] += got
+                rate[mode].append(rps)
+    finally:
+        await runner.cleanup()
+
+    def q(v: list[float], p: float) -> float:
+        return statistics.quantiles(v, n=1000)[int(p * 1000) - 1] * 1000
+
+    modes = {
+        m: {
+            "p50_ms": round(q(lat[m], 0.5), 3),
+            "p99_ms": round(q(lat[m], 0.99), 3),
+            "requests_per_s": round(statistics.median(rate[m]), 1),
+        }
+        for m in urls
+    }
+    g, d, b = modes["gateway"], modes["direct"], modes["bare_proxy"]
+    return {
+        "requests_per_mode": n * rounds,
+        "concurrency": concurrency,
+        "modes": modes,
+        "gateway_added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
+        "gateway_added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
+        "gateway_vs_bare_proxy_throughput": round(g["requests_per_s"] / b["requests_per_s"], 3),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-dir", default=str(default_run_dir()))
+    p.add_argument("--requests", type=int, default=1000, help="per mode and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=1)
+    a = p.parse_args()
+    out = asyncio.run(measure(Path(a.run_dir), a.requests, a.rounds, a.concurrency))
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""The gateway's configuration (flags of `galaxy serve gateway`)."""
+
+from __future__ import annotations
+
+from controlplane.runtime.config import Config, setting
+
+
+class GatewayConfig(Config):
+    """Routing, timeouts and load shedding of one gateway instance."""
+
+    domain: str = setting(
+        "galaxy.local",
+        "Host-header routing: {function}.{domain} goes to that function ('' turns it off)",
+        max_length=253,
+    )
+    request_timeout_s: float = setting(
+        300.0,
+        "the most a request may take, a scale from zero included (the request is held meanwhile)",
+        gt=0,
+        le=3600,
+    )
+    max_in_flight: int = setting(
+        10_000,
+        "requests proxied at once; more are shed with 503 and Retry-After",
+        ge=1,
+        le=1_000_000,
+    )
+    max_body_bytes: int = setting(
+        64 * 1024 * 1024, "largest request body accepted (413 above)", ge=1024
+    )
+    retry_after_s: int = setting(1, "Retry-After of a shed or unavailable answer", ge=0, le=3600)

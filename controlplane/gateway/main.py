@@ -1,0 +1,83 @@
+"""`galaxy serve gateway`: flags, and the process that serves HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+
+from aiohttp import web
+
+from controlplane.gateway.config import GatewayConfig
+from controlplane.gateway.proxy import Proxy
+from controlplane.runtime import config
+from controlplane.runtime.host import READY_PREFIX, watch_lifeline
+from controlplane.runtime.metrics import serve_metrics, watch_gc
+from controlplane.sdk.client import GalaxyClient
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Gateway flags (common ones are added by the CLI), from ``GatewayConfig``."""
+    config.add_arguments(p, GatewayConfig)
+
+
+def make_app(proxy: Proxy, cfg: GatewayConfig) -> web.Application:
+    """The aiohttp application: every path goes to the proxy's router."""
+    app = web.Application(client_max_size=cfg.max_body_bytes)
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    return app
+
+
+async def start(
+    cfg: GatewayConfig, controller: str, host: str, port: int
+) -> tuple[web.AppRunner, Proxy, str]:
+    """Start serving on host:port (0: any free port); returns the runner,
+    the proxy and the bound address."""
+    client = GalaxyClient(controller, timeout=cfg.request_timeout_s)
+    proxy = Proxy(client, cfg)
+    runner = web.AppRunner(make_app(proxy, cfg), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, proxy, f"{host}:{bound}"
+
+
+async def stop(runner: web.AppRunner, proxy: Proxy) -> None:
+    """Stop accepting, let requests in flight finish (bounded), close."""
+    await runner.cleanup()
+    await proxy.client.close()
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT or the lifeline closes."""
+    cfg = config.from_args(GatewayConfig, args)
+    host, port = args.listen.rsplit(":", 1)
+    runner, proxy, address = await start(cfg, args.controller, host, int(port))
+    if args.advertise_host:
+        address = f"{args.advertise_host}:{address.rsplit(':', 1)[1]}"
+    metrics = ""
+    if args.metrics_listen:
+        mhost, mport = args.metrics_listen.rsplit(":", 1)
+        metrics = serve_metrics(mhost, int(mport))
+        watch_gc()
+    stop_event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_event.set)
+    if args.lifeline:
+        watch_lifeline(stop_event)
+    ready = {"kind": "gateway", "id": args.id, "address": address, "http": address,
+             "metrics": metrics, "pid": os.getpid()}  # fmt: skip
+    print(READY_PREFIX + json.dumps(ready), flush=True)
+    log.info("gateway %s serving HTTP on %s (controller %s)", args.id, address, args.controller)
+    try:
+        await stop_event.wait()
+    finally:
+        await stop(runner, proxy)
+    return 0

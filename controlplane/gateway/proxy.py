@@ -1,0 +1,159 @@
+"""The gateway's request handler: route, get a slot, proxy, stream back,
+release. Errors become JSON answers with a status a client can act on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import grpc
+from aiohttp import web
+from prometheus_client import Counter, Gauge, Histogram
+
+from controlplane.gateway import routes
+from controlplane.gateway.config import GatewayConfig
+from controlplane.runtime.errors import GalaxyError
+from controlplane.sdk.client import GalaxyClient
+
+log = logging.getLogger(__name__)
+
+REQUESTS = Counter(
+    "galaxy_gateway_requests_total",
+    "Gateway requests by route kind and HTTP status",
+    ["route", "code"],
+)
+LATENCY = Histogram(
+    "galaxy_gateway_request_seconds",
+    "Gateway request time to the last byte, by route kind",
+    ["route"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 300),
+)
+IN_FLIGHT = Gauge("galaxy_gateway_in_flight", "Requests being proxied now")
+SHED = Counter("galaxy_gateway_shed_total", "Requests shed because the gateway was full")
+
+#: Hop-by-hop headers (RFC 9110 section 7.6.1) are not forwarded either way.
+HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE",
+        "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
+    )
+)  # fmt: skip
+
+#: gRPC status -> HTTP status of the gateway's answer.
+HTTP_OF: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.FAILED_PRECONDITION: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+}
+
+
+def error(status: int, message: str, cfg: GatewayConfig, kind: str = "") -> web.Response:
+    """A JSON error in the shape OpenAI clients read (``error.message``)."""
+    headers = {}
+    if status in (429, 503):
+        headers["Retry-After"] = str(cfg.retry_after_s)
+    body = {"error": {"message": message[:512], "code": status, "type": kind or "gateway_error"}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Proxy:
+    """The handler of every route, with the SDK client it dispatches through."""
+
+    def __init__(self, client: GalaxyClient, cfg: GatewayConfig) -> None:
+        self.client = client
+        self.cfg = cfg
+        self.in_flight = 0
+        self._models: tuple[float, list[dict[str, Any]]] = (0.0, [])
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Route, proxy and account for one request."""
+        start = time.perf_counter()
+        kind = "unrouted"
+        resp: web.StreamResponse
+        try:
+            r = routes.route(
+                request.path, request.query_string, request.headers.get("Host", ""), self.cfg.domain
+            )
+            kind = r.kind
+            if r.kind == "local":
+                resp = await self._local(request, r)
+            else:
+                resp = await self._proxied(request, r)
+        except routes.RouteError as e:
+            resp = error(e.status, str(e), self.cfg, "invalid_request_error")
+        except GalaxyError as e:
+            resp = error(HTTP_OF.get(e.code, 502), e.message, self.cfg, e.code.name.lower())
+        REQUESTS.labels(kind, str(resp.status)).inc()
+        LATENCY.labels(kind).observe(time.perf_counter() - start)
+        return resp
+
+    async def _proxied(self, request: web.Request, r: routes.Route) -> web.StreamResponse:
+        if self.in_flight >= self.cfg.max_in_flight:
+            SHED.inc()
+            return error(503, "gateway at capacity; retry", self.cfg, "overloaded")
+        if request.content_length and request.content_length > self.cfg.max_body_bytes:
+            return error(413, f"body: larger than {self.cfg.max_body_bytes} bytes", self.cfg)
+        body = await request.read()
+        if r.kind == "openai":
+            r = routes.openai_route(r, body)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        headers["X-Forwarded-Host"] = request.headers.get("Host", "")
+        self.in_flight += 1
+        IN_FLIGHT.inc()
+        try:
+            async with self.client.granted(r.function, r.path, body, headers, request.method) as (
+                addr,
+                upstream,
+            ):
+                if upstream is None:  # an emulated sandbox: no process to call
+                    return web.json_response(
+                        {"echo": body.decode("utf-8", "replace"), "emulated": addr.address}
+                    )
+                out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                for k, v in upstream.headers.items():
+                    if k.lower() not in HOP:
+                        out.headers.add(k, v)
+                out.headers["X-Galaxy-Instance"] = addr.instance_id
+                await out.prepare(request)
+                # Chunk by chunk as the instance produces them: streaming and
+                # server-sent events reach the client without buffering.
+                async for chunk in upstream.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+                return out
+        finally:
+            self.in_flight -= 1
+            IN_FLIGHT.dec()
+
+    async def _local(self, request: web.Request, r: routes.Route) -> web.StreamResponse:
+        if r.path in ("/v2/health/live", "/healthz"):
+            return web.json_response({"live": True})
+        if r.path == "/v2/health/ready":
+            try:
+                await self.client.refresh_membership()
+            except GalaxyError as e:
+                return error(503, f"control plane not reachable: {e.message}", self.cfg)
+            return web.json_response({"ready": True})
+        # /v1/models: OpenAI's list of models = the deployed functions.
+        now = time.monotonic()
+        if now - self._models[0] > 1.0:
+            fns = await self.client.list_functions()
+            self._models = (
+                now,
+                [
+                    {"id": f.name, "object": "model", "created": 0, "owned_by": "galaxy"}
+                    for f in fns
+                ],
+            )
+        return web.Response(
+            text=json.dumps({"object": "list", "data": self._models[1]}),
+            content_type="application/json",
+        )
