@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -49,6 +49,10 @@ class Instance:
         # (a conditional expression, not max(0, ...): a tenth of the cost)
         free = self.concurrency - self.in_flight
         return 0 if self.draining or free < 0 else free
+
+
+#: Request ids remembered per function for idempotent retries.
+REQUEST_IDS_MAX = 10_000
 
 
 class Grant(NamedTuple):
@@ -115,6 +119,11 @@ class FunctionRouter:
     _draining: int = field(default=0, init=False, repr=False, compare=False)
     #: requests in flight on ``instances`` (sum of ``in_flight``)
     _in_flight: int = field(default=0, init=False, repr=False, compare=False)
+    #: request id -> the grant it got, while its lease lives (bounded): a
+    #: retried request gets the same slot, not a second one
+    _by_request: OrderedDict[str, Grant] = field(
+        default_factory=OrderedDict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         for iid in self.instances:
@@ -123,6 +132,28 @@ class FunctionRouter:
         self._recount()
 
     # -- requests ---------------------------------------------------------
+
+    def granted_for(self, request_id: str) -> Grant | None:
+        """The grant an earlier request with this id got, if its lease is
+        still held (idempotent Dispatch: a retry gets the same lease)."""
+        if not request_id:
+            return None
+        g = self._by_request.get(request_id)
+        if g is None:
+            return None
+        if g.lease_id not in self.leases:
+            del self._by_request[request_id]  # released or expired: a new request
+            return None
+        return g
+
+    def remember(self, request_id: str, grant: Grant) -> None:
+        """Record the grant of a request id (the oldest are forgotten past
+        ``REQUEST_IDS_MAX``)."""
+        if not request_id:
+            return
+        self._by_request[request_id] = grant
+        if len(self._by_request) > REQUEST_IDS_MAX:
+            self._by_request.popitem(last=False)
 
     def acquire(self) -> Grant | None:
         """A slot on the least-loaded instance with room, if any (warm path).

@@ -216,8 +216,13 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self.ops["dispatch"] += 1
         spec = await self._spec(request.function)
         router = self._router(spec)
+        rid = request.request_id
+        grant = router.granted_for(rid)
+        if grant is not None:  # a retry of a request already served
+            return self._reply(grant, time.perf_counter() - start)
         grant = router.acquire()
         if grant is not None:
+            router.remember(rid, grant)
             return self._reply(grant, time.perf_counter() - start)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Grant] = loop.create_future()
@@ -246,6 +251,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             if not router.cancel(waiter) and fut.done() and not fut.exception():
                 self._wake(router.release(fut.result().lease_id)[1])
             raise
+        router.remember(rid, grant)
         return self._reply(grant, time.perf_counter() - start)
 
     async def _forward(
