@@ -83,8 +83,10 @@ class UpConfig:
     #: CPUs each control function process may use, by kind (like a pod's
     #: limits.cpu); a kind not named is unlimited.
     control_cpu_limits: dict[str, float] = field(default_factory=dict)
-    #: HTTP port of the gateway (0: any free port; -1: no gateway).
-    gateway_port: int = 8080
+    #: HTTP port of the gateway (0: any free port; -1: no gateway, the
+    #: default here: bench and calibrate runs do not use one; `galaxy up`
+    #: asks for 8080).
+    gateway_port: int = -1
 
 
 @dataclass
