@@ -8,7 +8,9 @@ call to the leader, so instances and clients may talk to any controller.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -35,6 +37,24 @@ log = logging.getLogger(__name__)
 
 # Deadline for controller -> instance pushes and status fan-out.
 PUSH_TIMEOUT_S = 2.0
+
+Handler = Callable[[Any, Any, Any], Awaitable[Any]]
+
+
+def leader_only(method: Handler) -> Handler:
+    """Run ``method`` on the leading controller: a follower forwards the
+    call to the leader and returns its answer (one rule for every RPC, so
+    a client or an instance may talk to any controller)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: ControllerServicer, request: Any, context: Any) -> Any:
+        forwarded = await self._forwarded(name, request, context)
+        if forwarded is not None:
+            return forwarded
+        return await method(self, request, context)
+
+    return wrapper
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
@@ -113,11 +133,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     # -- membership -------------------------------------------------------
 
+    @leader_only
     async def RegisterInstance(
         self, request: common_pb2.ControlInstance, context: grpc.aio.ServicerContext
     ) -> common_pb2.Membership:
-        if (fwd := await self._forwarded("RegisterInstance", request, context)) is not None:
-            return fwd  # type: ignore[no-any-return]
         if request.kind not in COORDINATE_STUBS:
             raise InvalidArgument(
                 f"kind: must be one of {', '.join(KIND_NAMES[k] for k in COORDINATE_STUBS)}"
@@ -139,11 +158,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self.coordinator.registered(request, reply)
         return reply
 
+    @leader_only
     async def DeregisterInstance(
         self, request: common_pb2.ControlInstance, context: grpc.aio.ServicerContext
     ) -> common_pb2.Membership:
-        if (fwd := await self._forwarded("DeregisterInstance", request, context)) is not None:
-            return fwd  # type: ignore[no-any-return]
         if self.registry.deregister(request.kind, request.id):
             log.info(
                 "deregistered %s %s (epoch %d)",
@@ -154,11 +172,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self.coordinator.mark_dirty()
         return self.registry.membership(request.kind)
 
+    @leader_only
     async def ReportLoad(
         self, request: controller_pb2.LoadReport, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ReportLoadReply:
-        if (fwd := await self._forwarded("ReportLoad", request, context)) is not None:
-            return fwd  # type: ignore[no-any-return]
         known = self.registry.report(
             request.instance.kind,
             request.instance.id,
@@ -168,11 +185,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         )
         return controller_pb2.ReportLoadReply(membership_stale=not known, epoch=self.registry.epoch)
 
+    @leader_only
     async def GetMembership(
         self, request: controller_pb2.GetMembershipRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.Membership:
-        if (fwd := await self._forwarded("GetMembership", request, context)) is not None:
-            return fwd  # type: ignore[no-any-return]
         return self.registry.membership()
 
     async def _coordinate(
@@ -182,11 +198,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     # -- functions --------------------------------------------------------
 
+    @leader_only
     async def DeployFunction(
         self, request: controller_pb2.DeployFunctionRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FunctionSpec:
-        if (fwd := await self._forwarded("DeployFunction", request, context)) is not None:
-            return fwd  # type: ignore[no-any-return]
         if not request.HasField("function"):
             raise InvalidArgument("function: required")
         stored = await self.functions.deploy(request.function)
@@ -194,27 +209,24 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         await self._notify_dispatch(common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED, stored.name)
         return stored
 
+    @leader_only
     async def GetFunction(
         self, request: controller_pb2.GetFunctionRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FunctionSpec:
-        if (fwd := await self._forwarded("GetFunction", request, context)) is not None:
-            return fwd  # type: ignore[no-any-return]
         if not request.name:
             raise InvalidArgument("name: required")
         return await self.functions.get(request.name)
 
+    @leader_only
     async def ListFunctions(
         self, request: controller_pb2.ListFunctionsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ListFunctionsReply:
-        if (fwd := await self._forwarded("ListFunctions", request, context)) is not None:
-            return fwd  # type: ignore[no-any-return]
         return controller_pb2.ListFunctionsReply(functions=await self.functions.list())
 
+    @leader_only
     async def DeleteFunction(
         self, request: controller_pb2.DeleteFunctionRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.DeleteFunctionReply:
-        if (fwd := await self._forwarded("DeleteFunction", request, context)) is not None:
-            return fwd  # type: ignore[no-any-return]
         if not request.name:
             raise InvalidArgument("name: required")
         await self.functions.delete(request.name)
@@ -251,11 +263,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             actuator=rc.actuator.name if rc is not None else "none",
         )
 
+    @leader_only
     async def GetClusterStatus(
         self, request: controller_pb2.GetClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ClusterStatus:
-        if (fwd := await self._forwarded("GetClusterStatus", request, context)) is not None:
-            return fwd  # type: ignore[no-any-return]
         out = controller_pb2.ClusterStatus(membership=self.registry.membership())
         out.controller.CopyFrom(self.info())
         if self.reconciler is not None:
