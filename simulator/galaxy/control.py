@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane.controller.registry import ControlRegistry
 from controlplane.runtime.membership import MembershipView
+from functions.clustermgr.forwarding import HeartbeatForwarding
 from functions.clustermgr.policy import NodeRegistry, Updated
 from functions.schedule.model import NodeInfo
 from functions.schedule.policy import PlacementPolicy
@@ -73,9 +74,12 @@ class ClusterMgrInst(ControlInst):
 
     kind = "clustermgr"
 
-    def __init__(self, iid: str, station: Station, registry: NodeRegistry) -> None:
+    def __init__(
+        self, iid: str, station: Station, registry: NodeRegistry, heartbeat_s: float
+    ) -> None:
         super().__init__(iid, station)
         self.registry = registry
+        self.forwarding = HeartbeatForwarding(heartbeat_s)
 
 
 class ControlPlane:
@@ -142,7 +146,7 @@ class ControlPlane:
             return ScheduleInst(iid, st, pol)
         if kind == "clustermgr":
             reg = NodeRegistry(dead_after_s=3 * self.cfg.heartbeat_s, clock=self.sim.clock)
-            return ClusterMgrInst(iid, st, reg)
+            return ClusterMgrInst(iid, st, reg, self.cfg.heartbeat_s)
         return DispatchInst(iid, st)
 
     def _register(self, inst: ControlInst) -> None:
@@ -308,11 +312,14 @@ class ControlPlane:
         out = cmf.registry.update(status)
         if out is Updated.UNKNOWN:
             cmf.registry.register(status)
+            out = Updated.CHANGED  # registered now: its status is news to the owner
         elif out is Updated.STALE:
             return
         rec = cmf.registry.get(status.node_id)
         sf = self.sfs.get(rec.owner) if rec is not None else None
-        if sf is not None:
+        # Production's rule (``HeartbeatForwarding``): changes at once, an
+        # unchanged status once per refresh period.
+        if sf is not None and cmf.forwarding.should_forward(status.node_id, out, self.sim.now):
             self._modnode(sf, status, None, info)
 
     def _modnode(
