@@ -7,19 +7,26 @@ module makes one from a store URL, backed by a WriteBehind queue.
 
 from __future__ import annotations
 
-import argparse
-
+from controlplane.runtime.config import Config, setting
 from statestore import StateStore, WriteBehind, open_store
 from statestore.leased import DEFAULT_RECORD_TTL_S, LeasedStore
 
 
-def add_state_argument(p: argparse.ArgumentParser) -> None:
-    """The --state flag shared by components that write records behind."""
-    p.add_argument(
-        "--state",
-        default="memory://",
-        help="state store for records written behind: memory:// (per process, the "
-        "embedded default) or etcd://host:port[,host:port]",
+class RecordsConfig(Config):
+    """Where a component writes its records, and how long they outlive it
+    (the base of the configs of components that write records)."""
+
+    state: str = setting(
+        "memory://",
+        "state store for records written behind: memory:// (per process, the embedded "
+        "default) or etcd://host:port[,host:port]",
+        max_length=1024,
+    )
+    record_ttl_s: float = setting(
+        DEFAULT_RECORD_TTL_S,
+        "lease of the records this process writes: they disappear this long after it dies",
+        gt=0,
+        le=3600,
     )
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from controlplane.runtime.config import Config, setting
-from statestore.leased import DEFAULT_RECORD_TTL_S
+from controlplane.runtime.config import setting
+from statestore.records import RecordsConfig
 
 
-class ClusterMgrConfig(Config):
+class ClusterMgrConfig(RecordsConfig):
     """Heartbeats and node liveness."""
 
     heartbeat_ms: float = setting(
@@ -18,18 +18,6 @@ class ClusterMgrConfig(Config):
         None,
         "a node silent this long is declared dead, milliseconds (default 3 x --heartbeat-ms)",
         gt=0,
-    )
-    state: str = setting(
-        "memory://",
-        "state store for records written behind: memory:// (per process, the embedded "
-        "default) or etcd://host:port[,host:port]",
-        max_length=1024,
-    )
-    record_ttl_s: float = setting(
-        DEFAULT_RECORD_TTL_S,
-        "lease of the records this process writes: they disappear this long after it dies",
-        gt=0,
-        le=3600,
     )
 
     @model_validator(mode="after")

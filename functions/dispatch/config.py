@@ -5,11 +5,11 @@ model read them from here). The function autoscaler's flags are in
 
 from __future__ import annotations
 
-from controlplane.runtime.config import Config, setting
-from statestore.leased import DEFAULT_RECORD_TTL_S
+from controlplane.runtime.config import setting
+from statestore.records import RecordsConfig
 
 
-class DispatchConfig(Config):
+class DispatchConfig(RecordsConfig):
     """Leases, queues and spilling."""
 
     lease_ttl_ms: int = setting(
@@ -20,18 +20,6 @@ class DispatchConfig(Config):
     )
     max_spill: int = setting(
         2, "Schedule instances tried after the owner when it has no room", ge=0, le=64
-    )
-    state: str = setting(
-        "memory://",
-        "state store for records written behind: memory:// (per process, the embedded "
-        "default) or etcd://host:port[,host:port]",
-        max_length=1024,
-    )
-    record_ttl_s: float = setting(
-        DEFAULT_RECORD_TTL_S,
-        "lease of the records this process writes: they disappear this long after it dies",
-        gt=0,
-        le=3600,
     )
 
 
