@@ -98,6 +98,8 @@ class Child:
     log_path: Path
     ready: dict[str, Any] = field(default_factory=dict)
     cgroup: Path | None = None
+    #: the command that started it (a restart runs it again)
+    cmd: list[str] = field(default_factory=list)
 
 
 class Supervisor:
@@ -149,7 +151,7 @@ class Supervisor:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=logf,
             )
-        child = Child(name, proc, log_path)
+        child = Child(name, proc, log_path, cmd=list(cmd))
         self.children.append(child)
         cpus = self.cfg.control_cpu_limits.get(name.split("-")[0])
         if cpus:
@@ -273,20 +275,6 @@ class Supervisor:
                     return alive
                 # Registration happens in other processes; poll a few times a second.
                 await asyncio.sleep(0.1)
-
-    async def watch(self, stop: asyncio.Event) -> str | None:
-        """Wait for stop or for a child to die; returns why we stopped."""
-        waits = {asyncio.ensure_future(c.proc.wait()): c for c in self.children}
-        stopper = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait([stopper, *waits], return_when=asyncio.FIRST_COMPLETED)
-        for w in waits:
-            w.cancel()
-        stopper.cancel()
-        for fut in done:
-            if fut in waits:
-                c = waits[fut]
-                return f"{c.name} exited with code {c.proc.returncode}; see {c.log_path}"
-        return None
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop children, node agents first and the controller last."""

@@ -23,6 +23,8 @@ from typing import Any
 import grpc
 
 from controlplane.bench.cli import add_subparser as add_bench_subparser
+from controlplane.launch.restart import RestartPolicy
+from controlplane.launch.supervise import supervise
 from controlplane.launch.up import (
     Supervisor,
     UpConfig,
@@ -32,6 +34,7 @@ from controlplane.launch.up import (
 )
 from controlplane.runtime.config import ConfigError
 from controlplane.runtime.errors import GalaxyError
+from controlplane.runtime.metrics import serve_metrics
 from controlplane.tools.calls import (
     cmd_delete,
     cmd_deploy,
@@ -102,7 +105,9 @@ async def cmd_up(args: argparse.Namespace) -> int:
         endpoints = await sup.start()
         alive = await sup.wait_nodes_registered()
         print_endpoints(endpoints, alive)
-        why = await sup.watch(stop)
+        metrics = serve_metrics(cfg.host, 0)
+        print(f"  supervisor     restarts at http://{metrics}/metrics", flush=True)
+        why = await supervise(sup, stop, RestartPolicy())
     except RuntimeError as e:
         await sup.stop()
         raise CliError(str(e)) from None

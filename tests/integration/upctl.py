@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -91,6 +92,27 @@ class GalaxyUp:
                 break
         else:
             raise AssertionError("galaxy up not ready:\n" + "".join(self.output))
+
+    def wait_line(self, text: str, timeout: float = 60) -> str:
+        """Read the supervisor's output until a line containing text."""
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            # The supervisor prints whole lines and flushes: wait for one.
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            if not ready:
+                break
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError("galaxy up exited:\n" + "".join(self.output))
+            self.output.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no line with {text!r} within {timeout}s:\n" + "".join(self.output))
+
+    def reload_endpoints(self) -> None:
+        """Read endpoints.json again (a restarted child has a new pid)."""
+        self.endpoints = json.loads((self.run_dir / "endpoints.json").read_text())
 
     @property
     def controller(self) -> str:
