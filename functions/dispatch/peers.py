@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 SCHEDULE_SLACK_S = 5.0
 
 
+#: Outcomes of a Schedule call after which the next Schedule instance is
+#: tried. Not DEADLINE_EXCEEDED: that placement may still be under way.
+SPILL_ON = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
+
+
 class Peers:
     """Outbound RPCs of one Dispatch instance."""
 
@@ -58,8 +63,10 @@ class Peers:
         """Start an instance through the first Schedule instance with room.
 
         schedulers is the spill order (owner first); at most 1 + max_spill
-        are tried, moving on only on RESOURCE_EXHAUSTED. Raises a GalaxyError
-        whose status tells the waiters what to do.
+        are tried, moving on when one has no room (RESOURCE_EXHAUSTED) or
+        cannot be reached (UNAVAILABLE: a crashed or scaled-in instance the
+        membership still lists). Raises a GalaxyError whose status tells the
+        waiters what to do.
         """
         start = time.perf_counter()
         req = schedule_pb2.ScheduleRequest(
@@ -79,7 +86,7 @@ class Peers:
             except grpc.aio.AioRpcError as e:
                 reasons.append(f"schedule {sched.id}: {e.details()}")
                 code = e.code()
-                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                if code in SPILL_ON:
                     continue  # spill to the next-highest Schedule instance
                 break
             metrics.COLD_START_LATENCY.observe(time.perf_counter() - start)
