@@ -61,8 +61,11 @@ def parse_workload(spec: str, seed: int) -> wl.Workload:
         except ValueError:
             raise SpecError(f"workload option {key}: must be a number") from None
 
-    if kind == "azure2019" or Path(spec).is_dir():
-        folder = Path(spec) if Path(spec).is_dir() else traces.AZURE_2019
+    if Path(spec).is_dir():  # a folder whose name holds ':' (no options then)
+        kind, o = spec, {}
+    if kind == "azure2019" or Path(kind).is_dir():
+        # azure2019[:opts] is the shipped sample; DIR[:opts] is any folder
+        folder = Path(kind) if Path(kind).is_dir() else traces.AZURE_2019
         minutes = int(f("minutes", 0)) or None
         w = traces.azure2019(folder, seed=seed, minutes=minutes, spread=o.pop("spread", "uniform"))
     elif kind == "azure2021":

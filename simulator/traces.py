@@ -51,6 +51,64 @@ def _rows(path: Path) -> list[dict[str, str]]:
         raise TraceError(f"cannot read trace {path}: {e.strerror}") from None
 
 
+#: File names of the three tables: the In-Vitro sample's, then the
+#: published dataset's (one file per day: the first day found is read).
+_FILES = {
+    "invocations": ("invocations.csv", "invocations_per_function_md.anon.d*.csv"),
+    "durations": ("durations.csv", "function_durations_percentiles.anon.d*.csv"),
+    "memory": ("memory.csv", "app_memory_percentiles.anon.d*.csv"),
+}
+
+
+def _find(folder: Path, table: str) -> Path:
+    for pattern in _FILES[table]:
+        found = sorted(folder.glob(pattern))
+        if found:
+            return found[0]
+    raise TraceError(f"{folder}: no {table} file (looked for {', '.join(_FILES[table])})")
+
+
+def _key_columns(path: Path, row: dict[str, str]) -> list[str]:
+    """HashOwner, HashApp and, when the file has it, HashFunction."""
+    for col in ("HashOwner", "HashApp"):
+        if col not in row:
+            raise TraceError(f"{path}: column {col!r} is missing")
+    return ["HashOwner", "HashApp"] + (["HashFunction"] if "HashFunction" in row else [])
+
+
+def _minute_columns(path: Path, row: dict[str, str]) -> list[str]:
+    """The per-minute count columns, named ``1..1440`` or ``minute_1..``."""
+    cols = [c for c in row if c.isdigit()]
+    if not cols:
+        cols = [c for c in row if c.startswith("minute_") and c[7:].isdigit()]
+    if not cols:
+        raise TraceError(
+            f"{path}: no minute columns (expected columns named 1..1440 or minute_1..minute_1440)"
+        )
+    return cols
+
+
+def _count(path: Path, row: dict[str, str], col: str) -> int:
+    try:
+        return int(row[col] or 0)
+    except ValueError:
+        raise TraceError(f"{path}: column {col!r} holds {row[col][:20]!r}, not a count") from None
+
+
+def _index(path: Path, keys: list[str], needed: list[str]) -> dict[tuple[str, ...], dict[str, str]]:
+    """Rows by function key (or by app, for per-app files)."""
+    rows = _rows(path)
+    if not rows:
+        raise TraceError(f"{path} has no rows")
+    for col in needed:
+        if col not in rows[0]:
+            raise TraceError(f"{path}: column {col!r} is missing")
+    have = [k for k in keys if k in rows[0]]
+    if have[:2] != ["HashOwner", "HashApp"]:
+        raise TraceError(f"{path}: columns 'HashOwner' and 'HashApp' are required")
+    return {tuple(r[k] for k in have): r for r in rows}
+
+
 def azure2019(
     folder: Path = AZURE_2019,
     *,
@@ -64,26 +122,31 @@ def azure2019(
     ``minutes`` minutes, default all)."""
     if spread not in ("uniform", "even"):
         raise TraceError(f"spread must be 'uniform' or 'even', got {spread!r}")
-    inv = _rows(folder / "invocations.csv")
-    durs = {
-        (r["HashOwner"], r["HashApp"], r["HashFunction"]): r
-        for r in _rows(folder / "durations.csv")
-    }
-    mem = {
-        (r["HashOwner"], r["HashApp"], r["HashFunction"]): r for r in _rows(folder / "memory.csv")
-    }
+    inv_path = _find(folder, "invocations")
+    inv = _rows(inv_path)
     if not inv:
-        raise TraceError(f"{folder}/invocations.csv has no rows")
-    cols = [c for c in inv[0] if c.isdigit()]
-    cols = cols[:minutes] if minutes else cols
-    counts = np.array([[int(r[c]) for c in cols] for r in inv], dtype=np.int64)
+        raise TraceError(f"{inv_path} has no rows")
+    keys = _key_columns(inv_path, inv[0])
+    minute_cols = _minute_columns(inv_path, inv[0])
+    dur_path, mem_path = _find(folder, "durations"), _find(folder, "memory")
+    durs = _index(dur_path, keys, [f"percentile_Average_{p}" for p in PCT_COLS])
+    mem = _index(mem_path, keys, ["AverageAllocatedMb"])
+    cols = minute_cols[:minutes] if minutes else minute_cols
+    counts = np.array([[_count(inv_path, r, c) for c in cols] for r in inv], dtype=np.int64)
+    if int(counts.sum()) == 0:
+        raise TraceError(
+            f"{inv_path}: no invocations in the {len(cols)} minutes read (columns "
+            f"{cols[0]}..{cols[-1]}): a table of zeros is not a workload"
+        )
     pct = np.empty((len(inv), len(PCTS)))
     fdefs = []
     for i, r in enumerate(inv):
-        key = (r["HashOwner"], r["HashApp"], r["HashFunction"])
-        d, m = durs.get(key), mem.get(key)
+        key = tuple(r[k] for k in keys)
+        d = durs.get(key)
+        m = mem.get(key) or mem.get(key[:2])  # per-app memory files
         if d is None or m is None:
-            raise TraceError(f"{folder}: function {key[2][:12]} lacks durations or memory")
+            which = dur_path if d is None else mem_path
+            raise TraceError(f"{which}: no row for function {'/'.join(k[:12] for k in key)}")
         pct[i] = [float(d[f"percentile_Average_{p}"]) / 1000.0 for p in PCT_COLS]
         mb = max(1, math.ceil(float(m["AverageAllocatedMb"])))
         fd = FunctionDef(
