@@ -39,6 +39,9 @@ MAX_ENV_VALUE_BYTES = 16 * 1024
 MAX_PATH_BYTES = 4096
 # Ids and opaque tokens clients pass back (request ids, lease ids).
 MAX_ID_BYTES = 256
+# Leases one Dispatch request may return (the SDK sends those released since
+# its previous Dispatch to that owner: about its concurrency).
+MAX_RELEASES = 10_000
 # Characters of user input an error message quotes.
 QUOTE_CHARS = 32
 
@@ -180,6 +183,25 @@ def check_spec(spec: common_pb2.FunctionSpec) -> None:
             f"readiness_path: must start with '/', got {short(spec.readiness_path)}"
         )
     check_range("startup_timeout_ms", spec.startup_timeout_ms, 0, STARTUP_TIMEOUT_MS_MAX)
+
+
+def check_dispatch(request: Any) -> None:
+    """A DispatchRequest: function name, request id, piggybacked releases."""
+    check_name("function", request.function)
+    check_id("request_id", request.request_id)
+    if len(request.releases) > MAX_RELEASES:
+        raise InvalidArgument(
+            f"releases: at most {MAX_RELEASES} per request, got {len(request.releases)}"
+        )
+    for i, rel in enumerate(request.releases):
+        check_release(rel, prefix=f"releases[{i}].", required=False)
+
+
+def check_release(request: Any, *, prefix: str = "", required: bool = True) -> None:
+    """A ReleaseRequest: a bounded lease id and, when given, a function name."""
+    check_id(prefix + "lease_id", request.lease_id, required=required)
+    if request.function:
+        check_name(prefix + "function", request.function)
 
 
 def check_function_count(existing: int, limit: int) -> None:
