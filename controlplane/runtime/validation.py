@@ -140,11 +140,9 @@ def check_spec(spec: common_pb2.FunctionSpec) -> None:
     """Every rule for a FunctionSpec, from YAML or straight from the API.
 
     Zero values of concurrency, max_scale and startup_timeout_ms mean "the
-    default" (``spec.with_defaults`` fills them in).
+    default" (``spec.with_defaults`` fills them in). Counts are checked before
+    the elements they count, so the work done is bounded by the limits.
     """
-    size = spec.ByteSize()
-    if size > MAX_SPEC_BYTES:
-        raise InvalidArgument(f"function: spec is {size} bytes, at most {MAX_SPEC_BYTES} allowed")
     check_name("name", spec.name)
     if not spec.command:
         raise InvalidArgument("command: required (the program and its arguments)")
@@ -183,6 +181,10 @@ def check_spec(spec: common_pb2.FunctionSpec) -> None:
             f"readiness_path: must start with '/', got {short(spec.readiness_path)}"
         )
     check_range("startup_timeout_ms", spec.startup_timeout_ms, 0, STARTUP_TIMEOUT_MS_MAX)
+    # Last: each field is within its own bound, so this catches only their sum.
+    size = spec.ByteSize()
+    if size > MAX_SPEC_BYTES:
+        raise InvalidArgument(f"function: spec is {size} bytes, at most {MAX_SPEC_BYTES} allowed")
 
 
 def check_dispatch(request: Any) -> None:
