@@ -31,9 +31,7 @@ class ThreadedCluster:
         self.dispatch = self.run(self.cluster.add("dispatch", "dispatch-0")).address
         self.controller = self.cluster.controller
         # Default options on purpose: an ordinary client, 4 MiB receive limit.
-        self.channels = {
-            a: grpc.insecure_channel(a) for a in (self.controller, self.dispatch)
-        }
+        self.channels = {a: grpc.insecure_channel(a) for a in (self.controller, self.dispatch)}
         self.ctl = controller_pb2_grpc.ControllerStub(self.channels[self.controller])
         self.dsp = dispatch_pb2_grpc.DispatchStub(self.channels[self.dispatch])
 

@@ -17,6 +17,10 @@ def _spec(name: str = "fn", **kw: object) -> common_pb2.FunctionSpec:
     return common_pb2.FunctionSpec(name=name, **kw)  # type: ignore[arg-type]
 
 
+def _delete(c: ThreadedCluster, name: str) -> None:
+    c.ctl.DeleteFunction(controller_pb2.DeleteFunctionRequest(name=name), timeout=10)
+
+
 def _deploy_error(c: ThreadedCluster, spec: common_pb2.FunctionSpec) -> grpc.RpcError:
     before = c.functions()
     with pytest.raises(grpc.RpcError) as e:
@@ -116,13 +120,13 @@ def test_the_function_count_is_bounded(tcluster: ThreadedCluster) -> None:
             controller_pb2.DeployFunctionRequest(function=_spec("count-a", min_scale=0)),
             timeout=10,
         )
-        tcluster.ctl.DeleteFunction(controller_pb2.DeleteFunctionRequest(name="count-a"), timeout=10)
+        _delete(tcluster, "count-a")
         tcluster.ctl.DeployFunction(
             controller_pb2.DeployFunctionRequest(function=_spec("count-b")), timeout=10
         )
     finally:
         store.max_functions = saved
-        tcluster.ctl.DeleteFunction(controller_pb2.DeleteFunctionRequest(name="count-b"), timeout=10)
+        _delete(tcluster, "count-b")
 
 
 def test_message_size_limits_are_explicit_on_both_sides() -> None:
