@@ -116,17 +116,6 @@ def check_range(field: str, value: int, lo: int, hi: int) -> int:
     return value
 
 
-def check_enum(field: str, value: int, enum: Any, *, allow_unspecified: bool = False) -> int:
-    """value is a defined member of the proto enum wrapper ``enum``.
-
-    Proto3 enums are open: a peer can send any integer, so the server checks.
-    """
-    if value not in enum.values() or (value == 0 and not allow_unspecified):
-        names = ", ".join(n for n, v in enum.items() if v or allow_unspecified)
-        raise InvalidArgument(f"{field}: must be one of {names}, got {short(value)}")
-    return value
-
-
 def _check_text(field: str, value: str, max_bytes: int) -> None:
     n = len(value.encode())
     if n > max_bytes:
