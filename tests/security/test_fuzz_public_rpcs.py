@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from controlplane.runtime import validation
@@ -48,30 +48,50 @@ u32 = st.one_of(
 )
 # Valid min_scale > 0 would start instances; the interest here is refusals.
 min_scales = st.one_of(st.just(0), st.integers(validation.SCALE_MAX + 1, U32))
-envs = st.dictionaries(texts, texts, max_size=6) | st.dictionaries(
-    st.text("ABCDEFGH", min_size=1, max_size=8), st.just("v"), min_size=120, max_size=140
-)
+envs = st.dictionaries(texts, texts, max_size=6) | st.lists(
+    st.integers(0, 10**6), unique=True, min_size=120, max_size=140
+).map(lambda ks: {f"K{k}": "v" for k in ks})
 commands = st.lists(texts, max_size=4) | st.lists(st.just("x"), min_size=250, max_size=300)
+
+
+FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "name": names,
+    "command": commands,
+    "workdir": st.one_of(st.just(""), st.just("/tmp"), texts),
+    "env": envs,
+    "concurrency": u32,
+    "min_scale": min_scales,
+    "max_scale": u32,
+    "readiness_path": st.one_of(st.just(""), st.just("/healthz"), texts),
+    "startup_timeout_ms": u32,
+    "version": st.integers(0, 2**64 - 1),
+}
+RESOURCES = ("cpu_millis", "memory_mib", "gpus")
 
 
 @st.composite
 def specs(draw: Callable[..., Any]) -> common_pb2.FunctionSpec:
-    spec = common_pb2.FunctionSpec(
-        name=draw(names),
-        command=draw(commands),
-        workdir=draw(st.one_of(st.just(""), st.just("/tmp"), texts)),
-        env=draw(envs),
-        concurrency=draw(u32),
-        min_scale=draw(min_scales),
-        max_scale=draw(u32),
-        readiness_path=draw(st.one_of(st.just(""), st.just("/healthz"), texts)),
-        startup_timeout_ms=draw(u32),
-        version=draw(st.integers(0, 2**64 - 1)),
-    )
+    """Either every field random, or a valid spec with one field random (so
+    each rule is reached on its own, and some deploys succeed)."""
     if draw(st.booleans()):
-        spec.resources.cpu_millis = draw(u32)
-        spec.resources.memory_mib = draw(u32)
-        spec.resources.gpus = draw(u32)
+        spec = common_pb2.FunctionSpec(**{f: draw(s) for f, s in FIELDS.items()})
+        if draw(st.booleans()):
+            for r in RESOURCES:
+                setattr(spec.resources, r, draw(u32))
+        return spec
+    spec = common_pb2.FunctionSpec(
+        name=draw(st.from_regex(validation.NAME_RE, fullmatch=True)),
+        command=["python3", "-c", "pass"],
+    )
+    field = draw(st.sampled_from([*FIELDS, *RESOURCES]))
+    if field in RESOURCES:
+        setattr(spec.resources, field, draw(u32))
+    elif field == "env":
+        spec.env.update(draw(envs))
+    elif field == "command":
+        spec.command[:] = draw(commands)
+    else:
+        setattr(spec, field, draw(FIELDS[field]))
     return spec
 
 
@@ -96,6 +116,7 @@ def _call(c: ThreadedCluster, rpc: Callable[[], Any]) -> grpc.StatusCode:
         code = e.code()
         assert code not in BAD, f"{code}: {e.details()[:300]}"
         assert len(e.details().encode()) < 1024, "error message too long"
+    event(f"status {code.name}")
     after = c.functions()  # the controller still answers
     if code != grpc.StatusCode.OK:
         assert after == before, "a refused call changed the stored functions"
