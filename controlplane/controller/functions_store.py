@@ -11,8 +11,12 @@ the store; a controller taking over leadership fills it from the store.
 
 from __future__ import annotations
 
+import asyncio
+
 from controlplane.runtime import spec as specs
+from controlplane.runtime import validation
 from controlplane.runtime.errors import NotFound, Unavailable
+from controlplane.runtime.validation import short
 from galaxy.v1 import common_pb2
 from statestore import StateStore, StoreUnavailable
 
@@ -20,10 +24,19 @@ PREFIX = "/galaxy/functions/"
 
 
 class FunctionStore:
-    """Function specs keyed by name, versioned by the store's revision."""
+    """Function specs keyed by name, versioned by the store's revision.
 
-    def __init__(self, store: StateStore) -> None:
+    max_functions bounds how many functions the cluster holds (a deploy of a
+    new name beyond it is RESOURCE_EXHAUSTED), which also bounds the size of
+    a listing (see validation.MAX_MESSAGE_BYTES).
+    """
+
+    def __init__(
+        self, store: StateStore, max_functions: int = validation.MAX_FUNCTIONS_DEFAULT
+    ) -> None:
         self.store = store
+        self.max_functions = max_functions
+        self._deploying = asyncio.Lock()
         self._cache: dict[str, common_pb2.FunctionSpec] = {}
         # True once the whole prefix has been read: the cache is then a full
         # (possibly slightly stale) listing, good enough while the store is down.
@@ -33,10 +46,16 @@ class FunctionStore:
         """Validate, fill defaults, write durably; returns the stored spec."""
         stored = specs.with_defaults(spec)
         stored.version = 0
-        try:
-            rev = await self.store.put(PREFIX + stored.name, stored.SerializeToString())
-        except StoreUnavailable as e:
-            raise Unavailable(f"state store unavailable, function not deployed: {e}") from e
+        # One deploy at a time, so two new names cannot both take the last place.
+        async with self._deploying:
+            if not self._complete:
+                await self.list()  # fills the cache with every stored function
+            if stored.name not in self._cache:
+                validation.check_function_count(len(self._cache), self.max_functions)
+            try:
+                rev = await self.store.put(PREFIX + stored.name, stored.SerializeToString())
+            except StoreUnavailable as e:
+                raise Unavailable(f"state store unavailable, function not deployed: {e}") from e
         stored.version = rev
         self._cache[stored.name] = _copy(stored)
         return stored
@@ -51,7 +70,9 @@ class FunctionStore:
         except StoreUnavailable as e:
             raise Unavailable(f"state store unavailable: {e}") from e
         if kv is None:
-            raise NotFound(f"function {name!r} not found; deploy it with `galaxy deploy -f SPEC`")
+            raise NotFound(
+                f"function {short(name)} not found; deploy it with `galaxy deploy -f SPEC`"
+            )
         spec = _decode(kv.value, kv.version)
         self._cache[name] = spec
         return _copy(spec)
@@ -77,7 +98,7 @@ class FunctionStore:
             raise Unavailable(f"state store unavailable, function not deleted: {e}") from e
         self._cache.pop(name, None)
         if not deleted:
-            raise NotFound(f"function {name!r} not found")
+            raise NotFound(f"function {short(name)} not found")
 
 
 def _decode(value: bytes, version: int) -> common_pb2.FunctionSpec:

@@ -20,6 +20,7 @@ from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry
 from controlplane.controller.scaling import KINDS, KindLimits, ScalingConfig
 from controlplane.controller.service import ControllerServicer
+from controlplane.runtime import validation
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.rpc import ChannelPool
 from galaxy.v1 import common_pb2, controller_pb2_grpc
@@ -41,6 +42,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--state",
         default="memory://",
         help="state store URL: memory:// (embedded, default) or etcd://host:port[,host:port]",
+    )
+    p.add_argument(
+        "--max-functions",
+        type=int,
+        default=validation.MAX_FUNCTIONS_DEFAULT,
+        help="functions the cluster may hold (bounds listings; see docs/security.md)",
     )
     g = p.add_argument_group("control function scaling (see docs/controller.md)")
     g.add_argument(
@@ -243,7 +250,7 @@ class ControllerComponent:
         )
         self.servicer = ControllerServicer(
             registry,
-            FunctionStore(self.store),
+            FunctionStore(self.store, max_functions=a.max_functions),
             pool,
             coordinator=coordinator,
             reconciler=self.reconciler,

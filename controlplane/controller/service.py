@@ -20,7 +20,7 @@ from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.leader import LeaderElector
 from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import ControlRegistry
-from controlplane.runtime import rpc
+from controlplane.runtime import rpc, validation
 from controlplane.runtime.errors import InvalidArgument, Unavailable
 from controlplane.runtime.membership import KIND_NAMES
 from galaxy.v1 import (
@@ -144,7 +144,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         if not request.id:
             raise InvalidArgument("id: required")
         if not request.address or ":" not in request.address:
-            raise InvalidArgument(f"address: must be host:port, got {request.address!r}")
+            raise InvalidArgument(
+                f"address: must be host:port, got {validation.short(request.address)}"
+            )
         changed = self.registry.register(request)
         reply = self.registry.membership(request.kind)
         if changed:
@@ -204,6 +206,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     ) -> common_pb2.FunctionSpec:
         if not request.HasField("function"):
             raise InvalidArgument("function: required")
+        # The CLI checked the same rules; the server is the guard.
+        validation.check_spec(request.function)
         stored = await self.functions.deploy(request.function)
         log.info("deployed function %s (version %d)", stored.name, stored.version)
         await self._notify_dispatch(common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED, stored.name)
@@ -213,8 +217,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def GetFunction(
         self, request: controller_pb2.GetFunctionRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FunctionSpec:
-        if not request.name:
-            raise InvalidArgument("name: required")
+        validation.check_name("name", request.name)
         return await self.functions.get(request.name)
 
     @leader_only
@@ -227,8 +230,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def DeleteFunction(
         self, request: controller_pb2.DeleteFunctionRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.DeleteFunctionReply:
-        if not request.name:
-            raise InvalidArgument("name: required")
+        validation.check_name("name", request.name)
         await self.functions.delete(request.name)
         log.info("deleted function %s", request.name)
         await self._notify_dispatch(common_pb2.CoordinateAction.KIND_FUNCTION_DELETED, request.name)

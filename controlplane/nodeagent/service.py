@@ -22,6 +22,7 @@ from controlplane.nodeagent.sandbox import Sandbox, SandboxBackend, describe_exi
 from controlplane.runtime import rpc
 from controlplane.runtime.errors import GalaxyError, InvalidArgument, NotFound, Unavailable
 from controlplane.runtime.metrics import INSTANCES
+from controlplane.runtime.validation import short
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc, nodeagent_pb2, nodeagent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         """The node with that id, or NotFound."""
         node = self.nodes.get(node_id)
         if node is None:
-            raise NotFound(f"node {node_id!r} is not served by this node agent")
+            raise NotFound(f"node {short(node_id)} is not served by this node agent")
         return node
 
     def heartbeat_status(self, node_id: str) -> common_pb2.NodeStatus:
@@ -213,7 +214,9 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
                 f"function.command must not be empty: the {self.backend.kind} sandbox runs it"
             )
         if fn.workdir and not os.path.isabs(fn.workdir):
-            raise InvalidArgument(f"function.workdir must be an absolute path, got {fn.workdir!r}")
+            raise InvalidArgument(
+                f"function.workdir must be an absolute path, got {short(fn.workdir)}"
+            )
 
     async def _start(self, node: Node, inst: _Instance) -> None:
         t0 = time.perf_counter()

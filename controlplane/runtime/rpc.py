@@ -19,17 +19,26 @@ from grpc_reflection.v1alpha import reflection
 
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
+from controlplane.runtime.validation import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
 # Deadline applied to an outgoing RPC whose caller did not choose one.
 DEFAULT_TIMEOUT_S = 10.0
 
-# Keepalive so a dead peer is noticed; large messages for status listings.
+# Message size limits, set explicitly in both directions on every server and
+# channel (gRPC's defaults differ by side: 4 MiB in, unlimited out), so a
+# peer can neither send nor be sent more than MAX_MESSAGE_BYTES; the
+# controller bounds its largest answer below it (docs/security.md).
+_SIZE_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+# Keepalive so a dead peer is noticed.
 _CHANNEL_OPTIONS = [
+    *_SIZE_OPTIONS,
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.enable_http_proxy", 0),
     # Peers start in any order; gRPC's default reconnect backoff (1 s, growing
     # to 120 s) would leave a component waiting long after its peer is up.
@@ -38,7 +47,7 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 _SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    *_SIZE_OPTIONS,
     ("grpc.so_reuseport", 0),
 ]
 
@@ -48,7 +57,10 @@ class _ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
 
     A GalaxyError becomes its status and message. Any other exception is
     logged with its traceback here and answered as INTERNAL with a short
-    message, so a client never sees a Python traceback.
+    message, so a client never sees a Python traceback. A request that does
+    not decode as its message type is INVALID_ARGUMENT: gRPC would run the
+    deserializer before any handler and answer UNKNOWN with a logged
+    traceback, so the deserializer is wrapped to hand the handler a marker.
     """
 
     async def intercept_service(
@@ -69,6 +81,9 @@ class _ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
+                if isinstance(request, _Undecodable):
+                    code = grpc.StatusCode.INVALID_ARGUMENT
+                    await context.abort(code, f"request: {request.reason}")
                 return await inner(request, context)
             except GalaxyError as e:
                 code = e.code
@@ -89,9 +104,35 @@ class _ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=_tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes did not decode."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """deserialize, answering _Undecodable instead of raising on bad bytes."""
+    if deserialize is None:
+        return None
+
+    def run(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as e:  # DecodeError, or anything a parser raises on garbage
+            return _Undecodable(
+                f"{len(data)} bytes do not decode as the method's request message "
+                f"({type(e).__name__})"
+            )
+
+    return run
 
 
 def create_server(

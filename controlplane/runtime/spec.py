@@ -6,23 +6,24 @@ controller (authoritative: it never stores an invalid spec).
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from controlplane.runtime import validation
 from controlplane.runtime.errors import InvalidArgument
+from controlplane.runtime.validation import NAME_RE, key, short
 from galaxy.v1 import common_pb2
 
-NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+__all__ = ["NAME_RE", "from_dict", "load_file", "validate", "with_defaults"]
 # Defaults a user would expect from a serverless platform.
 DEFAULT_CONCURRENCY = 1
 DEFAULT_MAX_SCALE = 10
 DEFAULT_CPU_MILLIS = 100
 DEFAULT_MEMORY_MIB = 128
 DEFAULT_STARTUP_TIMEOUT_MS = 30_000
-MAX_STARTUP_TIMEOUT_MS = 600_000
+MAX_STARTUP_TIMEOUT_MS = validation.STARTUP_TIMEOUT_MS_MAX
 
 _TOP_FIELDS = {
     "name",
@@ -42,7 +43,7 @@ _RES_FIELDS = {"cpu_millis", "memory_mib", "gpus"}
 def _int(doc: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int) -> int:
     v = doc.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise InvalidArgument(f"{path}: must be an integer, got {v!r}")
+        raise InvalidArgument(f"{path}: must be an integer, got {short(v)}")
     if not lo <= v <= hi:
         raise InvalidArgument(f"{path}: must be between {lo} and {hi}, got {v}")
     return v
@@ -57,10 +58,10 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
     """
     if not isinstance(doc, dict):
         raise InvalidArgument("spec: must be a mapping with at least 'name' and 'command'")
-    unknown = sorted(set(doc) - _TOP_FIELDS)
+    unknown = sorted((str(k) for k in set(doc) - _TOP_FIELDS), key=str)
     if unknown:
         raise InvalidArgument(
-            f"{unknown[0]}: unknown field (allowed: {', '.join(sorted(_TOP_FIELDS))})"
+            f"{key(unknown[0])}: unknown field (allowed: {', '.join(sorted(_TOP_FIELDS))})"
         )
     spec = common_pb2.FunctionSpec()
     name = doc.get("name")
@@ -84,26 +85,28 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
         raise InvalidArgument("env: must be a mapping of NAME: value")
     for k, v in env.items():
         if not isinstance(k, str) or not isinstance(v, str | int | float):
-            raise InvalidArgument(f"env.{k}: values must be strings")
+            raise InvalidArgument(f"env.{key(k)}: keys and values must be strings")
         spec.env[k] = str(v)
     res = doc.get("resources", {}) or {}
     if not isinstance(res, dict):
         raise InvalidArgument("resources: must be a mapping (cpu_millis, memory_mib, gpus)")
-    bad = sorted(set(res) - _RES_FIELDS)
+    bad = sorted(str(k) for k in set(res) - _RES_FIELDS)
     if bad:
         raise InvalidArgument(
-            f"resources.{bad[0]}: unknown field (allowed: cpu_millis, memory_mib, gpus)"
+            f"resources.{key(bad[0])}: unknown field (allowed: cpu_millis, memory_mib, gpus)"
         )
     spec.resources.cpu_millis = _int(
-        res, "cpu_millis", "resources.cpu_millis", DEFAULT_CPU_MILLIS, 0, 1_000_000
+        res, "cpu_millis", "resources.cpu_millis", DEFAULT_CPU_MILLIS, 0, validation.CPU_MILLIS_MAX
     )
     spec.resources.memory_mib = _int(
-        res, "memory_mib", "resources.memory_mib", DEFAULT_MEMORY_MIB, 0, 16_777_216
+        res, "memory_mib", "resources.memory_mib", DEFAULT_MEMORY_MIB, 0, validation.MEMORY_MIB_MAX
     )
-    spec.resources.gpus = _int(res, "gpus", "resources.gpus", 0, 0, 64)
-    spec.concurrency = _int(doc, "concurrency", "concurrency", DEFAULT_CONCURRENCY, 1, 100_000)
-    spec.min_scale = _int(doc, "min_scale", "min_scale", 0, 0, 100_000)
-    spec.max_scale = _int(doc, "max_scale", "max_scale", DEFAULT_MAX_SCALE, 1, 100_000)
+    spec.resources.gpus = _int(res, "gpus", "resources.gpus", 0, 0, validation.GPUS_MAX)
+    spec.concurrency = _int(
+        doc, "concurrency", "concurrency", DEFAULT_CONCURRENCY, 1, validation.CONCURRENCY_MAX
+    )
+    spec.min_scale = _int(doc, "min_scale", "min_scale", 0, 0, validation.SCALE_MAX)
+    spec.max_scale = _int(doc, "max_scale", "max_scale", DEFAULT_MAX_SCALE, 1, validation.SCALE_MAX)
     rp = doc.get("readiness_path", "")
     if not isinstance(rp, str):
         raise InvalidArgument("readiness_path: must be a string like /healthz")
@@ -135,32 +138,13 @@ def load_file(path: str | Path) -> common_pb2.FunctionSpec:
 
 
 def validate(spec: common_pb2.FunctionSpec) -> None:
-    """Check a spec (from YAML or straight from the gRPC API).
+    """Check a spec (from YAML or straight from the gRPC API); the rules are
+    those of ``validation.check_spec``.
 
     Zero values from proto3 mean "unset" only where a default is safe
     (concurrency, max_scale, startup_timeout_ms are filled by ``with_defaults``).
     """
-    if not spec.name:
-        raise InvalidArgument("name: required")
-    if not NAME_RE.match(spec.name):
-        raise InvalidArgument(
-            f"name: {spec.name!r} must be 1-63 lowercase letters, digits or '-', "
-            "starting with a letter and not ending with '-'"
-        )
-    if not spec.command:
-        raise InvalidArgument("command: required (the program and its arguments)")
-    if any(not c for c in spec.command[:1]):
-        raise InvalidArgument("command[0]: must not be empty")
-    if spec.workdir and not os.path.isabs(spec.workdir):
-        raise InvalidArgument(f"workdir: must be an absolute path, got {spec.workdir!r}")
-    if spec.readiness_path and not spec.readiness_path.startswith("/"):
-        raise InvalidArgument(f"readiness_path: must start with '/', got {spec.readiness_path!r}")
-    if spec.max_scale and spec.min_scale > spec.max_scale:
-        raise InvalidArgument(
-            f"min_scale: {spec.min_scale} is larger than max_scale {spec.max_scale}"
-        )
-    if spec.startup_timeout_ms > MAX_STARTUP_TIMEOUT_MS:
-        raise InvalidArgument(f"startup_timeout_ms: at most {MAX_STARTUP_TIMEOUT_MS}")
+    validation.check_spec(spec)
 
 
 def with_defaults(spec: common_pb2.FunctionSpec) -> common_pb2.FunctionSpec:

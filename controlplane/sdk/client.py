@@ -34,6 +34,7 @@ from controlplane.runtime.errors import (
     from_rpc_error,
 )
 from controlplane.runtime.membership import MembershipView
+from controlplane.runtime.validation import short
 from controlplane.sdk.http import HttpPool, NotSent
 from controlplane.sdk.retry import Backoff
 from galaxy.v1 import (
@@ -175,7 +176,7 @@ class GalaxyClient:
             req.releases.extend(self._take_pending(target.address))
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise DeadlineExceeded(f"dispatch {function[:64]!r}: deadline exceeded")
+                raise DeadlineExceeded(f"dispatch {short(function)}: deadline exceeded")
             try:
                 async with self.pool.stub(target.address, dispatch_pb2_grpc.DispatchStub) as s:
                     return await s.Dispatch(req, timeout=remaining)  # type: ignore[no-any-return]

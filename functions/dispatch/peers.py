@@ -19,6 +19,7 @@ from controlplane.runtime.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from controlplane.runtime.validation import short
 from functions.dispatch.config import DEFAULTS
 from galaxy.v1 import (
     common_pb2,
@@ -63,10 +64,12 @@ class Peers:
         """Start an instance through the first Schedule instance with room.
 
         schedulers is the spill order (owner first); at most 1 + max_spill
-        are tried, moving on when one has no room (RESOURCE_EXHAUSTED) or
-        cannot be reached (UNAVAILABLE: a crashed or scaled-in instance the
-        membership still lists). Raises a GalaxyError whose status tells the
-        waiters what to do.
+        are tried, moving on when one has no room (RESOURCE_EXHAUSTED), cannot
+        be reached (UNAVAILABLE: a crashed or scaled-in instance the
+        membership still lists) or says the spec is too big for its
+        partition's nodes (FAILED_PRECONDITION). Raises a GalaxyError whose
+        status tells the waiters what to do: FAILED_PRECONDITION only when
+        every partition tried said the spec can never fit.
         """
         start = time.perf_counter()
         req = schedule_pb2.ScheduleRequest(
@@ -75,6 +78,7 @@ class Peers:
         reasons: list[str] = []
         code = grpc.StatusCode.RESOURCE_EXHAUSTED
         candidates = schedulers[: 1 + self.max_spill]
+        never = 0
         if not candidates:
             reasons.append("no Schedule instance is registered yet")
             code = grpc.StatusCode.UNAVAILABLE
@@ -86,13 +90,18 @@ class Peers:
             except grpc.aio.AioRpcError as e:
                 reasons.append(f"schedule {sched.id}: {e.details()}")
                 code = e.code()
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    never += 1  # too big for that partition; another may have larger nodes
+                    continue
                 if code in SPILL_ON:
                     continue  # spill to the next-highest Schedule instance
                 break
             metrics.COLD_START_LATENCY.observe(time.perf_counter() - start)
             info: common_pb2.InstanceInfo = reply.instance
             return info
-        msg = f"cannot start an instance of {spec.name!r}: " + "; ".join(reasons)
+        if code == grpc.StatusCode.FAILED_PRECONDITION and never < len(reasons):
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED  # some partition may fit it later
+        msg = f"cannot start an instance of {short(spec.name)}: " + "; ".join(reasons)
         log.warning(msg)
         err: GalaxyError
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from controlplane.runtime import metrics, rpc
+from controlplane.runtime import metrics, rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.errors import (
     DeadlineExceeded,
@@ -144,10 +144,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 fut.set_result(spec)
             except grpc.aio.AioRpcError as e:
                 err: Exception = (
-                    NotFound(e.details() or f"function {name!r} not found")
+                    NotFound(e.details() or f"function {validation.short(name)} not found")
                     if e.code() == grpc.StatusCode.NOT_FOUND
                     else Unavailable(
-                        f"cannot get the spec of {name!r} from the controller: {e.details()}"
+                        f"cannot get the spec of {validation.short(name)} from the controller: "
+                        f"{e.details()}"
                     )
                 )
                 fut.set_exception(err)
@@ -196,8 +197,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
     async def Dispatch(
         self, request: dispatch_pb2.DispatchRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb2.InstanceAddr:
-        if not request.function:
-            raise InvalidArgument("function: required")
+        validation.check_dispatch(request)
         for rel in request.releases:
             # Piggybacked releases first: the slot they free may serve this request.
             if rel.lease_id and rel.function:
@@ -241,7 +241,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         except TimeoutError:
             if router.cancel(waiter):
                 raise DeadlineExceeded(
-                    f"no instance of {request.function!r} became free within "
+                    f"no instance of {validation.short(request.function)} became free within "
                     f"{timeout:.2f}s ({router.pending} starting, "
                     f"{router.live_count()}/{router.max_scale} running); retry later"
                 ) from None
@@ -277,8 +277,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
     async def Release(
         self, request: dispatch_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb2.ReleaseReply:
-        if not request.lease_id:
-            raise InvalidArgument("lease_id: required")
+        validation.check_release(request)
         fn = request.function or request.lease_id.split(":", 1)[-1].rsplit("/", 1)[0]
         owner = self._owner(fn)
         if owner is not None and not request.forwarded:

@@ -42,9 +42,14 @@ class ProbeNodes:
 
 @dataclass(frozen=True)
 class NoFit:
-    """Step: no node in the partition fits; ``reason`` is for the caller."""
+    """Step: no node in the partition fits; ``reason`` is for the caller.
+
+    permanent: no node of the partition could hold it even empty (the spec
+    asks for more than any node has), so waiting or retrying will not help.
+    """
 
     reason: str
+    permanent: bool = False
 
 
 @dataclass

@@ -424,4 +424,6 @@ class PlacementPolicy:
         )
         if pl.excluded:
             tail += f"; {len(pl.excluded)} candidates were full or unreachable when tried"
+        if not any(pl.need.fits_in(n.info.capacity) for n in self._nodes.values()):
+            return NoFit(f"{head}: larger than any node's capacity ({tail})", permanent=True)
         return NoFit(f"{head}: {tail}")

@@ -15,7 +15,12 @@ import grpc
 
 from controlplane.runtime import rpc
 from controlplane.runtime.clock import Clock, MonotonicClock
-from controlplane.runtime.errors import InvalidArgument, ResourceExhausted, Unavailable
+from controlplane.runtime.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.metrics import NODES, PROBE_ROUND_TRIP, PROBES, SCHEDULING_LATENCY
 from controlplane.runtime.resources import Res
@@ -246,6 +251,8 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
             while True:
                 step = self.policy.advance(pl)
                 if isinstance(step, NoFit):
+                    if step.permanent:  # README: cannot fit on any node
+                        raise FailedPrecondition(step.reason)
                     raise ResourceExhausted(step.reason)
                 if isinstance(step, ProbeNodes):
                     await self._probe(pl, step)

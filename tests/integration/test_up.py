@@ -148,13 +148,14 @@ def test_unknown_function_is_not_found(up):
     assert asyncio.run(go()) == grpc.StatusCode.NOT_FOUND
 
 
-def test_no_node_fits_is_resource_exhausted(up, tmp_path):
+def test_a_spec_larger_than_any_node_is_failed_precondition(up, tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text("name: big\ncommand: [python3, -c, 'pass']\nresources: {cpu_millis: 64000}\n")
     assert up.cli("deploy", "-f", str(big)).returncode == 0
     r = invoke(up, "big", "x")
     assert r.returncode == 1
-    assert "RESOURCE_EXHAUSTED" in r.stderr, r.stderr
+    # Retrying cannot help (README): not RESOURCE_EXHAUSTED, which means "full now".
+    assert "FAILED_PRECONDITION" in r.stderr, r.stderr
 
 
 def test_concurrent_cold_requests_share_one_scale_up(up, tmp_path):

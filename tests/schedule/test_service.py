@@ -193,6 +193,21 @@ async def test_places_on_fitting_nodes_until_full(make_stack) -> None:
     assert st.policy.stats.placements == 12 and st.policy.stats.rejections == 0
 
 
+async def test_a_spec_larger_than_every_node_is_failed_precondition(make_stack) -> None:
+    st = await make_stack()
+    for need in (spec("huge", cpu=8000), spec("gpus", cpu=100, gpus=2)):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await st.sf.Schedule(req(f"i-{need.name}", need), timeout=5)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+        assert "larger than any node's capacity" in e.value.details()
+    # Larger than what is free now but not than a node: retry later.
+    r = await st.sf.Schedule(req("fits-later", spec(cpu=4000)), timeout=5)
+    assert r.instance.node_id == "big"
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await st.sf.Schedule(req("full-now", spec(cpu=4000)), timeout=5)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 @pytest.mark.parametrize(
     ("request_", "field_"),
     [

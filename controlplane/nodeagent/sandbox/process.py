@@ -21,6 +21,7 @@ from typing import BinaryIO
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
 from controlplane.runtime.errors import Unavailable
 from controlplane.runtime.procs import wait_exit
+from controlplane.runtime.validation import short
 from galaxy.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def _cannot_run(command: str, env: dict[str, str], cwd: str | None) -> str | Non
         ok = os.path.isfile(path) and os.access(path, os.X_OK)
     else:
         ok = shutil.which(command, path=env.get("PATH")) is not None
-    return None if ok else f"{command!r} is not found or not executable on this node"
+    return None if ok else f"{short(command)} is not found or not executable on this node"
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -327,7 +328,7 @@ class ProcessBackend(SandboxBackend):
                 )
             except (OSError, subprocess.SubprocessError) as e:
                 raise Unavailable(
-                    f"cannot run {spec.command[0]!r} for instance {instance_id}: {e}"
+                    f"cannot run {short(spec.command[0])} for instance {instance_id}: {e}"
                 ) from None
         sb = ProcessSandbox(self, node_id, instance_id, proc, port, stderr_path, on_exit)
         self._live.add(sb)

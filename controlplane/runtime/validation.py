@@ -1,0 +1,204 @@
+"""Input validation: the one set of rules for everything a user sends.
+
+The CLI applies these rules before sending (a convenience: faster, friendlier
+errors) and every public RPC applies them again on the server (the guard: a
+client in another language, or a hand-made message, gets the same answer).
+Every check raises InvalidArgument whose message names the field and the
+rule, and quotes at most a short prefix of the offending input (``short``),
+so an error about a 100 KiB name is itself small.
+
+Pure functions and constants, no I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from controlplane.runtime.errors import InvalidArgument, ResourceExhausted
+from galaxy.v1 import common_pb2
+
+# -- limits (documented in docs/security.md, "Input validation") -------------
+
+# Largest gRPC message any Galaxy server or channel sends or receives, both
+# directions (runtime/rpc.py). It must hold the largest listing the
+# controller answers: MAX_FUNCTIONS_DEFAULT specs of MAX_SPEC_BYTES each, plus
+# cluster status; test_validation checks that budget.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A serialized FunctionSpec (everything a user sends in one deploy).
+MAX_SPEC_BYTES = 64 * 1024
+# Functions stored in one cluster (the controller's --max-functions default).
+MAX_FUNCTIONS_DEFAULT = 500
+MAX_NAME_LEN = 63
+MAX_COMMAND_ARGS = 256
+MAX_ARG_BYTES = 16 * 1024
+MAX_ENV_ENTRIES = 128
+MAX_ENV_KEY_BYTES = 256
+MAX_ENV_VALUE_BYTES = 16 * 1024
+MAX_PATH_BYTES = 4096
+# Ids and opaque tokens clients pass back (request ids, lease ids).
+MAX_ID_BYTES = 256
+# Leases one Dispatch request may return (the SDK sends those released since
+# its previous Dispatch to that owner: about its concurrency).
+MAX_RELEASES = 10_000
+# Characters of user input an error message quotes.
+QUOTE_CHARS = 32
+
+# Inclusive ranges of the numeric spec fields. Proto3 zero means "default"
+# where with_defaults fills one (concurrency, max_scale, startup_timeout_ms).
+CPU_MILLIS_MAX = 1_000_000
+MEMORY_MIB_MAX = 16_777_216
+GPUS_MAX = 64
+CONCURRENCY_MAX = 100_000
+SCALE_MAX = 100_000
+STARTUP_TIMEOUT_MS_MAX = 600_000
+
+NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+NAME_RULE = (
+    "must be a DNS-1123 label: 1-63 lowercase letters, digits or '-', "
+    "starting with a letter and not ending with '-'"
+)
+# Environment variable names: no '=' (it ends the name) and no NUL.
+_ENV_KEY_RE = re.compile(r"^[^=\x00]+$")
+_PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def short(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """A repr of at most ``limit`` characters of value, with '…' if cut.
+
+    The one way error messages quote user input: enough to recognise it,
+    never enough to make an answer large.
+    """
+    if isinstance(value, bytes | str) and len(value) > limit:
+        return repr(value[:limit]) + "…"
+    text = repr(value)
+    return text if len(text) <= limit + 2 else text[: limit + 2] + "…"
+
+
+def key(value: Any) -> str:
+    """A user-chosen key as part of a field path (``env.KEY``): as is when
+    short plain text, else quoted by ``short``."""
+    if isinstance(value, str) and len(value) <= QUOTE_CHARS and _PLAIN_KEY_RE.match(value):
+        return value
+    return short(value)
+
+
+def check_name(field: str, name: str) -> str:
+    """A DNS-1123 label (function names), or InvalidArgument naming field."""
+    if not name:
+        raise InvalidArgument(f"{field}: required")
+    if len(name) > MAX_NAME_LEN:
+        raise InvalidArgument(f"{field}: at most {MAX_NAME_LEN} characters, got {len(name)}")
+    if not NAME_RE.match(name):
+        raise InvalidArgument(f"{field}: {NAME_RULE}, got {short(name)}")
+    return name
+
+
+def check_id(field: str, value: str, *, required: bool = False) -> str:
+    """A client-chosen id or token: bounded length, printable, no NUL."""
+    if not value:
+        if required:
+            raise InvalidArgument(f"{field}: required")
+        return value
+    if len(value.encode()) > MAX_ID_BYTES:
+        raise InvalidArgument(f"{field}: at most {MAX_ID_BYTES} bytes, got {len(value.encode())}")
+    if not value.isprintable():
+        raise InvalidArgument(f"{field}: must be printable text, got {short(value)}")
+    return value
+
+
+def check_range(field: str, value: int, lo: int, hi: int) -> int:
+    """lo <= value <= hi, or InvalidArgument naming field and range."""
+    if not lo <= value <= hi:
+        hint = " (a negative number sent as unsigned?)" if value > 2**31 else ""
+        raise InvalidArgument(f"{field}: must be between {lo} and {hi}, got {value}{hint}")
+    return value
+
+
+def _check_text(field: str, value: str, max_bytes: int) -> None:
+    n = len(value.encode())
+    if n > max_bytes:
+        raise InvalidArgument(f"{field}: at most {max_bytes} bytes, got {n}")
+    if "\x00" in value:
+        # execve cannot pass a NUL; refuse here rather than fail on a node.
+        raise InvalidArgument(f"{field}: must not contain NUL characters")
+
+
+def check_spec(spec: common_pb2.FunctionSpec) -> None:
+    """Every rule for a FunctionSpec, from YAML or straight from the API.
+
+    Zero values of concurrency, max_scale and startup_timeout_ms mean "the
+    default" (``spec.with_defaults`` fills them in). Counts are checked before
+    the elements they count, so the work done is bounded by the limits.
+    """
+    check_name("name", spec.name)
+    if not spec.command:
+        raise InvalidArgument("command: required (the program and its arguments)")
+    if len(spec.command) > MAX_COMMAND_ARGS:
+        raise InvalidArgument(
+            f"command: at most {MAX_COMMAND_ARGS} arguments, got {len(spec.command)}"
+        )
+    if not spec.command[0]:
+        raise InvalidArgument("command[0]: must not be empty")
+    for i, arg in enumerate(spec.command):
+        _check_text(f"command[{i}]", arg, MAX_ARG_BYTES)
+    _check_text("workdir", spec.workdir, MAX_PATH_BYTES)
+    if spec.workdir and not os.path.isabs(spec.workdir):
+        raise InvalidArgument(f"workdir: must be an absolute path, got {short(spec.workdir)}")
+    if len(spec.env) > MAX_ENV_ENTRIES:
+        raise InvalidArgument(f"env: at most {MAX_ENV_ENTRIES} entries, got {len(spec.env)}")
+    for k in sorted(spec.env):
+        _check_text(f"env key {key(k)}", k, MAX_ENV_KEY_BYTES)
+        if not _ENV_KEY_RE.match(k):
+            raise InvalidArgument(f"env key {key(k)}: must be non-empty and contain no '='")
+        _check_text(f"env.{key(k)}", spec.env[k], MAX_ENV_VALUE_BYTES)
+    r = spec.resources
+    check_range("resources.cpu_millis", r.cpu_millis, 0, CPU_MILLIS_MAX)
+    check_range("resources.memory_mib", r.memory_mib, 0, MEMORY_MIB_MAX)
+    check_range("resources.gpus", r.gpus, 0, GPUS_MAX)
+    check_range("concurrency", spec.concurrency, 0, CONCURRENCY_MAX)
+    check_range("min_scale", spec.min_scale, 0, SCALE_MAX)
+    check_range("max_scale", spec.max_scale, 0, SCALE_MAX)
+    if spec.max_scale and spec.min_scale > spec.max_scale:
+        raise InvalidArgument(
+            f"min_scale: {spec.min_scale} is larger than max_scale {spec.max_scale}"
+        )
+    _check_text("readiness_path", spec.readiness_path, MAX_PATH_BYTES)
+    if spec.readiness_path and not spec.readiness_path.startswith("/"):
+        raise InvalidArgument(
+            f"readiness_path: must start with '/', got {short(spec.readiness_path)}"
+        )
+    check_range("startup_timeout_ms", spec.startup_timeout_ms, 0, STARTUP_TIMEOUT_MS_MAX)
+    # Last: each field is within its own bound, so this catches only their sum.
+    size = spec.ByteSize()
+    if size > MAX_SPEC_BYTES:
+        raise InvalidArgument(f"function: spec is {size} bytes, at most {MAX_SPEC_BYTES} allowed")
+
+
+def check_dispatch(request: Any) -> None:
+    """A DispatchRequest: function name, request id, piggybacked releases."""
+    check_name("function", request.function)
+    check_id("request_id", request.request_id)
+    if len(request.releases) > MAX_RELEASES:
+        raise InvalidArgument(
+            f"releases: at most {MAX_RELEASES} per request, got {len(request.releases)}"
+        )
+    for i, rel in enumerate(request.releases):
+        check_release(rel, prefix=f"releases[{i}].", required=False)
+
+
+def check_release(request: Any, *, prefix: str = "", required: bool = True) -> None:
+    """A ReleaseRequest: a bounded lease id and, when given, a function name."""
+    check_id(prefix + "lease_id", request.lease_id, required=required)
+    if request.function:
+        check_name(prefix + "function", request.function)
+
+
+def check_function_count(existing: int, limit: int) -> None:
+    """A new function fits under the cluster's bound, else RESOURCE_EXHAUSTED."""
+    if existing >= limit:
+        raise ResourceExhausted(
+            f"functions: the cluster holds {existing} functions, at most {limit} "
+            "allowed (controller --max-functions); delete one first"
+        )
