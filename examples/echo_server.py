@@ -1,8 +1,10 @@
 """A tiny function instance for Galaxy: an HTTP echo server (stdlib only).
 
-Listens on 127.0.0.1:$PORT (the node agent sets PORT).
+Listens on $HOST:$PORT (the node agent sets both: HOST is the node's
+address, so clients on other hosts can call it; HOST defaults to 127.0.0.1).
   GET  /healthz   -> 200 "ok" (readiness)
-  POST <any path> -> 200 {"echo": <body as text>, "pid": <pid>, "instance": $GALAXY_INSTANCE_ID}
+  POST <any path> -> 200 {"echo": <body as text>, "pid": <pid>, "instance": $GALAXY_INSTANCE_ID,
+                          "function": $GALAXY_FUNCTION, "node": $GALAXY_NODE_ID}
 Exits cleanly (status 0) on SIGTERM or SIGINT.
 
 Run by hand: PORT=8080 python examples/echo_server.py
@@ -15,17 +17,27 @@ import json
 import os
 import signal
 import socket
+import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 INSTANCE = os.environ.get("GALAXY_INSTANCE_ID", "")
 FUNCTION = os.environ.get("GALAXY_FUNCTION", "")
+NODE = os.environ.get("GALAXY_NODE_ID", "")
 
 
 class Server(ThreadingHTTPServer):
     # The stdlib's backlog of 5 refuses a burst of new connections.
     request_queue_size = 128
     daemon_threads = True
+    # An IPv6 node address needs an IPv6 socket.
+    address_family = socket.AF_INET6 if ":" in os.environ.get("HOST", "") else socket.AF_INET
+
+    def server_bind(self) -> None:
+        # http.server looks the bound address up in DNS (getfqdn) only to
+        # name itself; where no resolver answers that stalls start-up 10 s.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -57,6 +69,7 @@ class Handler(BaseHTTPRequestHandler):
             "pid": os.getpid(),
             "instance": INSTANCE,
             "function": FUNCTION,
+            "node": NODE,
         }
         self._send(200, json.dumps(reply).encode(), "application/json")
 
@@ -65,13 +78,14 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
+    host = os.environ.get("HOST", "127.0.0.1")
     port = int(os.environ.get("PORT", "8080"))
     # Block the stop signals before any thread starts: every thread inherits
     # the mask, so only the main thread's sigwait receives them, and no signal
     # handler ever interrupts request handling halfway.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    server = Server(("127.0.0.1", port), Handler)
+    server = Server((host, port), Handler)
     server.daemon_threads = True
     serving = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     serving.start()

@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import socketserver
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,6 +49,14 @@ class Server(ThreadingHTTPServer):
     # The stdlib's backlog of 5 refuses a burst of new connections.
     request_queue_size = 128
     daemon_threads = True
+    # An IPv6 node address needs an IPv6 socket.
+    address_family = socket.AF_INET6 if ":" in os.environ.get("HOST", "") else socket.AF_INET
+
+    def server_bind(self) -> None:
+        # http.server looks the bound address up in DNS (getfqdn) only to
+        # name itself; where no resolver answers that stalls start-up 10 s.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.proxy import Proxy
-from controlplane.runtime import config
+from controlplane.runtime import config, netaddr
 from controlplane.runtime.host import READY_PREFIX, watch_lifeline
 from controlplane.runtime.metrics import serve_metrics, watch_gc
 from controlplane.sdk.client import GalaxyClient
@@ -45,7 +45,7 @@ async def start(
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, proxy, f"{host}:{bound}"
+    return runner, proxy, netaddr.join_host_port(host, bound)
 
 
 async def stop(runner: web.AppRunner, proxy: Proxy) -> None:
@@ -57,14 +57,15 @@ async def stop(runner: web.AppRunner, proxy: Proxy) -> None:
 async def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT or the lifeline closes."""
     cfg = config.from_args(GatewayConfig, args)
-    host, port = args.listen.rsplit(":", 1)
-    runner, proxy, address = await start(cfg, args.controller, host, int(port))
-    if args.advertise_host:
-        address = f"{args.advertise_host}:{address.rsplit(':', 1)[1]}"
+    host, port = netaddr.split_host_port(args.listen)
+    runner, proxy, bound = await start(cfg, args.controller, host, port)
+    address = netaddr.join_host_port(
+        netaddr.advertised_host(host, args.advertise_host), netaddr.split_host_port(bound)[1]
+    )
     metrics = ""
     if args.metrics_listen:
-        mhost, mport = args.metrics_listen.rsplit(":", 1)
-        metrics = serve_metrics(mhost, int(mport))
+        mhost, mport = netaddr.split_host_port(args.metrics_listen)
+        metrics = serve_metrics(mhost, mport)
         watch_gc()
     stop_event = asyncio.Event()
     loop = asyncio.get_running_loop()

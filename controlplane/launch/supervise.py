@@ -20,6 +20,7 @@ from prometheus_client import Counter
 
 from controlplane.launch.restart import RestartPolicy
 from controlplane.launch.up import ENDPOINTS_FILE, Child, Supervisor
+from controlplane.runtime import netaddr
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,8 @@ def _pinned(child: Child) -> list[str]:
     cmd = list(child.cmd)
     if child.name == "controller" and "--listen" in cmd and child.ready.get("address"):
         i = cmd.index("--listen") + 1
-        host = cmd[i].rsplit(":", 1)[0]
-        cmd[i] = f"{host}:{child.ready['address'].rsplit(':', 1)[1]}"
+        host, _ = netaddr.split_host_port(cmd[i])
+        cmd[i] = netaddr.join_host_port(host, netaddr.split_host_port(child.ready["address"])[1])
     return cmd
 
 
@@ -77,7 +78,7 @@ async def supervise(sup: Supervisor, stop: asyncio.Event, policy: RestartPolicy)
                 return None
             sup.children.remove(child)
             try:
-                new = await sup._spawn(child.name, _pinned(child))
+                new = await sup.spawn(child.name, _pinned(child))
             except RuntimeError as e:
                 log.warning("%s did not come back: %s", child.name, e)
                 # Counts as a quick death: the next round backs off further.

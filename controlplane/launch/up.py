@@ -140,7 +140,12 @@ class Supervisor:
             out += ["--min-instances", f"{kind}={max(1, getattr(cfg, kind))}"]
         return out + list(cfg.controller_args)
 
-    async def _spawn(self, name: str, cmd: list[str]) -> Child:
+    async def spawn(self, name: str, cmd: list[str]) -> Child:
+        """Start one supervised child from its command line and wait for its
+        ready line (raises RuntimeError naming the log if it never comes).
+
+        The command may wrap ``galaxy serve`` (e.g. ``ip netns exec NS ...``,
+        which execs it, so the PID is the component's own)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         # Opening a local log file does not block the loop in any way that matters.
@@ -186,7 +191,7 @@ class Supervisor:
         """Start everything; returns the endpoints (also written to endpoints.json)."""
         cfg = self.cfg
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        ctl = await self._spawn(
+        ctl = await self.spawn(
             "controller",
             self._serve_cmd(
                 "controller", "controller-0", "--state", cfg.state, *self._controller_args()
@@ -205,16 +210,14 @@ class Supervisor:
                     extra.append("--no-probe-cache")
                 if kind in ("dispatch", "clustermgr"):
                     extra += ["--state", cfg.state]
-                jobs.append(
-                    self._spawn(f"{kind}-{i}", self._serve_cmd(kind, f"{kind}-{i}", *extra))
-                )
+                jobs.append(self.spawn(f"{kind}-{i}", self._serve_cmd(kind, f"{kind}-{i}", *extra)))
         await asyncio.gather(*jobs)
         per = cfg.nodes_per_agent or (1 if cfg.sandbox == "process" else 105)
         jobs = []
         for a, first in enumerate(range(0, cfg.nodes, per)):
             count = min(per, cfg.nodes - first)
             jobs.append(
-                self._spawn(
+                self.spawn(
                     f"agent-{a}",
                     self._serve_cmd(
                         "nodeagent",
@@ -245,7 +248,7 @@ class Supervisor:
             cmd = self._serve_cmd("gateway", "gateway-0", "--controller", caddr)
             # serve_command listens on any port; the gateway has a known one.
             cmd[cmd.index("--listen") + 1] = f"{cfg.host}:{cfg.gateway_port}"
-            await self._spawn("gateway-0", cmd)
+            await self.spawn("gateway-0", cmd)
         endpoints = self.endpoints()
         (cfg.run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints, indent=2))
         return endpoints
@@ -261,8 +264,9 @@ class Supervisor:
             out["components"].append({"name": c.name, **c.ready, "log": str(c.log_path)})
         return out
 
-    async def wait_nodes_registered(self, timeout_s: float = 60.0) -> int:
-        """Wait until ClusterMgr reports every node alive; returns the count."""
+    async def wait_nodes_registered(self, timeout_s: float = 60.0, count: int | None = None) -> int:
+        """Wait until ClusterMgr reports count nodes alive (default: every
+        node this supervisor started); returns the number alive."""
         from controlplane.sdk.client import GalaxyClient
 
         loop = asyncio.get_running_loop()
@@ -271,7 +275,7 @@ class Supervisor:
             while True:
                 st = await c.status()
                 alive = sum(1 for n in st.nodes if n.alive)
-                if alive >= self.cfg.nodes or loop.time() > end:
+                if alive >= (self.cfg.nodes if count is None else count) or loop.time() > end:
                     return alive
                 # Registration happens in other processes; poll a few times a second.
                 await asyncio.sleep(0.1)

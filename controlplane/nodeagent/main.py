@@ -20,6 +20,7 @@ from controlplane.nodeagent.sandbox import (
 )
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
 from controlplane.runtime.host import HostContext
+from controlplane.runtime.netaddr import split_host_port
 from controlplane.runtime.resources import Res
 from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
 
@@ -95,6 +96,9 @@ class NodeAgentComponent:
         return [(nodeagent_pb2_grpc.add_NodeAgentServicer_to_server, self.servicer, SERVICE_NAME)]
 
     async def start(self, ctx: HostContext) -> None:
+        # Instances listen on the node's own address (the one this agent
+        # advertises), never loopback: clients on other hosts call them.
+        self.servicer.backend.host = split_host_port(ctx.address)[0]
         self.servicer.attach(ctx.address, ctx.pool)
         ids = list(self.servicer.nodes)
         ctx.extra["nodes"] = ids

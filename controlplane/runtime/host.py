@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from controlplane.runtime import loadreport, rpc
+from controlplane.runtime import loadreport, netaddr, rpc
 from controlplane.runtime.membership import KIND_NAMES
 from controlplane.runtime.metrics import serve_metrics, watch_gc
 from galaxy.v1 import common_pb2, controller_pb2_grpc
@@ -203,14 +203,12 @@ async def serve(
     """
     pool = pool or rpc.ChannelPool()
     server, port, health_servicer = rpc.create_server(listen, component.services())
-    host = advertise_host or listen.rsplit(":", 1)[0] or "127.0.0.1"
-    if host in ("0.0.0.0", "[::]", "::"):
-        host = "127.0.0.1"
-    address = f"{host}:{port}"
+    listen_host, _ = netaddr.split_host_port(listen)
+    address = netaddr.join_host_port(netaddr.advertised_host(listen_host, advertise_host), port)
     metrics_address = ""
     if metrics_listen:
-        mhost, mport = metrics_listen.rsplit(":", 1)
-        metrics_address = serve_metrics(mhost, int(mport))
+        mhost, mport = netaddr.split_host_port(metrics_listen)
+        metrics_address = serve_metrics(mhost, mport)
         watch_gc()
     ctx = HostContext(instance_id, address, metrics_address, controller, pool)
     await server.start()

@@ -8,10 +8,17 @@ base units (seconds), ``_total`` for counters.
 from __future__ import annotations
 
 import gc
+import socket
+import socketserver
+import threading
 import time
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from controlplane.runtime.netaddr import join_host_port
 
 # Latency buckets from 100 us to 10 s: dispatch is sub-millisecond when warm,
 # a process cold start is ~100 ms, a model load can take seconds.
@@ -101,7 +108,35 @@ def watch_gc() -> None:
         gc.callbacks.append(_on_gc)
 
 
+class _MetricsServer(ThreadingWSGIServer):
+    """prometheus_client's threaded WSGI server, minus a reverse DNS lookup.
+
+    http.server's ``server_bind`` resolves the bound address to a name
+    (``socket.getfqdn``) only to fill ``server_name``; on a host whose
+    resolver does not answer (a fresh network namespace, an air-gapped node)
+    that stalls start-up for 10 s. Nothing here uses the name.
+    """
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+        self.setup_environ()
+
+
 def serve_metrics(host: str, port: int) -> str:
-    """Start the /metrics HTTP endpoint; returns the bound host:port."""
-    server, _thread = start_http_server(port, addr=host)
-    return f"{host}:{server.server_port}"
+    """Start the /metrics HTTP endpoint in a daemon thread; returns the bound
+    host:port (IPv6 literals in brackets)."""
+    host = host.strip("[]")
+
+    class Server(_MetricsServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    httpd = make_server(host, port, make_wsgi_app(), Server, handler_class=_QuietHandler)
+    threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True).start()
+    return join_host_port(host, httpd.server_port)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scrape would drown the component's log

@@ -38,7 +38,13 @@ async def test_echo_server_ready_and_answers(process_backend):
     status, body = await http(sb.address, "POST", "/any/path", b"hello galaxy")
     assert status == 200
     reply = json.loads(body)
-    assert reply == {"echo": "hello galaxy", "pid": sb.pid, "instance": "i-1", "function": "echo"}
+    assert reply == {
+        "echo": "hello galaxy",
+        "pid": sb.pid,
+        "instance": "i-1",
+        "function": "echo",
+        "node": "n-0",
+    }
     await sb.stop()
     # SIGTERM is enough for the echo server: it exits cleanly with status 0.
     assert sb.returncode == 0

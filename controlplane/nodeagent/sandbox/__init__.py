@@ -5,8 +5,8 @@ ready ``Sandbox`` (or raises ``Unavailable``), ``Sandbox.stop()`` ends it, and
 an ``on_exit(instance_id, returncode)`` callback reports an instance that ended
 on its own. Backends:
 
-- ``process``: a real subprocess listening on a loopback port (the embedded
-  default).
+- ``process``: a real subprocess listening on the node's address (the
+  embedded default; loopback only when the agent itself listens there).
 - ``emulated``: no process, a modelled cold-start delay (the 210-node
   emulation and benchmarks).
 

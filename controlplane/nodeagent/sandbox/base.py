@@ -53,6 +53,10 @@ class SandboxBackend(ABC):
     kind: ClassVar[str]
     #: True when FunctionSpec.command must be non-empty.
     needs_command: ClassVar[bool]
+    #: The node's address: instances listen on it and are advertised at it,
+    #: so clients on other hosts can reach them. The node agent sets it to
+    #: its own advertised host (``NodeAgentComponent.start``).
+    host: str = "127.0.0.1"
 
     @abstractmethod
     async def start(

@@ -1,5 +1,6 @@
 """The process sandbox backend: each instance is a real subprocess that
-listens on a loopback port (the embedded default)."""
+listens on the node's address (``SandboxBackend.host``) at a port the agent
+picks, given to it as $HOST and $PORT."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import BinaryIO
 
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
 from controlplane.runtime.errors import Unavailable
+from controlplane.runtime.netaddr import join_host_port
 from controlplane.runtime.procs import wait_exit
 from controlplane.runtime.validation import short
 from galaxy.v1 import common_pb2
@@ -94,25 +96,29 @@ _PORT_LOW = 10_000
 _EPHEMERAL_LOW = _ephemeral_range()[0]
 
 
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
         return True
 
 
-def _free_port(avoid: set[int]) -> int:
-    """A loopback port free right now (the instance binds it moments later)."""
+def _free_port(host: str, avoid: set[int]) -> int:
+    """A port of host free right now (the instance binds it moments later)."""
     if _EPHEMERAL_LOW - _PORT_LOW >= 1000:
         for _ in range(64):
             port = random.randrange(_PORT_LOW, _EPHEMERAL_LOW)
-            if port not in avoid and _port_is_free(port):
+            if port not in avoid and _port_is_free(host, port):
                 return port
     while True:  # no room below the ephemeral range: let the kernel choose
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
+        with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
             port = int(s.getsockname()[1])
         if port not in avoid:
             return port
@@ -134,15 +140,16 @@ def _tail(path: Path, max_lines: int = 10, max_bytes: int = 4096) -> str:
     return "\n".join(data.decode(errors="replace").splitlines()[-max_lines:])
 
 
-async def _ready_probe(port: int, path: str, timeout_s: float) -> bool:
+async def _ready_probe(host: str, port: int, path: str, timeout_s: float) -> bool:
     """One readiness check: TCP connect, or HTTP GET path answering 2xx."""
     try:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection(host, port)
             try:
                 if not path:
                     return True
-                writer.write(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                hostport = join_host_port(host, port)
+                writer.write(f"GET {path} HTTP/1.0\r\nHost: {hostport}\r\n\r\n".encode())
                 status = (await reader.readline()).split()
                 return len(status) >= 2 and status[1].startswith(b"2")
             finally:
@@ -169,8 +176,9 @@ class ProcessSandbox(Sandbox):
         stderr_path: Path,
         on_exit: ExitCallback | None,
     ) -> None:
-        super().__init__(node_id, instance_id, f"127.0.0.1:{port}")
+        super().__init__(node_id, instance_id, join_host_port(backend.host, port))
         self.pid = proc.pid
+        self.host = backend.host
         self.port = port
         self.stderr_path = stderr_path
         self.returncode: int | None = None
@@ -220,9 +228,9 @@ class ProcessSandbox(Sandbox):
                 check = f"GET {path} answering 2xx" if path else "a TCP connection"
                 raise await self._failure(
                     f"did not become ready within {timeout_s * 1000:.0f} ms "
-                    f"(waited for {check} on port {self.port})"
+                    f"(waited for {check} on {self.address})"
                 )
-            if await _ready_probe(self.port, path, min(remaining, 1.0)):
+            if await _ready_probe(self.host, self.port, path, min(remaining, 1.0)):
                 self._ready = True
                 return
             # Waiting on the exit task (not a plain sleep) notices a crash at once.
@@ -246,7 +254,7 @@ class ProcessSandbox(Sandbox):
 
 
 class ProcessBackend(SandboxBackend):
-    """Runs FunctionSpec.command as a subprocess with PORT set.
+    """Runs FunctionSpec.command as a subprocess with HOST and PORT set.
 
     log_dir: stdout and stderr go to <log_dir>/<node_id>/<instance_id>.{out,err}
     (default: a new temporary directory).
@@ -277,6 +285,7 @@ class ProcessBackend(SandboxBackend):
         env["GALAXY_INSTANCE_ID"] = instance_id
         env["GALAXY_FUNCTION"] = spec.name
         env["GALAXY_NODE_ID"] = node_id
+        env["HOST"] = self.host
         env["PORT"] = str(port)
         return env
 
@@ -302,7 +311,7 @@ class ProcessBackend(SandboxBackend):
     ) -> ProcessSandbox:
         if not spec.command:
             raise Unavailable(f"function {spec.name} has no command to run")
-        port = _free_port({sb.port for sb in self._live})
+        port = _free_port(self.host, {sb.port for sb in self._live})
         env = self._env(node_id, instance_id, spec, port)
         cwd = spec.workdir or None
         why = _cannot_run(spec.command[0], env, cwd)

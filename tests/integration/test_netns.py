@@ -1,0 +1,99 @@
+"""Instances are reachable from other hosts: node agents run in their own
+network namespaces (separate hosts with their own addresses and their own
+loopback), the control plane and the gateway in the root namespace; calls go
+through the SDK and through the gateway with curl.
+
+Host 0's agent listens on its address; host 1's listens on every interface
+(as on Kubernetes without --advertise-host) and must advertise its outward
+address. A loopback address anywhere on the path would fail the calls: the
+root namespace cannot reach a namespace's loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from controlplane.launch.up import Supervisor, UpConfig
+from controlplane.runtime import spec as specs
+from controlplane.runtime.host import serve_command
+from controlplane.runtime.netaddr import split_host_port
+from controlplane.sdk.client import GalaxyClient
+from tests.netns import Hosts, require_netns
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+HOSTS = 2
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, Hosts]]:
+    require_netns()
+    hosts = Hosts()
+    sup: Supervisor | None = None
+    try:
+        hosts.create(HOSTS)
+        sup = Supervisor(UpConfig(host=hosts.control_ip, nodes=0, gateway_port=0, run_dir=tmp_path))
+        endpoints = await sup.start()
+        for i in range(HOSTS):
+            listen_host = hosts.ip(i) if i == 0 else "0.0.0.0"
+            cmd = serve_command("nodeagent", f"agent-ns{i}", listen_host)
+            cmd += ["--controller", endpoints["controller"], "--node-prefix", f"host{i}"]
+            cmd += ["--log-dir", str(tmp_path / "instances")]
+            await sup.spawn(f"agent-ns{i}", hosts.exec_prefix(i) + cmd)
+        assert await sup.wait_nodes_registered(timeout_s=30, count=HOSTS) == HOSTS
+        yield sup, hosts
+    finally:
+        if sup is not None:
+            await sup.stop()
+        hosts.close()
+
+
+async def test_instances_on_other_hosts_answer_sdk_and_gateway(
+    cluster: tuple[Supervisor, Hosts],
+) -> None:
+    sup, hosts = cluster
+    endpoints = sup.endpoints()
+    host_ips = {hosts.ip(i) for i in range(HOSTS)}
+    async with GalaxyClient(endpoints["controller"], timeout=30) as client:
+        st = await client.status()
+        agent_ips = {split_host_port(n.status.address)[0] for n in st.nodes}
+        # Host 1 listens on 0.0.0.0 and still advertises its own address.
+        assert agent_ips == host_ips
+
+        echo = specs.load_file(str(EXAMPLES / "echo.yaml"))
+        echo.min_scale = HOSTS
+        await client.deploy(echo)
+
+        # Through the SDK: Dispatch hands out the instance's address on its host.
+        results = [await client.invoke("echo", f"sdk-{i}".encode()) for i in range(6)]
+        assert [r.status for r in results] == [200] * 6
+        for r in results:
+            assert split_host_port(r.instance.address)[0] in host_ips, r.instance.address
+        replies = [json.loads(r.body) for r in results]
+        assert [r["echo"] for r in replies] == [f"sdk-{i}" for i in range(6)]
+        assert {r["node"] for r in replies} <= {f"host{i}-0" for i in range(HOSTS)}
+
+        st = await client.status()
+        addresses = [s.instance.address for s in st.instances if s.instance.function == "echo"]
+        assert addresses, "no echo instance in status"
+        for address in addresses:
+            assert split_host_port(address)[0] in host_ips, address
+
+    # Through the gateway, with a client we did not write.
+    curl = shutil.which("curl")
+    assert curl, "curl is required (.ci/run installs it)"
+    proc = await asyncio.create_subprocess_exec(
+        curl, "-sS", "--max-time", "20", "-d", "from-curl",
+        f"http://{endpoints['gateway']}/functions/echo",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    body = json.loads(out)
+    assert body["echo"] == "from-curl"
+    assert body["node"] in {f"host{i}-0" for i in range(HOSTS)}
