@@ -36,8 +36,13 @@ _TOP_FIELDS = {
     "max_scale",
     "readiness_path",
     "startup_timeout_ms",
+    "request_timeout_ms",
+    "autoscaling",
 }
 _RES_FIELDS = {"cpu_millis", "memory_mib", "gpus"}
+_AUTOSCALING_INT = {"stable_window_ms", "scale_to_zero_grace_ms", "keepalive_ms"}
+_AUTOSCALING_FLOAT = {"target_utilization", "panic_window_percent"}
+_AUTOSCALING_FIELDS = _AUTOSCALING_INT | _AUTOSCALING_FLOAT | {"keepalive"}
 
 
 def _int(doc: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int) -> int:
@@ -119,8 +124,35 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
         1,
         MAX_STARTUP_TIMEOUT_MS,
     )
+    spec.request_timeout_ms = _int(
+        doc, "request_timeout_ms", "request_timeout_ms", 0, 0, validation.REQUEST_TIMEOUT_MS_MAX
+    )
+    _autoscaling(doc.get("autoscaling") or {}, spec.autoscaling)
     validate(spec)
     return spec
+
+
+def _autoscaling(doc: Any, out: common_pb2.AutoscalingSpec) -> None:
+    """The ``autoscaling`` mapping; ranges are checked by ``validate``."""
+    if not isinstance(doc, dict):
+        raise InvalidArgument("autoscaling: must be a mapping (see docs/autoscaling.md)")
+    bad = sorted(str(k) for k in set(doc) - _AUTOSCALING_FIELDS)
+    if bad:
+        raise InvalidArgument(
+            f"autoscaling.{key(bad[0])}: unknown field "
+            f"(allowed: {', '.join(sorted(_AUTOSCALING_FIELDS))})"
+        )
+    for name in sorted(_AUTOSCALING_INT & set(doc)):
+        setattr(out, name, _int(doc, name, f"autoscaling.{name}", 0, 0, 2**32 - 1))
+    for name in sorted(_AUTOSCALING_FLOAT & set(doc)):
+        v = doc[name]
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise InvalidArgument(f"autoscaling.{name}: must be a number, got {short(v)}")
+        setattr(out, name, float(v))
+    ka = doc.get("keepalive", "")
+    if not isinstance(ka, str):
+        raise InvalidArgument(f"autoscaling.keepalive: must be a string, got {short(ka)}")
+    out.keepalive = ka
 
 
 def load_file(path: str | Path) -> common_pb2.FunctionSpec:

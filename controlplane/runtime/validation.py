@@ -12,6 +12,7 @@ Pure functions and constants, no I/O.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any
@@ -53,6 +54,13 @@ GPUS_MAX = 64
 CONCURRENCY_MAX = 100_000
 SCALE_MAX = 100_000
 STARTUP_TIMEOUT_MS_MAX = 600_000
+#: A request may run up to a day (a batch inference job is a long request).
+REQUEST_TIMEOUT_MS_MAX = 86_400_000
+#: Knative's bounds for the KPA stable window: 6 s to 1 h.
+STABLE_WINDOW_MS_MIN, STABLE_WINDOW_MS_MAX = 6_000, 3_600_000
+#: Scale-to-zero grace and fixed keep-alive: up to a day.
+IDLE_MS_MAX = 86_400_000
+KEEPALIVE_POLICIES = ("fixed", "hybrid")
 
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 NAME_RULE = (
@@ -170,10 +178,40 @@ def check_spec(spec: common_pb2.FunctionSpec) -> None:
             f"readiness_path: must start with '/', got {short(spec.readiness_path)}"
         )
     check_range("startup_timeout_ms", spec.startup_timeout_ms, 0, STARTUP_TIMEOUT_MS_MAX)
+    check_range("request_timeout_ms", spec.request_timeout_ms, 0, REQUEST_TIMEOUT_MS_MAX)
+    check_autoscaling(spec.autoscaling)
     # Last: each field is within its own bound, so this catches only their sum.
     size = spec.ByteSize()
     if size > MAX_SPEC_BYTES:
         raise InvalidArgument(f"function: spec is {size} bytes, at most {MAX_SPEC_BYTES} allowed")
+
+
+def _check_fraction(field: str, value: float, lo: float, hi: float) -> None:
+    """0 (the default) or a finite number in [lo, hi]."""
+    if value != 0 and not (math.isfinite(value) and lo <= value <= hi):
+        raise InvalidArgument(
+            f"{field}: must be 0 (the default) or between {lo} and {hi}, got {value}"
+        )
+
+
+def check_autoscaling(a: Any) -> None:
+    """An AutoscalingSpec: every field 0/empty (the default) or in range."""
+    p = "autoscaling."
+    _check_fraction(p + "target_utilization", a.target_utilization, 0.01, 1.0)
+    if a.stable_window_ms:
+        check_range(
+            p + "stable_window_ms", a.stable_window_ms, STABLE_WINDOW_MS_MIN, STABLE_WINDOW_MS_MAX
+        )
+    _check_fraction(p + "panic_window_percent", a.panic_window_percent, 1.0, 100.0)
+    check_range(p + "scale_to_zero_grace_ms", a.scale_to_zero_grace_ms, 0, IDLE_MS_MAX)
+    if a.keepalive and a.keepalive not in KEEPALIVE_POLICIES:
+        raise InvalidArgument(
+            f"{p}keepalive: must be one of {', '.join(KEEPALIVE_POLICIES)} or empty, "
+            f"got {short(a.keepalive)}"
+        )
+    check_range(p + "keepalive_ms", a.keepalive_ms, 0, IDLE_MS_MAX)
+    if a.keepalive_ms and a.keepalive == "hybrid":
+        raise InvalidArgument(f"{p}keepalive_ms: applies only to keepalive 'fixed'")
 
 
 def check_dispatch(request: Any) -> None:

@@ -305,11 +305,15 @@ class GalaxyClient:
                     held.append(addr)
                     yield addr, None
                     return
+                # The function's request timeout (the lease's lifetime) bounds
+                # the exchange too: past it the slot may be someone else's.
+                limit = max(deadline - loop.time(), 0.001)
+                if addr.lease_ttl_ms:
+                    limit = min(limit, addr.lease_ttl_ms / 1000.0)
                 try:
                     async with self.http.open(
-                        addr.address, path, data, max(deadline - loop.time(), 0.001), method,
-                        headers,
-                    ) as resp:  # fmt: skip
+                        addr.address, path, data, limit, method, headers
+                    ) as resp:
                         held.append(addr)
                         yield addr, resp
                         return

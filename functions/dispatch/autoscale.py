@@ -115,18 +115,23 @@ class FunctionAutoscaling:
         got = self._scalers.get(spec.name)
         if got is not None and got[0] == spec.version:
             return got[1]
-        s = self.settings
+        s, a = self.settings, spec.autoscaling
+        # A spec's autoscaling fields win; zero means "this Dispatch's flag".
         cfg = KpaConfig(
             target_concurrency=float(spec.concurrency or 1),
-            target_utilization=s.target_utilization,
-            stable_window_s=s.stable_window_s,
-            scale_to_zero_grace_s=s.scale_to_zero_grace_s,
+            target_utilization=a.target_utilization or s.target_utilization,
+            stable_window_s=a.stable_window_ms / 1000.0 or s.stable_window_s,
+            panic_window_fraction=a.panic_window_percent / 100.0 or 0.1,
+            scale_to_zero_grace_s=a.scale_to_zero_grace_ms / 1000.0 or s.scale_to_zero_grace_s,
             min_scale=spec.min_scale,
             max_scale=spec.max_scale or None,
             tick_s=s.tick_s,
         )
-        opts = {"seconds": s.keepalive_s} if s.keepalive == "fixed" else {}
-        scaler = KpaAutoscaler(cfg, make_keepalive(s.keepalive, **opts))
+        # keepalive_ms alone means a fixed keep-alive of that length.
+        policy = a.keepalive or ("fixed" if a.keepalive_ms else s.keepalive)
+        keep_s = a.keepalive_ms / 1000.0 or s.keepalive_s
+        opts = {"seconds": keep_s} if policy == "fixed" else {}
+        scaler = KpaAutoscaler(cfg, make_keepalive(policy, **opts))
         self._scalers[spec.name] = (spec.version, scaler)
         return scaler
 

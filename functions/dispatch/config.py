@@ -13,7 +13,11 @@ class DispatchConfig(RecordsConfig):
     """Leases, queues and spilling."""
 
     lease_ttl_ms: int = setting(
-        300_000, "a slot not Released is reclaimed after this long, ms", ge=1, le=86_400_000
+        300_000,
+        "request timeout of functions whose spec sets none (request_timeout_ms): the longest "
+        "wait for a slot and the life of its lease (a slot not Released is reclaimed), ms",
+        ge=1,
+        le=86_400_000,
     )
     max_queue: int = setting(
         10_000, "requests waiting per function before RESOURCE_EXHAUSTED", ge=1, le=10_000_000

@@ -164,7 +164,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 spec.concurrency or 1,
                 spec.max_scale or 1,
                 self.clock,
-                lease_ttl_s=self.lease_ttl_s,
+                lease_ttl_s=self._request_timeout_s(spec),
                 max_queue=self.max_queue,
                 lease_prefix=f"{self.instance_id}:",
             )
@@ -173,7 +173,12 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 self._add(r, info, cold=False)
         return r
 
-    def _reply(self, g: Grant, wait_s: float) -> dispatch_pb2.InstanceAddr:
+    def _request_timeout_s(self, spec: common_pb2.FunctionSpec) -> float:
+        """The function's request timeout: how long a request may wait for a
+        slot, and its lease's lifetime (the Dispatch default when unset)."""
+        return spec.request_timeout_ms / 1000.0 if spec.request_timeout_ms else self.lease_ttl_s
+
+    def _reply(self, g: Grant, wait_s: float, ttl_s: float) -> dispatch_pb2.InstanceAddr:
         return dispatch_pb2.InstanceAddr(
             function=g.instance.meta.function if g.instance.meta else "",
             instance_id=g.instance.instance_id,
@@ -182,7 +187,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             lease_id=g.lease_id,
             cold_start=g.cold_start,
             wait_ms=wait_s * 1000.0,
-            lease_ttl_ms=int(self.lease_ttl_s * 1000),
+            lease_ttl_ms=int(ttl_s * 1000),
         )
 
     @staticmethod
@@ -219,11 +224,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         rid = request.request_id
         grant = router.granted_for(rid)
         if grant is not None:  # a retry of a request already served
-            return self._reply(grant, time.perf_counter() - start)
+            return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s)
         grant = router.acquire()
         if grant is not None:
             router.remember(rid, grant)
-            return self._reply(grant, time.perf_counter() - start)
+            return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Grant] = loop.create_future()
         try:
@@ -233,6 +238,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self._trigger_scale_up(router, spec)
         remaining = context.time_remaining()
         timeout = MAX_WAIT_S if remaining is None else max(0.0, remaining - DEADLINE_MARGIN_S)
+        timeout = min(timeout, router.lease_ttl_s)  # the function's request timeout
         try:
             grant = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except coordination.Moved as moved:
@@ -252,7 +258,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 self._wake(router.release(fut.result().lease_id)[1])
             raise
         router.remember(rid, grant)
-        return self._reply(grant, time.perf_counter() - start)
+        return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s)
 
     async def _forward(
         self,
@@ -445,6 +451,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 router = self.routers.get(action.function)
                 if router is not None:
                     spec = await self._spec(action.function)
+                    router.lease_ttl_s = self._request_timeout_s(spec)  # new leases only
                     self._wake(router.update_spec(spec.concurrency or 1, spec.max_scale or 1))
                 elif self._owner(action.function) is None:
                     # Route it from now on, so min_scale instances start

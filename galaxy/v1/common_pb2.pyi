@@ -31,7 +31,7 @@ class Resources(_message.Message):
     def __init__(self, cpu_millis: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class FunctionSpec(_message.Message):
-    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version")
+    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,8 @@ class FunctionSpec(_message.Message):
     READINESS_PATH_FIELD_NUMBER: _ClassVar[int]
     STARTUP_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    AUTOSCALING_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     workdir: str
@@ -61,7 +63,25 @@ class FunctionSpec(_message.Message):
     readiness_path: str
     startup_timeout_ms: int
     version: int
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+    request_timeout_ms: int
+    autoscaling: AutoscalingSpec
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ...) -> None: ...
+
+class AutoscalingSpec(_message.Message):
+    __slots__ = ("target_utilization", "stable_window_ms", "panic_window_percent", "scale_to_zero_grace_ms", "keepalive", "keepalive_ms")
+    TARGET_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    STABLE_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    PANIC_WINDOW_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    SCALE_TO_ZERO_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_MS_FIELD_NUMBER: _ClassVar[int]
+    target_utilization: float
+    stable_window_ms: int
+    panic_window_percent: float
+    scale_to_zero_grace_ms: int
+    keepalive: str
+    keepalive_ms: int
+    def __init__(self, target_utilization: _Optional[float] = ..., stable_window_ms: _Optional[int] = ..., panic_window_percent: _Optional[float] = ..., scale_to_zero_grace_ms: _Optional[int] = ..., keepalive: _Optional[str] = ..., keepalive_ms: _Optional[int] = ...) -> None: ...
 
 class ControlInstance(_message.Message):
     __slots__ = ("id", "kind", "address", "metrics_address")

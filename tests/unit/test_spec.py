@@ -6,6 +6,7 @@ import pytest
 
 from controlplane.runtime import spec
 from controlplane.runtime.errors import InvalidArgument
+from galaxy.v1 import common_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,12 +39,53 @@ def test_defaults():
         ({"min_scale": 5, "max_scale": 2}, "min_scale"),
         ({"readiness_path": "healthz"}, "readiness_path"),
         ({"replicas": 3}, "replicas"),
+        ({"request_timeout_ms": -5}, "request_timeout_ms"),
+        ({"request_timeout_ms": 10**9}, "request_timeout_ms"),
+        ({"autoscaling": [1]}, "autoscaling"),
+        ({"autoscaling": {"window": 1}}, "autoscaling.window"),
+        ({"autoscaling": {"target_utilization": 1.5}}, "autoscaling.target_utilization"),
+        ({"autoscaling": {"target_utilization": "high"}}, "autoscaling.target_utilization"),
+        ({"autoscaling": {"stable_window_ms": 1000}}, "autoscaling.stable_window_ms"),
+        ({"autoscaling": {"panic_window_percent": 0.5}}, "autoscaling.panic_window_percent"),
+        ({"autoscaling": {"keepalive": "forever"}}, "autoscaling.keepalive"),
+        ({"autoscaling": {"keepalive": "hybrid", "keepalive_ms": 9}}, "autoscaling.keepalive_ms"),
     ],
 )
 def test_invalid_specs_name_the_field(patch, field):
     with pytest.raises(InvalidArgument) as e:
         spec.from_dict({**GOOD, **patch})
     assert e.value.message.startswith(field), e.value.message
+
+
+def test_request_timeout_and_autoscaling_from_yaml():
+    s = spec.from_dict(
+        {
+            **GOOD,
+            "request_timeout_ms": 60_000,
+            "autoscaling": {
+                "target_utilization": 0.7,
+                "stable_window_ms": 6000,
+                "keepalive": "hybrid",
+            },
+        }
+    )
+    assert s.request_timeout_ms == 60_000
+    a = s.autoscaling
+    assert (a.target_utilization, a.stable_window_ms, a.keepalive) == (0.7, 6000, "hybrid")
+    assert spec.from_dict(GOOD).request_timeout_ms == 0  # the cluster default
+
+
+def test_api_specs_get_the_same_autoscaling_rules():
+    # Straight from the API (no YAML): NaN and out-of-range values refused.
+    for bad, field in [
+        (common_pb2.AutoscalingSpec(target_utilization=float("nan")), "target_utilization"),
+        (common_pb2.AutoscalingSpec(stable_window_ms=4_000_000), "stable_window_ms"),
+    ]:
+        s = spec.from_dict(GOOD)
+        s.autoscaling.CopyFrom(bad)
+        with pytest.raises(InvalidArgument) as e:
+            spec.validate(s)
+        assert e.value.message.startswith("autoscaling." + field), e.value.message
 
 
 def test_not_a_mapping_and_bad_yaml(tmp_path):
