@@ -4,7 +4,8 @@ Listens on $HOST:$PORT (the node agent sets both: HOST is the node's
 address, so clients on other hosts can call it; HOST defaults to 127.0.0.1).
   GET  /healthz   -> 200 "ok" (readiness)
   POST <any path> -> 200 {"echo": <body as text>, "pid": <pid>, "instance": $GALAXY_INSTANCE_ID,
-                          "function": $GALAXY_FUNCTION, "node": $GALAXY_NODE_ID}
+                          "function": $GALAXY_FUNCTION, "node": $GALAXY_NODE_ID,
+                          "revision": $GALAXY_REVISION}
 Exits cleanly (status 0) on SIGTERM or SIGINT.
 
 Run by hand: PORT=8080 python examples/echo_server.py
@@ -24,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 INSTANCE = os.environ.get("GALAXY_INSTANCE_ID", "")
 FUNCTION = os.environ.get("GALAXY_FUNCTION", "")
 NODE = os.environ.get("GALAXY_NODE_ID", "")
+REVISION = int(os.environ.get("GALAXY_REVISION", "0"))
 
 
 class Server(ThreadingHTTPServer):
@@ -70,6 +72,7 @@ class Handler(BaseHTTPRequestHandler):
             "instance": INSTANCE,
             "function": FUNCTION,
             "node": NODE,
+            "revision": REVISION,
         }
         self._send(200, json.dumps(reply).encode(), "application/json")
 

@@ -50,6 +50,14 @@ KEYSPACE: tuple[Prefix, ...] = (
         _proto(common_pb2.FunctionSpec),
     ),
     Prefix(
+        "/galaxy/revisions/",
+        "controller",
+        "galaxy.v1.FunctionSpec (protobuf); key /galaxy/revisions/FUNCTION/NNNNN, immutable",
+        "until the function is deleted, or until it is one of more than 20 revisions that "
+        "no traffic target names (written with the function's record, in one transaction)",
+        _proto(common_pb2.FunctionSpec),
+    ),
+    Prefix(
         "/galaxy/instances/",
         "Dispatch (the owner of the function)",
         "galaxy.v1.InstanceInfo (protobuf); key /galaxy/instances/FUNCTION/INSTANCE",

@@ -209,7 +209,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         # The CLI checked the same rules; the server is the guard.
         validation.check_spec(request.function)
         stored = await self.functions.deploy(request.function)
-        log.info("deployed function %s (version %d)", stored.name, stored.version)
+        log.info(
+            "deployed function %s (revision %d, version %d)",
+            stored.name,
+            stored.revision,
+            stored.version,
+        )
         await self._notify_dispatch(common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED, stored.name)
         return stored
 
@@ -235,6 +240,26 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         log.info("deleted function %s", request.name)
         await self._notify_dispatch(common_pb2.CoordinateAction.KIND_FUNCTION_DELETED, request.name)
         return controller_pb2.DeleteFunctionReply()
+
+    @leader_only
+    async def ListRevisions(
+        self, request: controller_pb2.ListRevisionsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ListRevisionsReply:
+        validation.check_name("name", request.name)
+        spec = await self.functions.get(request.name)
+        revs = await self.functions.list_revisions(request.name)
+        return controller_pb2.ListRevisionsReply(revisions=revs, traffic=spec.traffic)
+
+    @leader_only
+    async def SetTraffic(
+        self, request: controller_pb2.SetTrafficRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.FunctionSpec:
+        validation.check_name("name", request.name)
+        stored = await self.functions.set_traffic(request.name, list(request.traffic))
+        split = ", ".join(f"{t.revision or 'latest'}={t.percent}" for t in stored.traffic)
+        log.info("traffic of function %s: %s", stored.name, split)
+        await self._notify_dispatch(common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED, stored.name)
+        return stored
 
     async def _notify_dispatch(self, kind: int, name: str) -> None:
         req = common_pb2.CoordinateRequest(

@@ -34,6 +34,8 @@ IN_FLIGHT = Gauge("galaxy_gateway_in_flight", "Requests being proxied now")
 SHED = Counter("galaxy_gateway_shed_total", "Requests shed because the gateway was full")
 
 #: Hop-by-hop headers (RFC 9110 section 7.6.1) are not forwarded either way.
+#: Request header naming a traffic tag (see docs/gateway.md, revisions).
+TAG_HEADER = "Galaxy-Revision-Tag"
 HOP = frozenset(
     h.lower()
     for h in (
@@ -106,13 +108,14 @@ class Proxy:
             r = routes.openai_route(r, body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         headers["X-Forwarded-Host"] = request.headers.get("Host", "")
+        # A traffic tag pins a revision (canary testing before it gets a share).
+        tag = request.headers.get(TAG_HEADER, "")
         self.in_flight += 1
         IN_FLIGHT.inc()
         try:
-            async with self.client.granted(r.function, r.path, body, headers, request.method) as (
-                addr,
-                upstream,
-            ):
+            async with self.client.granted(
+                r.function, r.path, body, headers, request.method, tag
+            ) as (addr, upstream):
                 if upstream is None:  # an emulated sandbox: no process to call
                     return web.json_response(
                         {"echo": body.decode("utf-8", "replace"), "emulated": addr.address}
@@ -122,6 +125,7 @@ class Proxy:
                     if k.lower() not in HOP:
                         out.headers.add(k, v)
                 out.headers["X-Galaxy-Instance"] = addr.instance_id
+                out.headers["X-Galaxy-Revision"] = addr.function
                 await out.prepare(request)
                 # Chunk by chunk as the instance produces them: streaming and
                 # server-sent events reach the client without buffering.

@@ -62,6 +62,9 @@ STABLE_WINDOW_MS_MIN, STABLE_WINDOW_MS_MAX = 6_000, 3_600_000
 IDLE_MS_MAX = 86_400_000
 KEEPALIVE_POLICIES = ("fixed", "hybrid")
 
+#: Function names leave room for a revision suffix ("-NNNNN") in 63 characters.
+MAX_FUNCTION_NAME_LEN = 57
+_REVISION_SUFFIX = re.compile(r"-\d{5}$")
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 NAME_RULE = (
     "must be a DNS-1123 label: 1-63 lowercase letters, digits or '-', "
@@ -141,6 +144,15 @@ def check_spec(spec: common_pb2.FunctionSpec) -> None:
     the elements they count, so the work done is bounded by the limits.
     """
     check_name("name", spec.name)
+    if len(spec.name) > MAX_FUNCTION_NAME_LEN:
+        raise InvalidArgument(
+            f"name: at most {MAX_FUNCTION_NAME_LEN} characters (6 more make revision names), "
+            f"got {len(spec.name)}"
+        )
+    if _REVISION_SUFFIX.search(spec.name):
+        raise InvalidArgument(
+            f"name: must not end in '-' and five digits (revision names do), got {short(spec.name)}"
+        )
     if not spec.command:
         raise InvalidArgument("command: required (the program and its arguments)")
     if len(spec.command) > MAX_COMMAND_ARGS:
@@ -218,6 +230,8 @@ def check_dispatch(request: Any) -> None:
     """A DispatchRequest: function name, request id, piggybacked releases."""
     check_name("function", request.function)
     check_id("request_id", request.request_id)
+    if request.tag:
+        check_name("tag", request.tag)
     if len(request.releases) > MAX_RELEASES:
         raise InvalidArgument(
             f"releases: at most {MAX_RELEASES} per request, got {len(request.releases)}"

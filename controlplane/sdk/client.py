@@ -34,6 +34,7 @@ from controlplane.runtime.errors import (
     from_rpc_error,
 )
 from controlplane.runtime.membership import MembershipView
+from controlplane.runtime.revisions import routing_key
 from controlplane.runtime.validation import short
 from controlplane.sdk.http import HttpPool, NotSent
 from controlplane.sdk.retry import Backoff
@@ -118,6 +119,17 @@ class GalaxyClient:
         """The stored spec of a function (NOT_FOUND if none)."""
         return await self._ctl("GetFunction", controller_pb2.GetFunctionRequest(name=name))  # type: ignore[no-any-return]
 
+    async def list_revisions(self, name: str) -> controller_pb2.ListRevisionsReply:
+        """A function's revisions (oldest first) and its traffic split."""
+        return await self._ctl("ListRevisions", controller_pb2.ListRevisionsRequest(name=name))  # type: ignore[no-any-return]
+
+    async def set_traffic(
+        self, name: str, traffic: list[common_pb2.TrafficTarget]
+    ) -> common_pb2.FunctionSpec:
+        """Replace a function's traffic split (canary, pin, rollback)."""
+        req = controller_pb2.SetTrafficRequest(name=name, traffic=traffic)
+        return await self._ctl("SetTraffic", req)  # type: ignore[no-any-return]
+
     async def list_functions(self) -> list[common_pb2.FunctionSpec]:
         """All deployed functions."""
         r = await self._ctl("ListFunctions", controller_pb2.ListFunctionsRequest())
@@ -143,9 +155,17 @@ class GalaxyClient:
     # -- data path --------------------------------------------------------
 
     async def dispatch(
-        self, function: str, request_id: str = "", deadline_s: float | None = None
+        self,
+        function: str,
+        request_id: str = "",
+        deadline_s: float | None = None,
+        tag: str = "",
     ) -> dispatch_pb2.InstanceAddr:
         """Reserve a slot on an instance of function (may cold-start one).
+
+        function may name a revision (NAME-NNNNN) to pin it; tag picks the
+        revision with that traffic tag. Otherwise the function's traffic
+        split decides.
 
         Dispatch instances are tried in rendezvous order for the function:
         one that is unavailable (crashed, scaled in) is skipped for the next,
@@ -159,18 +179,19 @@ class GalaxyClient:
         if not self.membership.ids(DISPATCH):
             await self.refresh_membership()
         req = dispatch_pb2.DispatchRequest(
-            function=function, request_id=request_id or uuid.uuid4().hex
+            function=function, request_id=request_id or uuid.uuid4().hex, tag=tag
         )
+        key = routing_key(function)  # revisions live with their function
         attempts, skipped = 0, set[str]()
         while True:
-            ranked = [m for m in self.membership.ranked(DISPATCH, function) if m.id not in skipped]
+            ranked = [m for m in self.membership.ranked(DISPATCH, key) if m.id not in skipped]
             if not ranked:
                 if not self.membership.ids(DISPATCH):
                     raise FailedPrecondition(
                         "no Dispatch instance is registered with the controller"
                     )
                 skipped.clear()  # every one failed once: start over after a backoff
-                ranked = self.membership.ranked(DISPATCH, function)
+                ranked = self.membership.ranked(DISPATCH, key)
             target = ranked[0]
             attempts += 1
             req.releases.extend(self._take_pending(target.address))
@@ -208,7 +229,7 @@ class GalaxyClient:
         """
         if not self.membership.ids(DISPATCH):
             await self.refresh_membership()
-        owner = self.membership.owner(DISPATCH, addr.function)
+        owner = self.membership.owner(DISPATCH, routing_key(addr.function))
         if owner is None:
             return False
         rel = dispatch_pb2.ReleaseRequest(function=addr.function, lease_id=addr.lease_id)
@@ -252,11 +273,12 @@ class GalaxyClient:
         path: str = "/",
         headers: dict[str, str] | None = None,
         method: str = "POST",
+        tag: str = "",
     ) -> InvokeResult:
         """Dispatch, send the request to the instance over HTTP, release the
         slot. An instance that cannot be reached is replaced by another grant
         (the request was never sent)."""
-        async with self.granted(function, path, data, headers, method) as (addr, resp):
+        async with self.granted(function, path, data, headers, method, tag) as (addr, resp):
             if resp is None:
                 return InvokeResult(addr, 200, _emulated_body(addr, data))
             body = await resp.read()
@@ -269,11 +291,12 @@ class GalaxyClient:
         path: str = "/",
         headers: dict[str, str] | None = None,
         method: str = "POST",
+        tag: str = "",
     ) -> AsyncIterator[bytes]:
         """Like ``invoke``, yielding the body as the instance produces it
         (chunked responses and server-sent events arrive chunk by chunk,
         without their transfer framing)."""
-        async with self.granted(function, path, data, headers, method) as (addr, resp):
+        async with self.granted(function, path, data, headers, method, tag) as (addr, resp):
             if resp is None:
                 yield _emulated_body(addr, data)
                 return
@@ -288,6 +311,7 @@ class GalaxyClient:
         data: bytes,
         headers: dict[str, str] | None,
         method: str,
+        tag: str = "",
     ) -> AsyncIterator[tuple[dispatch_pb2.InstanceAddr, Any]]:
         """A slot on an instance of ``function`` and the instance's response
         to the request (its body unread; None for an emulated sandbox); the
@@ -299,7 +323,9 @@ class GalaxyClient:
         attempts = 0
         try:
             while True:
-                addr = await self.dispatch(function, deadline_s=max(deadline - loop.time(), 0.001))
+                addr = await self.dispatch(
+                    function, deadline_s=max(deadline - loop.time(), 0.001), tag=tag
+                )
                 attempts += 1
                 if addr.address.startswith("emulated://"):
                     held.append(addr)

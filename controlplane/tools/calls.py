@@ -21,7 +21,7 @@ async def cmd_deploy(args: argparse.Namespace) -> int:
     spec = specs.load_file(args.file)
     async with GalaxyClient(find_controller(args)) as c:
         stored = await c.deploy(spec)
-    print(f"deployed {stored.name} (version {stored.version})")
+    print(f"deployed {stored.name} (revision {stored.revision}, version {stored.version})")
     return 0
 
 

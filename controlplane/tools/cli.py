@@ -43,6 +43,7 @@ from controlplane.tools.calls import (
     cmd_status,
 )
 from controlplane.tools.common import CliError, find_controller  # noqa: F401 (re-exported)
+from controlplane.tools.revisions_cmd import add_subparsers as add_revision_subparsers
 from controlplane.tools.store_cmd import add_subparser as add_store_subparser
 from simulator.cli import add_subparser as add_simulator_subparser
 
@@ -209,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_subparser(sub)
     add_simulator_subparser(sub)
     add_store_subparser(sub)
+    add_revision_subparsers(sub)
 
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
     up.add_argument("--nodes", type=int, default=4, help="worker nodes (default 4)")

@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from controlplane.runtime.errors import NotFound
+from controlplane.runtime.revisions import routing_key
 from functions.dispatch.policy import Grant, Instance, Waiter
 from galaxy.v1 import common_pb2, dispatch_pb2
 
@@ -99,8 +100,14 @@ def node_dead(svc: DispatchServicer, node_id: str) -> None:
 
 
 def function_deleted(svc: DispatchServicer, name: str) -> None:
-    svc._specs.pop(name, None)
-    router = svc.routers.pop(name, None)
+    """Forget a deleted function and its revisions; stop their instances."""
+    for routed in [n for n in svc.routers if n == name or routing_key(n) == name] or [name]:
+        _forget(svc, routed, name)
+
+
+def _forget(svc: DispatchServicer, routed: str, name: str) -> None:
+    svc._specs.pop(routed, None)
+    router = svc.routers.pop(routed, None)
     if router is None:
         return
     for w in router.fail_all():

@@ -24,19 +24,17 @@ from controlplane.runtime.errors import (
     DeadlineExceeded,
     GalaxyError,
     InvalidArgument,
-    NotFound,
     ResourceExhausted,
-    Unavailable,
 )
 from controlplane.runtime.membership import MembershipView
-from functions.dispatch import coordination
+from controlplane.runtime.revisions import routing_key
+from functions.dispatch import coordination, revisions
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
+from functions.dispatch.specs import SpecCache
 from galaxy.v1 import (
     common_pb2,
-    controller_pb2,
-    controller_pb2_grpc,
     dispatch_pb2,
     dispatch_pb2_grpc,
 )
@@ -82,8 +80,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self.record: RecordFn = record or (lambda key, value: None)
         self.membership = MembershipView()
         self.routers: dict[str, FunctionRouter] = {}
-        self._specs: dict[str, common_pb2.FunctionSpec] = {}
-        self._spec_fetches: dict[str, asyncio.Future[common_pb2.FunctionSpec]] = {}
+        self.spec_cache = SpecCache(controller, lambda: self.pool)
+        self._specs = self.spec_cache.specs
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._instance_count = 0
@@ -123,38 +121,25 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
 
     def _owner(self, function: str) -> common_pb2.ControlInstance | None:
         """The Dispatch instance owning function; None means this one."""
-        o = self.membership.owner(DISPATCH, function)
+        # Every revision of a function lives with the function.
+        o = self.membership.owner(DISPATCH, routing_key(function))
         if o is None or o.id == self.instance_id:
             return None
         return o
 
+    def routes(self, function: str) -> bool:
+        """True when this instance routes function (or any of its revisions)."""
+        return any(n == function or routing_key(n) == function for n in self.routers)
+
+    def router_of(self, function: str) -> FunctionRouter:
+        """The router of function, or of its newest routed revision
+        (KeyError if none): what `galaxy status` and tests look at."""
+        if function in self.routers:
+            return self.routers[function]
+        return self.routers[max(n for n in self.routers if routing_key(n) == function)]
+
     async def _spec(self, name: str) -> common_pb2.FunctionSpec:
-        spec = self._specs.get(name)
-        if spec is not None:
-            return spec
-        # Concurrent first requests share one fetch from the controller.
-        fut = self._spec_fetches.get(name)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._spec_fetches[name] = fut
-            try:
-                async with self.pool.stub(self.controller, controller_pb2_grpc.ControllerStub) as s:
-                    spec = await s.GetFunction(controller_pb2.GetFunctionRequest(name=name))
-                self._specs[name] = spec
-                fut.set_result(spec)
-            except grpc.aio.AioRpcError as e:
-                err: Exception = (
-                    NotFound(e.details() or f"function {validation.short(name)} not found")
-                    if e.code() == grpc.StatusCode.NOT_FOUND
-                    else Unavailable(
-                        f"cannot get the spec of {validation.short(name)} from the controller: "
-                        f"{e.details()}"
-                    )
-                )
-                fut.set_exception(err)
-            finally:
-                del self._spec_fetches[name]
-        return await asyncio.shield(fut)
+        return await self.spec_cache.get(name)
 
     def _router(self, spec: common_pb2.FunctionSpec) -> FunctionRouter:
         r = self.routers.get(spec.name)
@@ -219,8 +204,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             return await self._forward(owner, request, context)
         start = time.perf_counter()
         self.ops["dispatch"] += 1
-        spec = await self._spec(request.function)
-        router = self._router(spec)
+        spec, router = await revisions.resolve(self, request.function, request.tag)
         rid = request.request_id
         grant = router.granted_for(rid)
         if grant is not None:  # a retry of a request already served
@@ -448,6 +432,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 self._node_dead(action.node_id)
             elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
                 self._specs.pop(action.function, None)
+                if await revisions.function_updated(self, action.function):
+                    continue
                 router = self.routers.get(action.function)
                 if router is not None:
                     spec = await self._spec(action.function)
@@ -477,7 +463,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
 
     def autoscale_tick(self) -> None:
         """Apply one round of function autoscaling (run every tick_s)."""
-        for d in self.autoscaling.tick(self.routers, self._specs):
+        idle = revisions.inactive(self)
+        if idle:
+            revisions.retire_inactive(self, idle)
+        active = {n: r for n, r in self.routers.items() if n not in idle}
+        for d in self.autoscaling.tick(active, self._specs):
             router, spec = self.routers[d.function], self._specs[d.function]
             if d.start:
                 router.begin_scale_up(d.start)

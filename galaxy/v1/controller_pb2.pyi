@@ -72,6 +72,28 @@ class DeleteFunctionReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ListRevisionsRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListRevisionsReply(_message.Message):
+    __slots__ = ("revisions", "traffic")
+    REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_FIELD_NUMBER: _ClassVar[int]
+    revisions: _containers.RepeatedCompositeFieldContainer[_common_pb2.FunctionSpec]
+    traffic: _containers.RepeatedCompositeFieldContainer[_common_pb2.TrafficTarget]
+    def __init__(self, revisions: _Optional[_Iterable[_Union[_common_pb2.FunctionSpec, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[_common_pb2.TrafficTarget, _Mapping]]] = ...) -> None: ...
+
+class SetTrafficRequest(_message.Message):
+    __slots__ = ("name", "traffic")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    traffic: _containers.RepeatedCompositeFieldContainer[_common_pb2.TrafficTarget]
+    def __init__(self, name: _Optional[str] = ..., traffic: _Optional[_Iterable[_Union[_common_pb2.TrafficTarget, _Mapping]]] = ...) -> None: ...
+
 class GetClusterStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

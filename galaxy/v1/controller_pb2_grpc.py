@@ -75,6 +75,16 @@ class ControllerStub:
                 request_serializer=galaxy_dot_v1_dot_controller__pb2.DeleteFunctionRequest.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_controller__pb2.DeleteFunctionReply.FromString,
                 _registered_method=True)
+        self.ListRevisions = channel.unary_unary(
+                '/galaxy.v1.Controller/ListRevisions',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.ListRevisionsRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.ListRevisionsReply.FromString,
+                _registered_method=True)
+        self.SetTraffic = channel.unary_unary(
+                '/galaxy.v1.Controller/SetTraffic',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.SetTrafficRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_common__pb2.FunctionSpec.FromString,
+                _registered_method=True)
         self.GetClusterStatus = channel.unary_unary(
                 '/galaxy.v1.Controller/GetClusterStatus',
                 request_serializer=galaxy_dot_v1_dot_controller__pb2.GetClusterStatusRequest.SerializeToString,
@@ -144,6 +154,24 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRevisions(self, request, context):
+        """Revisions of a function, oldest first, and its traffic split.
+        Errors: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetTraffic(self, request, context):
+        """Replaces the function's traffic split (canary, pin, rollback); answers
+        the function's spec with the new split.
+        Errors: INVALID_ARGUMENT (shares not adding up to 100, an unknown
+        revision, a repeated tag), NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetClusterStatus(self, request, context):
         """Everything `galaxy status` shows: control instances, nodes, functions and
         function instances.
@@ -194,6 +222,16 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.DeleteFunction,
                     request_deserializer=galaxy_dot_v1_dot_controller__pb2.DeleteFunctionRequest.FromString,
                     response_serializer=galaxy_dot_v1_dot_controller__pb2.DeleteFunctionReply.SerializeToString,
+            ),
+            'ListRevisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRevisions,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.ListRevisionsRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.ListRevisionsReply.SerializeToString,
+            ),
+            'SetTraffic': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTraffic,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.SetTrafficRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_common__pb2.FunctionSpec.SerializeToString,
             ),
             'GetClusterStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetClusterStatus,
@@ -417,6 +455,60 @@ class Controller:
             '/galaxy.v1.Controller/DeleteFunction',
             galaxy_dot_v1_dot_controller__pb2.DeleteFunctionRequest.SerializeToString,
             galaxy_dot_v1_dot_controller__pb2.DeleteFunctionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRevisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/ListRevisions',
+            galaxy_dot_v1_dot_controller__pb2.ListRevisionsRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.ListRevisionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTraffic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/SetTraffic',
+            galaxy_dot_v1_dot_controller__pb2.SetTrafficRequest.SerializeToString,
+            galaxy_dot_v1_dot_common__pb2.FunctionSpec.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,7 +49,7 @@ async def test_idle_function_scales_to_zero_and_cold_starts_again(cluster):
         assert first.instance_id in await on_nodes(c, cluster)
         await c.release(first)
         # Idle past the stable window and grace: retired from Dispatch...
-        await eventually(lambda: not d0.routers["idle"].instances, 10, "scale to zero")
+        await eventually(lambda: not d0.router_of("idle").instances, 10, "scale to zero")
         # ...and then deleted on the node.
 
         async def deleted() -> bool:
@@ -70,12 +70,12 @@ async def test_busy_instance_is_never_retired(cluster):
         ticks = d0.autoscaling.settings.tick_s
         await eventually(
             lambda: (
-                d0.clock.now() - d0.routers["busy"].instances[held.instance_id].added_at
+                d0.clock.now() - d0.router_of("busy").instances[held.instance_id].added_at
                 > 4 * 0.5 + 10 * ticks
             ),
             10,
         )
-        assert held.instance_id in d0.routers["busy"].instances
+        assert held.instance_id in d0.router_of("busy").instances
         await c.release(held)
 
 
@@ -86,7 +86,7 @@ async def test_min_scale_starts_instances_before_any_request(cluster):
             common_pb2.FunctionSpec(name="warm", command=["x"], min_scale=2, max_scale=4)
         )
         await eventually(
-            lambda: "warm" in d0.routers and len(d0.routers["warm"].instances) == 2,
+            lambda: d0.routes("warm") and len(d0.router_of("warm").instances) == 2,
             10,
             "min_scale instances",
         )

@@ -31,7 +31,7 @@ async def test_timed_out_dispatch_calls_hold_no_slot() -> None:
             )
             warm = await client.dispatch("f")
             await client.release(warm)
-            router = c.parts["d-0"].component.servicer.routers["f"]
+            router = c.parts["d-0"].component.servicer.router_of("f")
             d0 = c.parts["d-0"].address
             async with client.pool.stub(d0, dispatch_pb2_grpc.DispatchStub) as s:
                 results = await asyncio.gather(
@@ -78,7 +78,7 @@ async def test_timed_out_calls_during_a_cold_start_hold_no_slot() -> None:
             assert all(isinstance(r, grpc.aio.AioRpcError) for r in results)
             # The instance the first call started arrives after they all gave up.
             got = await client.dispatch("cold", deadline_s=10.0)
-            router = c.parts["d-0"].component.servicer.routers["cold"]
+            router = c.parts["d-0"].component.servicer.router_of("cold")
             assert sum(i.in_flight for i in router.instances.values()) == 1  # just this one
             await client.release(got)
     finally:
@@ -95,7 +95,7 @@ async def test_the_same_request_id_gets_the_same_lease() -> None:
             a = await client.dispatch("g", request_id="req-1")
             b = await client.dispatch("g", request_id="req-1")
             assert (a.lease_id, a.instance_id) == (b.lease_id, b.instance_id)
-            router = c.parts["d-0"].component.servicer.routers["g"]
+            router = c.parts["d-0"].component.servicer.router_of("g")
             assert sum(i.in_flight for i in router.instances.values()) == 1
             other = await client.dispatch("g", request_id="req-2")
             assert other.lease_id != a.lease_id

@@ -50,11 +50,11 @@ async def test_instances_on_a_dead_node_stop_being_routed():
             survivor = b if victim is a else a
             await c.remove("agent-1")  # node-1 goes silent
             await eventually(
-                lambda: victim.instance_id not in d0.routers["f"].instances,
+                lambda: victim.instance_id not in d0.router_of("f").instances,
                 10,
                 "dead node's instance dropped",
             )
-            assert survivor.instance_id in d0.routers["f"].instances
+            assert survivor.instance_id in d0.router_of("f").instances
             await client.release(survivor)
             again = await client.dispatch("f")
             assert again.node_id == "node-0"

@@ -31,14 +31,14 @@ async def test_deferred_release_frees_the_slot_for_the_next_request(cluster):
         await c.deploy(common_pb2.FunctionSpec(name="f", command=["x"], concurrency=1, max_scale=3))
         first = await c.dispatch("f")
         assert await c.release(first, defer=True)
-        assert d0.routers["f"].instances[first.instance_id].in_flight == 1  # not yet
+        assert d0.router_of("f").instances[first.instance_id].in_flight == 1  # not yet
         second = await c.dispatch("f")  # carries the release
         assert not second.cold_start and second.instance_id == first.instance_id
-        assert len(d0.routers["f"].instances) == 1
+        assert len(d0.router_of("f").instances) == 1
         await c.release(second, defer=True)
         # No call to ride on: the flush timer sends it.
         await eventually(
-            lambda: d0.routers["f"].instances[first.instance_id].in_flight == 0, 5, "timed flush"
+            lambda: d0.router_of("f").instances[first.instance_id].in_flight == 0, 5, "timed flush"
         )
 
 
@@ -49,4 +49,4 @@ async def test_close_sends_deferred_releases(cluster):
     got = await c.dispatch("g")
     await c.release(got, defer=True)
     await c.close()
-    assert d0.routers["g"].instances[got.instance_id].in_flight == 0
+    assert d0.router_of("g").instances[got.instance_id].in_flight == 0

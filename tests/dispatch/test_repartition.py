@@ -56,7 +56,7 @@ async def test_new_dispatch_instance_takes_over_its_functions_warm(cluster):
 
         d1 = (await cluster.add("dispatch", "d-1")).component.servicer
         await eventually(
-            lambda: all(n in d1.routers for n in moved) and not any(n in d0.routers for n in moved),
+            lambda: all(d1.routes(n) for n in moved) and not any(d0.routes(n) for n in moved),
             what="handover",
         )
         c.membership = type(c.membership)()  # the SDK re-learns owners
@@ -68,7 +68,7 @@ async def test_new_dispatch_instance_takes_over_its_functions_warm(cluster):
         # must wait for it (or start a second instance), never share it.
         nxt = await c.dispatch(moved[0])
         assert nxt.instance_id != held.instance_id or nxt.cold_start
-        assert d1.routers[moved[0]].instances[held.instance_id].in_flight == 1
+        assert d1.router_of(moved[0]).instances[held.instance_id].in_flight == 1
         assert await c.release(held)
 
 
@@ -84,7 +84,7 @@ async def test_waiting_request_follows_its_function_to_the_new_owner(cluster):
             waiting = asyncio.ensure_future(
                 s.Dispatch(dispatch_pb2.DispatchRequest(function="solo"), timeout=20)
             )
-            await eventually(lambda: d0.component.servicer.routers["solo"].waiters)
+            await eventually(lambda: d0.component.servicer.router_of("solo").waiters)
             # Force "solo" onto the new instance by picking an id it hashes to.
             new_id = next(
                 f"d-x{i}"
@@ -92,7 +92,7 @@ async def test_waiting_request_follows_its_function_to_the_new_owner(cluster):
                 if rendezvous.owner("solo", ["d-0", f"d-x{i}"]) == f"d-x{i}"
             )
             d1 = (await cluster.add("dispatch", new_id)).component.servicer
-            await eventually(lambda: "solo" in d1.routers, what="handover")
+            await eventually(lambda: d1.routes("solo"), what="handover")
             assert not waiting.done()
             await c.release(busy)  # the SDK routes the release to the new owner
             got = await waiting

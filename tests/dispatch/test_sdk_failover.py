@@ -103,7 +103,7 @@ async def test_invoke_replaces_an_instance_that_cannot_be_reached() -> None:
             assert first.status == 200
             # Make the warm instance unreachable as seen by Dispatch: its
             # routed address now points at a closed port.
-            router = c.parts["d-0"].component.servicer.routers["echo"]
+            router = c.parts["d-0"].component.servicer.router_of("echo")
             inst = router.instances[first.instance.instance_id]
             inst.address = _dead_address()
             r = await client.invoke("echo", b"again")

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from controlplane.runtime.revisions import routing_key
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 from statestore import open_store
@@ -102,9 +103,11 @@ async def test_restarted_dispatch_rebuilds_its_view_warm(etcd):
             again = await c.dispatch("keep")
             assert not again.cold_start and again.instance_id == first.instance_id
             servicer = d0.component.servicer
-            assert "gone" not in servicer._recovered and "gone" not in servicer.routers
+            assert not [f for f in servicer._recovered if routing_key(f) == "gone"]
+            assert not servicer.routes("gone")
             await asyncio.wait_for(d0.component.recorder.writer.flush(), 30)
-            assert not await keys(etcd.url, "/galaxy/instances/gone/")
+            # The function's records, whichever revision (gone-NNNNN) they are of.
+            assert not await keys(etcd.url, "/galaxy/instances/gone")
             fresh = await c.dispatch("gone")
             assert fresh.cold_start and fresh.instance_id != lost.instance_id
     finally:

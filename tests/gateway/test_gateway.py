@@ -121,7 +121,7 @@ async def test_a_client_that_goes_away_mid_stream_frees_its_slot(gw: Gateway) ->
         async with s.post(f"{gw.url}/functions/stream", data=words) as resp:
             assert resp.status == 200
             assert await resp.content.readline() == b"w0\n"
-            router = gw.cluster.parts["d-0"].component.servicer.routers["stream"]
+            router = gw.cluster.parts["d-0"].component.servicer.router_of("stream")
             assert sum(i.in_flight for i in router.instances.values()) == 1
         # The response is closed here, long before the function finished.
     await eventually(

@@ -44,6 +44,7 @@ async def test_echo_server_ready_and_answers(process_backend):
         "instance": "i-1",
         "function": "echo",
         "node": "n-0",
+        "revision": 0,
     }
     await sb.stop()
     # SIGTERM is enough for the echo server: it exits cleanly with status 0.

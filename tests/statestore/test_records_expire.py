@@ -53,7 +53,10 @@ async def test_records_are_dumped_decoded_and_expire_with_their_writer(etcd):  #
         by_key = {r["key"]: r for r in records}
         spec = by_key["/galaxy/functions/echo"]
         assert spec["owner"] == "controller" and spec["value"]["name"] == "echo"
-        inst = by_key[f"/galaxy/instances/echo/{got.instance_id}"]
+        rev = by_key["/galaxy/revisions/echo/00001"]
+        assert rev["owner"] == "controller" and rev["value"]["revision"] == 1
+        assert got.function == "echo-00001"  # instances run a revision
+        inst = by_key[f"/galaxy/instances/{got.function}/{got.instance_id}"]
         assert inst["value"]["address"] == got.address
         nodes = [r for r in records if r["key"].startswith("/galaxy/nodes/")]
         assert len(nodes) == 2 and all("node_id" in r["value"] for r in nodes)
@@ -72,5 +75,6 @@ async def test_records_are_dumped_decoded_and_expire_with_their_writer(etcd):  #
         # etcd expires leases on its own schedule: poll, bounded.
         await eventually_async(records_gone, within_s=15.0, what="records expire")
         assert await keys(etcd.url, "/galaxy/functions/") == ["/galaxy/functions/echo"]
+        assert await keys(etcd.url, "/galaxy/revisions/") == ["/galaxy/revisions/echo/00001"]
     finally:
         await c.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
+from controlplane.runtime import revisions
 from controlplane.runtime.errors import Unavailable
 from controlplane.runtime.netaddr import join_host_port
 from controlplane.runtime.procs import wait_exit
@@ -283,7 +284,9 @@ class ProcessBackend(SandboxBackend):
         env = {"PATH": os.environ.get("PATH", os.defpath)}
         env.update(spec.env)
         env["GALAXY_INSTANCE_ID"] = instance_id
-        env["GALAXY_FUNCTION"] = spec.name
+        function, revision = revisions.split(spec.name)
+        env["GALAXY_FUNCTION"] = function
+        env["GALAXY_REVISION"] = str(revision)  # 0: a function without revisions
         env["GALAXY_NODE_ID"] = node_id
         env["HOST"] = self.host
         env["PORT"] = str(port)

@@ -1,0 +1,112 @@
+"""Revisions on a Dispatch instance: which revision serves a request, the
+start of a new revision's first instance during a rollout, and retiring the
+instances of revisions that no longer get traffic.
+
+The decisions are the pure functions of ``controlplane.runtime.revisions``;
+this module reads the servicer's routers and performs what they decide. Each
+revision is routed by a ``FunctionRouter`` of its own, named NAME-NNNNN.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from controlplane.runtime import revisions
+from functions.dispatch.policy import FunctionRouter
+from galaxy.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from functions.dispatch.service import DispatchServicer
+
+log = logging.getLogger(__name__)
+
+
+def _ready(svc: DispatchServicer, function: str) -> Callable[[int], bool]:
+    def ready(rev: int) -> bool:
+        r = svc.routers.get(revisions.revision_name(function, rev))
+        return r is not None and r.live_count() > 0
+
+    return ready
+
+
+async def resolve(
+    svc: DispatchServicer, function: str, tag: str
+) -> tuple[common_pb2.FunctionSpec, FunctionRouter]:
+    """The spec and router that serve one request for function (a function,
+    or a revision name that pins one revision)."""
+    spec = await svc._spec(function)
+    if not spec.revision or revisions.split(function)[1]:
+        return spec, svc._router(spec)  # no revisions (older records), or pinned
+    ready = _ready(svc, function)
+    rev = revisions.choose(spec, tag, random.random(), ready)
+    rev_spec = await svc._spec(revisions.revision_name(function, rev))
+    router = svc._router(rev_spec)
+    if rev != spec.revision and not tag:
+        await _warm_latest(svc, spec)
+    return rev_spec, router
+
+
+async def _warm_latest(svc: DispatchServicer, spec: common_pb2.FunctionSpec) -> None:
+    """Start the latest revision's first instance while an older one serves
+    (traffic moves to it once it is ready: a rollout without cold starts)."""
+    latest = await svc._spec(revisions.revision_name(spec.name, spec.revision))
+    router = svc._router(latest)
+    if router.live_count() == 0 and router.pending == 0:
+        log.info("rolling out %s: starting its first instance", latest.name)
+        router.begin_scale_up(1)
+        svc._spawn(svc._scale_up(router, latest))
+
+
+async def function_updated(svc: DispatchServicer, name: str) -> bool:
+    """A new spec or traffic split of a function this instance owns, if it
+    has revisions: route the revisions that now get traffic (so their
+    min_scale instances start before any request) and warm the latest one
+    while an older one serves. False when the caller's path applies (not
+    the owner, or a function without revisions)."""
+    if svc._owner(name) is not None:
+        return False
+    spec = await svc._spec(name)
+    if not spec.revision:
+        return False
+    ready = _ready(svc, name)
+    for rev in sorted(revisions.routed(spec, ready)):
+        svc._router(await svc._spec(revisions.revision_name(name, rev)))
+    if revisions.latest_ready(spec.revision, ready) != spec.revision:
+        await _warm_latest(svc, spec)
+    return True
+
+
+def inactive(svc: DispatchServicer) -> set[str]:
+    """Revision routers that get no new requests (no share, no tag, not the
+    latest ready one): their idle instances retire at once, min_scale aside."""
+    out: set[str] = set()
+    for name in svc.routers:
+        function, rev = revisions.split(name)
+        if not rev:
+            continue
+        spec = svc._specs.get(function)
+        if spec is None or not spec.revision:
+            continue
+        if rev not in revisions.routed(spec, _ready(svc, function)):
+            out.add(name)
+    return out
+
+
+def retire_inactive(svc: DispatchServicer, names: set[str]) -> None:
+    """Retire idle instances of inactive revisions; drop emptied routers.
+    Busy instances finish their requests first (no request is dropped)."""
+    for name in names:
+        router = svc.routers[name]
+        for iid, inst in list(router.instances.items()):
+            if inst.in_flight == 0:
+                router.drain(iid)
+                gone = svc._remove(router, iid)
+                if gone is not None and gone.meta is not None:
+                    log.info("retiring %s: revision %s gets no traffic", iid, name)
+                    svc._spawn(svc.peers.delete_on_node(gone.meta))
+        if not router.instances and not router.waiters and not router.pending:
+            del svc.routers[name]
+            svc._specs.pop(name, None)
