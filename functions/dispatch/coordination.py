@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from controlplane.runtime.errors import NotFound
+from controlplane.runtime.errors import InvalidArgument, NotFound
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch.policy import Grant, Instance, Waiter
 from galaxy.v1 import common_pb2, dispatch_pb2
@@ -118,6 +118,56 @@ def _forget(svc: DispatchServicer, routed: str, name: str) -> None:
         svc._remove(router, inst.instance_id)
         if inst.meta is not None:
             svc._spawn(svc.peers.delete_on_node(inst.meta))
+
+
+async def recover(svc: DispatchServicer, records: list[common_pb2.InstanceInfo]) -> int:
+    """Adopt instances recorded by a previous incarnation, after checking
+    with their node agents that they still run; returns how many.
+
+    The store may hold records of instances that died while no Dispatch
+    was watching, so the node agents are the authority.
+    """
+    live, gone = await svc.peers.running(records)
+    for info in live:
+        svc._recovered.setdefault(info.function, []).append(info)
+        # Under this process's lease now: the old one expires with its writer.
+        svc.record(
+            f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString()
+        )
+    for info in gone:
+        svc.record(f"/galaxy/instances/{info.function}/{info.instance_id}", None)
+    return len(live)
+
+
+async def mod_instance(
+    svc: DispatchServicer, request: dispatch_pb2.ModInstanceRequest
+) -> dispatch_pb2.ModInstanceReply:
+    """An instance handed over by a peer (OP_ADD, with its active leases) or
+    reported gone (OP_REMOVE)."""
+    info = request.instance
+    if not info.instance_id or not info.function:
+        raise InvalidArgument("instance.instance_id and instance.function: required")
+    router = svc.routers.get(info.function)
+    if request.op == dispatch_pb2.ModInstanceRequest.OP_ADD:
+        if not info.address:
+            raise InvalidArgument("instance.address: required for OP_ADD")
+        if router is None:
+            router = svc._router(await svc._spec(info.function))
+        changed = svc._add(router, info, cold=False)
+        leases = [x for x in request.active_leases if x not in svc._released_unknown]
+        router.adopt_leases(info.instance_id, leases)
+        return dispatch_pb2.ModInstanceReply(changed=changed)
+    if request.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE:
+        if router is None:
+            return dispatch_pb2.ModInstanceReply(changed=False)
+        log.info("instance %s removed: %s", info.instance_id, request.reason or "no reason")
+        changed = svc._remove(router, info.instance_id) is not None
+        # Waiters that counted on it may now need a new instance.
+        spec = svc._specs.get(info.function)
+        if changed and spec is not None:
+            svc._trigger_scale_up(router, spec)
+        return dispatch_pb2.ModInstanceReply(changed=changed)
+    raise InvalidArgument("op: must be OP_ADD or OP_REMOVE")
 
 
 def list_instances(

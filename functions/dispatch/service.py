@@ -23,7 +23,6 @@ from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.errors import (
     DeadlineExceeded,
     GalaxyError,
-    InvalidArgument,
     ResourceExhausted,
 )
 from controlplane.runtime.membership import MembershipView
@@ -46,6 +45,10 @@ DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
 # Time kept back from the caller's deadline to send a clear answer in time.
 DEADLINE_MARGIN_S = 0.05
+# A call with less time left than this gets no slot: its answer would likely
+# arrive after the caller's own deadline (which expires first by the transit
+# delay), stranding the slot until its lease ends.
+GRANT_MARGIN_S = 0.005
 # When the caller set no deadline, a queued request waits at most this long.
 MAX_WAIT_S = 60.0
 # Releases of unknown leases remembered for a late handover (see Release).
@@ -163,6 +166,20 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         slot, and its lease's lifetime (the Dispatch default when unset)."""
         return spec.request_timeout_ms / 1000.0 if spec.request_timeout_ms else self.lease_ttl_s
 
+    def _release_if_abandoned(
+        self, context: grpc.aio.ServicerContext, router: FunctionRouter, lease_id: str
+    ) -> None:
+        """Free the slot if the answer never reaches the caller: a deadline
+        that expires (or a cancel) between the grant and the answer's
+        delivery leaves no one to Release it, so it would be held for the
+        whole lease."""
+
+        def done(ctx: grpc.aio.ServicerContext) -> None:
+            if ctx.cancelled() and self.routers.get(router.name) is router:
+                self._wake(router.release(lease_id)[1])
+
+        context.add_done_callback(done)
+
     def _reply(self, g: Grant, wait_s: float, ttl_s: float) -> dispatch_pb2.InstanceAddr:
         return dispatch_pb2.InstanceAddr(
             function=g.instance.meta.function if g.instance.meta else "",
@@ -209,9 +226,18 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         grant = router.granted_for(rid)
         if grant is not None:  # a retry of a request already served
             return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s)
+        remaining = context.time_remaining()
+        if remaining is not None and remaining < GRANT_MARGIN_S:
+            # Granted now, the answer would reach the caller after it gave
+            # up (its deadline runs out before ours: the transit delay), and
+            # no one would Release the slot.
+            raise DeadlineExceeded(
+                f"dispatch {validation.short(request.function)}: deadline too short"
+            )
         grant = router.acquire()
         if grant is not None:
             router.remember(rid, grant)
+            self._release_if_abandoned(context, router, grant.lease_id)
             return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Grant] = loop.create_future()
@@ -242,6 +268,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 self._wake(router.release(fut.result().lease_id)[1])
             raise
         router.remember(rid, grant)
+        self._release_if_abandoned(context, router, grant.lease_id)
         return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s)
 
     async def _forward(
@@ -372,53 +399,16 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         return inst
 
     async def recover(self, records: list[common_pb2.InstanceInfo]) -> int:
-        """Adopt instances recorded by a previous incarnation, after checking
-        with their node agents that they still run; returns how many.
-
-        The store may hold records of instances that died while no Dispatch
-        was watching, so the node agents are the authority.
-        """
-        live, gone = await self.peers.running(records)
-        for info in live:
-            self._recovered.setdefault(info.function, []).append(info)
-            # Under this process's lease now: the old one expires with its writer.
-            self.record(
-                f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString()
-            )
-        for info in gone:
-            self.record(f"/galaxy/instances/{info.function}/{info.instance_id}", None)
-        count = len(live)
-        return count
+        """Adopt instances recorded by a previous incarnation that still run;
+        returns how many (see ``coordination.recover``)."""
+        return await coordination.recover(self, records)
 
     # -- internal API -----------------------------------------------------
 
     async def ModInstance(
         self, request: dispatch_pb2.ModInstanceRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb2.ModInstanceReply:
-        info = request.instance
-        if not info.instance_id or not info.function:
-            raise InvalidArgument("instance.instance_id and instance.function: required")
-        router = self.routers.get(info.function)
-        if request.op == dispatch_pb2.ModInstanceRequest.OP_ADD:
-            if not info.address:
-                raise InvalidArgument("instance.address: required for OP_ADD")
-            if router is None:
-                router = self._router(await self._spec(info.function))
-            changed = self._add(router, info, cold=False)
-            leases = [x for x in request.active_leases if x not in self._released_unknown]
-            router.adopt_leases(info.instance_id, leases)
-            return dispatch_pb2.ModInstanceReply(changed=changed)
-        if request.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE:
-            if router is None:
-                return dispatch_pb2.ModInstanceReply(changed=False)
-            log.info("instance %s removed: %s", info.instance_id, request.reason or "no reason")
-            changed = self._remove(router, info.instance_id) is not None
-            # Waiters that counted on it may now need a new instance.
-            spec = self._specs.get(info.function)
-            if changed and spec is not None:
-                self._trigger_scale_up(router, spec)
-            return dispatch_pb2.ModInstanceReply(changed=changed)
-        raise InvalidArgument("op: must be OP_ADD or OP_REMOVE")
+        return await coordination.mod_instance(self, request)
 
     async def Coordinate(
         self, request: common_pb2.CoordinateRequest, context: grpc.aio.ServicerContext
