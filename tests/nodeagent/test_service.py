@@ -214,7 +214,7 @@ async def test_exit_frees_and_notifies_dispatch(peers, pool, tmp_path, caplog):
     """An instance cold-started through the real Dispatch and Schedule dies:
     the agent frees its node and tells Dispatch (ModInstance OP_REMOVE at the
     notify address Dispatch gave), which stops routing to it."""
-    caplog.set_level(logging.INFO, logger="functions.dispatch.service")
+    caplog.set_level(logging.INFO, logger="functions.dispatch.coordination")
     await peers.add("controller", "controller")
     await peers.add("clustermgr", "cm")
     schedule = await peers.add("schedule", "schedule-0")
