@@ -1,8 +1,7 @@
 """TLS material and mutual-TLS plumbing for Galaxy's gRPC traffic.
 
-A directory holds one private certificate authority (``ca.pem``,
-``ca-key.pem``) and, per identity, ``{identity}.pem`` and
-``{identity}-key.pem`` (``client/admin`` lives in ``client/admin.pem``).
+A directory holds a private CA (``ca.pem``, ``ca-key.pem``) and per identity
+``{identity}.pem`` and ``{identity}-key.pem`` (e.g. ``client/admin.pem``).
 An identity is the URI SAN ``spiffe://galaxy/{identity}`` (SPIFFE-shaped,
 so a SPIFFE workload API could serve it later without renaming anything).
 Hosts are DNS and IPAddress SANs: gRPC checks the host a channel dials
@@ -14,7 +13,6 @@ Not on by default: rpc.py uses it only when given a TlsConfig (docs/security.md)
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import inspect
 import ipaddress
@@ -23,6 +21,7 @@ import re
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +35,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from controlplane.runtime.validation import short
 
 SPIFFE_PREFIX = "spiffe://galaxy/"
-#: The components of a control plane (each has its own certificate), the
-#: operator's client identity (the `galaxy` CLI, the SDK), and what
-#: `galaxy certs init` issues.
+#: Component identities (a certificate each), the operator's client (the CLI,
+#: the SDK), and both together: what `galaxy certs init` issues.
 COMPONENTS = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent", "gateway")
 ADMIN = "client/admin"
 DEFAULT_IDENTITIES = (*COMPONENTS, ADMIN)
@@ -49,9 +47,9 @@ CA_DAYS = 3650
 LEAF_DAYS = 365
 # `ensure` reissues a certificate this close to its end, so a control plane
 # started with `galaxy up` never runs on one about to expire.
-RENEW_BEFORE = datetime.timedelta(days=30)
+RENEW_BEFORE = timedelta(days=30)
 # Backdated start: a peer whose clock is a little behind still accepts it.
-_SKEW = datetime.timedelta(minutes=5)
+_SKEW = timedelta(minutes=5)
 
 # Slash-separated lowercase segments, a subset of [a-z0-9/-]{1,100}: no empty
 # segment, so an identity can never become an absolute path or "a//b".
@@ -114,12 +112,8 @@ def _write_pair(cert: Path, key: Path, c: x509.Certificate, k: ec.EllipticCurveP
     _write(cert, c.public_bytes(pem), 0o644)
 
 
-def _now() -> datetime.datetime:  # aware: cryptography compares in UTC
-    return datetime.datetime.now(datetime.UTC)
-
-
 def _builder(
-    subject: str, issuer: x509.Name | None, key: ec.EllipticCurvePrivateKey, end: datetime.datetime
+    subject: str, issuer: x509.Name | None, key: ec.EllipticCurvePrivateKey, end: datetime
 ) -> x509.CertificateBuilder:
     """Subject CN, issuer (None: self-signed), public key, validity until end."""
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
@@ -129,7 +123,7 @@ def _builder(
         .issuer_name(issuer or name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - _SKEW)
+        .not_valid_before(datetime.now(UTC) - _SKEW)
         .not_valid_after(end)
     )
 
@@ -144,7 +138,7 @@ def create_ca(dir: Path | str) -> x509.Certificate:
     key = ec.generate_private_key(ec.SECP256R1())
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     cert = (
-        _builder("Galaxy CA", None, key, _now() + datetime.timedelta(days=CA_DAYS))
+        _builder("Galaxy CA", None, key, datetime.now(UTC) + timedelta(days=CA_DAYS))
         # path_length=0: the CA signs leaf certificates only.
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(ca=True), critical=True)
@@ -174,14 +168,14 @@ def issue(dir: Path | str, identity: str, hosts: Sequence[str]) -> x509.Certific
     """
     check_identity(identity)
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(SPIFFE_PREFIX + identity)]
-    sans += [_san(h) for h in dict.fromkeys(hosts)]  # checked before anything is written
+    sans += dict.fromkeys(_san(h) for h in hosts)  # checked before anything is written
     ca_cert, ca_key = load_ca(dir)
     key = ec.generate_private_key(ec.SECP256R1())
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if not identity.startswith("client/"):
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
     # Never outlive the CA: a chain is only as valid as its shortest link.
-    end = min(_now() + datetime.timedelta(days=LEAF_DAYS), ca_cert.not_valid_after_utc)
+    end = min(datetime.now(UTC) + timedelta(days=LEAF_DAYS), ca_cert.not_valid_after_utc)
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
     cert = (
         _builder(identity, ca_cert.subject, key, end)
@@ -213,13 +207,13 @@ def ensure(
 ) -> list[str]:
     """Create the CA if missing and any certificate that is not usable.
 
-    A certificate is (re)issued when it is missing, not signed by this CA,
-    within RENEW_BEFORE of its end, or does not cover every host in hosts
-    (``client/`` identities get no hosts). Idempotent. Returns what was
-    written, "ca" first. Bad identities or hosts are refused before any write.
+    A certificate is (re)issued when it is missing, not from this CA, within
+    RENEW_BEFORE of its end, or misses one of hosts (added to the hosts it
+    had; ``client/`` identities get none). Idempotent; refuses bad input
+    before writing anything. Returns what was written, "ca" first.
     """
     identities = [check_identity(i) for i in identities]
-    host_sans = [_san(h) for h in hosts]
+    wanted = {_san(h) for h in hosts}
     d = Path(dir)
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     written = []
@@ -232,25 +226,31 @@ def ensure(
     ca_cert, _ = load_ca(d)
     for identity in identities:
         client = identity.startswith("client/")
-        if not _usable(d, identity, ca_cert, [] if client else host_sans):
-            issue(d, identity, [] if client else hosts)
+        have = _usable(d, identity, ca_cert)
+        if have is None or not (client or wanted <= set(have)):
+            # Never drop a host: a peer may dial the certificate by it.
+            issue(d, identity, [str(g.value) for g in have or []] + ([] if client else [*hosts]))
             written.append(identity)
     return written
 
 
-def _usable(d: Path, identity: str, ca: x509.Certificate, sans: list[x509.GeneralName]) -> bool:
-    """identity's pair exists, matches, comes from ca, lasts, covers hosts."""
+def _usable(d: Path, identity: str, ca: x509.Certificate) -> list[x509.GeneralName] | None:
+    """The host SANs of identity's certificate, or None when it is missing,
+    does not match its key, is not from ca, or ends within RENEW_BEFORE."""
     try:
         cert = x509.load_pem_x509_certificate(cert_path(d, identity).read_bytes())
         key = serialization.load_pem_private_key(key_path(d, identity).read_bytes(), None)
         cert.verify_directly_issued_by(ca)
     except (OSError, ValueError, TypeError, InvalidSignature):
-        return False
-    fresh = cert.not_valid_after_utc - _now() > RENEW_BEFORE
-    return fresh and key.public_key() == cert.public_key() and set(sans) <= set(_sans(cert))
+        return None
+    ending = cert.not_valid_after_utc - datetime.now(UTC) < RENEW_BEFORE
+    if ending or key.public_key() != cert.public_key():
+        return None
+    return [g for g in sans(cert) if isinstance(g, x509.DNSName | x509.IPAddress)]
 
 
-def _sans(cert: x509.Certificate) -> list[x509.GeneralName]:
+def sans(cert: x509.Certificate) -> list[x509.GeneralName]:
+    """Every subject alternative name of cert (none: [])."""
     try:
         return list(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
     except x509.ExtensionNotFound:
@@ -259,7 +259,7 @@ def _sans(cert: x509.Certificate) -> list[x509.GeneralName]:
 
 def identity_of(cert: x509.Certificate) -> str | None:
     """The Galaxy identity in cert's URI SAN, or None when it has none."""
-    for g in _sans(cert):
+    for g in sans(cert):
         if isinstance(g, x509.UniformResourceIdentifier) and g.value.startswith(SPIFFE_PREFIX):
             rest = g.value.removeprefix(SPIFFE_PREFIX)
             if len(rest) <= 100 and _IDENTITY.fullmatch(rest):
@@ -269,7 +269,7 @@ def identity_of(cert: x509.Certificate) -> str | None:
 
 def describe(cert: x509.Certificate) -> dict[str, Any]:
     """identity, hosts (DNS and IP SANs, as text) and not_after of cert."""
-    hosts = [str(g.value) for g in _sans(cert) if isinstance(g, x509.DNSName | x509.IPAddress)]
+    hosts = [str(g.value) for g in sans(cert) if isinstance(g, x509.DNSName | x509.IPAddress)]
     return {"identity": identity_of(cert), "hosts": hosts, "not_after": cert.not_valid_after_utc}
 
 
