@@ -114,10 +114,11 @@ async def cmd_show(args: argparse.Namespace) -> int:
         ca = x509.load_pem_x509_certificate((d / "ca.pem").read_bytes())
         print(f"{'ca':<13} {ca.subject.rfc4514_string()}  not after {_when(ca)}{_problems(ca, ca)}")
         for path, cert in _certs(d):
-            info = tls.describe(cert)
-            name = info["identity"] or f"(no Galaxy identity: {path.relative_to(d)})"
+            name = tls.describe(cert)["identity"] or "(no Galaxy identity)"
             sans = ", ".join(_san_text(g) for g in tls.sans(cert))
-            print(f"{name:<13} {sans}  not after {_when(cert)}{_problems(cert, ca)}")
+            # A file not named after its identity is pointed out by name.
+            where = "" if path == d / f"{name}.pem" else f"  [{path.relative_to(d)}]"
+            print(f"{name:<13} {sans}  not after {_when(cert)}{_problems(cert, ca)}{where}")
     return 0
 
 
