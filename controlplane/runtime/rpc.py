@@ -1,6 +1,6 @@
 """gRPC helpers: every server and channel of Galaxy is made here.
 
-One place to switch on credentials later (TLS/mTLS), to add the standard
+One place to switch on credentials (mutual TLS with a TlsConfig), to add the standard
 health and reflection services, to map errors to clear statuses, and to make
 sure every outgoing RPC carries a deadline.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,6 +20,9 @@ from grpc_reflection.v1alpha import reflection
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
 from controlplane.runtime.validation import MAX_MESSAGE_BYTES
+
+if TYPE_CHECKING:
+    from controlplane.runtime.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -138,15 +141,22 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
 def create_server(
     listen: str,
     services: Iterable[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]],
+    tls: TlsConfig | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build a grpc.aio server on listen (host:port, port 0 = any free port).
 
     services: (add_XServicer_to_server, servicer, full service name) triples.
     Adds the standard health service (every service SERVING once started is
     the caller's job via the returned HealthServicer) and server reflection.
+    tls: serve mutual TLS only (clients must present a certificate of its
+    CA); None serves plaintext. interceptors run before Galaxy's own, so an
+    authorization check (tls.IdentityInterceptor) comes before anything else.
     Returns (server, bound port, health servicer); call ``await server.start()``.
     """
-    server = grpc.aio.server(interceptors=[_ErrorAndMetricsInterceptor()], options=_SERVER_OPTIONS)
+    server = grpc.aio.server(
+        interceptors=[*interceptors, _ErrorAndMetricsInterceptor()], options=_SERVER_OPTIONS
+    )
     names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
     for add, servicer, name in services:
         add(servicer, server)
@@ -154,7 +164,10 @@ def create_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(listen)
+    if tls is None:
+        port = server.add_insecure_port(listen)
+    else:
+        port = server.add_secure_port(listen, tls.server_credentials())
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     return server, port, health_servicer
@@ -171,9 +184,16 @@ async def set_serving(health_servicer: Any, names: Iterable[str], serving: bool 
         await health_servicer.set(n, status)
 
 
-def insecure_channel(address: str) -> grpc.aio.Channel:
-    """A new channel to address (host:port). Prefer ChannelPool."""
-    return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+def insecure_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
+    """A new channel to address (host:port). Prefer ChannelPool.
+
+    With tls the channel is mutual TLS: it trusts only tls.ca, presents
+    tls.cert, and gRPC checks that the server's certificate covers the host
+    of address (an IP literal against an IPAddress SAN).
+    """
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=_CHANNEL_OPTIONS)
 
 
 S = TypeVar("S")
@@ -207,12 +227,19 @@ class ChannelPool:
 
     Call sites use ``async with pool.stub(address, XStub) as stub:``. With
     ``enabled=False`` (the ablation switch) each use opens a fresh channel and
-    closes it on exit, which is the cost the cache removes.
+    closes it on exit, which is the cost the cache removes. With ``tls``
+    every channel is mutual TLS (see insecure_channel).
     """
 
-    def __init__(self, enabled: bool = True, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        enabled: bool = True,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        tls: TlsConfig | None = None,
+    ) -> None:
         self.enabled = enabled
         self.timeout = timeout
+        self.tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[tuple[str, Any], Any] = {}
         self.channels_created = 0
@@ -220,7 +247,7 @@ class ChannelPool:
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = insecure_channel(address)
+            ch = insecure_channel(address, self.tls)
             self._channels[address] = ch
             self.channels_created += 1
         return ch
@@ -239,7 +266,7 @@ class ChannelPool:
             yield s
             return
         self.channels_created += 1
-        ch = insecure_channel(address)
+        ch = insecure_channel(address, self.tls)
         try:
             yield Deadlined(stub_cls(ch), self.timeout)
         finally:

@@ -6,6 +6,7 @@ galaxy invoke NAME --data X    call it (cold-starts an instance if needed)
 galaxy status                  control instances, nodes, functions, instances
 galaxy functions | delete NAME
 galaxy calibrate               measure T_DF, T_SF, T_CMF here (for control autoscaling)
+galaxy certs init --dir DIR    a CA and mutual-TLS certificates (not used by default yet)
 galaxy serve KIND ...          run one component (used by `up` and Kubernetes)
 """
 
@@ -42,6 +43,7 @@ from controlplane.tools.calls import (
     cmd_invoke,
     cmd_status,
 )
+from controlplane.tools.certs_cmd import add_subparser as add_certs_subparser
 from controlplane.tools.common import CliError, find_controller  # noqa: F401 (re-exported)
 from controlplane.tools.revisions_cmd import add_subparsers as add_revision_subparsers
 from controlplane.tools.store_cmd import add_subparser as add_store_subparser
@@ -211,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulator_subparser(sub)
     add_store_subparser(sub)
     add_revision_subparsers(sub)
+    add_certs_subparser(sub)
 
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
     up.add_argument("--nodes", type=int, default=4, help="worker nodes (default 4)")
