@@ -20,7 +20,7 @@ from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry
 from controlplane.controller.scaling import KINDS, KindLimits, ScalingConfig
 from controlplane.controller.service import ControllerServicer
-from controlplane.runtime import validation
+from controlplane.runtime import tlsfiles, validation
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.rpc import ChannelPool
 from galaxy.v1 import common_pb2, controller_pb2_grpc
@@ -160,9 +160,14 @@ def make_actuator(args: argparse.Namespace) -> Actuator:
             verify_ssl=not args.k8s_insecure,
         )
     if args.actuator == "local":
+        from controlplane.controller.actuators.local import KINDS as LOCAL_KINDS
         from controlplane.controller.actuators.local import LocalProcessActuator
 
-        extra: dict[str, list[str]] = {}
+        # Instances it starts serve as this controller does: its TLS files
+        # (each kind's own certificate in the same directory), or plaintext.
+        insecure = getattr(args, "insecure", False)
+        own = tlsfiles.flags(None if insecure else getattr(args, "tls_dir", None))
+        extra: dict[str, list[str]] = {kind: list(own) for kind in LOCAL_KINDS}
         for kind, flags in args.instance_args:
             extra.setdefault(kind, []).extend(shlex.split(flags))
         return LocalProcessActuator(

@@ -16,6 +16,7 @@ from controlplane.gateway.proxy import Proxy
 from controlplane.runtime import config, netaddr
 from controlplane.runtime.host import READY_PREFIX, watch_lifeline
 from controlplane.runtime.metrics import serve_metrics, watch_gc
+from controlplane.runtime.tls import TlsConfig
 from controlplane.sdk.client import GalaxyClient
 
 log = logging.getLogger(__name__)
@@ -34,11 +35,12 @@ def make_app(proxy: Proxy, cfg: GatewayConfig) -> web.Application:
 
 
 async def start(
-    cfg: GatewayConfig, controller: str, host: str, port: int
+    cfg: GatewayConfig, controller: str, host: str, port: int, tls: TlsConfig | None = None
 ) -> tuple[web.AppRunner, Proxy, str]:
     """Start serving on host:port (0: any free port); returns the runner,
-    the proxy and the bound address."""
-    client = GalaxyClient(controller, timeout=cfg.request_timeout_s)
+    the proxy and the bound address. tls: the gateway's certificate for its
+    gRPC calls to the control plane (mutual TLS)."""
+    client = GalaxyClient(controller, timeout=cfg.request_timeout_s, tls=tls)
     proxy = Proxy(client, cfg)
     runner = web.AppRunner(make_app(proxy, cfg), access_log=None, handle_signals=False)
     await runner.setup()
@@ -58,7 +60,7 @@ async def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT or the lifeline closes."""
     cfg = config.from_args(GatewayConfig, args)
     host, port = netaddr.split_host_port(args.listen)
-    runner, proxy, bound = await start(cfg, args.controller, host, port)
+    runner, proxy, bound = await start(cfg, args.controller, host, port, getattr(args, "tls", None))
     address = netaddr.join_host_port(
         netaddr.advertised_host(host, args.advertise_host), netaddr.split_host_port(bound)[1]
     )

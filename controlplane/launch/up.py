@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.runtime import netaddr, tls, tlsfiles
 from controlplane.runtime.host import READY_PREFIX, serve_command
+from controlplane.runtime.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,10 @@ class UpConfig:
     #: default here: bench and calibrate runs do not use one; `galaxy up`
     #: asks for 8080).
     gateway_port: int = -1
+    #: Mutual TLS between every component and client (certificates made in
+    #: RUN_DIR/certs on first start). Off here (bench, calibrate); `galaxy
+    #: up` turns it on unless --insecure.
+    tls: bool = False
 
 
 @dataclass
@@ -110,8 +116,17 @@ class Supervisor:
         self.children: list[Child] = []
         self.log_dir = cfg.run_dir / "logs"
 
+    @property
+    def tls_dir(self) -> Path | None:
+        """Where the certificates are, when TLS is on."""
+        return self.cfg.run_dir / "certs" if self.cfg.tls else None
+
+    def client_tls(self) -> TlsConfig | None:
+        """The admin client's TLS config (None: plaintext)."""
+        return tlsfiles.client_tls(self.tls_dir)
+
     def _serve_cmd(self, kind: str, instance_id: str, *extra: str) -> list[str]:
-        cmd = serve_command(kind, instance_id, self.cfg.host)
+        cmd = serve_command(kind, instance_id, self.cfg.host, *tlsfiles.flags(self.tls_dir))
         if not self.cfg.connection_cache:
             cmd.append("--no-connection-cache")
         return cmd + list(extra) + self.cfg.extra.get(kind, [])
@@ -124,6 +139,7 @@ class Supervisor:
         if not cfg.autoscale_control:
             return list(cfg.controller_args)
         common = [] if cfg.connection_cache else ["--no-connection-cache"]
+        common += tlsfiles.flags(self.tls_dir)
         per_kind = {
             "dispatch": ["--state", cfg.state],
             "clustermgr": ["--state", cfg.state],
@@ -191,6 +207,11 @@ class Supervisor:
         """Start everything; returns the endpoints (also written to endpoints.json)."""
         cfg = self.cfg
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.tls_dir is not None:
+            # Every component dials others by their advertised host: it must
+            # be in the certificates (ensure adds it and keeps older hosts).
+            hosts = {netaddr.advertised_host(cfg.host), "localhost", "127.0.0.1", "::1"}
+            await asyncio.to_thread(tls.ensure, self.tls_dir, hosts=sorted(hosts))
         ctl = await self.spawn(
             "controller",
             self._serve_cmd(
@@ -256,6 +277,8 @@ class Supervisor:
     def endpoints(self) -> dict[str, Any]:
         """Addresses of every component, as written to endpoints.json."""
         out: dict[str, Any] = {"controller": "", "components": [], "supervisor_pid": os.getpid()}
+        if self.tls_dir is not None:
+            out["tls_dir"] = str(self.tls_dir)
         for c in self.children:
             if c.name == "controller":
                 out["controller"] = c.ready["address"]
@@ -271,7 +294,9 @@ class Supervisor:
 
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
-        async with GalaxyClient(self.endpoints()["controller"], timeout=5.0) as c:
+        async with GalaxyClient(
+            self.endpoints()["controller"], timeout=5.0, tls=self.client_tls()
+        ) as c:
             while True:
                 st = await c.status()
                 alive = sum(1 for n in st.nodes if n.alive)
@@ -343,6 +368,14 @@ def print_endpoints(endpoints: dict[str, Any], nodes_alive: int, out: Any = sys.
             file=out,
         )
     print(f"  nodes alive: {nodes_alive}", file=out)
+    if endpoints.get("tls_dir"):
+        print(
+            f"  mutual TLS: certificates in {endpoints['tls_dir']} (the CLI here uses "
+            "client/admin; elsewhere set GALAXY_TLS_DIR; see docs/security.md)",
+            file=out,
+        )
+    else:
+        print(f"  WARNING: {tlsfiles.INSECURE_WARNING}", file=out)
     if endpoints.get("gateway"):
         print(f"Gateway: http://{endpoints['gateway']}", file=out)
     print("Try: galaxy deploy -f examples/echo.yaml && galaxy invoke echo --data hello", file=out)

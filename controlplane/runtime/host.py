@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from controlplane.runtime import loadreport, netaddr, rpc
+from controlplane.runtime import authz, loadreport, netaddr, rpc
 from controlplane.runtime.membership import KIND_NAMES
 from controlplane.runtime.metrics import serve_metrics, watch_gc
+from controlplane.runtime.tls import IdentityInterceptor, TlsConfig
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -192,6 +193,7 @@ async def serve(
     stop: asyncio.Event | None = None,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
     load_report_s: float = loadreport.DEFAULT_INTERVAL_S,
+    tls: TlsConfig | None = None,
 ) -> None:
     """Serve component until a stop signal; see module docstring.
 
@@ -200,9 +202,16 @@ async def serve(
     ready record instead of it being printed. Signal handlers are installed
     only when no stop event is given. A registered component reports its
     load every load_report_s seconds (0 = never; see controlplane.runtime.loadreport).
+    tls: serve mutual TLS and check callers' identities; a given pool must
+    be made with the same tls (the default pool is). None serves plaintext.
     """
-    pool = pool or rpc.ChannelPool()
-    server, port, health_servicer = rpc.create_server(listen, component.services())
+    pool = pool or rpc.ChannelPool(tls=tls)
+    # With TLS, callers are also checked by identity: internal RPCs accept
+    # component certificates only (controlplane.runtime.authz).
+    guards = [IdentityInterceptor(authz.allowed)] if tls is not None else []
+    server, port, health_servicer = rpc.create_server(
+        listen, component.services(), tls=tls, interceptors=guards
+    )
     listen_host, _ = netaddr.split_host_port(listen)
     address = netaddr.join_host_port(netaddr.advertised_host(listen_host, advertise_host), port)
     metrics_address = ""

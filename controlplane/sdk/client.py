@@ -35,6 +35,7 @@ from controlplane.runtime.errors import (
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
+from controlplane.runtime.tls import TlsConfig
 from controlplane.runtime.validation import short
 from controlplane.sdk.http import HttpPool, NotSent
 from controlplane.sdk.retry import Backoff
@@ -66,14 +67,23 @@ class InvokeResult:
 
 
 class GalaxyClient:
-    """Async client of one Galaxy control plane (controller address)."""
+    """Async client of one Galaxy control plane (controller address).
+
+    tls: mutual TLS with a client certificate of the cluster's CA
+    (``controlplane.runtime.tlsfiles.client_tls``); None for a plaintext
+    control plane (`galaxy up --insecure`).
+    """
 
     def __init__(
-        self, controller: str, timeout: float = 30.0, backoff: Backoff | None = None
+        self,
+        controller: str,
+        timeout: float = 30.0,
+        backoff: Backoff | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.controller = controller
         self.timeout = timeout
-        self.pool = rpc.ChannelPool(timeout=timeout)
+        self.pool = rpc.ChannelPool(timeout=timeout, tls=tls)
         self.http = HttpPool()
         self.backoff = backoff or Backoff()
         self.membership = MembershipView()

@@ -12,24 +12,20 @@ from typing import Any
 from google.protobuf import json_format
 
 from controlplane.runtime import spec as specs
-from controlplane.tools.common import find_controller
+from controlplane.tools.common import connect
 
 
 async def cmd_deploy(args: argparse.Namespace) -> int:
-    from controlplane.sdk.client import GalaxyClient
-
     spec = specs.load_file(args.file)
-    async with GalaxyClient(find_controller(args)) as c:
+    async with connect(args) as c:
         stored = await c.deploy(spec)
     print(f"deployed {stored.name} (revision {stored.revision}, version {stored.version})")
     return 0
 
 
 async def cmd_invoke(args: argparse.Namespace) -> int:
-    from controlplane.sdk.client import GalaxyClient
-
     data = args.data.encode() if args.data is not None else sys.stdin.buffer.read()
-    async with GalaxyClient(find_controller(args), timeout=args.timeout) as c:
+    async with connect(args, timeout=args.timeout) as c:
         r = await c.invoke(args.name, data, path=args.path)
     kind = "cold" if r.instance.cold_start else "warm"
     print(
@@ -42,9 +38,8 @@ async def cmd_invoke(args: argparse.Namespace) -> int:
 
 async def cmd_status(args: argparse.Namespace) -> int:
     from controlplane.runtime.membership import KIND_NAMES
-    from controlplane.sdk.client import GalaxyClient
 
-    async with GalaxyClient(find_controller(args)) as c:
+    async with connect(args) as c:
         st = await c.status()
     if args.json:
         print(json_format.MessageToJson(st, preserving_proto_field_name=True))
@@ -110,9 +105,7 @@ def _print_scaling(st: Any) -> None:
 
 
 async def cmd_functions(args: argparse.Namespace) -> int:
-    from controlplane.sdk.client import GalaxyClient
-
-    async with GalaxyClient(find_controller(args)) as c:
+    async with connect(args) as c:
         fns = await c.list_functions()
     for f in fns:
         print(json.dumps(json_format.MessageToDict(f, preserving_proto_field_name=True)))
@@ -120,9 +113,7 @@ async def cmd_functions(args: argparse.Namespace) -> int:
 
 
 async def cmd_delete(args: argparse.Namespace) -> int:
-    from controlplane.sdk.client import GalaxyClient
-
-    async with GalaxyClient(find_controller(args)) as c:
+    async with connect(args) as c:
         await c.delete_function(args.name)
     print(f"deleted {args.name}")
     return 0

@@ -33,6 +33,7 @@ from controlplane.launch.up import (
     print_endpoints,
     read_endpoints,
 )
+from controlplane.runtime import tlsfiles
 from controlplane.runtime.config import ConfigError
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import serve_metrics
@@ -91,6 +92,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         controller_args=_scaling_flags(args),
         control_cpu_limits=_cpu_limits(args.control_cpu_limit),
         gateway_port=args.gateway_port,
+        tls=not args.insecure,
     )
     if read_endpoints(cfg.run_dir):
         raise CliError(
@@ -180,6 +182,10 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     mod = _component_module(args.kind)
     if args.kind != "controller" and not args.controller:
         raise CliError("--controller HOST:PORT is required")
+    try:
+        args.tls = tlsfiles.component_tls(args.kind, args.tls_dir, args.insecure)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     if args.kind == "gateway":  # HTTP, not a gRPC component
         return int(await mod.run(args))
     component = mod.build(args)
@@ -191,8 +197,9 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         controller=args.controller or "",
         advertise_host=args.advertise_host,
         lifeline=args.lifeline,
-        pool=rpc.ChannelPool(enabled=not args.no_connection_cache),
+        pool=rpc.ChannelPool(enabled=not args.no_connection_cache, tls=args.tls),
         load_report_s=args.load_report_ms / 1000.0,
+        tls=args.tls,
     )
     return 0
 
@@ -237,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--state", default="memory://", help="memory:// (default) or etcd://host:port[,host:port]"
     )
     up.add_argument("--host", default="127.0.0.1", help="address every component listens on")
+    up.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS: plaintext gRPC with no authentication (local experiments only)",
+    )
     up.add_argument(
         "--gateway-port",
         type=int,
@@ -327,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="ablation: a new gRPC channel per call",
         )
+        tlsfiles.add_arguments(sp)
         sp.add_argument(
             "--load-report-ms",
             type=float,

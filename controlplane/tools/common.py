@@ -6,8 +6,14 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from controlplane.launch.up import read_endpoints
+from controlplane.runtime import tlsfiles
+from controlplane.runtime.tls import TlsConfig
+
+if TYPE_CHECKING:
+    from controlplane.sdk.client import GalaxyClient
 
 
 class CliError(Exception):
@@ -27,3 +33,25 @@ def find_controller(args: argparse.Namespace) -> str:
         f"no running control plane found in {args.run_dir}; start one with `galaxy up` "
         "or pass --controller HOST:PORT"
     )
+
+
+def find_tls(args: argparse.Namespace) -> TlsConfig | None:
+    """The client certificate to use: $GALAXY_TLS_DIR (identity
+    $GALAXY_TLS_IDENTITY, default client/admin), else the running `galaxy
+    up`'s; None when neither exists (a plaintext control plane)."""
+    tls_dir = os.environ.get("GALAXY_TLS_DIR")
+    if not tls_dir:
+        ep = read_endpoints(Path(args.run_dir)) or {}
+        tls_dir = ep.get("tls_dir")
+    try:
+        return tlsfiles.client_tls(tls_dir)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def connect(args: argparse.Namespace, **kwargs: Any) -> GalaxyClient:
+    """A client of the control plane the command targets (see
+    find_controller and find_tls)."""
+    from controlplane.sdk.client import GalaxyClient
+
+    return GalaxyClient(find_controller(args), tls=find_tls(args), **kwargs)

@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from controlplane.runtime.validation import short
-from controlplane.tools.common import CliError, find_controller
+from controlplane.tools.common import CliError, connect
 from galaxy.v1 import common_pb2
 
 _CONTROLLER_HELP = "controller host:port (default: $GALAXY_CONTROLLER or the running `galaxy up`)"
@@ -61,9 +61,7 @@ def _share(spec_traffic: Any, revision: int, latest_ready: str) -> str:
 
 async def cmd_revisions(args: argparse.Namespace) -> int:
     """Print one line per revision: number, share of traffic, command."""
-    from controlplane.sdk.client import GalaxyClient
-
-    async with GalaxyClient(find_controller(args)) as c:
+    async with connect(args) as c:
         reply = await c.list_revisions(args.name)
     traffic = list(reply.traffic) or [common_pb2.TrafficTarget(percent=100)]
     latest = max((r.revision for r in reply.revisions), default=0)
@@ -78,10 +76,8 @@ async def cmd_revisions(args: argparse.Namespace) -> int:
 
 async def cmd_traffic(args: argparse.Namespace) -> int:
     """Replace the traffic split and print it."""
-    from controlplane.sdk.client import GalaxyClient
-
     targets = [parse_target(t) for t in args.targets]
-    async with GalaxyClient(find_controller(args)) as c:
+    async with connect(args) as c:
         spec = await c.set_traffic(args.name, targets)
     split = ", ".join(
         f"{t.revision or 'latest'}={t.percent}%" + (f"@{t.tag}" if t.tag else "")

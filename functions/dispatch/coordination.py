@@ -176,8 +176,8 @@ def list_instances(
     """What this instance routes: functions, their queues and instances."""
     out = dispatch_pb2.ListInstancesReply(dispatch_id=svc.instance_id)
     for name in sorted(svc.routers):
-        if request.function and name != request.function:
-            continue
+        if request.function and request.function not in (name, routing_key(name)):
+            continue  # a function's filter takes in its revisions
         r = svc.routers[name]
         out.functions.append(
             dispatch_pb2.FunctionRouting(function=name, waiting=len(r.waiters), pending=r.pending)

@@ -21,8 +21,10 @@ import pytest
 
 from controlplane.launch.up import Supervisor, UpConfig
 from controlplane.runtime import spec as specs
+from controlplane.runtime import tls
 from controlplane.runtime.host import serve_command
 from controlplane.runtime.netaddr import split_host_port
+from controlplane.runtime.revisions import routing_key
 from controlplane.sdk.client import GalaxyClient
 from tests.netns import Hosts, require_netns
 
@@ -37,11 +39,18 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, Hosts]]:
     sup: Supervisor | None = None
     try:
         hosts.create(HOSTS)
-        sup = Supervisor(UpConfig(host=hosts.control_ip, nodes=0, gateway_port=0, run_dir=tmp_path))
+        cfg = UpConfig(host=hosts.control_ip, nodes=0, gateway_port=0, run_dir=tmp_path, tls=True)
+        sup = Supervisor(cfg)
         endpoints = await sup.start()
+        # Each host's node agent is dialled at its own address: its
+        # certificate must name it (as `galaxy certs issue` would per host).
+        assert sup.tls_dir is not None
+        tls.ensure(sup.tls_dir, ["nodeagent"], [hosts.ip(i) for i in range(HOSTS)])
         for i in range(HOSTS):
             listen_host = hosts.ip(i) if i == 0 else "0.0.0.0"
-            cmd = serve_command("nodeagent", f"agent-ns{i}", listen_host)
+            cmd = serve_command(
+                "nodeagent", f"agent-ns{i}", listen_host, "--tls-dir", str(sup.tls_dir)
+            )
             cmd += ["--controller", endpoints["controller"], "--node-prefix", f"host{i}"]
             cmd += ["--log-dir", str(tmp_path / "instances")]
             await sup.spawn(f"agent-ns{i}", hosts.exec_prefix(i) + cmd)
@@ -59,7 +68,7 @@ async def test_instances_on_other_hosts_answer_sdk_and_gateway(
     sup, hosts = cluster
     endpoints = sup.endpoints()
     host_ips = {hosts.ip(i) for i in range(HOSTS)}
-    async with GalaxyClient(endpoints["controller"], timeout=30) as client:
+    async with GalaxyClient(endpoints["controller"], timeout=30, tls=sup.client_tls()) as client:
         st = await client.status()
         agent_ips = {split_host_port(n.status.address)[0] for n in st.nodes}
         # Host 1 listens on 0.0.0.0 and still advertises its own address.
@@ -79,7 +88,9 @@ async def test_instances_on_other_hosts_answer_sdk_and_gateway(
         assert {r["node"] for r in replies} <= {f"host{i}-0" for i in range(HOSTS)}
 
         st = await client.status()
-        addresses = [s.instance.address for s in st.instances if s.instance.function == "echo"]
+        addresses = [
+            s.instance.address for s in st.instances if routing_key(s.instance.function) == "echo"
+        ]
         assert addresses, "no echo instance in status"
         for address in addresses:
             assert split_host_port(address)[0] in host_ips, address
@@ -87,6 +98,7 @@ async def test_instances_on_other_hosts_answer_sdk_and_gateway(
     # Through the gateway, with a client we did not write.
     curl = shutil.which("curl")
     assert curl, "curl is required (.ci/run installs it)"
+    # The gateway serves plain HTTP here; its calls into the cluster use mTLS.
     proc = await asyncio.create_subprocess_exec(
         curl, "-sS", "--max-time", "20", "-d", "from-curl",
         f"http://{endpoints['gateway']}/functions/echo",

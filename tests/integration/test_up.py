@@ -115,7 +115,7 @@ def test_bad_spec_is_rejected_naming_the_field(up, tmp_path):
 
 def test_server_validates_specs_too(up):
     async def go():
-        async with grpc.aio.insecure_channel(up.controller) as ch:
+        async with up.channel(up.controller) as ch:
             stub = controller_pb2_grpc.ControllerStub(ch)
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await stub.DeployFunction(
@@ -138,7 +138,7 @@ def test_unknown_function_is_not_found(up):
 
     async def go():
         addr = up.component("dispatch-0")["address"]
-        async with grpc.aio.insecure_channel(addr) as ch:
+        async with up.channel(addr) as ch:
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await dispatch_pb2_grpc.DispatchStub(ch).Dispatch(
                     dispatch_pb2.DispatchRequest(function="nope"), timeout=5
@@ -168,7 +168,7 @@ def test_concurrent_cold_requests_share_one_scale_up(up, tmp_path):
 
     async def go():
         addr = up.component("dispatch-0")["address"]
-        async with grpc.aio.insecure_channel(addr) as ch:
+        async with up.channel(addr) as ch:
             stub = dispatch_pb2_grpc.DispatchStub(ch)
             res = await asyncio.gather(
                 *(
@@ -200,7 +200,7 @@ def test_reflection_and_health_on_every_server(up):
         "agent-0": "galaxy.v1.NodeAgent",
     }
     for name, service in expected.items():
-        with grpc.insecure_channel(up.component(name)["address"]) as ch:
+        with up.sync_channel(up.component(name)["address"]) as ch:
             services = set(ProtoReflectionDescriptorDatabase(ch).get_services())
             assert {service, "grpc.health.v1.Health"} <= services, (name, services)
             resp = health_pb2_grpc.HealthStub(ch).Check(

@@ -11,6 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
+
+from controlplane.runtime import rpc
+from controlplane.runtime.tls import TlsConfig
+
 REPO = Path(__file__).resolve().parents[2]
 READY_LINE = "Press Ctrl-C to stop."
 
@@ -117,6 +122,22 @@ class GalaxyUp:
     @property
     def controller(self) -> str:
         return str(self.endpoints["controller"])
+
+    def tls(self, identity: str = "client/admin") -> TlsConfig:
+        """The TLS files of identity in this control plane's certificates."""
+        return TlsConfig.for_identity(self.endpoints["tls_dir"], identity)
+
+    def channel(self, address: str, identity: str = "client/admin") -> grpc.aio.Channel:
+        """An async mutual-TLS channel to a component, as identity."""
+        return rpc.insecure_channel(address, self.tls(identity))
+
+    def sync_channel(self, address: str, identity: str = "client/admin") -> grpc.Channel:
+        """A blocking mutual-TLS channel (reflection's descriptor database)."""
+        t = self.tls(identity)
+        creds = grpc.ssl_channel_credentials(
+            t.ca.read_bytes(), t.key.read_bytes(), t.cert.read_bytes()
+        )
+        return grpc.secure_channel(address, creds)
 
     def component(self, name: str) -> dict:
         return next(c for c in self.endpoints["components"] if c["name"] == name)

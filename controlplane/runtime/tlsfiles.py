@@ -1,0 +1,78 @@
+"""Which TLS files a process uses: the `--tls-dir` / `--insecure` choice of
+`galaxy serve`, and the files a client picks up (pure file checks; the
+certificates themselves are made by ``controlplane.runtime.tls``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from controlplane.runtime.tls import ADMIN, TlsConfig
+
+log = logging.getLogger(__name__)
+
+#: Printed by every process that serves or calls without TLS.
+INSECURE_WARNING = (
+    "INSECURE: plaintext gRPC without authentication; anyone who can reach this "
+    "port can deploy code and start or kill instances. For local experiments only."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`--tls-dir` and `--insecure` of `galaxy serve KIND`."""
+    p.add_argument(
+        "--tls-dir",
+        default=os.environ.get("GALAXY_TLS_DIR"),
+        help="mutual TLS: a `galaxy certs` directory with ca.pem and this kind's "
+        "certificate and key (default $GALAXY_TLS_DIR); required unless --insecure",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve plaintext gRPC with no authentication (local experiments only)",
+    )
+
+
+def config(identity: str, tls_dir: str | os.PathLike[str] | None) -> TlsConfig:
+    """identity's files in tls_dir, or ValueError naming what is missing."""
+    if not tls_dir:
+        raise ValueError("no TLS directory given")
+    cfg = TlsConfig.for_identity(Path(tls_dir), identity)
+    missing = [str(p) for p in (cfg.ca, cfg.cert, cfg.key) if not p.is_file()]
+    if missing:
+        raise ValueError(
+            f"TLS files missing: {', '.join(missing)}; make them with "
+            f"`galaxy certs init --dir {tls_dir} --host HOST`"
+        )
+    return cfg
+
+
+def component_tls(identity: str, tls_dir: str | None, insecure: bool) -> TlsConfig | None:
+    """The TLS config of a component from its flags (None: --insecure).
+    ValueError with what to do when neither is given or files are missing."""
+    if tls_dir and insecure:
+        raise ValueError("--tls-dir and --insecure: choose one")
+    if insecure:
+        log.warning(INSECURE_WARNING)
+        return None
+    if not tls_dir:
+        raise ValueError(
+            "no TLS material: give --tls-dir DIR (make one with `galaxy certs init --dir DIR "
+            "--host HOST`), set $GALAXY_TLS_DIR, or pass --insecure for a local experiment"
+        )
+    return config(identity, tls_dir)
+
+
+def client_tls(tls_dir: str | os.PathLike[str] | None) -> TlsConfig | None:
+    """A client's TLS config: $GALAXY_TLS_IDENTITY (default client/admin) in
+    tls_dir; None when there is no directory (a plaintext control plane)."""
+    if not tls_dir:
+        return None
+    return config(os.environ.get("GALAXY_TLS_IDENTITY", ADMIN), tls_dir)
+
+
+def flags(tls_dir: str | os.PathLike[str] | None) -> list[str]:
+    """`galaxy serve` flags for a child: --tls-dir DIR, or --insecure."""
+    return ["--tls-dir", str(tls_dir)] if tls_dir else ["--insecure"]
