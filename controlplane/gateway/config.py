@@ -29,3 +29,7 @@ class GatewayConfig(Config):
         64 * 1024 * 1024, "largest request body accepted (413 above)", ge=1024
     )
     retry_after_s: int = setting(1, "Retry-After of a shed or unavailable answer", ge=0, le=3600)
+    https_cert: str = setting(
+        "", "serve HTTPS with this certificate chain (PEM file; needs --https-key)"
+    )
+    https_key: str = setting("", "private key of --https-cert (PEM file)")

@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import signal
+import ssl
+import sys
 
 from aiohttp import web
 
@@ -34,6 +36,22 @@ def make_app(proxy: Proxy, cfg: GatewayConfig) -> web.Application:
     return app
 
 
+def https_context(cfg: GatewayConfig) -> ssl.SSLContext | None:
+    """The server TLS context of --https-cert/--https-key (None: plain HTTP);
+    ValueError naming the flag when only one is given or a file is unusable."""
+    if not cfg.https_cert and not cfg.https_key:
+        return None
+    if not (cfg.https_cert and cfg.https_key):
+        raise ValueError("--https-cert and --https-key: give both or neither")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cfg.https_cert, cfg.https_key)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"--https-cert/--https-key: cannot load: {e}") from None
+    return ctx
+
+
 async def start(
     cfg: GatewayConfig, controller: str, host: str, port: int, tls: TlsConfig | None = None
 ) -> tuple[web.AppRunner, Proxy, str]:
@@ -42,9 +60,10 @@ async def start(
     gRPC calls to the control plane (mutual TLS)."""
     client = GalaxyClient(controller, timeout=cfg.request_timeout_s, tls=tls)
     proxy = Proxy(client, cfg)
+    ssl_context = https_context(cfg)
     runner = web.AppRunner(make_app(proxy, cfg), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, proxy, netaddr.join_host_port(host, bound)
@@ -60,7 +79,11 @@ async def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT or the lifeline closes."""
     cfg = config.from_args(GatewayConfig, args)
     host, port = netaddr.split_host_port(args.listen)
-    runner, proxy, bound = await start(cfg, args.controller, host, port, getattr(args, "tls", None))
+    try:
+        runner, proxy, bound = await start(cfg, args.controller, host, port, args.tls)
+    except ValueError as e:
+        print(f"galaxy: {e}", file=sys.stderr)
+        return 2
     address = netaddr.join_host_port(
         netaddr.advertised_host(host, args.advertise_host), netaddr.split_host_port(bound)[1]
     )

@@ -378,13 +378,15 @@ def _emulated_body(addr: dispatch_pb2.InstanceAddr, data: bytes) -> bytes:
 class SyncGalaxyClient:
     """Blocking wrapper of GalaxyClient for scripts (one private event loop)."""
 
-    def __init__(self, controller: str, timeout: float = 30.0) -> None:
+    def __init__(
+        self, controller: str, timeout: float = 30.0, tls: TlsConfig | None = None
+    ) -> None:
         self._runner = asyncio.Runner()
-        self._client = self._runner.run(self._make(controller, timeout))
+        self._client = self._runner.run(self._make(controller, timeout, tls))
 
     @staticmethod
-    async def _make(controller: str, timeout_s: float) -> GalaxyClient:
-        return GalaxyClient(controller, timeout_s)
+    async def _make(controller: str, timeout_s: float, tls: TlsConfig | None) -> GalaxyClient:
+        return GalaxyClient(controller, timeout_s, tls=tls)
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._client, name)
