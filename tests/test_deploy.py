@@ -108,7 +108,26 @@ def test_container_args_parse_with_the_real_cli(name, container):
             assert probe["httpGet"]["port"] == port, f"{name}: {kind} must hit the HTTP port"
             assert probe["httpGet"]["path"] in ("/v2/health/live", "/v2/health/ready")
         else:
-            assert probe["grpc"]["port"] == port, f"{name}: the gRPC probe must hit the gRPC port"
+            # The gRPC port requires mutual TLS, which a kubelet probe cannot
+            # do: probes hit the plaintext health-only port (--health-listen).
+            health = int(parsed.health_listen.rsplit(":", 1)[1])
+            assert health in {p["containerPort"] for p in container["ports"]}, name
+            assert probe["grpc"]["port"] == health, f"{name}: {kind} must hit --health-listen"
+
+
+@pytest.mark.parametrize("name, container", containers())
+def test_every_component_serves_mutual_tls_from_its_own_secret_files(name, container):
+    parsed = parsed_args(container)
+    assert not parsed.insecure, name
+    assert parsed.tls_dir and parsed.tls_server_name, name
+    spec = next(s for n, s in pod_specs() if n == name.split("/")[0])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == parsed.tls_dir)
+    assert mount.get("readOnly") is True, name
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    files = {i["path"] for i in volume["secret"]["items"]}
+    kind = parsed.kind
+    # Its own pair and the CA only: never the CA key or another identity's key.
+    assert files == {"ca.pem", f"{kind}.pem", f"{kind}-key.pem"}, name
 
 
 def test_every_control_function_has_a_deployment_the_actuator_can_scale():
@@ -229,7 +248,10 @@ def test_writable_paths_are_bounded_empty_dirs(name, spec):
     for c in spec["containers"]:
         mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
         assert "/tmp" in mounts, f"{name}: /tmp must be writable (read-only root)"
+        read_only = {m["mountPath"] for m in c.get("volumeMounts", []) if m.get("readOnly")}
         for path, vol in mounts.items():
+            if path in read_only:
+                continue  # e.g. the TLS secret: not a writable path
             assert "sizeLimit" in volumes[vol].get("emptyDir", {}), f"{name}: {path}"
         if parsed_args(c).kind == "nodeagent":
             log_dir = parsed_args(c).log_dir

@@ -194,6 +194,7 @@ async def serve(
     on_ready: Callable[[dict[str, Any]], None] | None = None,
     load_report_s: float = loadreport.DEFAULT_INTERVAL_S,
     tls: TlsConfig | None = None,
+    health_listen: str | None = None,
 ) -> None:
     """Serve component until a stop signal; see module docstring.
 
@@ -204,6 +205,8 @@ async def serve(
     load every load_report_s seconds (0 = never; see controlplane.runtime.loadreport).
     tls: serve mutual TLS and check callers' identities; a given pool must
     be made with the same tls (the default pool is). None serves plaintext.
+    health_listen: also serve grpc.health.v1 alone, in plaintext, there
+    (for probes without a certificate; see rpc.health_only_server).
     """
     pool = pool or rpc.ChannelPool(tls=tls)
     # With TLS, callers are also checked by identity: internal RPCs accept
@@ -220,7 +223,12 @@ async def serve(
         metrics_address = serve_metrics(mhost, mport)
         watch_gc()
     ctx = HostContext(instance_id, address, metrics_address, controller, pool)
+    health_only = None
+    if health_listen:
+        health_only, _ = rpc.health_only_server(health_listen, health_servicer)
     await server.start()
+    if health_only is not None:
+        await health_only.start()
     loop = asyncio.get_running_loop()
     if stop is None:
         stop = asyncio.Event()
@@ -263,5 +271,7 @@ async def serve(
         if component.kind:
             await _deregister(ctx, component.kind)
         await server.stop(grace=1.0)
+        if health_only is not None:
+            await health_only.stop(grace=0)
         await component.stop()
         await pool.close()

@@ -173,6 +173,19 @@ def create_server(
     return server, port, health_servicer
 
 
+def health_only_server(listen: str, health_servicer: Any) -> tuple[grpc.aio.Server, int]:
+    """A plaintext server with nothing but grpc.health.v1, sharing
+    health_servicer: for probes that cannot present a certificate (a
+    kubelet's gRPC probe) when the main port requires mutual TLS. It reveals
+    only whether the process serves. Returns (server, bound port)."""
+    server = grpc.aio.server(options=_SERVER_OPTIONS)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    return server, port
+
+
 async def set_serving(health_servicer: Any, names: Iterable[str], serving: bool = True) -> None:
     """Mark the overall server ("") and each service SERVING or NOT_SERVING."""
     status = (
@@ -189,11 +202,16 @@ def insecure_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.Cha
 
     With tls the channel is mutual TLS: it trusts only tls.ca, presents
     tls.cert, and gRPC checks that the server's certificate covers the host
-    of address (an IP literal against an IPAddress SAN).
+    of address (an IP literal against an IPAddress SAN), or tls.server_name.
     """
     if tls is None:
         return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=_CHANNEL_OPTIONS)
+    options: list[tuple[str, Any]] = list(_CHANNEL_OPTIONS)
+    if tls.server_name:
+        # The chain to our CA and the peer's identity still count; only
+        # the name checked is fixed (see TlsConfig.server_name).
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options)
 
 
 S = TypeVar("S")

@@ -284,11 +284,18 @@ class TlsConfig:
     ca: Path
     cert: Path
     key: Path
+    #: Name every server certificate carries, checked instead of the dialled
+    #: host (Kubernetes: peers are dialled by pod IPs no certificate can list
+    #: ahead of time). None checks the dialled host.
+    server_name: str | None = None
 
     @classmethod
-    def for_identity(cls, dir: Path | str, identity: str) -> TlsConfig:
+    def for_identity(
+        cls, dir: Path | str, identity: str, server_name: str | None = None
+    ) -> TlsConfig:
         """The config of identity's files in a `galaxy certs` directory."""
-        return cls(Path(dir) / "ca.pem", cert_path(dir, identity), key_path(dir, identity))
+        ca = Path(dir) / "ca.pem"
+        return cls(ca, cert_path(dir, identity), key_path(dir, identity), server_name)
 
     def server_credentials(self) -> grpc.ServerCredentials:
         """Server side: present our pair, require a client certificate from the CA."""

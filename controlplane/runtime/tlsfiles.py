@@ -29,17 +29,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "certificate and key (default $GALAXY_TLS_DIR); required unless --insecure",
     )
     p.add_argument(
+        "--tls-server-name",
+        default=os.environ.get("GALAXY_TLS_SERVER_NAME"),
+        help="check this name in peers' certificates instead of the host dialled "
+        "(Kubernetes: a name every component certificate carries; default "
+        "$GALAXY_TLS_SERVER_NAME)",
+    )
+    p.add_argument(
         "--insecure",
         action="store_true",
         help="serve plaintext gRPC with no authentication (local experiments only)",
     )
 
 
-def config(identity: str, tls_dir: str | os.PathLike[str] | None) -> TlsConfig:
+def config(
+    identity: str, tls_dir: str | os.PathLike[str] | None, server_name: str | None = None
+) -> TlsConfig:
     """identity's files in tls_dir, or ValueError naming what is missing."""
     if not tls_dir:
         raise ValueError("no TLS directory given")
-    cfg = TlsConfig.for_identity(Path(tls_dir), identity)
+    cfg = TlsConfig.for_identity(Path(tls_dir), identity, server_name or None)
     missing = [str(p) for p in (cfg.ca, cfg.cert, cfg.key) if not p.is_file()]
     if missing:
         raise ValueError(
@@ -49,7 +58,9 @@ def config(identity: str, tls_dir: str | os.PathLike[str] | None) -> TlsConfig:
     return cfg
 
 
-def component_tls(identity: str, tls_dir: str | None, insecure: bool) -> TlsConfig | None:
+def component_tls(
+    identity: str, tls_dir: str | None, insecure: bool, server_name: str | None = None
+) -> TlsConfig | None:
     """The TLS config of a component from its flags (None: --insecure).
     ValueError with what to do when neither is given or files are missing."""
     if tls_dir and insecure:
@@ -62,7 +73,7 @@ def component_tls(identity: str, tls_dir: str | None, insecure: bool) -> TlsConf
             "no TLS material: give --tls-dir DIR (make one with `galaxy certs init --dir DIR "
             "--host HOST`), set $GALAXY_TLS_DIR, or pass --insecure for a local experiment"
         )
-    return config(identity, tls_dir)
+    return config(identity, tls_dir, server_name)
 
 
 def client_tls(tls_dir: str | os.PathLike[str] | None) -> TlsConfig | None:
@@ -70,7 +81,8 @@ def client_tls(tls_dir: str | os.PathLike[str] | None) -> TlsConfig | None:
     tls_dir; None when there is no directory (a plaintext control plane)."""
     if not tls_dir:
         return None
-    return config(os.environ.get("GALAXY_TLS_IDENTITY", ADMIN), tls_dir)
+    identity = os.environ.get("GALAXY_TLS_IDENTITY", ADMIN)
+    return config(identity, tls_dir, os.environ.get("GALAXY_TLS_SERVER_NAME"))
 
 
 def flags(tls_dir: str | os.PathLike[str] | None) -> list[str]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.runtime.tls import TlsConfig
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
 
@@ -85,17 +86,19 @@ async def burst(
     sample_s: float = 0.5,
     settle: Any = None,
     tail_rate: float = 0.0,
+    tls: TlsConfig | None = None,
 ) -> BurstResult:
     """Run the burst and sample the status; see the module docstring.
 
     settle(result) -> bool, if given, ends the tail early once true.
     tail_rate: cold starts per second kept up after the burst (so instances
-    are drained and removed while requests still flow).
+    are drained and removed while requests still flow). tls: the client
+    certificate when the control plane serves mutual TLS.
     """
     res = BurstResult(burst_s=burst_s)
     names = [f"burst-{i}" for i in range(functions)]
     loop = asyncio.get_running_loop()
-    async with GalaxyClient(controller, timeout=30) as c:
+    async with GalaxyClient(controller, timeout=30, tls=tls) as c:
         for n in names:
             await c.deploy(spec(n))
         await c.refresh_membership()

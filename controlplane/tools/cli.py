@@ -183,7 +183,9 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     if args.kind != "controller" and not args.controller:
         raise CliError("--controller HOST:PORT is required")
     try:
-        args.tls = tlsfiles.component_tls(args.kind, args.tls_dir, args.insecure)
+        args.tls = tlsfiles.component_tls(
+            args.kind, args.tls_dir, args.insecure, args.tls_server_name
+        )
     except ValueError as e:
         raise CliError(str(e)) from None
     if args.kind == "gateway":  # HTTP, not a gRPC component
@@ -200,6 +202,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         pool=rpc.ChannelPool(enabled=not args.no_connection_cache, tls=args.tls),
         load_report_s=args.load_report_ms / 1000.0,
         tls=args.tls,
+        health_listen=args.health_listen or None,
     )
     return 0
 
@@ -340,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="ablation: a new gRPC channel per call",
         )
         tlsfiles.add_arguments(sp)
+        sp.add_argument(
+            "--health-listen",
+            default="",
+            help="also serve grpc.health.v1 alone in plaintext on host:port, for probes "
+            "that cannot present a certificate (Kubernetes gRPC probes; '' = off)",
+        )
         sp.add_argument(
             "--load-report-ms",
             type=float,

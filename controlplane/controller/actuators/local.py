@@ -83,15 +83,15 @@ class LocalProcessActuator(Actuator):
         """The command line of a new instance."""
         if kind not in KINDS:
             raise ActuatorError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
+        extra = self.extra_args.get(kind, [])
+        if "--tls-dir" not in extra and "--insecure" not in extra:
+            # `galaxy serve` needs the choice made; the controller passes its
+            # own (controller/main.py), so this is a bare actuator (tests).
+            extra = [*extra, "--insecure"]
         return serve_command(
-            kind,
-            instance_id,
-            self.host,
-            "--controller",
-            self.controller,
-            *self.extra_args.get(kind, []),
+            kind, instance_id, self.host, "--controller", self.controller, *extra,
             python=self.python,
-        )
+        )  # fmt: skip
 
     async def scale_out(self, kind: str, current: int, desired: int) -> list[str]:
         """Spawn desired - current instances; returns their ids."""
