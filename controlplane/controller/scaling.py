@@ -128,6 +128,9 @@ class KindState:
     last_in_at: float = _NEVER
     #: Since when utilization has been below the low watermark (None: it is not).
     low_since: float | None = None
+    #: The kind has had a ready instance: from then on, none at all means
+    #: they were lost (crashed, node gone) and are replaced, not awaited.
+    seen: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,8 +148,8 @@ class ScalingState:
 class Decision:
     """Scale ``kind`` from ``current`` to ``desired`` instances, and why.
 
-    code is a short, fixed label (for metrics): below_min, above_max,
-    overload, underload.
+    code is a short, fixed label (for metrics): lost (every instance of a
+    kind that had some is gone), below_min, above_max, overload, underload.
     """
 
     kind: str
@@ -195,6 +198,13 @@ def _candidate(
     needed = needed_instances(load, lim, cfg.target_utilization)
     op = LOAD_OPS.get(kind, "ops")
     if n == 0:
+        if ks.seen:
+            # Every instance is gone (their members expired): start the
+            # minimum again, before anything else (nothing serves the kind).
+            return 8.0, Decision(
+                kind, 0, lim.min_instances, "lost",
+                f"all instances lost; starting {lim.min_instances}", load, u,
+            )  # fmt: skip
         # Not started yet: whatever deploys the control plane (galaxy up, a
         # Deployment) brings the first instance; the controller takes over
         # from there. Deciding now would race the bootstrap.
@@ -264,7 +274,9 @@ def decide(ctx: ScalingContext, state: ScalingState) -> tuple[Decision | None, S
         # The low-load clock runs whatever happens to other kinds this tick.
         low = u < cfg.low_watermark
         ks = replace(
-            ks, low_since=(ks.low_since if ks.low_since is not None else now) if low else None
+            ks,
+            low_since=(ks.low_since if ks.low_since is not None else now) if low else None,
+            seen=ks.seen or kl.instances > 0,
         )
         if ks.desired is not None and not _pending(ks, kl.instances, now, cfg):
             ks = replace(ks, desired=None)  # reached (or given up on): forget it

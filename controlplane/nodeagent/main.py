@@ -18,6 +18,7 @@ from controlplane.nodeagent.sandbox import (
     SandboxBackend,
     make_sandbox_backend,
 )
+from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, open_cgroups
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.netaddr import split_host_port
@@ -59,6 +60,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_HEARTBEAT_MS,
         help="heartbeat interval unless ClusterMgr asks for another",
+    )
+    g.add_argument(
+        "--cgroups",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="process sandbox: each instance in its own cgroup with its spec's CPU and "
+        "memory as hard limits (auto: when cgroups can be made here, else a warning; "
+        "on: refuse to start without them)",
     )
     g.add_argument(
         "--log-dir",
@@ -124,6 +133,13 @@ class NodeAgentComponent:
         await self.servicer.close()
 
 
+def _cgroups(mode: str) -> Cgroups | None:
+    try:
+        return open_cgroups(mode)
+    except CgroupError as e:
+        raise ValueError(f"--cgroups on: {e}") from None
+
+
 def build(args: argparse.Namespace) -> NodeAgentComponent:
     """A NodeAgentComponent from the flags of ``add_arguments``."""
     if args.nodes < 1:
@@ -135,7 +151,10 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
         backend = make_sandbox_backend("emulated", start_delay_ms=args.start_delay_ms)
     else:
         backend = make_sandbox_backend(
-            args.sandbox, log_dir=args.log_dir, startup_timeout_ms=args.startup_timeout_ms
+            args.sandbox,
+            log_dir=args.log_dir,
+            startup_timeout_ms=args.startup_timeout_ms,
+            cgroups=_cgroups(args.cgroups),
         )
     cap = Res(args.cpu_millis, args.memory_mib, args.gpus)
     ids = node_ids(args.node_prefix, args.nodes, args.node_index_start)

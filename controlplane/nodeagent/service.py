@@ -280,7 +280,8 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
     def _exited(self, node: Node, inst: _Instance, returncode: int) -> None:
         if self._forget(node, inst.instance_id, only=inst) is None:
             return  # already deleted
-        reason = describe_exit(returncode)
+        sb = inst.sandbox
+        reason = sb.exit_reason(returncode) if sb is not None else describe_exit(returncode)
         log.warning("instance %s on node %s ended: %s", inst.instance_id, node.node_id, reason)
         if inst.notify_address and inst.info is not None:
             task = asyncio.create_task(self._notify(inst.notify_address, inst.info, reason))

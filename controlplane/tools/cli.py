@@ -190,7 +190,12 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     if args.kind == "gateway":  # HTTP, not a gRPC component
         return int(await mod.run(args))
-    component = mod.build(args)
+    try:
+        component = mod.build(args)
+    except ConfigError:
+        raise  # its own exit code (2)
+    except ValueError as e:  # a flag's value, named in the message
+        raise CliError(str(e)) from None
     await host.serve(
         component,
         instance_id=args.id,

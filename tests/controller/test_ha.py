@@ -91,6 +91,7 @@ class ControllerProc:
                     "controller",
                     "--id",
                     cid,
+                    "--insecure",  # plaintext: this test is about leadership, not TLS
                     *flags,
                 ],
                 stdin=subprocess.PIPE,

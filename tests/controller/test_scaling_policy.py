@@ -148,6 +148,18 @@ def test_below_min_is_corrected_first_and_above_max_too():
     assert Driver(cfg, instances=0).step(500) is None
 
 
+def test_a_kind_whose_every_instance_was_lost_is_started_again():
+    cfg = config(limits={"schedule": KindLimits(T_SF, 2, 4)})
+    drv = Driver(cfg, instances=2, act_delay=1)
+    assert drv.step(10) is None  # at its minimum: nothing to do
+    drv.instances = 0  # every instance crashed and expired
+    d = drv.step(10)
+    assert d is not None and (d.code, d.current, d.desired) == ("lost", 0, 2)
+    assert drv.step(10) is None  # pending: one decision, not one per tick
+    drv.step(10)
+    assert drv.instances == 2
+
+
 def test_one_decision_per_tick_across_kinds_most_loaded_first():
     cfg = config(
         limits={

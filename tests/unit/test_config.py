@@ -115,6 +115,7 @@ def test_the_cli_reports_a_config_error_without_a_traceback() -> None:
         [
             *(sys.executable, "-m", "controlplane.tools.cli", "serve", "clustermgr"),
             *("--controller", "127.0.0.1:1", "--heartbeat-ms", "1000", "--dead-after-ms", "5"),
+            "--insecure",
         ],
         capture_output=True,
         text=True,

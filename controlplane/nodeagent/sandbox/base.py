@@ -35,6 +35,10 @@ class Sandbox(ABC):
         #: OS process id, for backends that have one.
         self.pid: int | None = None
 
+    def exit_reason(self, returncode: int) -> str:
+        """How the instance ended, for logs and Dispatch."""
+        return describe_exit(returncode)
+
     @property
     @abstractmethod
     def running(self) -> bool:

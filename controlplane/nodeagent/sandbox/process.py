@@ -19,7 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
+from prometheus_client import Counter
+
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
+from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, InstanceGroup
 from controlplane.runtime import revisions
 from controlplane.runtime.errors import Unavailable
 from controlplane.runtime.netaddr import join_host_port
@@ -162,6 +165,9 @@ async def _ready_probe(host: str, port: int, path: str, timeout_s: float) -> boo
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+OOM_KILLS = Counter(
+    "galaxy_instance_oom_kills_total", "Function instances ended by the OOM killer at their limit"
+)
 
 
 class ProcessSandbox(Sandbox):
@@ -176,8 +182,14 @@ class ProcessSandbox(Sandbox):
         port: int,
         stderr_path: Path,
         on_exit: ExitCallback | None,
+        group: InstanceGroup | None = None,
+        memory_mib: int = 0,
     ) -> None:
         super().__init__(node_id, instance_id, join_host_port(backend.host, port))
+        self.group = group
+        self.memory_mib = memory_mib
+        #: True when the kernel's OOM killer ended it (read from its cgroup).
+        self.oom_killed = False
         self.pid = proc.pid
         self.host = backend.host
         self.port = port
@@ -200,12 +212,27 @@ class ProcessSandbox(Sandbox):
         self._backend._live.discard(self)
         # The leader is gone; anything it left in its group goes too.
         _killpg(self.pid or 0, signal.SIGKILL)
+        if self.group is not None:
+            self.oom_killed = self.group.oom_kills() > 0
+            if self.oom_killed:
+                OOM_KILLS.inc()
+            self.group.remove()
         if self._ready and not self._stopping and self._on_exit is not None:
             try:
                 self._on_exit(self.instance_id, rc)
             except Exception:
                 log.exception("exit callback failed for instance %s", self.instance_id)
         return rc
+
+    def exit_reason(self, returncode: int) -> str:
+        """How it ended, naming the memory limit when the OOM killer ended it."""
+        text = describe_exit(returncode)
+        if self.oom_killed:
+            text += (
+                f"; out of memory: the kernel killed it at its limit of {self.memory_mib} MiB "
+                "(resources.memory_mib)"
+            )
+        return text
 
     async def _failure(self, what: str) -> Unavailable:
         tail = await asyncio.to_thread(_tail, self.stderr_path)
@@ -223,7 +250,7 @@ class ProcessSandbox(Sandbox):
         while True:
             if self._exited.done():
                 rc = self._exited.result()
-                raise await self._failure(f"{describe_exit(rc)} before it became ready")
+                raise await self._failure(f"{self.exit_reason(rc)} before it became ready")
             remaining = deadline - loop.time()
             if remaining <= 0:
                 check = f"GET {path} answering 2xx" if path else "a TCP connection"
@@ -269,8 +296,11 @@ class ProcessBackend(SandboxBackend):
         log_dir: str | os.PathLike[str] | None = None,
         startup_timeout_ms: int = DEFAULT_STARTUP_TIMEOUT_MS,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+        cgroups: Cgroups | None = None,
     ) -> None:
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="galaxy-agent-"))
+        #: Per-instance CPU and memory limits (None: the limits are bookkeeping only).
+        self.cgroups = cgroups
         self.startup_timeout_ms = startup_timeout_ms
         self.stop_grace_s = stop_grace_s
         self._live: set[ProcessSandbox] = set()
@@ -320,6 +350,15 @@ class ProcessBackend(SandboxBackend):
         why = _cannot_run(spec.command[0], env, cwd)
         if why is not None:
             raise Unavailable(f"cannot start instance {instance_id} of {spec.name}: {why}")
+        group = None
+        prefix = self._prefix
+        if self.cgroups is not None:
+            res = spec.resources
+            try:
+                group = self.cgroups.create(instance_id, res.cpu_millis, res.memory_mib)
+            except CgroupError as e:
+                raise Unavailable(f"cannot start instance {instance_id}: {e}") from None
+            prefix = [*group.launcher(), *prefix]
         out, err = self._open_logs(node_id, instance_id)
         stderr_path = Path(err.name)
         with out, err:
@@ -330,7 +369,7 @@ class ProcessBackend(SandboxBackend):
                 # multi-threaded process like this gRPC server. Popen forks and
                 # execs in C. It blocks for the fork+exec only (~1 ms).
                 proc = subprocess.Popen(  # noqa: ASYNC220 (see above)
-                    [*self._prefix, *spec.command],
+                    [*prefix, *spec.command],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
@@ -339,10 +378,15 @@ class ProcessBackend(SandboxBackend):
                     start_new_session=True,  # own process group: stop kills the whole tree
                 )
             except (OSError, subprocess.SubprocessError) as e:
+                if group is not None:
+                    group.remove()
                 raise Unavailable(
                     f"cannot run {short(spec.command[0])} for instance {instance_id}: {e}"
                 ) from None
-        sb = ProcessSandbox(self, node_id, instance_id, proc, port, stderr_path, on_exit)
+        sb = ProcessSandbox(
+            self, node_id, instance_id, proc, port, stderr_path, on_exit,
+            group, spec.resources.memory_mib,
+        )  # fmt: skip
         self._live.add(sb)
         timeout_ms = spec.startup_timeout_ms or self.startup_timeout_ms
         path = spec.readiness_path
@@ -358,3 +402,5 @@ class ProcessBackend(SandboxBackend):
 
     async def close(self) -> None:
         await asyncio.gather(*(sb.stop() for sb in list(self._live)))
+        if self.cgroups is not None:
+            self.cgroups.close()

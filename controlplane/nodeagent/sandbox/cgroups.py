@@ -1,0 +1,148 @@
+"""Per-instance cgroups: a function instance gets the CPU and memory its spec
+reserves as hard limits, not just as bookkeeping.
+
+Each instance runs in its own group under ``galaxy/AGENT_PID/`` with a CFS
+quota of ``resources.cpu_millis`` and a memory limit of
+``resources.memory_mib`` (no swap where the kernel allows it). cgroup v2
+(``cpu.max``, ``memory.max``, ``memory.events``) and v1 (the ``cpu`` and
+``memory`` hierarchies) are both supported. The process joins its groups
+before it execs the function's command (``launcher``), so no code of the
+function ever runs unlimited. A kill by the OOM killer is read back from
+the group's counters, so the exit can be reported as what it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ROOT = Path("/sys/fs/cgroup")
+#: CFS period: short, so a throttled instance runs a little every 10 ms.
+PERIOD_US = 10_000
+# Joins every group named in $0 (colon-separated), then execs the command.
+_JOIN = 'IFS=:; for f in $0; do echo $$ > "$f" || exit 126; done; exec "$@"'
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class CgroupError(Exception):
+    """cgroups are unavailable or not writable; the message says why."""
+
+
+@dataclass
+class InstanceGroup:
+    """The groups of one instance (one per hierarchy; one on v2)."""
+
+    dirs: list[Path]
+    memory_dir: Path | None
+    version: int
+
+    def launcher(self) -> list[str]:
+        """Command prefix that joins the groups and execs the rest."""
+        procs = ":".join(str(d / "cgroup.procs") for d in self.dirs)
+        return ["/bin/sh", "-c", _JOIN, procs]
+
+    def oom_kills(self) -> int:
+        """Processes of this instance the OOM killer killed (0 if unknown)."""
+        if self.memory_dir is None:
+            return 0
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            text = (self.memory_dir / name).read_text()
+        except OSError:
+            return 0
+        m = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
+        return int(m.group(1)) if m else 0
+
+    def remove(self) -> None:
+        """Delete the groups (their processes have exited)."""
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+class Cgroups:
+    """Creates instance groups under ``galaxy/AGENT_PID`` (v2 or v1)."""
+
+    def __init__(self, root: Path = ROOT) -> None:
+        self.root = root
+        parent = Path("galaxy") / str(os.getpid())
+        if (root / "cgroup.controllers").exists():
+            have = (root / "cgroup.controllers").read_text().split()
+            missing = {"cpu", "memory"} - set(have)
+            if missing:
+                raise CgroupError(f"cgroup v2 without the {', '.join(sorted(missing))} controller")
+            self.version = 2
+            self.parents = [root / parent]
+        elif (root / "cpu" / "cpu.cfs_quota_us").exists() and (root / "memory").is_dir():
+            self.version = 1
+            self.parents = [root / "cpu" / parent, root / "memory" / parent]
+        else:
+            raise CgroupError(f"no cgroup cpu and memory controllers under {root}")
+        try:
+            for p in self.parents:
+                p.mkdir(parents=True, exist_ok=True)
+            if self.version == 2:
+                # Children may only use the controllers their parents enable.
+                for d in (root / "galaxy", root / parent):
+                    (d.parent / "cgroup.subtree_control").write_text("+cpu +memory")
+        except OSError as e:
+            raise CgroupError(f"cannot create cgroups under {root}: {e.strerror}") from None
+
+    def create(self, instance_id: str, cpu_millis: int, memory_mib: int) -> InstanceGroup:
+        """A group limited to cpu_millis and memory_mib (0 = no limit)."""
+        name = _SAFE.sub("_", instance_id)
+        dirs = [p / name for p in self.parents]
+        try:
+            for d in dirs:
+                d.mkdir(exist_ok=True)
+            if self.version == 2:
+                d = dirs[0]
+                quota = max(1000, cpu_millis * PERIOD_US // 1000) if cpu_millis else "max"
+                (d / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+                if memory_mib:
+                    (d / "memory.max").write_text(str(memory_mib << 20))
+                    with contextlib.suppress(OSError):
+                        (d / "memory.swap.max").write_text("0")
+                return InstanceGroup(dirs, d, 2)
+            cpu, mem = dirs
+            (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            if cpu_millis:
+                quota = max(1000, cpu_millis * PERIOD_US // 1000)
+                (cpu / "cpu.cfs_quota_us").write_text(str(quota))
+            if memory_mib:
+                (mem / "memory.limit_in_bytes").write_text(str(memory_mib << 20))
+                with contextlib.suppress(OSError):  # only with swap accounting
+                    (mem / "memory.memsw.limit_in_bytes").write_text(str(memory_mib << 20))
+            return InstanceGroup(dirs, mem, 1)
+        except OSError as e:
+            InstanceGroup(dirs, None, self.version).remove()
+            raise CgroupError(f"cannot set up the cgroup of {instance_id}: {e.strerror}") from None
+
+    def close(self) -> None:
+        """Remove the agent's parent groups (empty once instances are gone)."""
+        for p in self.parents:
+            with contextlib.suppress(OSError):
+                for child in p.iterdir():
+                    if child.is_dir():
+                        child.rmdir()
+                p.rmdir()
+
+
+def open_cgroups(mode: str) -> Cgroups | None:
+    """mode "on": cgroups or CgroupError; "auto": cgroups when they can be
+    made (logged when not); "off": None."""
+    if mode == "off":
+        return None
+    try:
+        return Cgroups()
+    except CgroupError as e:
+        if mode == "on":
+            raise
+        log.warning("instances run without CPU/memory limits: %s", e)
+        return None

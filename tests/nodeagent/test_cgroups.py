@@ -1,0 +1,87 @@
+"""Instances run in their own cgroups with their spec's CPU and memory as
+hard limits; an instance over its memory limit is ended by the kernel and
+reported as such; the groups go when the instances do. Real processes, real
+cgroups (needs root; in CI a missing cgroup filesystem fails the test)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlplane.nodeagent.sandbox import ProcessBackend
+from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups
+from tests.nodeagent.conftest import echo_spec
+
+# Binds $PORT (ready), then allocates far beyond its limit.
+HOG = (
+    "import os, socket, time\n"
+    "s = socket.socket(); s.bind((os.environ['HOST'], int(os.environ['PORT']))); s.listen()\n"
+    "time.sleep(0.3)\n"
+    "blocks = [bytearray(16 << 20) for _ in range(64)]\n"
+    "time.sleep(30)\n"
+)
+
+
+@pytest.fixture
+async def backend(tmp_path: Path):
+    try:
+        groups = Cgroups()
+    except CgroupError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"cgroups unavailable in CI: {e}")
+        pytest.skip(str(e))
+    b = ProcessBackend(log_dir=tmp_path, cgroups=groups)
+    yield b
+    await b.close()
+    assert not any(p.exists() for p in groups.parents), "agent cgroups left behind"
+
+
+def _cgroup_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text()
+
+
+async def test_instance_runs_under_its_spec_limits(backend: ProcessBackend) -> None:
+    spec = echo_spec()
+    spec.resources.cpu_millis = 250
+    spec.resources.memory_mib = 64
+    sb = await backend.start("n-0", "lim-1", spec)
+    try:
+        assert sb.group is not None
+        assert "galaxy/" in _cgroup_of(sb.pid or 0) and "lim-1" in _cgroup_of(sb.pid or 0)
+        groups = backend.cgroups
+        assert groups is not None
+        if groups.version == 2:
+            d = sb.group.dirs[0]
+            assert (d / "cpu.max").read_text().split() == ["2500", "10000"]
+            assert int((d / "memory.max").read_text()) == 64 << 20
+        else:
+            cpu, mem = sb.group.dirs
+            assert int((cpu / "cpu.cfs_quota_us").read_text()) == 2500
+            assert int((cpu / "cpu.cfs_period_us").read_text()) == 10_000
+            assert int((mem / "memory.limit_in_bytes").read_text()) == 64 << 20
+        dirs = list(sb.group.dirs)
+    finally:
+        await sb.stop()
+    assert not any(d.exists() for d in dirs), "instance cgroup left after stop"
+
+
+async def test_memory_hog_is_killed_and_reported_as_out_of_memory(
+    backend: ProcessBackend,
+) -> None:
+    spec = echo_spec()
+    spec.command[:] = [sys.executable, "-c", HOG]
+    spec.readiness_path = ""
+    spec.resources.memory_mib = 48
+    ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    sb = await backend.start(
+        "n-0", "hog-1", spec, on_exit=lambda iid, rc: ended.done() or ended.set_result(rc)
+    )
+    rc = await asyncio.wait_for(ended, 30)
+    assert rc == -9  # SIGKILL from the OOM killer
+    assert sb.oom_killed
+    reason = sb.exit_reason(rc)
+    assert "out of memory" in reason and "48 MiB" in reason and "resources.memory_mib" in reason
