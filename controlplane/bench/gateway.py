@@ -22,6 +22,7 @@ import aiohttp
 from aiohttp import web
 
 from controlplane.launch.up import default_run_dir, read_endpoints
+from controlplane.runtime import tlsfiles
 from controlplane.sdk.client import GalaxyClient
 
 
@@ -77,7 +78,7 @@ async def measure(run_dir: Path, n: int, rounds: int, concurrency: int) -> dict[
     ep = read_endpoints(run_dir)
     if not ep or not ep.get("gateway"):
         raise SystemExit(f"no `galaxy up` with a gateway in {run_dir}")
-    async with GalaxyClient(ep["controller"]) as c:
+    async with GalaxyClient(ep["controller"], tls=tlsfiles.client_tls(ep.get("tls_dir"))) as c:
         addr = await c.dispatch("echo")  # a warm instance to aim at directly
         await c.release(addr)
     runner, proxy = await _bare_proxy(addr.address)

@@ -1,9 +1,10 @@
 """Per-instance cgroups: a function instance gets the CPU and memory its spec
 reserves as hard limits, not just as bookkeeping.
 
-Each instance runs in its own group under ``galaxy/AGENT_PID/`` with a CFS
-quota of ``resources.cpu_millis`` and a memory limit of
-``resources.memory_mib`` (no swap where the kernel allows it). cgroup v2
+Each instance runs in its own group under ``galaxy/AGENT_PID/`` with a
+memory limit of ``resources.memory_mib`` from the start (no swap where the
+kernel allows it) and, once it is ready, a CFS quota of
+``resources.cpu_millis`` (start-up runs unthrottled: see ``limit_cpu``). cgroup v2
 (``cpu.max``, ``memory.max``, ``memory.events``) and v1 (the ``cpu`` and
 ``memory`` hierarchies) are both supported. The process joins its groups
 before it execs the function's command (``launcher``), so no code of the
@@ -46,6 +47,22 @@ class InstanceGroup:
         """Command prefix that joins the groups and execs the rest."""
         procs = ":".join(str(d / "cgroup.procs") for d in self.dirs)
         return ["/bin/sh", "-c", _JOIN, procs]
+
+    def limit_cpu(self, cpu_millis: int) -> None:
+        """Apply the CPU quota (0: none). Called once the instance is ready:
+        start-up runs unthrottled (a Python server needs ~80 ms of CPU to
+        start; at 250 millicores that took 4.5x as long, measured by
+        controlplane/bench/security.py), the steady state is limited."""
+        if not cpu_millis:
+            return
+        quota = max(1000, cpu_millis * PERIOD_US // 1000)
+        try:
+            if self.version == 2:
+                (self.dirs[0] / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+            else:
+                (self.dirs[0] / "cpu.cfs_quota_us").write_text(str(quota))
+        except OSError as e:
+            raise CgroupError(f"cannot set the CPU quota: {e.strerror}") from None
 
     def oom_kills(self) -> int:
         """Processes of this instance the OOM killer killed (0 if unknown)."""
@@ -94,8 +111,9 @@ class Cgroups:
         except OSError as e:
             raise CgroupError(f"cannot create cgroups under {root}: {e.strerror}") from None
 
-    def create(self, instance_id: str, cpu_millis: int, memory_mib: int) -> InstanceGroup:
-        """A group limited to cpu_millis and memory_mib (0 = no limit)."""
+    def create(self, instance_id: str, memory_mib: int) -> InstanceGroup:
+        """A group limited to memory_mib (0 = no limit); its CPU quota comes
+        later (``InstanceGroup.limit_cpu``)."""
         name = _SAFE.sub("_", instance_id)
         dirs = [p / name for p in self.parents]
         try:
@@ -103,8 +121,7 @@ class Cgroups:
                 d.mkdir(exist_ok=True)
             if self.version == 2:
                 d = dirs[0]
-                quota = max(1000, cpu_millis * PERIOD_US // 1000) if cpu_millis else "max"
-                (d / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+                (d / "cpu.max").write_text(f"max {PERIOD_US}")
                 if memory_mib:
                     (d / "memory.max").write_text(str(memory_mib << 20))
                     with contextlib.suppress(OSError):
@@ -112,9 +129,6 @@ class Cgroups:
                 return InstanceGroup(dirs, d, 2)
             cpu, mem = dirs
             (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            if cpu_millis:
-                quota = max(1000, cpu_millis * PERIOD_US // 1000)
-                (cpu / "cpu.cfs_quota_us").write_text(str(quota))
             if memory_mib:
                 (mem / "memory.limit_in_bytes").write_text(str(memory_mib << 20))
                 with contextlib.suppress(OSError):  # only with swap accounting

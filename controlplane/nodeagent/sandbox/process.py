@@ -355,7 +355,7 @@ class ProcessBackend(SandboxBackend):
         if self.cgroups is not None:
             res = spec.resources
             try:
-                group = self.cgroups.create(instance_id, res.cpu_millis, res.memory_mib)
+                group = self.cgroups.create(instance_id, res.memory_mib)
             except CgroupError as e:
                 raise Unavailable(f"cannot start instance {instance_id}: {e}") from None
             prefix = [*group.launcher(), *prefix]
@@ -394,9 +394,13 @@ class ProcessBackend(SandboxBackend):
             path = "/" + path
         try:
             await sb.wait_ready(timeout_ms / 1000, path)
-        except BaseException:
+            if group is not None:
+                group.limit_cpu(spec.resources.cpu_millis)
+        except BaseException as e:
             # Failed or cancelled start: nothing may be left running.
             await sb.stop(grace_s=0)
+            if isinstance(e, CgroupError):
+                raise Unavailable(f"instance {instance_id}: {e}") from None
             raise
         return sb
 

@@ -1,0 +1,120 @@
+"""What security costs, measured in one run (`python -m controlplane.bench.security`).
+
+Three control planes run side by side on this machine, one node each, the
+echo example deployed on each:
+
+- ``plain``: plaintext gRPC, no cgroups (Galaxy before issue 13);
+- ``cgroups``: plaintext, each instance in its own cgroup with its limits;
+- ``mtls``: mutual TLS everywhere and cgroups (`galaxy up`'s default).
+
+Warm requests (SDK: Dispatch, HTTP to the instance, Release) alternate
+between them in rounds, so the machine's drift hits all alike; cold starts
+(a new function's first request) likewise. The report gives latencies and
+the ratios to ``plain`` (docs/security.md, "What it costs").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from controlplane.launch.up import Supervisor, UpConfig
+from controlplane.runtime import spec as specs
+from controlplane.sdk.client import GalaxyClient
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
+MODES = {
+    "plain": UpConfig(nodes=1, tls=False, extra={"nodeagent": ["--cgroups", "off"]}),
+    "cgroups": UpConfig(nodes=1, tls=False, extra={"nodeagent": ["--cgroups", "on"]}),
+    "mtls": UpConfig(nodes=1, tls=True, extra={"nodeagent": ["--cgroups", "on"]}),
+}
+
+
+def _q(v: list[float], p: float) -> float:
+    return statistics.quantiles(v, n=1000)[int(p * 1000) - 1] * 1000
+
+
+async def _warm(c: GalaxyClient, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = await c.invoke("echo", b"x")
+        if r.status != 200:
+            raise RuntimeError(f"echo answered HTTP {r.status}")
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def _cold(c: GalaxyClient, name: str) -> float:
+    spec = specs.load_file(EXAMPLE)
+    spec.name = name
+    await c.deploy(spec)
+    t0 = time.perf_counter()
+    await c.invoke(name, b"x")
+    took = time.perf_counter() - t0
+    await c.delete_function(name)
+    return took
+
+
+async def measure(warm: int, rounds: int, colds: int) -> dict[str, object]:
+    """Latencies (ms) per mode and ratios to plain."""
+    sups: dict[str, Supervisor] = {}
+    clients: dict[str, GalaxyClient] = {}
+    base = Path(tempfile.mkdtemp(prefix="galaxy-bench-security-"))
+    try:
+        for mode, cfg in MODES.items():
+            cfg.run_dir = base / mode
+            sups[mode] = sup = Supervisor(cfg)
+            ep = await sup.start()
+            await sup.wait_nodes_registered()
+            clients[mode] = c = GalaxyClient(ep["controller"], tls=sup.client_tls())
+            await c.deploy(specs.load_file(EXAMPLE))
+            await _warm(c, 50)  # the instance, the connections
+        lat: dict[str, list[float]] = {m: [] for m in MODES}
+        cold: dict[str, list[float]] = {m: [] for m in MODES}
+        for _ in range(rounds):
+            for m, c in clients.items():
+                lat[m] += await _warm(c, warm)
+        for i in range(colds):
+            for m, c in clients.items():
+                cold[m].append(await _cold(c, f"cold-{i}"))
+    finally:
+        for c in clients.values():
+            await c.close()
+        for sup in sups.values():
+            await sup.stop()
+    modes = {
+        m: {
+            "warm_p50_ms": round(_q(lat[m], 0.5), 3),
+            "warm_p99_ms": round(_q(lat[m], 0.99), 3),
+            "cold_median_ms": round(statistics.median(cold[m]) * 1000, 1),
+        }
+        for m in MODES
+    }
+    plain = modes["plain"]
+    return {
+        "warm_requests_per_mode": warm * rounds,
+        "cold_starts_per_mode": colds,
+        "modes": modes,
+        "ratios_to_plain": {
+            m: {k: round(v / plain[k], 3) for k, v in modes[m].items()} for m in MODES
+        },
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--warm", type=int, default=300, help="warm requests per mode and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--colds", type=int, default=8, help="cold starts per mode")
+    a = p.parse_args()
+    print(json.dumps(asyncio.run(measure(a.warm, a.rounds, a.colds)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
