@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from controlplane.controller.coordinator import Coordinator
 from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.leader import DEFAULT_PREFIX, LeaderElector, LeaderInfo, ScaleLedger
 from controlplane.controller.reconcile import Reconciler
-from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry
+from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry, wall_epoch_base
 from controlplane.controller.scaling import KINDS, KindLimits, ScalingConfig
 from controlplane.controller.service import ControllerServicer
 from controlplane.runtime import tlsfiles, validation
@@ -213,7 +214,13 @@ class ControllerComponent:
         a = self.args
         self.store = open_store(self.state_url)
         changes = Changes()
-        registry = ControlRegistry(warm_kinds=WARM_AUDIENCE, on_change=changes.notify)
+        # Epochs from the wall clock: after a restart (no HA, nothing stored)
+        # components must not ignore the new controller as older.
+        registry = ControlRegistry(
+            warm_kinds=WARM_AUDIENCE,
+            on_change=changes.notify,
+            epoch_base=wall_epoch_base(time.time()),
+        )
         # The pool is replaced with the host's in start(); these objects must
         # exist before the server is built.
         pool = ChannelPool()
@@ -294,7 +301,8 @@ class ControllerComponent:
         try:
             kvs = await self.store.get_prefix(self.args.ha_prefix + "members/")
             infos = [common_pb2.ControlInstance.FromString(kv.value) for kv in kvs]
-            self.servicer.registry.seed(infos, epoch_base=self.elector.term << 20)
+            base = max(self.elector.term << 20, wall_epoch_base(time.time()))
+            self.servicer.registry.seed(infos, epoch_base=base)
             await self.reconciler.adopt()
         except StoreError as e:
             log.warning("taking over as leader: state store: %s", e)

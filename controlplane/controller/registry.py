@@ -71,9 +71,13 @@ class ControlRegistry:
         *,
         warm_kinds: Iterable[int] = (),
         on_change: Callable[[], None] | None = None,
+        epoch_base: int = 0,
     ) -> None:
         self.clock = clock or MonotonicClock()
-        self.epoch = 0
+        #: Epochs start above epoch_base: a restarted controller passes one
+        #: above anything its previous incarnation sent (``wall_epoch_base``),
+        #: since components ignore a membership older than the one they hold.
+        self.epoch = epoch_base
         self.warm_kinds = frozenset(warm_kinds)
         self.on_change = on_change
         self._members: dict[tuple[int, str], Member] = {}
@@ -210,3 +214,11 @@ class ControlRegistry:
             epoch=self.epoch,
             instances=[m.info for m in self.members() if self.visible(m, viewer_kind)],
         )
+
+
+def wall_epoch_base(now_s: float) -> int:
+    """An epoch base from the wall clock: seconds << 20. A controller that
+    restarts a second or more later starts above every epoch its previous
+    incarnation reached (unless that one made over a million membership
+    changes per second of its life), with no state to keep."""
+    return int(now_s) << 20

@@ -103,3 +103,41 @@ def test_calibration_file_defaults_and_errors(tmp_path, monkeypatch):
     bad.write_text("{nope")
     with pytest.raises(SystemExit, match="not valid JSON"):
         calibrated_capacities(bad)
+
+
+def test_a_restarted_controller_is_not_ignored_as_older() -> None:
+    """Components ignore a membership older than the one they hold: the
+    epochs of a controller restarted (no HA, nothing stored) a second later
+    must start above all its previous incarnation sent."""
+    from controlplane.controller.registry import wall_epoch_base
+    from controlplane.runtime.membership import MembershipView
+
+    t0 = 1_764_000_000.0
+    first = ControlRegistry(epoch_base=wall_epoch_base(t0))
+    for i in range(5000):  # a busy life: many membership changes
+        first.register(
+            common_pb2.ControlInstance(id=f"d{i % 7}", kind=S, address=f"10.0.0.{i % 250}:1")
+        )
+    held = MembershipView()
+    assert held.update(first.membership())
+    second = ControlRegistry(epoch_base=wall_epoch_base(t0 + 1.0))
+    second.register(common_pb2.ControlInstance(id="d0", kind=S, address="10.0.0.9:1"))
+    assert second.epoch > first.epoch
+    assert held.update(second.membership()), "the new controller's membership was ignored"
+    # Without the base (as before) it would have been ignored.
+    naive = ControlRegistry()
+    naive.register(common_pb2.ControlInstance(id="d0", kind=S, address="10.0.0.9:1"))
+    assert not held.update(naive.membership())
+
+
+def test_the_controller_numbers_epochs_from_the_wall_clock() -> None:
+    import time
+
+    from controlplane.controller.main import build
+    from controlplane.controller.registry import wall_epoch_base
+
+    before = wall_epoch_base(time.time())
+    component = build(parse("--insecure"))
+    component.services()  # builds the servicer and its registry
+    assert component.servicer is not None
+    assert component.servicer.registry.epoch >= before
