@@ -23,6 +23,7 @@ from controlplane.controller.scaling import KINDS, KindLimits, ScalingConfig
 from controlplane.controller.service import ControllerServicer
 from controlplane.runtime import tlsfiles, validation
 from controlplane.runtime.host import HostContext
+from controlplane.runtime.membership import KIND_BY_NAME
 from controlplane.runtime.rpc import ChannelPool
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from statestore import StateStore, StoreError, open_store
@@ -276,6 +277,7 @@ class ControllerComponent:
         assert self.servicer is not None and self.reconciler is not None
         self.servicer.pool = ctx.pool
         self.servicer.address = ctx.address
+        self.actuator.on_lost = self._instance_lost
         await self.actuator.start(ctx.address)
         self.servicer.start()
         self.reconciler.start()
@@ -307,6 +309,19 @@ class ControllerComponent:
         except StoreError as e:
             log.warning("taking over as leader: state store: %s", e)
         self.servicer.coordinator.mark_dirty()
+
+    def _instance_lost(self, kind: str, instance_id: str) -> None:
+        """An instance the actuator started died: out of membership now, so
+        its partitions move at once (not after the silence timeout); the
+        reconciler then starts a replacement if the kind is below its
+        minimum."""
+        servicer = self.servicer
+        code = KIND_BY_NAME.get(kind)
+        if servicer is None or code is None or servicer.registry.get(code, instance_id) is None:
+            return
+        log.warning("%s %s died: removed from membership", kind, instance_id)
+        if servicer.registry.deregister(code, instance_id):
+            servicer.coordinator.mark_dirty()
 
     def on_membership(self, membership: common_pb2.Membership) -> None:
         """Not registered, so never called."""

@@ -111,3 +111,22 @@ async def test_reconciler_scales_out_on_overload_and_back_in_after_drain(tmp_pat
         await act.close()
         await ctl.stop()
         await sched.stop(None)
+
+
+async def test_a_killed_instance_is_reported_lost_at_once_and_a_stopped_one_is_not(tmp_path):
+    act = LocalProcessActuator(log_dir=tmp_path)
+    lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    act.on_lost = lambda kind, iid: lost.put_nowait((kind, iid))
+    ctl = await Controller(act, enabled=False).start()
+    try:
+        await act.start(ctl.address)
+        victim, kept = await act.scale_out("schedule", 0, 2)
+        for iid in (victim, kept):
+            assert await ctl.changes.wait_for(lambda i=iid: ready(ctl, i), 60)
+        os.kill(act.pids()[victim], 9)
+        assert await asyncio.wait_for(lost.get(), 30) == ("schedule", victim)
+        await act.scale_in("schedule", kept, 0)  # on purpose: not a loss
+        assert lost.empty()
+    finally:
+        await act.close()
+        await ctl.stop()

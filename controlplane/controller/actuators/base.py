@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 class ActuatorError(Exception):
@@ -24,6 +24,10 @@ class Actuator(abc.ABC):
     #: newly elected controller adopts the committed targets instead of
     #: starting from what is registered.
     external = False
+    #: Called with (kind, instance_id) when an instance this actuator started
+    #: ends without being asked to (crash, kill -9): the controller removes
+    #: it from membership at once instead of waiting for it to fall silent.
+    on_lost: Callable[[str, str], None] | None = None
 
     async def start(self, controller_address: str) -> None:  # noqa: B027
         """Called once the controller serves at controller_address."""

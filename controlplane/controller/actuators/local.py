@@ -40,6 +40,8 @@ class _Child:
     log_path: Path | None
     exited: asyncio.Task[int] = field(repr=False)
     cgroup: Path | None = None
+    #: Stopped on purpose (scale-in, shutdown): not a loss.
+    stopping: bool = False
 
 
 class LocalProcessActuator(Actuator):
@@ -146,6 +148,8 @@ class LocalProcessActuator(Actuator):
             del self.children[child.instance_id]
         code = None if task.cancelled() or task.exception() else task.result()
         log.info("%s %s exited with code %s", child.kind, child.instance_id, code)
+        if not child.stopping and self.on_lost is not None:
+            self.on_lost(child.kind, child.instance_id)
         if child.proc.stdin is not None:
             child.proc.stdin.close()
         if child.cgroup is not None:
@@ -164,6 +168,7 @@ class LocalProcessActuator(Actuator):
         await self._stop(child)
 
     async def _stop(self, child: _Child) -> None:
+        child.stopping = True
         if child.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 child.proc.send_signal(signal.SIGTERM)
