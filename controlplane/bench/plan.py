@@ -34,6 +34,7 @@ import yaml
 from controlplane.bench import experiment as ex
 from controlplane.bench import trace as tr
 from controlplane.launch.up import UpConfig
+from controlplane.runtime import validation
 from galaxy.v1 import common_pb2
 
 CP_DEFAULTS: dict[str, Any] = {
@@ -260,6 +261,11 @@ class Workload:
     note: str = ""
 
 
+#: Instances a benchmark function may have: the cluster's default bound
+#: (controller --max-instances-per-function), far above any plan's concurrency.
+MAX_SCALE = validation.MAX_INSTANCES_PER_FUNCTION_DEFAULT
+
+
 def _spec(name: str, concurrency: int, max_scale: int) -> common_pb2.FunctionSpec:
     return common_pb2.FunctionSpec(
         name=name,
@@ -287,7 +293,7 @@ def build_workload(
     profile = replace(sc.profile, arrival_rate=s.arrival_rate)
     if sc.name in bf.traces:
         rep = tr.load(data_dir, bf.traces[sc.name], sc.total_requests, s.arrival_rate, seed)
-        fns = [_spec(f"{prefix}-t-{i}", 1, 100_000) for i in range(len(rep.function_ids))]
+        fns = [_spec(f"{prefix}-t-{i}", 1, MAX_SCALE) for i in range(len(rep.function_ids))]
         note = f"trace {bf.traces[sc.name].sample}, time compressed {rep.compression:.0f}x"
         return Workload(fns, rep.requests, [], sc.warmup_requests, note)
     times = profile.arrivals(sc.total_requests, seed)
@@ -296,7 +302,7 @@ def build_workload(
     n_cold = max(1, min(s.cold_functions, sum(cold)))
     n_warm = max(1, s.warm_functions)
     fns = [_spec(f"{prefix}-w-{i}", s.warm_concurrency, 4) for i in range(n_warm)]
-    fns += [_spec(f"{prefix}-c-{i}", 1, 100_000) for i in range(n_cold)]
+    fns += [_spec(f"{prefix}-c-{i}", 1, MAX_SCALE) for i in range(n_cold)]
     reqs: list[tuple[float, int, float]] = []
     k = 0
     for t, c in zip(times, cold, strict=True):

@@ -37,14 +37,22 @@ class FunctionStore:
 
     max_functions bounds how many functions the cluster holds (a deploy of a
     new name beyond it is RESOURCE_EXHAUSTED), which also bounds the size of
-    a listing (see validation.MAX_MESSAGE_BYTES).
+    a listing (see validation.MAX_MESSAGE_BYTES); max_instances_per_function
+    bounds a spec's max_scale and min_scale, max_reserved_instances the
+    min_scale of all functions together.
     """
 
     def __init__(
-        self, store: StateStore, max_functions: int = validation.MAX_FUNCTIONS_DEFAULT
+        self,
+        store: StateStore,
+        max_functions: int = validation.MAX_FUNCTIONS_DEFAULT,
+        max_instances_per_function: int = validation.MAX_INSTANCES_PER_FUNCTION_DEFAULT,
+        max_reserved_instances: int = validation.MAX_RESERVED_INSTANCES_DEFAULT,
     ) -> None:
         self.store = store
         self.max_functions = max_functions
+        self.max_instances_per_function = max_instances_per_function
+        self.max_reserved_instances = max_reserved_instances
         self._deploying = asyncio.Lock()
         self._cache: dict[str, common_pb2.FunctionSpec] = {}
         # True once the whole prefix has been read: the cache is then a full
@@ -67,6 +75,10 @@ class FunctionStore:
                 validation.check_function_count(len(self._cache), self.max_functions)
             elif current.revision and _content(current) == _content(stored):
                 return _copy(current)  # unchanged: no new revision
+            elsewhere = sum(f.min_scale for n, f in self._cache.items() if n != stored.name)
+            validation.check_instance_quota(
+                stored, self.max_instances_per_function, elsewhere, self.max_reserved_instances
+            )
             n = (current.revision if current is not None else 0) + 1
             if n > revisions.MAX_REVISION:
                 raise InvalidArgument(f"function {short(stored.name)}: too many revisions")

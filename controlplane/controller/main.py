@@ -51,6 +51,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=validation.MAX_FUNCTIONS_DEFAULT,
         help="functions the cluster may hold (bounds listings; see docs/security.md)",
     )
+    p.add_argument(
+        "--max-instances-per-function",
+        type=int,
+        default=validation.MAX_INSTANCES_PER_FUNCTION_DEFAULT,
+        help="largest max_scale/min_scale a spec may ask for (docs/security.md)",
+    )
+    p.add_argument(
+        "--max-reserved-instances",
+        type=int,
+        default=validation.MAX_RESERVED_INSTANCES_DEFAULT,
+        help="min_scale of all functions together: instances kept running idle",
+    )
     g = p.add_argument_group("control function scaling (see docs/controller.md)")
     g.add_argument(
         "--autoscale-control",
@@ -263,7 +275,12 @@ class ControllerComponent:
         )
         self.servicer = ControllerServicer(
             registry,
-            FunctionStore(self.store, max_functions=a.max_functions),
+            FunctionStore(
+                self.store,
+                max_functions=a.max_functions,
+                max_instances_per_function=a.max_instances_per_function,
+                max_reserved_instances=a.max_reserved_instances,
+            ),
             pool,
             coordinator=coordinator,
             reconciler=self.reconciler,

@@ -31,6 +31,11 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_SPEC_BYTES = 64 * 1024
 # Functions stored in one cluster (the controller's --max-functions default).
 MAX_FUNCTIONS_DEFAULT = 500
+#: Instances one function may have (its max_scale and min_scale), and
+#: instances all functions may keep running idle (their min_scale summed):
+#: one deploy must not be able to start thousands of processes.
+MAX_INSTANCES_PER_FUNCTION_DEFAULT = 1000
+MAX_RESERVED_INSTANCES_DEFAULT = 5000
 MAX_NAME_LEN = 63
 MAX_COMMAND_ARGS = 256
 MAX_ARG_BYTES = 16 * 1024
@@ -245,6 +250,26 @@ def check_release(request: Any, *, prefix: str = "", required: bool = True) -> N
     check_id(prefix + "lease_id", request.lease_id, required=required)
     if request.function:
         check_name(prefix + "function", request.function)
+
+
+def check_instance_quota(
+    spec: Any, per_function: int, reserved_elsewhere: int, reserved: int
+) -> None:
+    """max_scale/min_scale within the per-function bound, and the cluster's
+    min_scale total within its bound, else RESOURCE_EXHAUSTED naming the field."""
+    for field in ("min_scale", "max_scale"):
+        n = getattr(spec, field)
+        if n > per_function:
+            raise ResourceExhausted(
+                f"{field}: {n} is above the cluster's limit of {per_function} instances per "
+                "function (controller --max-instances-per-function)"
+            )
+    if reserved_elsewhere + spec.min_scale > reserved:
+        raise ResourceExhausted(
+            f"min_scale: {spec.min_scale} more kept instances would make "
+            f"{reserved_elsewhere + spec.min_scale}, above the cluster's limit of {reserved} "
+            "(controller --max-reserved-instances)"
+        )
 
 
 def check_function_count(existing: int, limit: int) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.runtime import validation
 from controlplane.runtime.tls import TlsConfig
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
@@ -71,7 +72,8 @@ def spec(name: str) -> common_pb2.FunctionSpec:
         name=name,
         command=["emulated"],
         concurrency=1,
-        max_scale=100_000,
+        # The cluster's default bound (controller --max-instances-per-function).
+        max_scale=validation.MAX_INSTANCES_PER_FUNCTION_DEFAULT,
         resources=common_pb2.Resources(cpu_millis=1, memory_mib=1),
     )
 
