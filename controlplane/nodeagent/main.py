@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from controlplane.nodeagent.orphans import OrphanReaper
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS, Registrar
 from controlplane.nodeagent.sandbox import (
     BACKENDS,
@@ -62,6 +63,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="heartbeat interval unless ClusterMgr asks for another",
     )
     g.add_argument(
+        "--orphan-check-s",
+        type=float,
+        default=30.0,
+        help="how often to ask the owning Dispatch instances which instances they route; "
+        "one unknown in 2 checks in a row is stopped (0 = never; docs/reliability.md)",
+    )
+    g.add_argument(
         "--cgroups",
         choices=["auto", "on", "off"],
         default="auto",
@@ -96,10 +104,13 @@ class NodeAgentComponent:
         self,
         servicer: NodeAgentServicer,
         heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_MS,
+        orphan_check_s: float = 0.0,
     ) -> None:
         self.servicer = servicer
         self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.orphan_check_s = orphan_check_s
         self.registrar: Registrar | None = None
+        self.reaper: OrphanReaper | None = None
 
     def services(self) -> list[tuple[Callable[[Any, Any], None], Any, str]]:
         return [(nodeagent_pb2_grpc.add_NodeAgentServicer_to_server, self.servicer, SERVICE_NAME)]
@@ -122,11 +133,20 @@ class NodeAgentComponent:
             heartbeat_interval_ms=self.heartbeat_interval_ms,
         )
         await self.registrar.start()
+        if self.orphan_check_s > 0:
+            registrar = self.registrar
+            self.reaper = OrphanReaper(
+                self.servicer, lambda: registrar.view, ctx.pool, period_s=self.orphan_check_s
+            )
+            self.reaper.start()
 
     def on_membership(self, membership: common_pb2.Membership) -> None:
         pass  # never registers as a control instance, so never called
 
     async def stop(self) -> None:
+        if self.reaper is not None:
+            await self.reaper.stop()
+            self.reaper = None
         if self.registrar is not None:
             await self.registrar.stop()
             self.registrar = None
@@ -159,4 +179,8 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
     cap = Res(args.cpu_millis, args.memory_mib, args.gpus)
     ids = node_ids(args.node_prefix, args.nodes, args.node_index_start)
     servicer = NodeAgentServicer([(n, cap) for n in ids], backend)
-    return NodeAgentComponent(servicer, heartbeat_interval_ms=args.heartbeat_ms)
+    if args.orphan_check_s < 0:
+        raise ValueError("--orphan-check-s must be >= 0")
+    return NodeAgentComponent(
+        servicer, heartbeat_interval_ms=args.heartbeat_ms, orphan_check_s=args.orphan_check_s
+    )

@@ -44,6 +44,8 @@ class _Instance:
     sandbox: Sandbox | None = None
     info: common_pb2.InstanceInfo | None = None
     startup_ms: float = 0.0
+    #: event-loop time it became ready (0: not yet)
+    ready_at: float = 0.0
 
 
 @dataclass(eq=False)
@@ -185,6 +187,24 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
 
     # --- lifecycle -----------------------------------------------------------
 
+    def ready_instances(self) -> dict[str, tuple[str, str, float]]:
+        """Ready instances: id -> (node id, function, when it became ready)."""
+        return {
+            i.instance_id: (node.node_id, i.spec.name, i.ready_at)
+            for node in self.nodes.values()
+            for i in node.instances.values()
+            if i.sandbox is not None
+        }
+
+    async def stop_instance(self, node_id: str, instance_id: str) -> bool:
+        """Stop one instance and free its resources (the orphan reaper's
+        DeleteInstance); False if it was gone already."""
+        inst = self._forget(self.node(node_id), instance_id)
+        if inst is None:
+            return False
+        await self._end(inst)
+        return True
+
     async def close(self) -> None:
         """Stop every instance on every node, then the backend."""
         insts = [
@@ -237,6 +257,7 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
             raise
         inst.sandbox = sb
         inst.startup_ms = (time.perf_counter() - t0) * 1000
+        inst.ready_at = asyncio.get_running_loop().time()
         inst.info = common_pb2.InstanceInfo(
             instance_id=inst.instance_id,
             function=inst.spec.name,
