@@ -115,7 +115,7 @@ def test_container_args_parse_with_the_real_cli(name, container):
             assert probe["grpc"]["port"] == health, f"{name}: {kind} must hit --health-listen"
 
 
-@pytest.mark.parametrize("name, container", containers())
+@pytest.mark.parametrize("name, container", list(containers()))
 def test_every_component_serves_mutual_tls_from_its_own_secret_files(name, container):
     parsed = parsed_args(container)
     assert not parsed.insecure, name

@@ -45,6 +45,7 @@ from controlplane.tools.calls import (
     cmd_status,
 )
 from controlplane.tools.certs_cmd import add_subparser as add_certs_subparser
+from controlplane.tools.chaos import add_subparser as add_chaos_subparser
 from controlplane.tools.common import CliError, find_controller  # noqa: F401 (re-exported)
 from controlplane.tools.revisions_cmd import add_subparsers as add_revision_subparsers
 from controlplane.tools.store_cmd import add_subparser as add_store_subparser
@@ -229,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_subparser(sub)
     add_revision_subparsers(sub)
     add_certs_subparser(sub)
+    add_chaos_subparser(sub)
 
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
     up.add_argument("--nodes", type=int, default=4, help="worker nodes (default 4)")
