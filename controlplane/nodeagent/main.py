@@ -63,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="heartbeat interval unless ClusterMgr asks for another",
     )
     g.add_argument(
+        "--instance-user",
+        default=None,
+        help="process sandbox: run instances as this user (name or uid; needs a root agent "
+        "and util-linux setpriv), never as the agent's own (often root) user",
+    )
+    g.add_argument(
         "--orphan-check-s",
         type=float,
         default=30.0,
@@ -175,6 +181,7 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
             log_dir=args.log_dir,
             startup_timeout_ms=args.startup_timeout_ms,
             cgroups=_cgroups(args.cgroups),
+            user=args.instance_user,
         )
     cap = Res(args.cpu_millis, args.memory_mib, args.gpus)
     ids = node_ids(args.node_prefix, args.nodes, args.node_index_start)

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import pwd
 import random
 import re
 import shutil
@@ -66,6 +67,26 @@ def pdeathsig_prefix() -> list[str]:
     if setpriv:
         return [setpriv, "--pdeathsig", "KILL", "--"]
     return [sys.executable, "-S", "-I", "-c", _PY_LAUNCHER, str(os.getpid())]
+
+
+def run_as_prefix(user: str) -> list[str]:
+    """Command prefix that runs an instance as user (name or uid) with no
+    supplementary groups and the parent-death signal, via util-linux
+    setpriv. ValueError (naming --instance-user) when that cannot work: an
+    unknown user, no setpriv, or an agent without the right to switch."""
+    try:
+        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except KeyError:
+        raise ValueError(f"--instance-user: no user {short(user)} on this node") from None
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise ValueError("--instance-user needs util-linux `setpriv` on the node")
+    if os.geteuid() != 0 and pw.pw_uid != os.geteuid():
+        raise ValueError("--instance-user: the node agent must run as root to switch users")
+    return [
+        setpriv, f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
+        "--pdeathsig", "KILL", "--",
+    ]  # fmt: skip
 
 
 def _cannot_run(command: str, env: dict[str, str], cwd: str | None) -> str | None:
@@ -297,6 +318,7 @@ class ProcessBackend(SandboxBackend):
         startup_timeout_ms: int = DEFAULT_STARTUP_TIMEOUT_MS,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         cgroups: Cgroups | None = None,
+        user: str | None = None,
     ) -> None:
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="galaxy-agent-"))
         #: Per-instance CPU and memory limits (None: the limits are bookkeeping only).
@@ -304,7 +326,9 @@ class ProcessBackend(SandboxBackend):
         self.startup_timeout_ms = startup_timeout_ms
         self.stop_grace_s = stop_grace_s
         self._live: set[ProcessSandbox] = set()
-        self._prefix = pdeathsig_prefix()
+        self._prefix = pdeathsig_prefix() if user is None else run_as_prefix(user)
+        #: The user instances run as (None: the agent's own).
+        self.user = user
 
     def _env(
         self, node_id: str, instance_id: str, spec: common_pb2.FunctionSpec, port: int
