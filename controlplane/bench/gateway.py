@@ -22,8 +22,11 @@ import aiohttp
 from aiohttp import web
 
 from controlplane.launch.up import default_run_dir, read_endpoints
+from controlplane.runtime import spec as specs
 from controlplane.runtime import tlsfiles
 from controlplane.sdk.client import GalaxyClient
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
 
 
 async def _bare_proxy(upstream: str) -> tuple[web.AppRunner, str]:
@@ -122,14 +125,52 @@ async def measure(run_dir: Path, n: int, rounds: int, concurrency: int) -> dict[
     }
 
 
+async def measure_cold(run_dir: Path, n: int) -> dict[str, object]:
+    """Cold starts (a new function's first request) through the gateway
+    (the activator path: the gateway holds the request while Dispatch
+    starts an instance) and through the SDK, alternating; medians in ms."""
+    ep = read_endpoints(run_dir)
+    if not ep or not ep.get("gateway"):
+        raise SystemExit(f"no `galaxy up` with a gateway in {run_dir}")
+    example = EXAMPLE
+    took: dict[str, list[float]] = {"gateway": [], "sdk": []}
+    tls = tlsfiles.client_tls(ep.get("tls_dir"))
+    async with GalaxyClient(ep["controller"], tls=tls) as c, aiohttp.ClientSession() as http:
+        for i in range(n):
+            for mode in ("gateway", "sdk") if i % 2 == 0 else ("sdk", "gateway"):
+                spec = specs.load_file(example)
+                spec.name = f"cold-{mode}-{i}"
+                await c.deploy(spec)
+                t0 = time.perf_counter()
+                if mode == "gateway":
+                    url = f"http://{ep['gateway']}/functions/{spec.name}"
+                    async with http.post(url, data=b"x") as r:
+                        await r.read()
+                        if r.status != 200:
+                            raise RuntimeError(f"{url}: HTTP {r.status}")
+                else:
+                    await c.invoke(spec.name, b"x")
+                took[mode].append(time.perf_counter() - t0)
+                await c.delete_function(spec.name)
+    med = {m: round(statistics.median(v) * 1000, 1) for m, v in took.items()}
+    return {
+        "cold_starts_per_mode": n,
+        "cold_median_ms": med,
+        "gateway_vs_sdk_cold": round(med["gateway"] / med["sdk"], 3),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run-dir", default=str(default_run_dir()))
     p.add_argument("--requests", type=int, default=1000, help="per mode and round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--cold", type=int, default=0, help="also N cold starts per path")
     a = p.parse_args()
     out = asyncio.run(measure(Path(a.run_dir), a.requests, a.rounds, a.concurrency))
+    if a.cold:
+        out["cold"] = asyncio.run(measure_cold(Path(a.run_dir), a.cold))
     print(json.dumps(out, indent=2))
 
 
