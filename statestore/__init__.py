@@ -10,6 +10,10 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
 from .base import (
     KV,
     EventType,
@@ -36,10 +40,32 @@ __all__ = [
     "Watch",
     "WatchEvent",
     "WriteBehind",
+    "etcd_credentials",
     "open_store",
 ]
 
 _ACCEPTED = "'memory://' or 'etcd://host:port[,host:port...]'"
+
+
+def etcd_credentials(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """etcd user and password from the environment (never from the URL,
+    which is printed and visible in process listings): GALAXY_ETCD_USER with
+    GALAXY_ETCD_PASSWORD or GALAXY_ETCD_PASSWORD_FILE. ValueError naming the
+    variable when one half is missing or the file cannot be read."""
+    user = env.get("GALAXY_ETCD_USER") or None
+    password = env.get("GALAXY_ETCD_PASSWORD") or None
+    path = env.get("GALAXY_ETCD_PASSWORD_FILE")
+    if password is None and path:
+        try:
+            password = Path(path).read_text().strip()
+        except OSError as e:
+            raise ValueError(
+                f"GALAXY_ETCD_PASSWORD_FILE: cannot read {path}: {e.strerror}"
+            ) from None
+    if (user is None) != (password is None):
+        missing = "GALAXY_ETCD_PASSWORD(_FILE)" if user else "GALAXY_ETCD_USER"
+        raise ValueError(f"etcd credentials: {missing} is not set")
+    return user, password
 
 
 def open_store(url: str) -> StateStore:
@@ -59,5 +85,6 @@ def open_store(url: str) -> StateStore:
         endpoints = [e.strip() for e in rest.rstrip("/").split(",") if e.strip()]
         if not endpoints:
             raise ValueError(f"etcd URL {url!r} names no endpoint; use {_ACCEPTED}")
-        return EtcdStore(endpoints)
+        user, password = etcd_credentials(os.environ)
+        return EtcdStore(endpoints, username=user, password=password)
     raise ValueError(f"unknown state store scheme {scheme!r} in {url!r}; use {_ACCEPTED}")

@@ -174,6 +174,8 @@ class EtcdStore(StateStore):
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
         """``endpoints`` are ``host:port`` strings; no connection is made until first use.
 
@@ -182,6 +184,12 @@ class EtcdStore(StateStore):
         """
         if not endpoints:
             raise ValueError("EtcdStore needs at least one host:port endpoint")
+        if (username is None) != (password is None):
+            raise ValueError("etcd credentials: give both a user and a password, or neither")
+        # etcd's own authentication (a token per connection); the password is
+        # never logged or put in a URL.
+        self._username = username
+        self._password = password
         self._endpoints = [parse_endpoint(e) for e in endpoints]
         self.timeout_s = timeout_s
         self.max_txn_ops = max_txn_ops
@@ -206,7 +214,12 @@ class EtcdStore(StateStore):
             host, port = self._endpoints[self._index]
             # aetcd documents timeout as int but hands it to gRPC, which takes float.
             self._current = aetcd.Client(
-                host, port, timeout=self.timeout_s, options=_CHANNEL_OPTIONS
+                host,
+                port,
+                username=self._username,
+                password=self._password,
+                timeout=self.timeout_s,
+                options=_CHANNEL_OPTIONS,
             )
         return self._current
 
