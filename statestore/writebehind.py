@@ -17,7 +17,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from prometheus_client import Gauge
+
 from .base import StateStore, StoreUnavailable
+
+PENDING = Gauge(
+    "galaxy_store_pending_writes",
+    "Records queued for the state store and not yet written (bounded by max_pending)",
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,8 @@ class WriteBehind:
         # their slot, and failed batches are put back at the front.
         self._pending: dict[str, _Entry] = {}
         self._inflight: dict[str, _Entry] = {}
+        # Read at scrape time (a process runs one write-behind queue).
+        PENDING.set_function(lambda: len(self._pending) + len(self._inflight))
         self._seq = 0
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._waiter_ids = itertools.count()

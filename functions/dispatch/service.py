@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from prometheus_client import Counter, Gauge
 
 from controlplane.runtime import metrics, rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
@@ -54,6 +55,14 @@ MAX_WAIT_S = 60.0
 # Releases of unknown leases remembered for a late handover (see Release).
 RELEASED_UNKNOWN_MAX = 10_000
 RecordFn = Callable[[str, bytes | None], None]
+# Overload, where an operator looks for it: requests refused by reason, and
+# requests waiting for a slot now (bounded by --max-queue per function).
+REJECTED = Counter(
+    "galaxy_dispatch_rejected_total",
+    "Dispatch calls refused: queue_full, wait_timeout, deadline_too_short",
+    ["reason"],
+)
+WAITING = Gauge("galaxy_dispatch_waiting", "Requests waiting for a slot on this instance")
 
 
 class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
@@ -83,6 +92,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self.record: RecordFn = record or (lambda key, value: None)
         self.membership = MembershipView()
         self.routers: dict[str, FunctionRouter] = {}
+        # Read at scrape time: no bookkeeping on the request path.
+        WAITING.set_function(lambda: sum(len(r.waiters) for r in self.routers.values()))
         self.spec_cache = SpecCache(controller, lambda: self.pool)
         self._specs = self.spec_cache.specs
         self._ids = itertools.count()
@@ -231,6 +242,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             # Granted now, the answer would reach the caller after it gave
             # up (its deadline runs out before ours: the transit delay), and
             # no one would Release the slot.
+            REJECTED.labels("deadline_too_short").inc()
             raise DeadlineExceeded(
                 f"dispatch {validation.short(request.function)}: deadline too short"
             )
@@ -244,6 +256,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         try:
             waiter = router.enqueue(fut)
         except QueueFull as e:
+            REJECTED.labels("queue_full").inc()
             raise ResourceExhausted(str(e)) from None
         self._trigger_scale_up(router, spec)
         remaining = context.time_remaining()
@@ -256,6 +269,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             return await self._forward(moved.owner, request, context)
         except TimeoutError:
             if router.cancel(waiter):
+                REJECTED.labels("wait_timeout").inc()
                 raise DeadlineExceeded(
                     f"no instance of {validation.short(request.function)} became free within "
                     f"{timeout:.2f}s ({router.pending} starting, "
