@@ -14,7 +14,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from controlplane.gateway import routes
 from controlplane.gateway.config import GatewayConfig
-from controlplane.runtime.errors import GalaxyError
+from controlplane.runtime.errors import GalaxyError, NotFound
 from controlplane.sdk.client import GalaxyClient
 
 log = logging.getLogger(__name__)
@@ -113,29 +113,52 @@ class Proxy:
         self.in_flight += 1
         IN_FLIGHT.inc()
         try:
-            async with self.client.granted(
-                r.function, r.path, body, headers, request.method, tag
-            ) as (addr, upstream):
-                if upstream is None:  # an emulated sandbox: no process to call
-                    return web.json_response(
-                        {"echo": body.decode("utf-8", "replace"), "emulated": addr.address}
-                    )
-                out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                for k, v in upstream.headers.items():
-                    if k.lower() not in HOP:
-                        out.headers.add(k, v)
-                out.headers["X-Galaxy-Instance"] = addr.instance_id
-                out.headers["X-Galaxy-Revision"] = addr.function
-                await out.prepare(request)
-                # Chunk by chunk as the instance produces them: streaming and
-                # server-sent events reach the client without buffering.
-                async for chunk in upstream.content.iter_any():
-                    await out.write(chunk)
-                await out.write_eof()
-                return out
+            try:
+                return await self._serve(request, r, body, headers, tag)
+            except NotFound as not_found:
+                # Host {tag}-{name}.{domain}, as Knative names tagged routes:
+                # tried only once the whole label is known not to be a function.
+                alt = None if tag else routes.tagged(r)
+                if alt is None:
+                    raise
+                try:
+                    return await self._serve(request, alt[1], body, headers, alt[0])
+                except NotFound:
+                    raise not_found from None  # about the name the client sent
         finally:
             self.in_flight -= 1
             IN_FLIGHT.dec()
+
+    async def _serve(
+        self,
+        request: web.Request,
+        r: routes.Route,
+        body: bytes,
+        headers: dict[str, str],
+        tag: str,
+    ) -> web.StreamResponse:
+        """Get a slot, proxy the request, stream the answer back."""
+        async with self.client.granted(r.function, r.path, body, headers, request.method, tag) as (
+            addr,
+            upstream,
+        ):
+            if upstream is None:  # an emulated sandbox: no process to call
+                return web.json_response(
+                    {"echo": body.decode("utf-8", "replace"), "emulated": addr.address}
+                )
+            out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for k, v in upstream.headers.items():
+                if k.lower() not in HOP:
+                    out.headers.add(k, v)
+            out.headers["X-Galaxy-Instance"] = addr.instance_id
+            out.headers["X-Galaxy-Revision"] = addr.function
+            await out.prepare(request)
+            # Chunk by chunk as the instance produces them: streaming and
+            # server-sent events reach the client without buffering.
+            async for chunk in upstream.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
 
     async def _local(self, request: web.Request, r: routes.Route) -> web.StreamResponse:
         if r.path in ("/v2/health/live", "/healthz"):

@@ -108,3 +108,15 @@ def openai_route(r: Route, body: bytes) -> Route:
     if not isinstance(model, str) or not model:
         raise RouteError("model: required (the name of the function to call)")
     return Route(r.kind, _check_name(model, "model"), r.path)
+
+
+def tagged(r: Route) -> tuple[str, Route] | None:
+    """For a Host route whose label is not a function: (tag, route to the
+    function) when the label reads ``{tag}-{name}``, as Knative names a
+    tagged revision's host; None otherwise."""
+    if r.kind != "host" or "-" not in r.function:
+        return None
+    tag, name = r.function.split("-", 1)
+    if not tag or not _NAME_RE.match(name):
+        return None
+    return tag, Route("host", name, r.path)

@@ -119,6 +119,10 @@ async def test_canary_split_tag_and_rollback(gw: Gateway) -> None:
         c = await curl(f"{gw.url}/functions/echo", "-H", "Galaxy-Revision-Tag: canary", "-d", "t")
         assert c.returncode == 0, c.stderr
         assert json.loads(c.stdout)["revision"] == 2
+    # The same by Host, as Knative names a tagged revision: {tag}-{name}.{domain}.
+    c = await curl(f"{gw.url}/", "-H", "Host: canary-echo.galaxy.local", "-d", "h")
+    assert c.returncode == 0, c.stderr
+    assert json.loads(c.stdout)["revision"] == 2
     # Untagged requests all go to revision 1 now (the rollback).
     for _ in range(20):
         got = await gw.client.invoke("echo", b"x")
