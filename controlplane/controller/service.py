@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controlplane.controller.coordinator import COORDINATE_STUBS, Coordinator
 from controlplane.controller.functions_store import FunctionStore
@@ -84,6 +85,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self.controller_id = controller_id
         self.address = ""
         self._pool = pool
+        # Instances being checked after an unreachable report (one check each).
+        self._checking: set[tuple[int, str]] = set()
         if elector is not None:
             self.coordinator.active = lambda: elector.is_leader
 
@@ -173,6 +176,40 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             )
             self.coordinator.mark_dirty()
         return self.registry.membership(request.kind)
+
+    @leader_only
+    async def ReportUnreachable(
+        self, request: common_pb2.ControlInstance, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ReportUnreachableReply:
+        m = self.registry.get(request.kind, request.id)
+        key = (request.kind, request.id)
+        if m is None or m.info.address != request.address or key in self._checking:
+            return controller_pb2.ReportUnreachableReply(removed=False)
+        self._checking.add(key)
+        try:
+            # The report is a hint, not a verdict: only a failed check removes.
+            if await self._answers(request.address):
+                return controller_pb2.ReportUnreachableReply(removed=False)
+        finally:
+            self._checking.discard(key)
+        cur = self.registry.get(request.kind, request.id)
+        if cur is None or cur.info.address != request.address:
+            return controller_pb2.ReportUnreachableReply(removed=False)  # came back meanwhile
+        log.warning(
+            "%s %s reported unreachable and failed a health check: removed",
+            KIND_NAMES.get(request.kind, "?"), request.id,
+        )  # fmt: skip
+        if self.registry.deregister(request.kind, request.id):
+            self.coordinator.mark_dirty()
+        return controller_pb2.ReportUnreachableReply(removed=True)
+
+    async def _answers(self, address: str) -> bool:
+        try:
+            async with self._pool.stub(address, health_pb2_grpc.HealthStub) as s:
+                r = await s.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
 
     @leader_only
     async def ReportLoad(

@@ -23,6 +23,7 @@ from controlplane.runtime.validation import short
 from functions.dispatch.config import DEFAULTS
 from galaxy.v1 import (
     common_pb2,
+    controller_pb2_grpc,
     dispatch_pb2,
     dispatch_pb2_grpc,
     nodeagent_pb2,
@@ -54,6 +55,30 @@ class Peers:
         self.max_spill = max_spill
         #: this Dispatch instance's own address (node agents notify it)
         self.address = ""
+        # Unreachable reports in flight, by instance id (one at a time each).
+        self._reporting: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def report_unreachable(self, controller: str, inst: common_pb2.ControlInstance) -> None:
+        """Tell the controller inst did not answer (in the background, once
+        at a time per instance; the controller checks before it acts)."""
+        if inst.id in self._reporting or not controller:
+            return
+        self._reporting.add(inst.id)
+        task = asyncio.create_task(self._report(controller, inst))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _report(self, controller: str, inst: common_pb2.ControlInstance) -> None:
+        try:
+            async with self.pool.stub(controller, controller_pb2_grpc.ControllerStub) as s:
+                r = await s.ReportUnreachable(inst, timeout=5.0)
+            if r.removed:
+                log.warning("dispatch %s was unreachable: the controller removed it", inst.id)
+        except grpc.aio.AioRpcError as e:
+            log.info("could not report %s unreachable: %s", inst.id, e.code().name)
+        finally:
+            self._reporting.discard(inst.id)
 
     async def place(
         self,

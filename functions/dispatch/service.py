@@ -302,6 +302,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                     return await s.Dispatch(fwd, timeout=MAX_WAIT_S)  # type: ignore[no-any-return]
                 return await s.Dispatch(fwd, timeout=remaining)  # type: ignore[no-any-return]
         except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                # The owner may be dead: have the controller check it now, so
+                # the function moves here (or elsewhere) without waiting for
+                # the owner to fall silent.
+                self.peers.report_unreachable(self.controller, owner)
             await context.abort(e.code(), e.details() or "forwarded dispatch failed")
             raise  # unreachable: abort raises
 

@@ -9,6 +9,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ReportUnreachableReply(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: bool
+    def __init__(self, removed: _Optional[bool] = ...) -> None: ...
+
 class LoadReport(_message.Message):
     __slots__ = ("instance", "ops_per_second", "queue_depth", "errors")
     class OpsPerSecondEntry(_message.Message):

@@ -50,6 +50,11 @@ class ControllerStub:
                 request_serializer=galaxy_dot_v1_dot_controller__pb2.LoadReport.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_controller__pb2.ReportLoadReply.FromString,
                 _registered_method=True)
+        self.ReportUnreachable = channel.unary_unary(
+                '/galaxy.v1.Controller/ReportUnreachable',
+                request_serializer=galaxy_dot_v1_dot_common__pb2.ControlInstance.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.ReportUnreachableReply.FromString,
+                _registered_method=True)
         self.GetMembership = channel.unary_unary(
                 '/galaxy.v1.Controller/GetMembership',
                 request_serializer=galaxy_dot_v1_dot_controller__pb2.GetMembershipRequest.SerializeToString,
@@ -112,6 +117,16 @@ class ControllerServicer:
 
     def ReportLoad(self, request, context):
         """Periodic load report of one control function instance.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportUnreachable(self, request, context):
+        """A component could not reach this instance (Dispatch forwarding to a
+        function's owner). The controller health-checks it at once and, if it
+        does not answer, removes it from membership, so its partitions move
+        now instead of after the silence timeout. A healthy instance stays.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,6 +212,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.ReportLoad,
                     request_deserializer=galaxy_dot_v1_dot_controller__pb2.LoadReport.FromString,
                     response_serializer=galaxy_dot_v1_dot_controller__pb2.ReportLoadReply.SerializeToString,
+            ),
+            'ReportUnreachable': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportUnreachable,
+                    request_deserializer=galaxy_dot_v1_dot_common__pb2.ControlInstance.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.ReportUnreachableReply.SerializeToString,
             ),
             'GetMembership': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMembership,
@@ -320,6 +340,33 @@ class Controller:
             '/galaxy.v1.Controller/ReportLoad',
             galaxy_dot_v1_dot_controller__pb2.LoadReport.SerializeToString,
             galaxy_dot_v1_dot_controller__pb2.ReportLoadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportUnreachable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/ReportUnreachable',
+            galaxy_dot_v1_dot_common__pb2.ControlInstance.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.ReportUnreachableReply.FromString,
             options,
             channel_credentials,
             insecure,
