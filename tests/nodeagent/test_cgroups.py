@@ -85,3 +85,25 @@ async def test_memory_hog_is_killed_and_reported_as_out_of_memory(
     assert sb.oom_killed
     reason = sb.exit_reason(rc)
     assert "out of memory" in reason and "48 MiB" in reason and "resources.memory_mib" in reason
+
+
+async def test_groups_of_agents_that_are_gone_are_swept(tmp_path: Path) -> None:
+    try:
+        Cgroups()  # only to know whether cgroups can be made here
+    except CgroupError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"cgroups unavailable in CI: {e}")
+        pytest.skip(str(e))
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await proc.wait()  # its pid now names no running process
+    dead = proc.pid
+    first = Cgroups()
+    stale = [p.parent / str(dead) for p in first.parents]
+    for d in stale:
+        (d / "inst-1").mkdir(parents=True)  # what a killed agent leaves
+    first.close()
+    second = Cgroups()  # a new agent sweeps them
+    try:
+        assert not any(d.exists() for d in stale)
+    finally:
+        second.close()

@@ -101,6 +101,8 @@ class Cgroups:
             self.parents = [root / "cpu" / parent, root / "memory" / parent]
         else:
             raise CgroupError(f"no cgroup cpu and memory controllers under {root}")
+        for p in self.parents:
+            _sweep_stale(p.parent)
         try:
             for p in self.parents:
                 p.mkdir(parents=True, exist_ok=True)
@@ -146,6 +148,33 @@ class Cgroups:
                     if child.is_dir():
                         child.rmdir()
                 p.rmdir()
+            with contextlib.suppress(OSError):
+                p.parent.rmdir()  # galaxy/: only when no other agent uses it
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_stale(galaxy_dir: Path) -> None:
+    """Remove the groups of agents that are gone (killed before they could
+    clean up): ``galaxy/PID`` whose PID no longer runs, once empty."""
+    with contextlib.suppress(OSError):
+        for agent in galaxy_dir.iterdir():
+            if not agent.is_dir() or not agent.name.isdigit() or _alive(int(agent.name)):
+                continue
+            with contextlib.suppress(OSError):
+                for child in agent.iterdir():
+                    if child.is_dir():
+                        child.rmdir()  # fails (and stays) while a process is in it
+                agent.rmdir()
+                log.info("removed the cgroup of agent %s, which is gone", agent.name)
 
 
 def open_cgroups(mode: str) -> Cgroups | None:
