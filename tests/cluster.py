@@ -109,3 +109,22 @@ async def eventually_async(
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for {what or check}")
         await asyncio.sleep(0.01)
+
+
+async def small_cluster(
+    *agent_flags: str, dispatch_flags: tuple[str, ...] = ()
+) -> InProcessCluster:
+    """controller, cm-0, s-0, d-0 and agent-0 (one emulated node unless
+    agent_flags say otherwise): the cluster most tests need. Close it."""
+    c = InProcessCluster()
+    try:
+        await c.add("controller", "controller")
+        await c.add("clustermgr", "cm-0")
+        await c.add("schedule", "s-0")
+        await c.add("dispatch", "d-0", *dispatch_flags)
+        flags = agent_flags or ("--nodes", "1", "--sandbox", "emulated")
+        await c.add("nodeagent", "agent-0", *flags)
+    except BaseException:
+        await c.close()
+        raise
+    return c

@@ -21,7 +21,7 @@ from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry, wall_epoch_base
 from controlplane.controller.scaling import KINDS, KindLimits, ScalingConfig
 from controlplane.controller.service import ControllerServicer
-from controlplane.runtime import tlsfiles, validation
+from controlplane.runtime import validation
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.membership import KIND_BY_NAME
 from controlplane.runtime.rpc import ChannelPool
@@ -174,14 +174,9 @@ def make_actuator(args: argparse.Namespace) -> Actuator:
             verify_ssl=not args.k8s_insecure,
         )
     if args.actuator == "local":
-        from controlplane.controller.actuators.local import KINDS as LOCAL_KINDS
         from controlplane.controller.actuators.local import LocalProcessActuator
 
-        # Instances it starts serve as this controller does: its TLS files
-        # (each kind's own certificate in the same directory), or plaintext.
-        insecure = getattr(args, "insecure", False)
-        own = tlsfiles.flags(None if insecure else getattr(args, "tls_dir", None))
-        extra: dict[str, list[str]] = {kind: list(own) for kind in LOCAL_KINDS}
+        extra: dict[str, list[str]] = {}
         for kind, flags in args.instance_args:
             extra.setdefault(kind, []).extend(shlex.split(flags))
         return LocalProcessActuator(
@@ -189,6 +184,9 @@ def make_actuator(args: argparse.Namespace) -> Actuator:
             extra_args=extra,
             log_dir=Path(args.instance_log_dir) if args.instance_log_dir else None,
             cpu_limits=parse_limits(args.instance_cpu_limit),
+            # Instances serve as this controller does: its TLS directory (each
+            # kind's own certificate there), or plaintext.
+            tls_dir=None if getattr(args, "insecure", False) else getattr(args, "tls_dir", None),
         )
     return NoActuator()
 

@@ -26,9 +26,6 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from controlplane.controller import scalemetrics as sm
 from controlplane.controller.actions import ActionRecord, Changes, Timeouts
 from controlplane.controller.actuators.base import Actuator, ActuatorError
@@ -47,6 +44,7 @@ from controlplane.controller.scaling import (
     decide,
     utilization,
 )
+from controlplane.runtime import rpc
 from controlplane.runtime.clock import Clock
 from controlplane.runtime.membership import KIND_BY_NAME
 from galaxy.v1 import controller_pb2
@@ -233,7 +231,8 @@ class Reconciler:
         silent = self.registry.silent(self.timeouts.member_silent_s)
         if not silent:
             return
-        answers = await asyncio.gather(*(self._healthy(m.info.address) for m in silent))
+        pool = self.coordinator.pool
+        answers = await asyncio.gather(*(rpc.serving(pool, m.info.address) for m in silent))
         for m, ok in zip(silent, answers, strict=True):
             cur = self.registry.get(m.info.kind, m.info.id)
             if ok or cur is None or cur.info.address != m.info.address:
@@ -241,14 +240,6 @@ class Reconciler:
             log.warning("%s %s stopped reporting and answering: removed", m.info.kind, m.info.id)
             if self.registry.deregister(m.info.kind, m.info.id):
                 self.coordinator.mark_dirty()
-
-    async def _healthy(self, address: str) -> bool:
-        try:
-            async with self.coordinator.pool.stub(address, health_pb2_grpc.HealthStub) as s:
-                r = await s.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
 
     async def wait_idle(self) -> None:
         """Wait until no action is in progress (tests, shutdown)."""

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controlplane.controller.coordinator import COORDINATE_STUBS, Coordinator
 from controlplane.controller.functions_store import FunctionStore
@@ -188,7 +187,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self._checking.add(key)
         try:
             # The report is a hint, not a verdict: only a failed check removes.
-            if await self._answers(request.address):
+            if await rpc.serving(self._pool, request.address):
                 return controller_pb2.ReportUnreachableReply(removed=False)
         finally:
             self._checking.discard(key)
@@ -202,14 +201,6 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         if self.registry.deregister(request.kind, request.id):
             self.coordinator.mark_dirty()
         return controller_pb2.ReportUnreachableReply(removed=True)
-
-    async def _answers(self, address: str) -> bool:
-        try:
-            async with self._pool.stub(address, health_pb2_grpc.HealthStub) as s:
-                r = await s.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
 
     @leader_only
     async def ReportLoad(

@@ -138,8 +138,8 @@ class Supervisor:
         cfg = self.cfg
         if not cfg.autoscale_control:
             return list(cfg.controller_args)
+        # TLS: the controller gives its own choice to the instances it starts.
         common = [] if cfg.connection_cache else ["--no-connection-cache"]
-        common += tlsfiles.flags(self.tls_dir)
         per_kind = {
             "dispatch": ["--state", cfg.state],
             "clustermgr": ["--state", cfg.state],

@@ -10,6 +10,7 @@ the Dispatch instance that owns the function, so a split costs no extra hop.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 
@@ -18,7 +19,6 @@ from controlplane.runtime.validation import NAME_RE, short
 from galaxy.v1 import common_pb2
 
 #: Five digits: revision numbers 1 to 99,999.
-SUFFIX_LEN = 6
 MAX_REVISION = 99_999
 _REVISION_RE = re.compile(r"^(?P<base>.+)-(?P<n>\d{5})$")
 MAX_TARGETS = 100
@@ -29,6 +29,9 @@ def revision_name(function: str, revision: int) -> str:
     return f"{function}-{revision:05d}"
 
 
+# Cached: Dispatch and the SDK ask on every request (ownership hashes the
+# function's name); names are few and bounded by the cache.
+@functools.lru_cache(maxsize=65_536)
 def split(name: str) -> tuple[str, int]:
     """(function, revision) of a revision name; (name, 0) for anything else."""
     m = _REVISION_RE.match(name)

@@ -305,3 +305,14 @@ class ChannelPool:
         self._stubs.clear()
         for ch in chans:
             await ch.close()
+
+
+async def serving(pool: ChannelPool, address: str, timeout_s: float = 1.0) -> bool:
+    """True when the server at address answers grpc.health.v1 SERVING
+    within timeout_s (the controller's check of a silent or reported member)."""
+    try:
+        async with pool.stub(address, health_pb2_grpc.HealthStub) as s:
+            r = await s.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+    except grpc.aio.AioRpcError:
+        return False
+    return bool(r.status == health_pb2.HealthCheckResponse.SERVING)

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from controlplane.runtime.errors import ResourceExhausted
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2
-from tests.cluster import InProcessCluster, eventually
+from tests.cluster import eventually, small_cluster
 
 
 def _sample(name: str, **labels: str) -> float:
@@ -19,17 +19,12 @@ def _sample(name: str, **labels: str) -> float:
 
 
 async def test_queue_full_is_counted_and_waiting_requests_are_shown() -> None:
-    c = InProcessCluster()
+    # Slow cold starts: the first request waits while its instance starts.
+    c = await small_cluster(
+        "--nodes", "1", "--sandbox", "emulated", "--start-delay-ms", "3000",
+        dispatch_flags=("--max-queue", "1"),
+    )  # fmt: skip
     try:
-        await c.add("controller", "controller")
-        await c.add("clustermgr", "cm-0")
-        await c.add("schedule", "s-0")
-        await c.add("dispatch", "d-0", "--max-queue", "1")
-        # Slow cold starts: the first request waits while its instance starts.
-        await c.add(
-            "nodeagent", "agent-0", "--nodes", "1", "--sandbox", "emulated",
-            "--start-delay-ms", "3000",
-        )  # fmt: skip
         async with GalaxyClient(c.controller) as client:
             await client.deploy(
                 common_pb2.FunctionSpec(name="q", command=["x"], concurrency=1, max_scale=1)

@@ -12,20 +12,13 @@ from controlplane.sdk.client import GalaxyClient
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.autoscaling.keepalive import FixedKeepAlive, HybridHistogramKeepAlive
 from galaxy.v1 import common_pb2
-from tests.cluster import InProcessCluster, eventually
+from tests.cluster import eventually, small_cluster
 
 
 @pytest.fixture
 async def cluster():
-    c = InProcessCluster()
-    await c.add("controller", "controller")
-    await c.add("clustermgr", "cm-0")
-    await c.add("schedule", "s-0")
-    await c.add("dispatch", "d-0")
     # Cold starts take 20 s here: far longer than any request timeout below.
-    await c.add(
-        "nodeagent", "agent-0", "--nodes", "1", "--sandbox", "emulated", "--start-delay-ms", "20000"
-    )
+    c = await small_cluster("--nodes", "1", "--sandbox", "emulated", "--start-delay-ms", "20000")
     try:
         yield c
     finally:
@@ -48,13 +41,8 @@ async def test_request_timeout_bounds_the_wait_for_a_cold_start(cluster) -> None
 
 
 async def test_lease_lives_as_long_as_the_request_timeout() -> None:
-    c = InProcessCluster()
+    c = await small_cluster()
     try:
-        await c.add("controller", "controller")
-        await c.add("clustermgr", "cm-0")
-        await c.add("schedule", "s-0")
-        await c.add("dispatch", "d-0")
-        await c.add("nodeagent", "agent-0", "--nodes", "1", "--sandbox", "emulated")
         async with GalaxyClient(c.controller) as client:
             spec = common_pb2.FunctionSpec(
                 name="f", command=["x"], concurrency=1, max_scale=1, request_timeout_ms=1500

@@ -11,7 +11,7 @@ import socket
 from controlplane.runtime import rendezvous
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, controller_pb2_grpc
-from tests.cluster import InProcessCluster
+from tests.cluster import small_cluster
 
 D = common_pb2.CONTROL_KIND_DISPATCH
 
@@ -24,13 +24,9 @@ def _closed_port() -> int:
 
 async def test_dead_owner_is_removed_on_report_and_its_function_served(caplog) -> None:
     caplog.set_level(logging.WARNING, logger="controlplane.controller.service")
-    c = InProcessCluster()
+    c = await small_cluster()
     try:
-        await c.add("controller", "controller")
-        await c.add("clustermgr", "cm-0")
-        await c.add("schedule", "s-0")
-        d0 = await c.add("dispatch", "d-0")
-        await c.add("nodeagent", "agent-0", "--nodes", "1", "--sandbox", "emulated")
+        d0 = c.parts["d-0"]
         # A function whose owner is a Dispatch instance that died without
         # deregistering (its address answers nothing).
         name = next(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from controlplane.nodeagent.orphans import OrphanTracker
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
-from tests.cluster import InProcessCluster, eventually_async
+from tests.cluster import eventually_async, small_cluster
 
 
 def test_an_instance_is_an_orphan_after_two_unknown_checks_past_the_grace() -> None:
@@ -27,16 +27,9 @@ def test_an_instance_is_an_orphan_after_two_unknown_checks_past_the_grace() -> N
 
 
 async def test_the_agent_stops_an_orphan_and_keeps_what_dispatch_routes() -> None:
-    c = InProcessCluster()
+    c = await small_cluster("--nodes", "1", "--sandbox", "emulated", "--orphan-check-s", "0.2")
     try:
-        await c.add("controller", "controller")
-        await c.add("clustermgr", "cm-0")
-        await c.add("schedule", "s-0")
-        await c.add("dispatch", "d-0")
-        agent = await c.add(
-            "nodeagent", "agent-0", "--nodes", "1", "--sandbox", "emulated",
-            "--orphan-check-s", "0.2",
-        )  # fmt: skip
+        agent = c.parts["agent-0"]
         async with GalaxyClient(c.controller) as client:
             await client.deploy(common_pb2.FunctionSpec(name="f", command=["x"], min_scale=1))
             kept = await client.dispatch("f")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from controlplane.controller.actuators import cpulimit
 from controlplane.controller.actuators.base import Actuator, ActuatorError
+from controlplane.runtime import tlsfiles
 from controlplane.runtime.host import serve_command
 from controlplane.runtime.procs import wait_exit
 
@@ -66,8 +67,11 @@ class LocalProcessActuator(Actuator):
         python: str = sys.executable,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         cpu_limits: Mapping[str, float] | None = None,
+        tls_dir: str | None = None,
     ) -> None:
         self.host = host
+        #: Instances serve mutual TLS with their kind's files here (None: plaintext).
+        self.tls_dir = tls_dir
         self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
         self.log_dir = log_dir
         self.python = python
@@ -85,13 +89,9 @@ class LocalProcessActuator(Actuator):
         """The command line of a new instance."""
         if kind not in KINDS:
             raise ActuatorError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
-        extra = self.extra_args.get(kind, [])
-        if "--tls-dir" not in extra and "--insecure" not in extra:
-            # `galaxy serve` needs the choice made; the controller passes its
-            # own (controller/main.py), so this is a bare actuator (tests).
-            extra = [*extra, "--insecure"]
         return serve_command(
-            kind, instance_id, self.host, "--controller", self.controller, *extra,
+            kind, instance_id, self.host, "--controller", self.controller,
+            *tlsfiles.flags(self.tls_dir), *self.extra_args.get(kind, []),
             python=self.python,
         )  # fmt: skip
 
