@@ -31,7 +31,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
 MODES = {
     "plain": UpConfig(nodes=1, tls=False, extra={"nodeagent": ["--cgroups", "off"]}),
     "cgroups": UpConfig(nodes=1, tls=False, extra={"nodeagent": ["--cgroups", "on"]}),
-    "mtls": UpConfig(nodes=1, tls=True, extra={"nodeagent": ["--cgroups", "on"]}),
+    "mtls": UpConfig(nodes=1, tls=True, tokens=False, extra={"nodeagent": ["--cgroups", "on"]}),
+    "mtls+tokens": UpConfig(nodes=1, tls=True, extra={"nodeagent": ["--cgroups", "on"]}),
 }
 
 
@@ -72,7 +73,9 @@ async def measure(warm: int, rounds: int, colds: int) -> dict[str, object]:
             sups[mode] = sup = Supervisor(cfg)
             ep = await sup.start()
             await sup.wait_nodes_registered()
-            clients[mode] = c = GalaxyClient(ep["controller"], tls=sup.client_tls())
+            clients[mode] = c = GalaxyClient(
+                ep["controller"], tls=sup.client_tls(), token=sup.client_token()
+            )
             await c.deploy(specs.load_file(EXAMPLE))
             await _warm(c, 50)  # the instance, the connections
         lat: dict[str, list[float]] = {m: [] for m in MODES}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shlex
 import time
 from pathlib import Path
@@ -21,7 +22,8 @@ from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry, wall_epoch_base
 from controlplane.controller.scaling import KINDS, KindLimits, ScalingConfig
 from controlplane.controller.service import ControllerServicer
-from controlplane.runtime import validation
+from controlplane.controller.tokens_store import TokenStore
+from controlplane.runtime import access, authn, validation
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.membership import KIND_BY_NAME
 from controlplane.runtime.rpc import ChannelPool
@@ -62,6 +64,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=validation.MAX_RESERVED_INSTANCES_DEFAULT,
         help="min_scale of all functions together: instances kept running idle",
+    )
+    authn.add_arguments(p)
+    p.add_argument(
+        "--bootstrap-token-file",
+        default=os.environ.get("GALAXY_BOOTSTRAP_TOKEN_FILE"),
+        help="a file holding an admin token (`galaxy tokens generate`) that this controller "
+        "makes valid at start, so the first admin can get in (default "
+        "$GALAXY_BOOTSTRAP_TOKEN_FILE; `galaxy up` writes RUN_DIR/token)",
     )
     g = p.add_argument_group("control function scaling (see docs/controller.md)")
     g.add_argument(
@@ -204,6 +214,8 @@ class ControllerComponent:
         self.state_url: str = args.state
         self.store: StateStore | None = None
         self.servicer: ControllerServicer | None = None
+        self.tokens: TokenStore | None = None
+        self.authenticator: authn.Authenticator | None = None
         self.reconciler: Reconciler | None = None
         self.elector: LeaderElector | None = None
         self.actuator: Actuator = NoActuator()
@@ -271,6 +283,12 @@ class ControllerComponent:
                 member_silent_s=a.member_timeout_s,
             ),
         )
+        self.tokens = TokenStore(self.store)
+        self.authenticator = (
+            authn.Authenticator(self.tokens.lookup, access.TokenCache(ttl_s=a.token_cache_s))
+            if authn.enabled(a)
+            else None
+        )
         self.servicer = ControllerServicer(
             registry,
             FunctionStore(
@@ -284,6 +302,8 @@ class ControllerComponent:
             reconciler=self.reconciler,
             elector=self.elector,
             controller_id=a.id,
+            tokens=self.tokens,
+            authenticator=self.authenticator,
         )
 
     async def start(self, ctx: HostContext) -> None:
@@ -292,6 +312,8 @@ class ControllerComponent:
         assert self.servicer is not None and self.reconciler is not None
         self.servicer.pool = ctx.pool
         self.servicer.address = ctx.address
+        if self.args.bootstrap_token_file and self.tokens is not None:
+            await self.tokens.bootstrap(Path(self.args.bootstrap_token_file))
         self.actuator.on_lost = self._instance_lost
         await self.actuator.start(ctx.address)
         self.servicer.start()

@@ -20,8 +20,10 @@ from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.leader import LeaderElector
 from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import ControlRegistry
-from controlplane.runtime import rpc, validation
-from controlplane.runtime.errors import InvalidArgument, Unavailable
+from controlplane.controller.tokens_api import TokensApi
+from controlplane.controller.tokens_store import TokenStore
+from controlplane.runtime import access, authn, rpc, validation
+from controlplane.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from controlplane.runtime.membership import KIND_NAMES
 from galaxy.v1 import (
     clustermgr_pb2,
@@ -57,12 +59,17 @@ def leader_only(method: Handler) -> Handler:
     return wrapper
 
 
-class ControllerServicer(controller_pb2_grpc.ControllerServicer):
-    """Membership, load reports, the function admin API and status.
+class ControllerServicer(TokensApi, controller_pb2_grpc.ControllerServicer):
+    """Membership, load reports, the function admin API, tokens and status.
 
     coordinator: membership pushes (made from registry and pool if None).
     reconciler: scaling (status only shows load without one). elector:
-    leader election (None: this controller always leads).
+    leader election (None: this controller always leads). tokens: where
+    bearer tokens are kept (made on functions' store if None);
+    authenticator: set when this controller checks tokens (its cache
+    forgets a revoked token at once). Namespaces are checked against the
+    caller that ``authn.current`` reports (everyone may act on every
+    namespace when tokens are off).
     """
 
     def __init__(
@@ -75,9 +82,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         reconciler: Reconciler | None = None,
         elector: LeaderElector | None = None,
         controller_id: str = "controller",
+        tokens: TokenStore | None = None,
+        authenticator: authn.Authenticator | None = None,
     ) -> None:
         self.registry = registry
         self.functions = functions
+        self.tokens = tokens or TokenStore(functions.store)
+        self.authenticator = authenticator
         self.coordinator = coordinator or Coordinator(registry, pool)
         self.reconciler = reconciler
         self.elector = elector
@@ -123,7 +134,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         remaining = context.time_remaining() if context is not None else None
         try:
             async with self.pool.stub(leader.address, controller_pb2_grpc.ControllerStub) as s:
-                return await getattr(s, method)(request, timeout=remaining or PUSH_TIMEOUT_S * 5)
+                # With the caller's token: the leader judges namespaces again.
+                return await getattr(s, method)(
+                    request,
+                    timeout=remaining or PUSH_TIMEOUT_S * 5,
+                    metadata=authn.forwarded_metadata(context) if context is not None else None,
+                )
         except grpc.aio.AioRpcError as e:
             code = e.code()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -236,7 +252,24 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             raise InvalidArgument("function: required")
         # The CLI checked the same rules; the server is the guard.
         validation.check_spec(request.function)
-        stored = await self.functions.deploy(request.function)
+        spec = request.function
+        who = authn.current()
+        spec.namespace = spec.namespace or who.namespace or access.DEFAULT_NAMESPACE
+        what = f"function {spec.name}"
+        authn.ensure_namespace(spec.namespace, what)
+        try:
+            current = await self.functions.get(spec.name)
+        except NotFound:
+            current = None
+        if current is not None:
+            authn.ensure_namespace(current.namespace, what)
+            if (current.namespace or access.DEFAULT_NAMESPACE) != spec.namespace:
+                raise FailedPrecondition(
+                    f"namespace: {what} is in namespace "
+                    f"{current.namespace or access.DEFAULT_NAMESPACE}; a function's namespace "
+                    "cannot change (delete it, then deploy it again)"
+                )
+        stored = await self.functions.deploy(spec)
         log.info(
             "deployed function %s (revision %d, version %d)",
             stored.name,
@@ -251,19 +284,28 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self, request: controller_pb2.GetFunctionRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FunctionSpec:
         validation.check_name("name", request.name)
-        return await self.functions.get(request.name)
+        return await self._visible(request.name)
+
+    async def _visible(self, name: str) -> common_pb2.FunctionSpec:
+        """The spec of name, if the caller may act on its namespace."""
+        spec = await self.functions.get(name)
+        authn.ensure_namespace(spec.namespace, f"function {name}")
+        return spec
 
     @leader_only
     async def ListFunctions(
         self, request: controller_pb2.ListFunctionsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ListFunctionsReply:
-        return controller_pb2.ListFunctionsReply(functions=await self.functions.list())
+        who = authn.current()
+        fns = [f for f in await self.functions.list() if who.sees(f.namespace)]
+        return controller_pb2.ListFunctionsReply(functions=fns)
 
     @leader_only
     async def DeleteFunction(
         self, request: controller_pb2.DeleteFunctionRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.DeleteFunctionReply:
         validation.check_name("name", request.name)
+        await self._visible(request.name)
         await self.functions.delete(request.name)
         log.info("deleted function %s", request.name)
         await self._notify_dispatch(common_pb2.CoordinateAction.KIND_FUNCTION_DELETED, request.name)
@@ -274,7 +316,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self, request: controller_pb2.ListRevisionsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ListRevisionsReply:
         validation.check_name("name", request.name)
-        spec = await self.functions.get(request.name)
+        spec = await self._visible(request.name)
         revs = await self.functions.list_revisions(request.name)
         return controller_pb2.ListRevisionsReply(revisions=revs, traffic=spec.traffic)
 
@@ -283,11 +325,32 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self, request: controller_pb2.SetTrafficRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FunctionSpec:
         validation.check_name("name", request.name)
+        await self._visible(request.name)
         stored = await self.functions.set_traffic(request.name, list(request.traffic))
         split = ", ".join(f"{t.revision or 'latest'}={t.percent}" for t in stored.traffic)
         log.info("traffic of function %s: %s", stored.name, split)
         await self._notify_dispatch(common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED, stored.name)
         return stored
+
+    # -- tokens (admin; see tokens_api) ------------------------------------
+
+    @leader_only
+    async def CreateToken(
+        self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.CreateTokenReply:
+        return await self._create_token(request, context)
+
+    @leader_only
+    async def ListTokens(
+        self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ListTokensReply:
+        return await self._list_tokens(request, context)
+
+    @leader_only
+    async def DeleteToken(
+        self, request: controller_pb2.DeleteTokenRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DeleteTokenReply:
+        return await self._delete_token(request, context)
 
     async def _notify_dispatch(self, kind: int, name: str) -> None:
         req = common_pb2.CoordinateRequest(

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.proxy import Proxy
-from controlplane.runtime import config, netaddr
+from controlplane.runtime import authn, config, netaddr
 from controlplane.runtime.host import READY_PREFIX, watch_lifeline
 from controlplane.runtime.metrics import serve_metrics, watch_gc
 from controlplane.runtime.tls import TlsConfig
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Gateway flags (common ones are added by the CLI), from ``GatewayConfig``."""
     config.add_arguments(p, GatewayConfig)
+    authn.add_auth_flag(p)
 
 
 def make_app(proxy: Proxy, cfg: GatewayConfig) -> web.Application:
@@ -53,13 +54,20 @@ def https_context(cfg: GatewayConfig) -> ssl.SSLContext | None:
 
 
 async def start(
-    cfg: GatewayConfig, controller: str, host: str, port: int, tls: TlsConfig | None = None
+    cfg: GatewayConfig,
+    controller: str,
+    host: str,
+    port: int,
+    tls: TlsConfig | None = None,
+    require_token: bool = False,
 ) -> tuple[web.AppRunner, Proxy, str]:
     """Start serving on host:port (0: any free port); returns the runner,
     the proxy and the bound address. tls: the gateway's certificate for its
-    gRPC calls to the control plane (mutual TLS)."""
+    gRPC calls to the control plane (mutual TLS). require_token: every
+    request but health checks needs a bearer token, passed on to the control
+    plane, which judges it (401 without one)."""
     client = GalaxyClient(controller, timeout=cfg.request_timeout_s, tls=tls)
-    proxy = Proxy(client, cfg)
+    proxy = Proxy(client, cfg, require_token=require_token)
     ssl_context = https_context(cfg)
     runner = web.AppRunner(make_app(proxy, cfg), access_log=None, handle_signals=False)
     await runner.setup()
@@ -80,7 +88,9 @@ async def run(args: argparse.Namespace) -> int:
     cfg = config.from_args(GatewayConfig, args)
     host, port = netaddr.split_host_port(args.listen)
     try:
-        runner, proxy, bound = await start(cfg, args.controller, host, port, args.tls)
+        runner, proxy, bound = await start(
+            cfg, args.controller, host, port, args.tls, require_token=authn.enabled(args)
+        )
     except ValueError as e:
         print(f"galaxy: {e}", file=sys.stderr)
         return 2

@@ -14,7 +14,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from controlplane.gateway import routes
 from controlplane.gateway.config import GatewayConfig
-from controlplane.runtime.errors import GalaxyError, NotFound
+from controlplane.runtime import access
+from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
 from controlplane.sdk.client import GalaxyClient
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ def error(status: int, message: str, cfg: GatewayConfig, kind: str = "") -> web.
     headers = {}
     if status in (429, 503):
         headers["Retry-After"] = str(cfg.retry_after_s)
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="galaxy"'
     body = {"error": {"message": message[:512], "code": status, "type": kind or "gateway_error"}}
     return web.json_response(body, status=status, headers=headers)
 
@@ -69,9 +72,12 @@ def error(status: int, message: str, cfg: GatewayConfig, kind: str = "") -> web.
 class Proxy:
     """The handler of every route, with the SDK client it dispatches through."""
 
-    def __init__(self, client: GalaxyClient, cfg: GatewayConfig) -> None:
+    def __init__(
+        self, client: GalaxyClient, cfg: GatewayConfig, *, require_token: bool = False
+    ) -> None:
         self.client = client
         self.cfg = cfg
+        self.require_token = require_token
         self.in_flight = 0
         self._models: tuple[float, list[dict[str, Any]]] = (0.0, [])
 
@@ -85,10 +91,11 @@ class Proxy:
                 request.path, request.query_string, request.headers.get("Host", ""), self.cfg.domain
             )
             kind = r.kind
+            token = self._token(request) if self.require_token and not _health(r) else None
             if r.kind == "local":
-                resp = await self._local(request, r)
+                resp = await self._local(request, r, token)
             else:
-                resp = await self._proxied(request, r)
+                resp = await self._proxied(request, r, token)
         except routes.RouteError as e:
             resp = error(e.status, str(e), self.cfg, "invalid_request_error")
         except GalaxyError as e:
@@ -97,7 +104,17 @@ class Proxy:
         LATENCY.labels(kind).observe(time.perf_counter() - start)
         return resp
 
-    async def _proxied(self, request: web.Request, r: routes.Route) -> web.StreamResponse:
+    def _token(self, request: web.Request) -> str:
+        """The caller's bearer token; 401 (Unauthenticated) without one. The
+        control plane judges it: the gateway only passes it on."""
+        token = access.bearer(request.headers.get("Authorization", ""))
+        if token is None:
+            raise Unauthenticated("Authorization: a bearer token is required (Bearer glx_...)")
+        return token
+
+    async def _proxied(
+        self, request: web.Request, r: routes.Route, token: str | None
+    ) -> web.StreamResponse:
         if self.in_flight >= self.cfg.max_in_flight:
             SHED.inc()
             return error(503, "gateway at capacity; retry", self.cfg, "overloaded")
@@ -106,7 +123,10 @@ class Proxy:
         body = await request.read()
         if r.kind == "openai":
             r = routes.openai_route(r, body)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        # The caller's Galaxy token is for the control plane, never for the
+        # function's code.
+        strip = HOP | {"authorization"} if self.require_token else HOP
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in strip}
         headers["X-Forwarded-Host"] = request.headers.get("Host", "")
         # A traffic tag pins a revision (canary testing before it gets a share).
         tag = request.headers.get(TAG_HEADER, "")
@@ -114,7 +134,7 @@ class Proxy:
         IN_FLIGHT.inc()
         try:
             try:
-                return await self._serve(request, r, body, headers, tag)
+                return await self._serve(request, r, body, headers, tag, token)
             except NotFound as not_found:
                 # Host {tag}-{name}.{domain}, as Knative names tagged routes:
                 # tried only once the whole label is known not to be a function.
@@ -122,7 +142,7 @@ class Proxy:
                 if alt is None:
                     raise
                 try:
-                    return await self._serve(request, alt[1], body, headers, alt[0])
+                    return await self._serve(request, alt[1], body, headers, alt[0], token)
                 except NotFound:
                     raise not_found from None  # about the name the client sent
         finally:
@@ -136,12 +156,12 @@ class Proxy:
         body: bytes,
         headers: dict[str, str],
         tag: str,
+        token: str | None,
     ) -> web.StreamResponse:
         """Get a slot, proxy the request, stream the answer back."""
-        async with self.client.granted(r.function, r.path, body, headers, request.method, tag) as (
-            addr,
-            upstream,
-        ):
+        async with self.client.granted(
+            r.function, r.path, body, headers, request.method, tag, token
+        ) as (addr, upstream):
             if upstream is None:  # an emulated sandbox: no process to call
                 return web.json_response(
                     {"echo": body.decode("utf-8", "replace"), "emulated": addr.address}
@@ -160,7 +180,9 @@ class Proxy:
             await out.write_eof()
             return out
 
-    async def _local(self, request: web.Request, r: routes.Route) -> web.StreamResponse:
+    async def _local(
+        self, request: web.Request, r: routes.Route, token: str | None
+    ) -> web.StreamResponse:
         if r.path in ("/v2/health/live", "/healthz"):
             return web.json_response({"live": True})
         if r.path == "/v2/health/ready":
@@ -169,18 +191,29 @@ class Proxy:
             except GalaxyError as e:
                 return error(503, f"control plane not reachable: {e.message}", self.cfg)
             return web.json_response({"ready": True})
-        # /v1/models: OpenAI's list of models = the deployed functions.
+        # /v1/models: OpenAI's list of models = the deployed functions (the
+        # caller's, with tokens: nothing shared between callers then).
+        if token is not None:
+            fns = await self.client.list_functions(token)
+            return web.json_response({"object": "list", "data": [_model(f) for f in fns]})
         now = time.monotonic()
         if now - self._models[0] > 1.0:
             fns = await self.client.list_functions()
             self._models = (
                 now,
-                [
-                    {"id": f.name, "object": "model", "created": 0, "owned_by": "galaxy"}
-                    for f in fns
-                ],
+                [_model(f) for f in fns],
             )
         return web.Response(
             text=json.dumps({"object": "list", "data": self._models[1]}),
             content_type="application/json",
         )
+
+
+def _health(r: routes.Route) -> bool:
+    """Health checks answer without a token (probes hold none)."""
+    return r.kind == "local" and r.path in ("/v2/health/live", "/v2/health/ready", "/healthz")
+
+
+def _model(f: Any) -> dict[str, Any]:
+    """One function as an OpenAI model entry."""
+    return {"id": f.name, "object": "model", "created": 0, "owned_by": f.namespace or "galaxy"}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.runtime import netaddr, tls, tlsfiles
+from controlplane.runtime import credentials, netaddr, tls, tlsfiles
 from controlplane.runtime.host import READY_PREFIX, serve_command
 from controlplane.runtime.tls import TlsConfig
 
@@ -93,6 +93,9 @@ class UpConfig:
     #: RUN_DIR/certs on first start). Off here (bench, calibrate); `galaxy
     #: up` turns it on unless --insecure.
     tls: bool = False
+    #: Bearer tokens on the public API, when TLS is on (RUN_DIR/token holds
+    #: the admin's); False serves mutual TLS without tokens (`--auth none`).
+    tokens: bool = True
 
 
 @dataclass
@@ -125,6 +128,17 @@ class Supervisor:
         """The admin client's TLS config (None: plaintext)."""
         return tlsfiles.client_tls(self.tls_dir)
 
+    @property
+    def token_file(self) -> Path | None:
+        """The admin token's file, when tokens are on (with TLS)."""
+        on = self.cfg.tls and self.cfg.tokens
+        return self.cfg.run_dir / credentials.TOKEN_FILE if on else None
+
+    def client_token(self) -> str | None:
+        """The admin token (None: tokens are off)."""
+        path = self.token_file
+        return credentials.read_token_file(path) if path is not None else None
+
     def _serve_cmd(self, kind: str, instance_id: str, *extra: str) -> list[str]:
         cmd = serve_command(kind, instance_id, self.cfg.host, *tlsfiles.flags(self.tls_dir))
         if not self.cfg.connection_cache:
@@ -156,6 +170,14 @@ class Supervisor:
             out += ["--min-instances", f"{kind}={max(1, getattr(cfg, kind))}"]
         return out + list(cfg.controller_args)
 
+    def _env(self) -> dict[str, str] | None:
+        """The children's environment: ours, with tokens turned off when
+        asked (through the environment, so the instances the controller
+        starts itself get the same choice)."""
+        if self.cfg.tls and not self.cfg.tokens:
+            return {**os.environ, "GALAXY_AUTH": "none"}
+        return None
+
     async def spawn(self, name: str, cmd: list[str]) -> Child:
         """Start one supervised child from its command line and wait for its
         ready line (raises RuntimeError naming the log if it never comes).
@@ -168,6 +190,7 @@ class Supervisor:
         with open(log_path, "ab") as logf:  # noqa: ASYNC230
             proc = await asyncio.create_subprocess_exec(
                 *cmd,
+                env=self._env(),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=logf,
@@ -212,10 +235,20 @@ class Supervisor:
             # be in the certificates (ensure adds it and keeps older hosts).
             hosts = {netaddr.advertised_host(cfg.host), "localhost", "127.0.0.1", "::1"}
             await asyncio.to_thread(tls.ensure, self.tls_dir, hosts=sorted(hosts))
+        bootstrap: list[str] = []
+        if self.token_file is not None:
+            # The first admin's token: the controller stores only its hash.
+            await asyncio.to_thread(credentials.ensure_token_file, self.token_file)
+            bootstrap = ["--bootstrap-token-file", str(self.token_file)]
         ctl = await self.spawn(
             "controller",
             self._serve_cmd(
-                "controller", "controller-0", "--state", cfg.state, *self._controller_args()
+                "controller",
+                "controller-0",
+                "--state",
+                cfg.state,
+                *bootstrap,
+                *self._controller_args(),
             ),
         )
         caddr = ctl.ready["address"]
@@ -279,6 +312,8 @@ class Supervisor:
         out: dict[str, Any] = {"controller": "", "components": [], "supervisor_pid": os.getpid()}
         if self.tls_dir is not None:
             out["tls_dir"] = str(self.tls_dir)
+        if self.token_file is not None:
+            out["token_file"] = str(self.token_file)
         for c in self.children:
             if c.name == "controller":
                 out["controller"] = c.ready["address"]
@@ -295,7 +330,10 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
         async with GalaxyClient(
-            self.endpoints()["controller"], timeout=5.0, tls=self.client_tls()
+            self.endpoints()["controller"],
+            timeout=5.0,
+            tls=self.client_tls(),
+            token=self.client_token(),
         ) as c:
             while True:
                 st = await c.status()
@@ -376,9 +414,17 @@ def print_endpoints(endpoints: dict[str, Any], nodes_alive: int, out: Any = sys.
         )
     else:
         print(f"  WARNING: {tlsfiles.INSECURE_WARNING}", file=out)
+    auth = ""
+    if endpoints.get("token_file"):
+        print(
+            f"  tokens: the admin token is in {endpoints['token_file']} (the CLI here uses "
+            "it; elsewhere set GALAXY_TOKEN; `galaxy tokens create` makes more)",
+            file=out,
+        )
+        auth = f'-H "Authorization: Bearer $(cat {endpoints["token_file"]})" '
     if endpoints.get("gateway"):
         print(f"Gateway: http://{endpoints['gateway']}", file=out)
     print("Try: galaxy deploy -f examples/echo.yaml && galaxy invoke echo --data hello", file=out)
     if endpoints.get("gateway"):
-        print(f"     curl http://{endpoints['gateway']}/functions/echo -d hi", file=out)
+        print(f"     curl {auth}http://{endpoints['gateway']}/functions/echo -d hi", file=out)
     print("Press Ctrl-C to stop.", file=out, flush=True)

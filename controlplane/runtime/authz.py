@@ -7,7 +7,7 @@ instances, change membership or routing tables) accept components only, so
 no client certificate can call ``NodeAgent.CreateInstance``,
 ``Dispatch.ModInstance`` or ``Controller.RegisterInstance``. The public API
 (deploy, invoke, status) accepts any certificate of the cluster's CA;
-per-client roles are the next layer (docs/security.md).
+with tokens on, the caller's role then decides (controlplane.runtime.access).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ PUBLIC: dict[str, frozenset[str]] = {
             "GetMembership",
             "ListRevisions",
             "SetTraffic",
+            "CreateToken",
+            "ListTokens",
+            "DeleteToken",
         }
     ),
     # ListInstances is read-only: what `galaxy status` shows anyway.

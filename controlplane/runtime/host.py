@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from controlplane.runtime import authz, loadreport, netaddr, rpc
+from controlplane.runtime.authn import AccessInterceptor
 from controlplane.runtime.membership import KIND_NAMES
 from controlplane.runtime.metrics import serve_metrics, watch_gc
 from controlplane.runtime.tls import IdentityInterceptor, TlsConfig
@@ -211,9 +212,17 @@ async def serve(
     pool = pool or rpc.ChannelPool(tls=tls)
     # With TLS, callers are also checked by identity: internal RPCs accept
     # component certificates only (controlplane.runtime.authz).
-    guards = [IdentityInterceptor(authz.allowed)] if tls is not None else []
+    # A component with a public API checks bearer tokens too (its
+    # `authenticator`, set when --auth is on; controlplane.runtime.authn).
+    services = component.services()  # builds the component (and its authenticator)
+    auth = getattr(component, "authenticator", None)
+    guards: list[Any] = []
+    if tls is not None:
+        guards = [
+            AccessInterceptor(auth) if auth is not None else IdentityInterceptor(authz.allowed)
+        ]
     server, port, health_servicer = rpc.create_server(
-        listen, component.services(), tls=tls, interceptors=guards
+        listen, services, tls=tls, interceptors=guards
     )
     listen_host, _ = netaddr.split_host_port(listen)
     address = netaddr.join_host_port(netaddr.advertised_host(listen_host, advertise_host), port)

@@ -368,14 +368,23 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
                     f"the peer presented {presented}",
                 )
 
-        for kind, make in _HANDLER_KINDS:
-            if (inner := getattr(handler, kind)) is not None:
-                return make(  # type: ignore[no-any-return,operator]
-                    _guarded(inner, check),
-                    request_deserializer=handler.request_deserializer,
-                    response_serializer=handler.response_serializer,
-                )
-        return handler
+        return guard_handler(handler, check)
+
+
+def guard_handler(
+    handler: grpc.RpcMethodHandler,
+    check: Callable[[grpc.aio.ServicerContext], Awaitable[None]],
+) -> grpc.RpcMethodHandler:
+    """handler, running check(context) first in the same task as the method
+    (so what check sets in a context variable, the method sees)."""
+    for kind, make in _HANDLER_KINDS:
+        if (inner := getattr(handler, kind)) is not None:
+            return make(  # type: ignore[no-any-return,operator]
+                _guarded(inner, check),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+    return handler
 
 
 _HANDLER_KINDS = (

@@ -149,6 +149,8 @@ def check_spec(spec: common_pb2.FunctionSpec) -> None:
     the elements they count, so the work done is bounded by the limits.
     """
     check_name("name", spec.name)
+    if spec.namespace:
+        check_name("namespace", spec.namespace)
     if len(spec.name) > MAX_FUNCTION_NAME_LEN:
         raise InvalidArgument(
             f"name: at most {MAX_FUNCTION_NAME_LEN} characters (6 more make revision names), "

@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from controlplane.runtime import rpc
+from controlplane.runtime import authn, rpc
 from controlplane.runtime.errors import (
     RETRYABLE,
     DeadlineExceeded,
@@ -71,7 +71,10 @@ class GalaxyClient:
 
     tls: mutual TLS with a client certificate of the cluster's CA
     (``controlplane.runtime.tlsfiles.client_tls``); None for a plaintext
-    control plane (`galaxy up --insecure`).
+    control plane (`galaxy up --insecure`). token: the bearer token sent
+    with every call (``glx_...``; `galaxy up` writes RUN_DIR/token, and
+    ``controlplane.runtime.credentials.client_token`` finds it); None sends
+    none (a cluster without tokens, or a component's own certificate).
     """
 
     def __init__(
@@ -80,8 +83,10 @@ class GalaxyClient:
         timeout: float = 30.0,
         backoff: Backoff | None = None,
         tls: TlsConfig | None = None,
+        token: str | None = None,
     ) -> None:
         self.controller = controller
+        self._md = authn.token_metadata(token)
         self.timeout = timeout
         self.pool = rpc.ChannelPool(timeout=timeout, tls=tls)
         self.http = HttpPool()
@@ -110,10 +115,11 @@ class GalaxyClient:
         await self.http.close()
         await self.pool.close()
 
-    async def _ctl(self, method: str, request: Any) -> Any:
+    async def _ctl(self, method: str, request: Any, token: str | None = None) -> Any:
+        md = authn.token_metadata(token) if token else self._md
         try:
             async with self.pool.stub(self.controller, controller_pb2_grpc.ControllerStub) as s:
-                return await getattr(s, method)(request)
+                return await getattr(s, method)(request, metadata=md)
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
 
@@ -140,10 +146,26 @@ class GalaxyClient:
         req = controller_pb2.SetTrafficRequest(name=name, traffic=traffic)
         return await self._ctl("SetTraffic", req)  # type: ignore[no-any-return]
 
-    async def list_functions(self) -> list[common_pb2.FunctionSpec]:
-        """All deployed functions."""
-        r = await self._ctl("ListFunctions", controller_pb2.ListFunctionsRequest())
+    async def list_functions(self, token: str | None = None) -> list[common_pb2.FunctionSpec]:
+        """The deployed functions the caller may see (all, for an admin)."""
+        r = await self._ctl("ListFunctions", controller_pb2.ListFunctionsRequest(), token)
         return list(r.functions)
+
+    async def create_token(
+        self, name: str, role: str, namespace: str = ""
+    ) -> controller_pb2.CreateTokenReply:
+        """A new bearer token (admin only); its secret is in the reply only."""
+        req = controller_pb2.CreateTokenRequest(name=name, role=role, namespace=namespace)
+        return await self._ctl("CreateToken", req)  # type: ignore[no-any-return]
+
+    async def list_tokens(self) -> list[controller_pb2.TokenInfo]:
+        """Every token's public record (admin only)."""
+        r = await self._ctl("ListTokens", controller_pb2.ListTokensRequest())
+        return list(r.tokens)
+
+    async def delete_token(self, token_id: str) -> None:
+        """Revoke a token (admin only)."""
+        await self._ctl("DeleteToken", controller_pb2.DeleteTokenRequest(id=token_id))
 
     async def delete_function(self, name: str) -> None:
         """Delete a function and its instances."""
@@ -170,12 +192,14 @@ class GalaxyClient:
         request_id: str = "",
         deadline_s: float | None = None,
         tag: str = "",
+        token: str | None = None,
     ) -> dispatch_pb2.InstanceAddr:
         """Reserve a slot on an instance of function (may cold-start one).
 
         function may name a revision (NAME-NNNNN) to pin it; tag picks the
         revision with that traffic tag. Otherwise the function's traffic
-        split decides.
+        split decides. token: sent instead of the client's own (the
+        gateway passes on each HTTP client's).
 
         Dispatch instances are tried in rendezvous order for the function:
         one that is unavailable (crashed, scaled in) is skipped for the next,
@@ -186,6 +210,7 @@ class GalaxyClient:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (deadline_s or self.timeout)
+        md = authn.token_metadata(token) if token else self._md
         if not self.membership.ids(DISPATCH):
             await self.refresh_membership()
         req = dispatch_pb2.DispatchRequest(
@@ -210,7 +235,7 @@ class GalaxyClient:
                 raise DeadlineExceeded(f"dispatch {short(function)}: deadline exceeded")
             try:
                 async with self.pool.stub(target.address, dispatch_pb2_grpc.DispatchStub) as s:
-                    return await s.Dispatch(req, timeout=remaining)  # type: ignore[no-any-return]
+                    return await s.Dispatch(req, timeout=remaining, metadata=md)  # type: ignore[no-any-return]
             except grpc.aio.AioRpcError as e:
                 if req.releases:
                     # Maybe not applied: send them on their own (a repeat is harmless).
@@ -253,7 +278,7 @@ class GalaxyClient:
             return True
         try:
             async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
-                r = await s.Release(rel)
+                r = await s.Release(rel, metadata=self._md)
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
         return bool(r.released)
@@ -274,7 +299,9 @@ class GalaxyClient:
         if not rels:
             return
         async with self.pool.stub(address, dispatch_pb2_grpc.DispatchStub) as s:
-            await asyncio.gather(*(s.Release(r) for r in rels), return_exceptions=True)
+            await asyncio.gather(
+                *(s.Release(r, metadata=self._md) for r in rels), return_exceptions=True
+            )
 
     async def invoke(
         self,
@@ -322,6 +349,7 @@ class GalaxyClient:
         headers: dict[str, str] | None,
         method: str,
         tag: str = "",
+        token: str | None = None,
     ) -> AsyncIterator[tuple[dispatch_pb2.InstanceAddr, Any]]:
         """A slot on an instance of ``function`` and the instance's response
         to the request (its body unread; None for an emulated sandbox); the
@@ -334,7 +362,7 @@ class GalaxyClient:
         try:
             while True:
                 addr = await self.dispatch(
-                    function, deadline_s=max(deadline - loop.time(), 0.001), tag=tag
+                    function, deadline_s=max(deadline - loop.time(), 0.001), tag=tag, token=token
                 )
                 attempts += 1
                 if addr.address.startswith("emulated://"):
@@ -379,14 +407,20 @@ class SyncGalaxyClient:
     """Blocking wrapper of GalaxyClient for scripts (one private event loop)."""
 
     def __init__(
-        self, controller: str, timeout: float = 30.0, tls: TlsConfig | None = None
+        self,
+        controller: str,
+        timeout: float = 30.0,
+        tls: TlsConfig | None = None,
+        token: str | None = None,
     ) -> None:
         self._runner = asyncio.Runner()
-        self._client = self._runner.run(self._make(controller, timeout, tls))
+        self._client = self._runner.run(self._make(controller, timeout, tls, token))
 
     @staticmethod
-    async def _make(controller: str, timeout_s: float, tls: TlsConfig | None) -> GalaxyClient:
-        return GalaxyClient(controller, timeout_s, tls=tls)
+    async def _make(
+        controller: str, timeout_s: float, tls: TlsConfig | None, token: str | None
+    ) -> GalaxyClient:
+        return GalaxyClient(controller, timeout_s, tls=tls, token=token)
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._client, name)

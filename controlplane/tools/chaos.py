@@ -144,7 +144,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ep = await sup.start()
             await sup.wait_nodes_registered()
             watcher = asyncio.create_task(supervise(sup, stop, RestartPolicy()))
-            async with GalaxyClient(ep["controller"], timeout=10, tls=sup.client_tls()) as c:
+            async with GalaxyClient(
+                ep["controller"], timeout=10, tls=sup.client_tls(), token=sup.client_token()
+            ) as c:
                 names = [f"chaos-{i}" for i in range(args.functions)]
                 for n in names:
                     spec = specs.load_file(ECHO)  # a real process with the process sandbox

@@ -33,7 +33,7 @@ from controlplane.launch.up import (
     print_endpoints,
     read_endpoints,
 )
-from controlplane.runtime import tlsfiles
+from controlplane.runtime import authn, tlsfiles
 from controlplane.runtime.config import ConfigError
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import serve_metrics
@@ -49,6 +49,7 @@ from controlplane.tools.chaos import add_subparser as add_chaos_subparser
 from controlplane.tools.common import CliError, find_controller  # noqa: F401 (re-exported)
 from controlplane.tools.revisions_cmd import add_subparsers as add_revision_subparsers
 from controlplane.tools.store_cmd import add_subparser as add_store_subparser
+from controlplane.tools.tokens_cmd import add_subparser as add_tokens_subparser
 from simulator.cli import add_subparser as add_simulator_subparser
 
 SERVE_KINDS = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent", "gateway")
@@ -94,6 +95,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         control_cpu_limits=_cpu_limits(args.control_cpu_limit),
         gateway_port=args.gateway_port,
         tls=not args.insecure,
+        tokens=args.auth == "tokens",
     )
     if read_endpoints(cfg.run_dir):
         raise CliError(
@@ -189,6 +191,11 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise CliError(str(e)) from None
+    try:
+        if hasattr(args, "auth"):
+            authn.enabled(args)  # tokens need TLS: refused here, in one line
+    except ValueError as e:
+        raise CliError(str(e)) from None
     if args.kind == "gateway":  # HTTP, not a gRPC component
         return int(await mod.run(args))
     try:
@@ -231,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_revision_subparsers(sub)
     add_certs_subparser(sub)
     add_chaos_subparser(sub)
+    add_tokens_subparser(sub)
 
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
     up.add_argument("--nodes", type=int, default=4, help="worker nodes (default 4)")
@@ -258,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--insecure",
         action="store_true",
         help="no TLS: plaintext gRPC with no authentication (local experiments only)",
+    )
+    up.add_argument(
+        "--auth",
+        choices=["tokens", "none"],
+        default="tokens",
+        help="bearer tokens on the public API and the gateway (default tokens; the admin "
+        "token is written to RUN_DIR/token; off with --insecure)",
     )
     up.add_argument(
         "--gateway-port",

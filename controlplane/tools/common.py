@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from controlplane.launch.up import read_endpoints
-from controlplane.runtime import tlsfiles
+from controlplane.runtime import credentials, tlsfiles
 from controlplane.runtime.tls import TlsConfig
 
 if TYPE_CHECKING:
@@ -49,9 +49,19 @@ def find_tls(args: argparse.Namespace) -> TlsConfig | None:
         raise CliError(str(e)) from None
 
 
+def find_token(args: argparse.Namespace) -> str | None:
+    """The bearer token to send: $GALAXY_TOKEN, $GALAXY_TOKEN_FILE, else
+    the running `galaxy up`'s admin token; None when there is none."""
+    try:
+        return credentials.client_token(read_endpoints(Path(args.run_dir)))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
 def connect(args: argparse.Namespace, **kwargs: Any) -> GalaxyClient:
     """A client of the control plane the command targets (see
-    find_controller and find_tls)."""
+    find_controller, find_tls and find_token)."""
     from controlplane.sdk.client import GalaxyClient
 
+    kwargs.setdefault("token", find_token(args))
     return GalaxyClient(find_controller(args), tls=find_tls(args), **kwargs)

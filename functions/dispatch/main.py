@@ -8,19 +8,20 @@ import contextlib
 import logging
 from typing import Any
 
-from controlplane.runtime import config
+from controlplane.runtime import access, authn, config
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.rpc import ChannelPool
 from functions.dispatch import autoscale
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.service import DispatchServicer
-from galaxy.v1 import common_pb2, dispatch_pb2_grpc
+from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc, dispatch_pb2_grpc
 from statestore import StoreError
 from statestore.records import Recorder
 
 log = logging.getLogger(__name__)
 # How long start-up may wait for instance records before starting empty.
 RECOVER_TIMEOUT_S = 5.0
+TOKEN_LOOKUP_TIMEOUT_S = 2.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     and the function autoscaler's."""
     config.add_arguments(p, DispatchConfig)
     autoscale.add_arguments(p)
+    authn.add_arguments(p)
 
 
 class DispatchComponent:
@@ -51,6 +53,21 @@ class DispatchComponent:
             autoscale=autoscale.AutoscaleSettings.from_args(args),
         )
         self._housekeeping: asyncio.Task[None] | None = None
+        # Tokens are verified against the controller's records, cached.
+        self.authenticator = (
+            authn.Authenticator(self._lookup_token, access.TokenCache(ttl_s=args.token_cache_s))
+            if authn.enabled(args)
+            else None
+        )
+
+    async def _lookup_token(self, token_id: str) -> access.TokenRecord | None:
+        async with self.servicer.pool.stub(
+            self.args.controller, controller_pb2_grpc.ControllerStub
+        ) as s:
+            reply = await s.LookupToken(
+                controller_pb2.LookupTokenRequest(id=token_id), timeout=TOKEN_LOOKUP_TIMEOUT_S
+            )
+        return authn.record_of(reply)
 
     def services(self) -> list[tuple[Any, Any, str]]:
         return [

@@ -17,7 +17,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import secrets
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -100,6 +102,8 @@ class FunctionRouter:
     leases: dict[str, _Lease] = field(default_factory=dict)
     last_active: float = 0.0
     _seq: itertools.count[int] = field(default_factory=itertools.count)
+    #: the unguessable part of each lease id (injected: tests fix it)
+    lease_nonce: Callable[[], str] = field(default=lambda: secrets.token_hex(8), repr=False)
     #: the instances with a free slot as (in_flight, order, instance_id), a
     #: heap: its top is the least-loaded choice. An instance gets a new entry
     #: whenever its load changes while it has room; entries that no longer
@@ -398,7 +402,9 @@ class FunctionRouter:
             heapq.heappop(self._free)
         now = self.clock.now()
         self.last_active = now
-        lease_id = f"{self.lease_prefix}{self.name}/{next(self._seq)}"
+        # The random part makes a lease id a capability: Release needs no
+        # other proof, and no one can release a slot they were not given.
+        lease_id = f"{self.lease_prefix}{self.name}/{next(self._seq)}.{self.lease_nonce()}"
         self.leases[lease_id] = (inst.instance_id, now + self.lease_ttl_s)
         # tuple.__new__ makes the same named tuple as Grant(...), without its
         # generated Python __new__ (one per request).

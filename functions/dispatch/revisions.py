@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from controlplane.runtime import revisions
+from controlplane.runtime import authn, revisions
 from functions.dispatch.policy import FunctionRouter
 from galaxy.v1 import common_pb2
 
@@ -38,6 +38,8 @@ async def resolve(
     """The spec and router that serve one request for function (a function,
     or a revision name that pins one revision)."""
     spec = await svc._spec(function)
+    # Before anything starts: a caller of another namespace gets nothing.
+    authn.ensure_namespace(spec.namespace, f"function {function}")
     if not spec.revision or revisions.split(function)[1]:
         return spec, svc._router(spec)  # no revisions (older records), or pinned
     ready = _ready(svc, function)

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Gauge
 
-from controlplane.runtime import metrics, rpc, validation
+from controlplane.runtime import authn, metrics, rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.errors import (
     DeadlineExceeded,
@@ -296,11 +296,13 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         fwd.CopyFrom(request)
         fwd.forwarded = True
         remaining = context.time_remaining()
+        # The owner checks the caller's namespace: it has the spec.
+        md = authn.forwarded_metadata(context)
         try:
             async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
-                if remaining is None:
-                    return await s.Dispatch(fwd, timeout=MAX_WAIT_S)  # type: ignore[no-any-return]
-                return await s.Dispatch(fwd, timeout=remaining)  # type: ignore[no-any-return]
+                return await s.Dispatch(  # type: ignore[no-any-return]
+                    fwd, timeout=MAX_WAIT_S if remaining is None else remaining, metadata=md
+                )
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 # The owner may be dead: have the controller check it now, so

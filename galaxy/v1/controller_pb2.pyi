@@ -100,6 +100,74 @@ class SetTrafficRequest(_message.Message):
     traffic: _containers.RepeatedCompositeFieldContainer[_common_pb2.TrafficTarget]
     def __init__(self, name: _Optional[str] = ..., traffic: _Optional[_Iterable[_Union[_common_pb2.TrafficTarget, _Mapping]]] = ...) -> None: ...
 
+class TokenInfo(_message.Message):
+    __slots__ = ("id", "name", "role", "namespace", "created_unix")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    role: str
+    namespace: str
+    created_unix: float
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., namespace: _Optional[str] = ..., created_unix: _Optional[float] = ...) -> None: ...
+
+class CreateTokenRequest(_message.Message):
+    __slots__ = ("name", "role", "namespace")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    namespace: str
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
+
+class CreateTokenReply(_message.Message):
+    __slots__ = ("info", "token")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    info: TokenInfo
+    token: str
+    def __init__(self, info: _Optional[_Union[TokenInfo, _Mapping]] = ..., token: _Optional[str] = ...) -> None: ...
+
+class ListTokensRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTokensReply(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenInfo]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[TokenInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteTokenRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class DeleteTokenReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LookupTokenRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class TokenRecord(_message.Message):
+    __slots__ = ("found", "info", "sha256")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    info: TokenInfo
+    sha256: str
+    def __init__(self, found: _Optional[bool] = ..., info: _Optional[_Union[TokenInfo, _Mapping]] = ..., sha256: _Optional[str] = ...) -> None: ...
+
 class GetClusterStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -90,6 +90,26 @@ class ControllerStub:
                 request_serializer=galaxy_dot_v1_dot_controller__pb2.SetTrafficRequest.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_common__pb2.FunctionSpec.FromString,
                 _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/galaxy.v1.Controller/CreateToken',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.CreateTokenReply.FromString,
+                _registered_method=True)
+        self.ListTokens = channel.unary_unary(
+                '/galaxy.v1.Controller/ListTokens',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.ListTokensReply.FromString,
+                _registered_method=True)
+        self.DeleteToken = channel.unary_unary(
+                '/galaxy.v1.Controller/DeleteToken',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.DeleteTokenRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.DeleteTokenReply.FromString,
+                _registered_method=True)
+        self.LookupToken = channel.unary_unary(
+                '/galaxy.v1.Controller/LookupToken',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.LookupTokenRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.TokenRecord.FromString,
+                _registered_method=True)
         self.GetClusterStatus = channel.unary_unary(
                 '/galaxy.v1.Controller/GetClusterStatus',
                 request_serializer=galaxy_dot_v1_dot_controller__pb2.GetClusterStatusRequest.SerializeToString,
@@ -187,6 +207,37 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateToken(self, request, context):
+        """Bearer tokens (admin only). CreateToken answers the token itself once;
+        only its SHA-256 is stored. Errors: INVALID_ARGUMENT naming the field,
+        RESOURCE_EXHAUSTED past the token limit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteToken(self, request, context):
+        """Revokes a token: refused at once by the controller, by every Dispatch
+        within its token cache's TTL. Errors: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupToken(self, request, context):
+        """Internal (component certificates only): the stored record of a token
+        id, for Dispatch to verify the tokens it is sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetClusterStatus(self, request, context):
         """Everything `galaxy status` shows: control instances, nodes, functions and
         function instances.
@@ -252,6 +303,26 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.SetTraffic,
                     request_deserializer=galaxy_dot_v1_dot_controller__pb2.SetTrafficRequest.FromString,
                     response_serializer=galaxy_dot_v1_dot_common__pb2.FunctionSpec.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.CreateTokenRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.CreateTokenReply.SerializeToString,
+            ),
+            'ListTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTokens,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.ListTokensRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.ListTokensReply.SerializeToString,
+            ),
+            'DeleteToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteToken,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.DeleteTokenRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.DeleteTokenReply.SerializeToString,
+            ),
+            'LookupToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupToken,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.LookupTokenRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.TokenRecord.SerializeToString,
             ),
             'GetClusterStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetClusterStatus,
@@ -556,6 +627,114 @@ class Controller:
             '/galaxy.v1.Controller/SetTraffic',
             galaxy_dot_v1_dot_controller__pb2.SetTrafficRequest.SerializeToString,
             galaxy_dot_v1_dot_common__pb2.FunctionSpec.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/CreateToken',
+            galaxy_dot_v1_dot_controller__pb2.CreateTokenRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.CreateTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/ListTokens',
+            galaxy_dot_v1_dot_controller__pb2.ListTokensRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.ListTokensReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/DeleteToken',
+            galaxy_dot_v1_dot_controller__pb2.DeleteTokenRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.DeleteTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/LookupToken',
+            galaxy_dot_v1_dot_controller__pb2.LookupTokenRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.TokenRecord.FromString,
             options,
             channel_credentials,
             insecure,

@@ -68,7 +68,9 @@ async def test_instances_on_other_hosts_answer_sdk_and_gateway(
     sup, hosts = cluster
     endpoints = sup.endpoints()
     host_ips = {hosts.ip(i) for i in range(HOSTS)}
-    async with GalaxyClient(endpoints["controller"], timeout=30, tls=sup.client_tls()) as client:
+    async with GalaxyClient(
+        endpoints["controller"], timeout=30, tls=sup.client_tls(), token=sup.client_token()
+    ) as client:
         st = await client.status()
         agent_ips = {split_host_port(n.status.address)[0] for n in st.nodes}
         # Host 1 listens on 0.0.0.0 and still advertises its own address.
@@ -101,6 +103,7 @@ async def test_instances_on_other_hosts_answer_sdk_and_gateway(
     # The gateway serves plain HTTP here; its calls into the cluster use mTLS.
     proc = await asyncio.create_subprocess_exec(
         curl, "-sS", "--max-time", "20", "-d", "from-curl",
+        "-H", f"Authorization: Bearer {sup.client_token()}",
         f"http://{endpoints['gateway']}/functions/echo",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

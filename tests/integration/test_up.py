@@ -82,7 +82,7 @@ def test_quick_tour_curl_through_the_gateway(up):
     # echo is deployed and warm (the test above)
     out = subprocess.run(
         ["curl", "-sS", "--max-time", "60", f"http://{up.endpoints['gateway']}/functions/echo",
-         "-d", "hi"],
+         "-H", f"Authorization: Bearer {up.token}", "-d", "hi"],
         capture_output=True, text=True, timeout=70,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -123,6 +123,7 @@ def test_server_validates_specs_too(up):
                         function=common_pb2.FunctionSpec(name="Has Space", command=["x"])
                     ),
                     timeout=5,
+                    metadata=up.md,
                 )
             return e.value
 
@@ -141,7 +142,7 @@ def test_unknown_function_is_not_found(up):
         async with up.channel(addr) as ch:
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await dispatch_pb2_grpc.DispatchStub(ch).Dispatch(
-                    dispatch_pb2.DispatchRequest(function="nope"), timeout=5
+                    dispatch_pb2.DispatchRequest(function="nope"), timeout=5, metadata=up.md
                 )
             return e.value.code()
 
@@ -172,16 +173,20 @@ def test_concurrent_cold_requests_share_one_scale_up(up, tmp_path):
             stub = dispatch_pb2_grpc.DispatchStub(ch)
             res = await asyncio.gather(
                 *(
-                    stub.Dispatch(dispatch_pb2.DispatchRequest(function="coalesce"), timeout=30)
+                    stub.Dispatch(
+                        dispatch_pb2.DispatchRequest(function="coalesce"), timeout=30, metadata=up.md
+                    )
                     for _ in range(6)
                 )
             )
             listed = await stub.ListInstances(
-                dispatch_pb2.ListInstancesRequest(function="coalesce"), timeout=5
+                dispatch_pb2.ListInstancesRequest(function="coalesce"), timeout=5, metadata=up.md
             )
             for r in res:
                 await stub.Release(
-                    dispatch_pb2.ReleaseRequest(function="coalesce", lease_id=r.lease_id), timeout=5
+                    dispatch_pb2.ReleaseRequest(function="coalesce", lease_id=r.lease_id),
+                    timeout=5,
+                    metadata=up.md,
                 )
             return res, listed
 

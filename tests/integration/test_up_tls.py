@@ -63,11 +63,17 @@ def test_client_certificates_cannot_call_internal_rpcs(up) -> None:  # noqa: F81
                     timeout=5,
                 )
             out.append((e.value.code(), e.value.details()))
-            # The public API still answers the same certificate.
+            # The public API answers the same certificate with a token, and
+            # refuses it without one.
             listed = await controller_pb2_grpc.ControllerStub(ch).ListFunctions(
-                controller_pb2.ListFunctionsRequest(), timeout=5
+                controller_pb2.ListFunctionsRequest(), timeout=5, metadata=up.md
             )
             assert isinstance(listed, controller_pb2.ListFunctionsReply)
+            with pytest.raises(grpc.aio.AioRpcError) as no_token:
+                await controller_pb2_grpc.ControllerStub(ch).ListFunctions(
+                    controller_pb2.ListFunctionsRequest(), timeout=5
+                )
+            assert no_token.value.code() == grpc.StatusCode.UNAUTHENTICATED
         return out
 
     for code, details in asyncio.run(go()):
@@ -102,6 +108,20 @@ def test_grpcurl_with_the_certificates(up) -> None:  # noqa: F811
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert r.returncode == 0 and "SERVING" in r.stdout, r.stderr
+    # The admin token in a header, as grpcurl sends any metadata.
+    r = subprocess.run(
+        ["grpcurl", *tls_args, "-H", f"authorization: Bearer {up.token}", up.controller,
+         "galaxy.v1.Controller/ListTokens"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert '"role": "admin"' in r.stdout
+    assert up.token.split("_")[2] not in r.stdout  # the secret is never answered
+    r = subprocess.run(
+        ["grpcurl", *tls_args, up.controller, "galaxy.v1.Controller/ListTokens"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode != 0 and "Unauthenticated" in r.stderr, r.stderr
     r = subprocess.run(
         ["grpcurl", "-plaintext", up.controller, "list"], capture_output=True, text=True, timeout=30
     )

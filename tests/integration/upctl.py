@@ -123,6 +123,16 @@ class GalaxyUp:
     def controller(self) -> str:
         return str(self.endpoints["controller"])
 
+    @property
+    def token(self) -> str:
+        """The admin token `galaxy up` made (RUN_DIR/token)."""
+        return (self.run_dir / "token").read_text().strip()
+
+    @property
+    def md(self) -> tuple[tuple[str, str], ...]:
+        """gRPC call metadata with the admin token."""
+        return (("authorization", f"Bearer {self.token}"),)
+
     def tls(self, identity: str = "client/admin") -> TlsConfig:
         """The TLS files of identity in this control plane's certificates."""
         return TlsConfig.for_identity(self.endpoints["tls_dir"], identity)

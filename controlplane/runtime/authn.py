@@ -1,0 +1,219 @@
+"""Bearer-token authentication on a gRPC server (the I/O around
+``controlplane.runtime.access``).
+
+``AccessInterceptor`` replaces the certificate-only check on the servers
+with a public API (controller, Dispatch): it reads the caller's certificate
+identity and ``authorization`` metadata, resolves the token (a cache in
+front of a lookup: the state store in the controller, the controller in
+Dispatch), refuses with UNAUTHENTICATED or PERMISSION_DENIED, and leaves
+the principal where the servicer finds it (``current``) for the namespace
+checks that need the request. Refusals are logged and counted with the
+token's public id only, never the secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any
+
+import grpc
+from prometheus_client import Counter
+
+from controlplane.runtime import access
+from controlplane.runtime.access import Kind, Principal, Refusal, TokenRecord
+from controlplane.runtime.clock import Clock, MonotonicClock
+from controlplane.runtime.errors import PermissionDenied, Unauthenticated
+from controlplane.runtime.tls import guard_handler, peer_identity
+
+log = logging.getLogger(__name__)
+
+REFUSED = Counter(
+    "galaxy_auth_refused_total", "Calls refused by authentication or authorization", ["code"]
+)
+
+#: Without an AccessInterceptor (tokens off) every caller may act on every
+#: namespace, as before tokens existed.
+_UNCHECKED = Principal(Kind.COMPONENT, "unchecked")
+_current: ContextVar[Principal] = ContextVar("galaxy_principal", default=_UNCHECKED)
+
+Lookup = Callable[[str], Awaitable[TokenRecord | None]]
+
+
+def current() -> Principal:
+    """The principal of the RPC being served (set by AccessInterceptor)."""
+    return _current.get()
+
+
+def ensure_namespace(namespace: str, what: str) -> None:
+    """Raise PERMISSION_DENIED unless the current caller may act on a
+    function of namespace (what names it in the message)."""
+    refusal = access.check_namespace(current(), namespace, what)
+    if refusal is not None:
+        REFUSED.labels(refusal.code).inc()
+        raise PermissionDenied(refusal.message)
+
+
+def token_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    """gRPC call metadata carrying token (None: no metadata)."""
+    return ((access.METADATA_KEY, f"Bearer {token}"),) if token else None
+
+
+def forwarded_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...] | None:
+    """The caller's authorization, to pass on when forwarding its call to
+    another instance (which judges it again)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == access.METADATA_KEY:
+            return ((key, value),)
+    return None
+
+
+class Authenticator:
+    """Turns an ``authorization`` value into a principal, with a cache in
+    front of lookup (one lookup at a time per token id)."""
+
+    def __init__(
+        self,
+        lookup: Lookup,
+        cache: access.TokenCache | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.lookup = lookup
+        self.cache = cache or access.TokenCache()
+        self.clock = clock or MonotonicClock()
+        self._inflight: dict[str, asyncio.Future[TokenRecord | None]] = {}
+
+    async def principal(self, header: str | None) -> Principal | Refusal | None:
+        """The token's principal, a refusal for a bad token, or None when no
+        token was sent."""
+        if header is None:
+            return None
+        token = access.bearer(header)
+        parsed = access.parse(token) if token else None
+        if parsed is None:
+            return Refusal("UNAUTHENTICATED", "authorization: not a Galaxy bearer token")
+        tid, secret = parsed
+        record = await self._record(tid)
+        if record is None or not access.matches(record, secret):
+            return Refusal("UNAUTHENTICATED", f"authorization: token {tid} is unknown or revoked")
+        return record.principal()
+
+    async def _record(self, tid: str) -> TokenRecord | None:
+        known, record = self.cache.get(tid, self.clock.now())
+        if known:
+            return record
+        pending = self._inflight.get(tid)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[TokenRecord | None] = asyncio.get_running_loop().create_future()
+        self._inflight[tid] = fut
+        try:
+            record = await self.lookup(tid)
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # retrieved: waiters re-raise it, no "never retrieved" warning
+            raise
+        finally:
+            self._inflight.pop(tid, None)
+        self.cache.put(tid, record, self.clock.now())
+        fut.set_result(record)
+        return record
+
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):
+    """Authenticates every call and refuses what the caller's role may not
+    call (``access.decide``); see the module docstring."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self.authenticator = authenticator
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+
+        async def check(context: grpc.aio.ServicerContext) -> None:
+            header = None
+            for key, value in context.invocation_metadata() or ():
+                if key == access.METADATA_KEY:
+                    header = value
+                    break
+            try:
+                got = await self.authenticator.principal(header)
+            except Exception as e:  # the lookup failed: the caller may retry
+                log.warning("cannot verify a token for %s: %s", method, e)
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, "authorization: cannot verify the token now; retry"
+                )
+                return
+            if isinstance(got, Refusal):
+                refusal: Refusal | None = got
+            else:
+                who = access.caller(peer_identity(context), got)
+                refusal = access.decide(method, who)
+                if refusal is None:
+                    _current.set(who)
+                    return
+            assert refusal is not None
+            REFUSED.labels(refusal.code).inc()
+            log.warning("refused %s: %s", method, refusal.message)
+            await context.abort(grpc.StatusCode[refusal.code], refusal.message)
+
+        return guard_handler(handler, check)
+
+
+def raise_refusal(refusal: Refusal) -> None:
+    """Raise the typed error of a refusal (for code outside an interceptor)."""
+    REFUSED.labels(refusal.code).inc()
+    if refusal.code == "UNAUTHENTICATED":
+        raise Unauthenticated(refusal.message)
+    raise PermissionDenied(refusal.message)
+
+
+def add_arguments(p: Any) -> None:
+    """`--auth` and `--token-cache-s` of the servers with a public API."""
+    add_auth_flag(p)
+    p.add_argument(
+        "--token-cache-s",
+        type=float,
+        default=10.0,
+        help="how long a verified token is trusted before it is looked up again "
+        "(a revoked token is refused by this server within this time; default 10)",
+    )
+
+
+def add_auth_flag(p: Any) -> None:
+    """`--auth`: whether callers need a bearer token."""
+    p.add_argument(
+        "--auth",
+        choices=["auto", "tokens", "none"],
+        default=os.environ.get("GALAXY_AUTH", "auto"),
+        help="bearer tokens on the public API: tokens, none, or auto (= tokens with TLS, "
+        "none with --insecure; default $GALAXY_AUTH or auto)",
+    )
+
+
+def enabled(args: Any) -> bool:
+    """Are tokens checked, from the parsed flags? ValueError for tokens
+    without TLS: a bearer token sent in plaintext can be read off the wire."""
+    mode = getattr(args, "auth", "auto")
+    tls = getattr(args, "tls", None)
+    if mode == "tokens" and tls is None:
+        raise ValueError("--auth tokens needs TLS (--tls-dir); tokens in plaintext can be stolen")
+    return mode == "tokens" or (mode == "auto" and tls is not None)
+
+
+def record_of(reply: Any) -> TokenRecord | None:
+    """Controller.LookupToken's answer as a record (None: no such token)."""
+    if not reply.found:
+        return None
+    i = reply.info
+    return TokenRecord(i.id, i.name, i.role, i.namespace, reply.sha256, i.created_unix)
