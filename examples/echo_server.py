@@ -3,6 +3,7 @@
 Listens on $HOST:$PORT (the node agent sets both: HOST is the node's
 address, so clients on other hosts can call it; HOST defaults to 127.0.0.1).
   GET  /healthz   -> 200 "ok" (readiness)
+  GET  /headers   -> 200 {"headers": {name: value}}: what reached the instance
   POST <any path> -> 200 {"echo": <body as text>, "pid": <pid>, "instance": $GALAXY_INSTANCE_ID,
                           "function": $GALAXY_FUNCTION, "node": $GALAXY_NODE_ID,
                           "revision": $GALAXY_REVISION}
@@ -58,8 +59,12 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] == "/healthz":
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
             self._send(200, b"ok", "text/plain")
+        elif path == "/headers":
+            reply = {"headers": dict(self.headers.items())}
+            self._send(200, json.dumps(reply).encode(), "application/json")
         else:
             self._send(404, b"not found; POST to echo, GET /healthz for health", "text/plain")
 

@@ -58,6 +58,14 @@ KEYSPACE: tuple[Prefix, ...] = (
         _proto(common_pb2.FunctionSpec),
     ),
     Prefix(
+        "/galaxy/tokens/",
+        "controller",
+        'JSON {"id", "name", "role", "namespace", "sha256", "created_unix"}; key '
+        "/galaxy/tokens/ID; the SHA-256 of the secret, never the token",
+        "until revoked (galaxy tokens delete); written synchronously",
+        _json,
+    ),
+    Prefix(
         "/galaxy/instances/",
         "Dispatch (the owner of the function)",
         "galaxy.v1.InstanceInfo (protobuf); key /galaxy/instances/FUNCTION/INSTANCE",

@@ -29,6 +29,10 @@ PUBLIC: dict[str, frozenset[str]] = {
             "CreateToken",
             "ListTokens",
             "DeleteToken",
+            "PutRuntime",
+            "GetRuntime",
+            "ListRuntimes",
+            "DeleteRuntime",
         }
     ),
     # ListInstances is read-only: what `galaxy status` shows anyway.
