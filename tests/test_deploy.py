@@ -130,6 +130,24 @@ def test_every_component_serves_mutual_tls_from_its_own_secret_files(name, conta
     assert files == {"ca.pem", f"{kind}.pem", f"{kind}-key.pem"}, name
 
 
+@pytest.mark.parametrize("name, container", list(containers()))
+def test_the_public_api_takes_tokens_and_the_controller_bootstraps_an_admin(name, container):
+    parsed = parsed_args(container)
+    if parsed.kind in ("controller", "dispatch", "gateway"):
+        # auto with TLS = tokens; nothing turns them off.
+        assert parsed.auth in ("auto", "tokens"), name
+    if parsed.kind != "controller":
+        return
+    path = parsed.bootstrap_token_file
+    assert path, "the controller must register the first admin's token"
+    spec = next(s for n, s in pod_specs() if n == name.split("/")[0])
+    mount = next(m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert mount.get("readOnly") is True
+    assert volume["secret"]["secretName"] == "galaxy-admin-token"
+    assert {i["path"] for i in volume["secret"]["items"]} == {path.rsplit("/", 1)[1]}
+
+
 def test_every_control_function_has_a_deployment_the_actuator_can_scale():
     names = {n.split("/")[0] for n, _ in containers()}
     assert {"galaxy-dispatch", "galaxy-schedule", "galaxy-clustermgr"} <= names

@@ -21,7 +21,9 @@ import asyncio
 
 from controlplane.runtime import revisions, validation
 from controlplane.runtime import spec as specs
+from controlplane.runtime.access import DEFAULT_NAMESPACE
 from controlplane.runtime.errors import InvalidArgument, NotFound, Unavailable
+from controlplane.runtime.quotas import NamespaceQuotas
 from controlplane.runtime.validation import short
 from galaxy.v1 import common_pb2
 from statestore import StateStore, StoreUnavailable
@@ -39,7 +41,8 @@ class FunctionStore:
     new name beyond it is RESOURCE_EXHAUSTED), which also bounds the size of
     a listing (see validation.MAX_MESSAGE_BYTES); max_instances_per_function
     bounds a spec's max_scale and min_scale, max_reserved_instances the
-    min_scale of all functions together.
+    min_scale of all functions together; quotas bound each namespace
+    (``controlplane.runtime.quotas``).
     """
 
     def __init__(
@@ -48,8 +51,10 @@ class FunctionStore:
         max_functions: int = validation.MAX_FUNCTIONS_DEFAULT,
         max_instances_per_function: int = validation.MAX_INSTANCES_PER_FUNCTION_DEFAULT,
         max_reserved_instances: int = validation.MAX_RESERVED_INSTANCES_DEFAULT,
+        quotas: NamespaceQuotas | None = None,
     ) -> None:
         self.store = store
+        self.quotas = quotas or NamespaceQuotas()
         self.max_functions = max_functions
         self.max_instances_per_function = max_instances_per_function
         self.max_reserved_instances = max_reserved_instances
@@ -78,6 +83,16 @@ class FunctionStore:
             elsewhere = sum(f.min_scale for n, f in self._cache.items() if n != stored.name)
             validation.check_instance_quota(
                 stored, self.max_instances_per_function, elsewhere, self.max_reserved_instances
+            )
+            ns = stored.namespace or DEFAULT_NAMESPACE
+            self.quotas.check(
+                ns,
+                (
+                    f
+                    for n, f in self._cache.items()
+                    if n != stored.name and (f.namespace or DEFAULT_NAMESPACE) == ns
+                ),
+                stored,
             )
             n = (current.revision if current is not None else 0) + 1
             if n > revisions.MAX_REVISION:

@@ -26,6 +26,8 @@ from controlplane.controller.tokens_store import TokenStore
 from controlplane.runtime import access, authn, validation
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.membership import KIND_BY_NAME
+from controlplane.runtime.quotas import NamespaceQuotas, Quota
+from controlplane.runtime.quotas import parse as parse_quota
 from controlplane.runtime.rpc import ChannelPool
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from statestore import StateStore, StoreError, open_store
@@ -38,6 +40,13 @@ def _kv(s: str) -> tuple[str, str]:
     if not sep or kind not in KINDS:
         raise argparse.ArgumentTypeError(f"expected KIND=VALUE with KIND one of {KINDS}, got {s!r}")
     return kind, value
+
+
+def _quota(text: str) -> tuple[str, Quota]:
+    try:
+        return parse_quota(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--namespace-quota ")) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +73,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=validation.MAX_RESERVED_INSTANCES_DEFAULT,
         help="min_scale of all functions together: instances kept running idle",
+    )
+    p.add_argument(
+        "--namespace-quota",
+        action="append",
+        type=_quota,
+        default=[],
+        metavar="NS=KEY:N[,KEY:N]",
+        help="what the functions of namespace NS may claim, by their max_scale: keys "
+        "functions, instances, cpu_millis, memory_mib, gpus; NS '*' = every namespace "
+        "without its own (repeatable; docs/security.md, Quotas)",
     )
     authn.add_arguments(p)
     p.add_argument(
@@ -296,6 +315,7 @@ class ControllerComponent:
                 max_functions=a.max_functions,
                 max_instances_per_function=a.max_instances_per_function,
                 max_reserved_instances=a.max_reserved_instances,
+                quotas=NamespaceQuotas(dict(a.namespace_quota)),
             ),
             pool,
             coordinator=coordinator,

@@ -174,7 +174,9 @@ def test_concurrent_cold_requests_share_one_scale_up(up, tmp_path):
             res = await asyncio.gather(
                 *(
                     stub.Dispatch(
-                        dispatch_pb2.DispatchRequest(function="coalesce"), timeout=30, metadata=up.md
+                        dispatch_pb2.DispatchRequest(function="coalesce"),
+                        timeout=30,
+                        metadata=up.md,
                     )
                     for _ in range(6)
                 )
