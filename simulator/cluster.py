@@ -32,11 +32,14 @@ class SimNode:
         "_template",
         "address",
         "agent",
+        "beat_token",
         "cap",
         "creator",
         "id",
         "index",
         "seq",
+        "starting",
+        "starting_of",
         "status_due",
     )
 
@@ -50,6 +53,11 @@ class SimNode:
         self.seq = 1
         #: a status report (heartbeat) is scheduled and not yet sent
         self.status_due = False
+        #: the scheduled report that still counts (an earlier push replaces it)
+        self.beat_token = 0
+        #: resources of instances allocated and not yet ready, and by instance
+        self.starting = Res()
+        self.starting_of: dict[str, Res] = {}
         #: the fields of ``status`` that never change (id, address, capacity)
         self._template = common_pb2.NodeStatus(
             node_id=self.id, address=self.address, capacity=self.cap.capacity.to_proto()
@@ -58,7 +66,13 @@ class SimNode:
     def info(self) -> NodeInfo:
         """The node's status as a probe answer (``functions.schedule`` type)."""
         return NodeInfo(
-            self.id, self.address, self.cap.capacity, self.cap.allocated, self.seq, len(self.cap)
+            self.id,
+            self.address,
+            self.cap.capacity,
+            self.cap.allocated,
+            self.seq,
+            len(self.cap),
+            self.starting,
         )
 
     def status(self) -> common_pb2.NodeStatus:
@@ -76,6 +90,9 @@ class SimNode:
             s.allocated.CopyFrom(a.to_proto())
         s.instances = len(self.cap)
         s.seq = self.seq
+        st = self.starting
+        if st.cpu_millis or st.memory_mib or st.gpus:
+            s.starting.CopyFrom(st.to_proto())
         return s
 
     def utilization(self) -> float:
@@ -114,6 +131,8 @@ class Cluster:
         #: called before and after a node's allocation changes
         self.before_change: Callable[[SimNode], None] = lambda node: None
         self.on_change: Callable[[SimNode], None] = lambda node: None
+        #: called after an instance's resources were freed on a node
+        self.on_free: Callable[[SimNode], None] = lambda node: None
         self.live = 0
 
     def allocate(self, node: SimNode, instance_id: str, need: Res) -> bool:
@@ -126,9 +145,20 @@ class Cluster:
         except ResourceExhausted:
             return False
         node.seq += 1
+        node.starting = node.starting + need
+        node.starting_of[instance_id] = need
         self.live += 1
         self.on_change(node)
         return True
+
+    def ready(self, node: SimNode, instance_id: str) -> int:
+        """An instance finished starting; returns the node's seq from then
+        on (statuses with a higher one count it as allocated, not starting)."""
+        need = node.starting_of.pop(instance_id, None)
+        if need is not None:
+            node.starting = node.starting - need
+            node.seq += 1
+        return node.seq
 
     def free(self, node: SimNode, instance_id: str) -> None:
         """Release what an instance holds."""
@@ -136,9 +166,13 @@ class Cluster:
             return
         self.before_change(node)
         if node.cap.free(instance_id) is not None:
+            need = node.starting_of.pop(instance_id, None)
+            if need is not None:
+                node.starting = node.starting - need
             node.seq += 1
             self.live -= 1
             self.on_change(node)
+            self.on_free(node)
 
     def capacity_instances(self, need: Res) -> int:
         """How many instances of size need the empty cluster holds."""

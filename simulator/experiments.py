@@ -33,7 +33,13 @@ _GALAXY_KEYS = {
     "d": "d",
 }
 _TOP_KEYS = ("nodes", "seed", "keep_alive_s", "create_parallelism")
-PRESET_SYSTEM = {"G_1": "G1", "G_n": "Gn", "G_n-C": "Gn-C", "Galaxy": "galaxy"}
+PRESET_SYSTEM = {
+    "G_1": "G1",
+    "G_n": "Gn",
+    "G_n-C": "Gn-C",
+    "G_n-CP": "Gn-CP",
+    "Galaxy": "galaxy",
+}
 
 
 class SpecError(ValueError):
@@ -110,7 +116,7 @@ def plan_config(plan: ex.Plan, base: SimConfig) -> tuple[SimConfig, str | None]:
             preset = PRESET_SYSTEM[str(v)]
         elif k in _GALAXY_KEYS:
             params = {**cfg.params}
-            for s in ("galaxy", "G1", "Gn", "Gn-C"):
+            for s in ("galaxy", "G1", "Gn", "Gn-C", "Gn-CP"):
                 if s == "G1" and _GALAXY_KEYS[k] == "instances":
                     continue  # G_1 is one instance by definition
                 params[s] = {**params.get(s, {}), _GALAXY_KEYS[k]: v}

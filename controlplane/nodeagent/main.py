@@ -138,6 +138,9 @@ class NodeAgentComponent:
             ctx.pool,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
         )
+        # Frees reach the owning Schedule instance now, not at the next
+        # heartbeat: its view of the partition is exact up to unseen frees.
+        self.servicer.on_freed = self.registrar.report_soon
         await self.registrar.start()
         if self.orphan_check_s > 0:
             registrar = self.registrar

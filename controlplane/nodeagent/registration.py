@@ -52,6 +52,8 @@ class _NodeState:
     # spreads a pool's heartbeats over the period instead of one burst.
     phase: float = 1.0
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    # report_soon was asked while a beat was in flight: send again at once.
+    again: bool = False
 
 
 class Registrar:
@@ -103,6 +105,21 @@ class Registrar:
     def node_registered(self, node_id: str) -> asyncio.Event:
         """Event set once node_id has registered at least once."""
         return self._nodes[node_id].event
+
+    def report_soon(self, node_id: str) -> None:
+        """Send node_id's status now rather than at its next heartbeat (its
+        instances freed capacity: the owning Schedule instance, which keeps
+        an exact view of its partition, learns of frees only from
+        statuses). Reports asked while one is in flight coalesce into one
+        more, right after it."""
+        st = self._nodes.get(node_id)
+        if st is None:
+            return
+        if st.busy:
+            st.again = True
+        else:
+            st.next_due = 0.0
+        self._wake.set()
 
     def is_registered(self, node_id: str) -> bool:
         """True while node_id counts as registered with its current owner."""
@@ -262,7 +279,8 @@ class Registrar:
             return _describe(e)
         st.failures = 0
         interval_s = (reply.heartbeat_interval_ms or self.heartbeat_interval_ms) / 1000
-        st.next_due = loop.time() + interval_s * phase
+        st.next_due = 0.0 if st.again else loop.time() + interval_s * phase
+        st.again = False
         return None
 
     def _log_failures(self, batch: list[_NodeState], errors: list[str | None]) -> None:

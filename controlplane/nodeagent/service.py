@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -46,6 +46,8 @@ class _Instance:
     startup_ms: float = 0.0
     #: event-loop time it became ready (0: not yet)
     ready_at: float = 0.0
+    #: the node's seq when it became ready (CreateInstanceReply.node_seq)
+    ready_seq: int = 0
 
 
 @dataclass(eq=False)
@@ -65,6 +67,10 @@ class Node:
         """Current NodeStatus; bump=True first advances seq (one per send)."""
         if bump:
             self.seq += 1
+        starting = Res()
+        for inst in self.instances.values():
+            if inst.info is None:
+                starting = starting + Res.from_proto(inst.spec.resources)
         return common_pb2.NodeStatus(
             node_id=self.node_id,
             address=self.address,
@@ -72,6 +78,7 @@ class Node:
             allocated=self.capacity.allocated.to_proto(),
             instances=len(self.instances),
             seq=self.seq,
+            starting=starting.to_proto(),
         )
 
 
@@ -79,7 +86,9 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
     """The NodeAgent API over a pool of nodes sharing one sandbox backend.
 
     nodes: (node_id, capacity) pairs. pool: the ChannelPool for exit
-    notifications to Dispatch (``attach`` may supply it later).
+    notifications to Dispatch (``attach`` may supply it later). on_freed:
+    called with a node id when an instance's capacity is freed there (the
+    agent reports the node's status at once: see ``Registrar.report_soon``).
     """
 
     def __init__(
@@ -100,6 +109,7 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
             self.nodes[node_id] = Node(node_id, NodeCapacity(cap, node_id), address)
         self._ready_count = 0
         self._background: set[asyncio.Task[None]] = set()
+        self.on_freed: Callable[[str], None] = lambda node_id: None
 
     def attach(self, address: str, pool: rpc.ChannelPool | None = None) -> None:
         """Record the agent's serving address (and channel pool) once bound."""
@@ -156,7 +166,9 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
                 f"instance {inst.instance_id} was deleted while it was starting"
             ) from None
         assert inst.info is not None
-        return nodeagent_pb2.CreateInstanceReply(instance=inst.info, startup_ms=inst.startup_ms)
+        return nodeagent_pb2.CreateInstanceReply(
+            instance=inst.info, startup_ms=inst.startup_ms, node_seq=inst.ready_seq
+        )
 
     async def DeleteInstance(
         self, request: nodeagent_pb2.DeleteInstanceRequest, context: grpc.aio.ServicerContext
@@ -256,6 +268,9 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
             self._forget(node, inst.instance_id, only=inst)
             raise
         inst.sandbox = sb
+        # Statuses from now on count it as allocated, not starting.
+        node.seq += 1
+        inst.ready_seq = node.seq
         inst.startup_ms = (time.perf_counter() - t0) * 1000
         inst.ready_at = asyncio.get_running_loop().time()
         inst.info = common_pb2.InstanceInfo(
@@ -285,6 +300,7 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         del node.instances[instance_id]
         node.capacity.free(instance_id)
         node.seq += 1
+        self.on_freed(node.node_id)
         if inst.info is not None:
             self._ready_count -= 1
             INSTANCES.set(self._ready_count)

@@ -19,6 +19,12 @@ class ScheduleConfig(Config):
         True, "probe every candidate on every placement (ablation of the probe cache)"
     )
     probe_ttl_ms: float = setting(200.0, "how long a probe answer is trusted, ms", ge=0)
+    exact_partition: bool = setting(
+        True,
+        "trust this instance's own view of its partition (it is the only allocator there; "
+        "node agents push frees): probe only nodes whose view is in doubt. Off: probe "
+        "before every reservation unless a probe answer is cached (the ablation's G step)",
+    )
     max_attempts: int = setting(
         3,
         "rounds of candidates (retries after a node agent's RESOURCE_EXHAUSTED included) "

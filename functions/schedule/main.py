@@ -76,5 +76,6 @@ def from_config(cfg: ScheduleConfig) -> ScheduleComponent:
         probe_ttl_s=cfg.probe_ttl_s,
         max_attempts=cfg.max_attempts,
         score=scoring.lookup(cfg.scoring),
+        exact=cfg.exact_partition,
     )
     return ScheduleComponent(policy)

@@ -23,6 +23,8 @@ class NodeInfo:
     allocated: Res = ZERO
     seq: int = 0
     instances: int = 0
+    #: the part of allocated held by instances still starting
+    starting: Res = ZERO
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,16 @@ class NodeState:
     probe_free: Res | None = None
     probe_at: float = 0.0
     probe_tick: int = -1
+    # Exact partitions (``PlacementPolicy(exact=True)``): the status's
+    # allocation less what was still starting (counted by the policy as its
+    # reservations in flight), the confirmed placements no status has
+    # counted yet as (node seq when ready, need), their sum, and whether
+    # the view is in doubt (a node agent refused a reservation, a probe
+    # failed): such a node is probed before it is used again.
+    settled: Res = ZERO
+    unsettled: list[tuple[int, Res]] = field(default_factory=list)
+    unsettled_sum: Res = ZERO
+    uncertain: bool = False
 
     # The free estimates are on the placement hot path: they work component
     # by component, in the order of the Res arithmetic they stand for (given
@@ -145,6 +157,40 @@ class NodeState:
             and need.memory_mib <= (m if m > 0 else 0)
             and need.gpus <= (g if g > 0 else 0)
         )
+
+    def _exact_left(self) -> tuple[int, int, int]:
+        """capacity - settled - unsettled_sum - inflight"""
+        cap, se, un, inf = self.info.capacity, self.settled, self.unsettled_sum, self.inflight
+        return (
+            cap.cpu_millis - se.cpu_millis - un.cpu_millis - inf.cpu_millis,
+            cap.memory_mib - se.memory_mib - un.memory_mib - inf.memory_mib,
+            cap.gpus - se.gpus - un.gpus - inf.gpus,
+        )
+
+    def exact_free(self) -> Res:
+        """What is free if this policy is the node's only allocator: the
+        last status's settled allocation, plus the placements confirmed
+        since that it does not count, plus the reservations in flight."""
+        c, m, g = self._exact_left()
+        return interned(c if c > 0 else 0, m if m > 0 else 0, g if g > 0 else 0)
+
+    def exact_fits(self, need: Res) -> bool:
+        """need.fits_in(self.exact_free())"""
+        c, m, g = self._exact_left()
+        return need.cpu_millis <= c and need.memory_mib <= m and need.gpus <= g
+
+    def settle(self, info: NodeInfo) -> None:
+        """Take a newer status into the exact view: confirmed placements it
+        counts (ready at or before its seq) leave ``unsettled``."""
+        self.settled = info.allocated - info.starting
+        if self.unsettled:
+            keep = [(s, r) for s, r in self.unsettled if s > info.seq]
+            if len(keep) != len(self.unsettled):
+                self.unsettled = keep
+                total = ZERO
+                for _, r in keep:
+                    total = total + r
+                self.unsettled_sum = total
 
     def cached_free(self) -> Res:
         """(probe_free - inflight).clamped()"""

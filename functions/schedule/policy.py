@@ -20,8 +20,20 @@ so the gRPC servicer and the discrete-event simulator run the same code:
         if outcome == "exhausted": policy.reject(r); continue   # stale view: retry
         policy.abort(r); break                  # other failure
 
-Knowledge of a node's free capacity, freshest first: a probe answer younger
-than the TTL (cache on), else the last status from ModNode. Both are reduced
+**Exact partitions** (``exact=True``, the default): this policy is the only
+allocator of its partition, so what it placed is known exactly and the
+only thing it cannot see is what was freed -- which node agents report at
+once (a status right after a free). A node's free capacity is then its
+last status's settled allocation (``allocated - starting``), less the
+placements confirmed since that the status does not count yet (each
+confirm carries the node's seq when the instance became ready), less the
+reservations in flight. No probe is needed; a node is probed again only
+when its view is in doubt: its agent refused a reservation (someone else
+allocated: a partition handover, a restarted agent) or a probe failed.
+
+Without exact partitions (the ablation's steps before it): knowledge of a
+node's free capacity, freshest first: a probe answer younger than the TTL
+(cache on), else the last status from ModNode. Both are reduced
 by what this policy has placed since they were taken (reservations in flight
 and confirmed placements), so a burst never over-commits a node. A placement
 only ever reserves on a node whose free capacity was learnt from a probe --
@@ -92,6 +104,7 @@ class PlacementPolicy:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         score: Score = least_loaded,
+        exact: bool = _DEFAULTS.exact_partition,
     ) -> None:
         if d < 1:
             raise ValueError("d must be >= 1")
@@ -105,6 +118,7 @@ class PlacementPolicy:
         self.clock = clock or MonotonicClock()
         self.rng = rng or random.Random()
         self.score = score
+        self.exact = exact
         self.stats = Stats()
         self._nodes: dict[str, NodeState] = {}
         self._ids: list[str] = []  # for O(1) random sampling
@@ -123,7 +137,9 @@ class PlacementPolicy:
         ignored. Returns True when the table changed."""
         n = self._nodes.get(info.node_id)
         if n is None:
-            self._nodes[info.node_id] = NodeState(info=info)
+            n = self._nodes[info.node_id] = NodeState(info=info)
+            if self.exact:
+                n.settle(info)
             self._index[info.node_id] = len(self._ids)
             self._ids.append(info.node_id)
             return True
@@ -220,6 +236,7 @@ class PlacementPolicy:
         if status is None:
             self.stats.probe_failures += 1
             pl.excluded.add(node_id)
+            node.uncertain = True
             if tick >= node.probe_tick:
                 # Unreachable counts as full until the TTL passes, so a burst
                 # does not spend a probe on it per placement.
@@ -241,10 +258,14 @@ class PlacementPolicy:
             since = node.confirmed - confirmed_then
             free = (status.capacity - status.allocated - since).clamped()
             self._set_probe(node, free, sent_at, tick)
+        node.uncertain = False  # what the agent says now is the view
         pl.known.add(node_id)
 
-    def confirm(self, r: Reservation) -> None:
-        """The instance was created: the reservation becomes an allocation."""
+    def confirm(self, r: Reservation, node_seq: int = 0) -> None:
+        """The instance was created: the reservation becomes an allocation.
+        node_seq: the node's status seq when the instance became ready
+        (CreateInstanceReply.node_seq; 0 = unknown: the next status to
+        arrive is taken to count it)."""
         if r.state != "held":
             return
         r.state = "confirmed"
@@ -254,6 +275,11 @@ class PlacementPolicy:
         n = r.node
         n.inflight = n.inflight - r.need
         n.confirmed = n.confirmed + r.need
+        if self.exact:
+            seq = node_seq or n.info.seq + 1
+            if seq > n.info.seq:  # else a status that counts it came first
+                n.unsettled.append((seq, r.need))
+                n.unsettled_sum = n.unsettled_sum + r.need
         if n.probe_free is not None:  # the optimistic decrement
             n.probe_free = (n.probe_free - r.need).clamped()
 
@@ -271,6 +297,7 @@ class PlacementPolicy:
         self.stats.rejections += 1
         n = r.node
         n.inflight = n.inflight - r.need
+        n.uncertain = True  # someone else allocated there: ask before using it
         if self._nodes.get(r.node_id) is n:
             self._tick += 1
             self._set_probe(n, ZERO, self.clock.now(), self._tick)
@@ -298,6 +325,9 @@ class PlacementPolicy:
         # confirmed_then: the ``confirmed`` total the status already includes.
         n.info = info
         n.status_confirmed = confirmed_then
+        if self.exact:
+            n.settle(info)
+            n.uncertain = False
 
     def _set_probe(self, n: NodeState, free: Res, at: float, tick: int) -> None:
         n.probe_free, n.probe_at, n.probe_tick = free, at, tick
@@ -308,6 +338,8 @@ class PlacementPolicy:
         return n.probe_free is not None and now - n.probe_at <= self.probe_ttl_s
 
     def _free(self, n: NodeState, now: float) -> Res:
+        if self.exact and not n.uncertain:
+            return n.exact_free()
         if self.probe_cache and self._fresh(n, now):
             return n.cached_free()
         return n.status_free()
@@ -315,6 +347,8 @@ class PlacementPolicy:
     def _candidates(self, pl: Placement, now: float) -> tuple[list[str], list[str]]:
         """Up to d candidates that fit per the freshest knowledge: cached
         ones first (no probe needed), the rest sampled from status views."""
+        if self.exact:
+            return self._exact_candidates(pl, now)
         need, d = pl.need, self.d
         fresh: list[str] = []
         if self.probe_cache:
@@ -330,6 +364,38 @@ class PlacementPolicy:
         if len(fresh) >= d:
             return fresh, []
         return fresh, self._sample(d - len(fresh), set(fresh) | pl.excluded, need, now)
+
+    def _exact_candidates(self, pl: Placement, now: float) -> tuple[list[str], list[str]]:
+        """Up to d nodes that fit per the exact view, sampled uniformly:
+        known ones, and those in doubt (to probe unless a fresh probe
+        answer says they fit)."""
+        need, nodes, skip = pl.need, self._nodes, pl.excluded
+        picked: list[str] = []
+        ids = self._ids
+        if ids:
+            randrange, size, d = self.rng.randrange, len(ids), self.d
+            for _ in range(4 * d + 4):
+                nid = ids[randrange(size)]
+                if nid in skip or nid in picked:
+                    continue
+                if nodes[nid].exact_fits(need):
+                    picked.append(nid)
+                    if len(picked) == d:
+                        break
+            else:  # rejection sampling starved: the partition is nearly full
+                rest = [i for i in ids if i not in skip and nodes[i].exact_fits(need)]
+                picked = self.rng.sample(rest, min(d, len(rest)))
+        fresh: list[str] = []
+        stale: list[str] = []
+        for nid in picked:
+            n = nodes[nid]
+            if not n.uncertain or (
+                self.probe_cache and self._fresh(n, now) and n.cached_fits(need)
+            ):
+                fresh.append(nid)
+            else:
+                stale.append(nid)
+        return fresh, stale
 
     def _fresh_ids(self, now: float) -> list[str]:
         """The nodes with a fresh probe answer (``_fresh``), oldest first."""
@@ -386,11 +452,17 @@ class PlacementPolicy:
     def _choose(self, pl: Placement) -> Reservation | None:
         best: tuple[float, str] | None = None
         nodes, known, excluded, need = self._nodes, pl.known, pl.excluded, pl.need
+        exact = self.exact
         for nid in pl.candidates:
             n = nodes.get(nid)
-            if n is None or nid not in known or nid in excluded or n.probe_free is None:
+            if n is None or nid not in known or nid in excluded:
                 continue
-            free = n.cached_free()
+            if exact and not n.uncertain:
+                free = n.exact_free()
+            elif n.probe_free is None:
+                continue
+            else:
+                free = n.cached_free()
             if not need.fits_in(free):
                 continue
             s = self.score(n.info, free, need, pl.function)

@@ -24,7 +24,7 @@ from controlplane.runtime.errors import (
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.metrics import NODES, PROBE_ROUND_TRIP, PROBES, SCHEDULING_LATENCY
 from controlplane.runtime.resources import Res
-from functions.schedule.model import NodeInfo, NoFit, Placement, ProbeNodes, Target
+from functions.schedule.model import ZERO, NodeInfo, NoFit, Placement, ProbeNodes, Target
 from functions.schedule.policy import PlacementPolicy
 from galaxy.v1 import (
     common_pb2,
@@ -59,6 +59,7 @@ def node_info(s: common_pb2.NodeStatus) -> NodeInfo:
         Res.from_proto(s.allocated),
         s.seq,
         s.instances,
+        Res.from_proto(s.starting) if s.HasField("starting") else ZERO,
     )
 
 
@@ -71,6 +72,7 @@ def node_status(n: NodeInfo) -> common_pb2.NodeStatus:
         allocated=n.allocated.to_proto(),
         instances=n.instances,
         seq=n.seq,
+        starting=n.starting.to_proto(),
     )
 
 
@@ -274,7 +276,7 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
                         f"creating instance {request.instance_id} on node {step.node_id} "
                         f"failed ({_rpc_error(e)}), retryable"
                     ) from None
-                self.policy.confirm(step)
+                self.policy.confirm(step, reply.node_seq)
                 SCHEDULING_LATENCY.observe(decided)
                 instance = reply.instance
                 # Dispatch deletes the instance through node_address later.

@@ -138,20 +138,22 @@ class InstanceInfo(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., function: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., spec_version: _Optional[int] = ..., concurrency: _Optional[int] = ..., node_address: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "capacity", "allocated", "instances", "seq")
+    __slots__ = ("node_id", "address", "capacity", "allocated", "instances", "seq", "starting")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     ALLOCATED_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     capacity: Resources
     allocated: Resources
     instances: int
     seq: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., instances: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+    starting: Resources
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., instances: _Optional[int] = ..., seq: _Optional[int] = ..., starting: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
 
 class CoordinateAction(_message.Message):
     __slots__ = ("kind", "function", "node_id")

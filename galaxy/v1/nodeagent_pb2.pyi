@@ -20,12 +20,14 @@ class CreateInstanceRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., function: _Optional[_Union[_common_pb2.FunctionSpec, _Mapping]] = ..., notify_address: _Optional[str] = ...) -> None: ...
 
 class CreateInstanceReply(_message.Message):
-    __slots__ = ("instance", "startup_ms")
+    __slots__ = ("instance", "startup_ms", "node_seq")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     STARTUP_MS_FIELD_NUMBER: _ClassVar[int]
+    NODE_SEQ_FIELD_NUMBER: _ClassVar[int]
     instance: _common_pb2.InstanceInfo
     startup_ms: float
-    def __init__(self, instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., startup_ms: _Optional[float] = ...) -> None: ...
+    node_seq: int
+    def __init__(self, instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., startup_ms: _Optional[float] = ..., node_seq: _Optional[int] = ...) -> None: ...
 
 class DeleteInstanceRequest(_message.Message):
     __slots__ = ("node_id", "instance_id")

@@ -142,6 +142,7 @@ class ControlPlane:
                 max_attempts=self.cfg.max_attempts,
                 clock=self.sim.clock,
                 rng=random.Random(self._rng.random()),
+                exact=self.cfg.exact,
             )
             return ScheduleInst(iid, st, pol)
         if kind == "clustermgr":
@@ -268,6 +269,10 @@ class ControlPlane:
             sf = self.sfs[self._sf_owner_id(node.id)]
             sf.policy.upsert(node_info(node.status()))
         self.env.cluster.on_change = self._changed
+        if self.cfg.exact:
+            # Production's node agent reports a node right after a free
+            # (``Registrar.report_soon``): exact partitions rely on it.
+            self.env.cluster.on_free = self._push
         if self.cfg.heartbeats == "all":
             for node in self.env.cluster.nodes:
                 self.sim.at(self._phase(node), self._beat, node)
@@ -292,10 +297,23 @@ class ControlPlane:
         hb, now = self.cfg.heartbeat_s, self.sim.now
         ph = self._phase(node)
         t = ph + math.ceil((now - ph) / hb) * hb
-        self.sim.at(t if t > now else t + hb, self._beat, node)
+        self.sim.at(t if t > now else t + hb, self._beat_due, (node, node.beat_token))
+
+    def _beat_due(self, a: tuple[SimNode, int]) -> None:
+        node, token = a
+        if token == node.beat_token:  # not sent early by a push since
+            self._beat(node)
+
+    def _push(self, node: SimNode) -> None:
+        """Report now (a free): replaces a scheduled report, and reports
+        asked at the same moment go as one."""
+        node.beat_token += 1
+        node.status_due = True
+        self.sim.at(self.sim.now, self._beat_due, (node, node.beat_token))
 
     def _beat(self, node: SimNode) -> None:
         node.status_due = False
+        node.beat_token += 1
         self.critical["clustermgr"] += 1
         cmf = self._cmf_cache[node.index] or self.clustermgr_owner(node)
         t = node.agent.finish(self.sim.now, self.s_agent_beat()) + self.net.hop()

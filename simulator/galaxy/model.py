@@ -19,8 +19,9 @@ service times (``Calibration``) in between.
 
 Variants (``VARIANTS``): G1 = one instance of each control function, no
 caches; Gn = n instances, no caches; Gn-C = Gn plus the connection cache;
-galaxy = Gn-C plus the probe cache, and the controller scaling control
-functions on SRPS when ``controlplane.controller.scaling`` is present.
+Gn-CP = Gn-C plus the probe cache; galaxy = Gn-CP plus exact partitions
+(no probe unless a node's view is in doubt; frees reported at once), and
+the controller scaling control functions on SRPS.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class GalaxyConfig:
     #: (production's defaults: ``ScheduleConfig``)
     d: int = _SCHEDULE.probe_d
     probe_ttl_s: float = _SCHEDULE.probe_ttl_s
+    #: exact partitions: trust the own view, probe only nodes in doubt;
+    #: node agents report a node's status right after a free
+    exact: bool = _SCHEDULE.exact_partition
     max_attempts: int = _SCHEDULE.max_attempts
     #: Dispatch spills a scale-up to at most this many further Schedule
     #: instances (``DispatchConfig``)
@@ -72,10 +76,17 @@ class GalaxyConfig:
 
 VARIANTS: dict[str, GalaxyConfig] = {
     "G1": GalaxyConfig(
-        instances=1, connection_cache=False, probe_cache=False, controller_scaling=False
+        instances=1,
+        connection_cache=False,
+        probe_cache=False,
+        controller_scaling=False,
+        exact=False,
     ),
-    "Gn": GalaxyConfig(connection_cache=False, probe_cache=False, controller_scaling=False),
-    "Gn-C": GalaxyConfig(probe_cache=False, controller_scaling=False),
+    "Gn": GalaxyConfig(
+        connection_cache=False, probe_cache=False, controller_scaling=False, exact=False
+    ),
+    "Gn-C": GalaxyConfig(probe_cache=False, controller_scaling=False, exact=False),
+    "Gn-CP": GalaxyConfig(controller_scaling=False, exact=False),
     "galaxy": GalaxyConfig(),
 }
 

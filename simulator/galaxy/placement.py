@@ -40,6 +40,7 @@ class ScaleUp:
         "latest",
         "left",
         "node",
+        "node_seq",
         "pl",
         "probe_t0",
         "res",
@@ -64,6 +65,7 @@ class ScaleUp:
         self.res: Reservation | None = None
         self.iid = ""
         self.node: SimNode | None = None
+        self.node_seq = 0
         self.probe_t0 = 0.0
         self.t_begin = 0.0
         self.decide = 0.0
@@ -226,13 +228,14 @@ class Placer:
         self._advance(su)
 
     def _ready(self, su: ScaleUp) -> None:
-        assert su.sf is not None
+        assert su.sf is not None and su.node is not None
+        su.node_seq = self.m.env.cluster.ready(su.node, su.iid)
         self.rec.started(self.sim.now)
         t = self.sim.now + self.net.hop()
         self.sim.reply(t, su.sf.station, self.s_create(), self._on_confirmed, su)
 
     def _confirmed(self, su: ScaleUp) -> None:
         assert su.sf is not None and su.res is not None
-        su.sf.policy.confirm(su.res)
+        su.sf.policy.confirm(su.res, su.node_seq)
         t = self.sim.now + self.net.hop()
         self.sim.reply(t, su.df.station, self.s_scale_up(), self.m.instance_ready, su)

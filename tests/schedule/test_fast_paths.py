@@ -219,7 +219,15 @@ def drive(policy: PlacementPolicy, seed: int, nodes: int) -> list[object]:
 @pytest.mark.parametrize("d,nodes", [(2, 12), (2, 60), (3, 5), (1, 30)])
 def test_placements_step_for_step_as_the_plain_policy(seed, probe_cache, d, nodes):
     def make(cls: type[PlacementPolicy]) -> PlacementPolicy:
-        return cls("s", d=d, probe_cache=probe_cache, clock=ManualClock(), rng=random.Random(seed))
+        # The probing policy (the ablation's step before exact partitions).
+        return cls(
+            "s",
+            d=d,
+            probe_cache=probe_cache,
+            clock=ManualClock(),
+            rng=random.Random(seed),
+            exact=False,
+        )
 
     fast, plain = make(PlacementPolicy), make(PlainPolicy)
     assert drive(fast, seed, nodes) == drive(plain, seed, nodes)

@@ -1,4 +1,5 @@
-"""PlacementPolicy driven step by step, as the simulator will drive it.
+"""PlacementPolicy driven step by step, as the simulator will drive it
+(the probing policy: exact partitions are in test_exact.py).
 
 The "cluster" here is real node bookkeeping (``NodeCapacity`` from the node
 agent): probe answers are computed from its true allocation and creations are
@@ -73,7 +74,9 @@ def place(policy: PlacementPolicy, cluster: Cluster, need: Res, iid: str) -> Res
 
 
 def make(n: int, cap: Res, **kw) -> tuple[PlacementPolicy, Cluster, ManualClock]:
+    """The probing policy (exact partitions off: tests/schedule/test_exact.py)."""
     clock = ManualClock()
+    kw.setdefault("exact", False)
     policy = PlacementPolicy("s-1", clock=clock, rng=random.Random(7), **kw)
     cluster = Cluster()
     for i in range(n):
@@ -218,7 +221,7 @@ def test_probe_cache_cuts_probes_per_placement() -> None:
 
 
 def test_stale_seq_is_ignored() -> None:
-    policy = PlacementPolicy("s-1", clock=ManualClock(), rng=random.Random(1))
+    policy = PlacementPolicy("s-1", clock=ManualClock(), rng=random.Random(1), exact=False)
     assert policy.upsert(NodeInfo("a", "addr", Res(1000, 1000, 0), Res(100, 0, 0), seq=5))
     assert not policy.upsert(NodeInfo("a", "addr", Res(1000, 1000, 0), Res(900, 0, 0), seq=3))
     assert not policy.upsert(NodeInfo("a", "addr", Res(1000, 1000, 0), Res(900, 0, 0), seq=5))

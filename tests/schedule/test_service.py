@@ -88,6 +88,7 @@ async def make_stack() -> AsyncIterator[Callable[..., Awaitable[Stack]]]:
         cleanups.append(lambda: a_srv.stop(None))
         agent.attach(a_addr, pool)
         policy_kw.setdefault("probe_ttl_s", 30.0)  # these tests decide what is stale
+        policy_kw.setdefault("exact", False)  # most tests here are about probing
         policy = PlacementPolicy(rng=random.Random(3), **policy_kw)
         sched = ScheduleServicer(policy, schedule_id="s-1", pool=pool)
         cleanups.append(sched.close)
