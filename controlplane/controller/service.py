@@ -1,5 +1,6 @@
 """Controller gRPC servicer: thin adapter over ControlRegistry, FunctionStore,
-the Coordinator (membership pushes) and the Reconciler (scaling).
+RuntimeStore, the Coordinator (membership pushes) and the Reconciler
+(scaling).
 
 With leader election, only the leader answers: a follower forwards every
 call to the leader, so instances and clients may talk to any controller.
@@ -20,8 +21,9 @@ from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.leader import LeaderElector
 from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import ControlRegistry
-from controlplane.runtime import rpc, validation
-from controlplane.runtime.errors import InvalidArgument, Unavailable
+from controlplane.controller.runtimes_store import RuntimeStore
+from controlplane.runtime import rpc, servingruntime, validation
+from controlplane.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
 from controlplane.runtime.membership import KIND_NAMES
 from galaxy.v1 import (
     clustermgr_pb2,
@@ -62,7 +64,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     coordinator: membership pushes (made from registry and pool if None).
     reconciler: scaling (status only shows load without one). elector:
-    leader election (None: this controller always leads).
+    leader election (None: this controller always leads). runtimes: the
+    serving runtimes (default: in the functions' state store).
     """
 
     def __init__(
@@ -75,9 +78,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         reconciler: Reconciler | None = None,
         elector: LeaderElector | None = None,
         controller_id: str = "controller",
+        runtimes: RuntimeStore | None = None,
     ) -> None:
         self.registry = registry
         self.functions = functions
+        self.runtimes = runtimes or RuntimeStore(functions.store)
         self.coordinator = coordinator or Coordinator(registry, pool)
         self.reconciler = reconciler
         self.elector = elector
@@ -234,9 +239,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     ) -> common_pb2.FunctionSpec:
         if not request.HasField("function"):
             raise InvalidArgument("function: required")
-        # The CLI checked the same rules; the server is the guard.
-        validation.check_spec(request.function)
-        stored = await self.functions.deploy(request.function)
+        # The CLI checked the same rules; the server is the guard. The
+        # runtime cannot be deleted between its check and the write.
+        async with self.runtimes.lock:
+            resolved = await self._resolve(request.function)
+            stored = await self.functions.deploy(resolved)
         log.info(
             "deployed function %s (revision %d, version %d)",
             stored.name,
@@ -288,6 +295,60 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         log.info("traffic of function %s: %s", stored.name, split)
         await self._notify_dispatch(common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED, stored.name)
         return stored
+
+    async def _resolve(self, spec: common_pb2.FunctionSpec) -> common_pb2.FunctionSpec:
+        """The spec with its runtime's command (servingruntime.resolve)."""
+        servingruntime.check_request(spec)
+        rt = await self.runtimes.find(spec.runtime)
+        if rt is None:
+            raise InvalidArgument(
+                f"runtime: no runtime {validation.short(spec.runtime)} is registered "
+                "(see `galaxy runtimes list`)"
+            )
+        return servingruntime.resolve(spec, rt)
+
+    # -- serving runtimes -------------------------------------------------
+
+    @leader_only
+    async def PutRuntime(
+        self, request: controller_pb2.PutRuntimeRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ServingRuntime:
+        if not request.HasField("runtime"):
+            raise InvalidArgument("runtime: required")
+        stored = await self.runtimes.put(request.runtime)
+        log.info("runtime %s stored (version %d)", stored.name, stored.version)
+        return stored
+
+    @leader_only
+    async def GetRuntime(
+        self, request: controller_pb2.GetRuntimeRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ServingRuntime:
+        validation.check_name("name", request.name)
+        return await self.runtimes.get(request.name)
+
+    @leader_only
+    async def ListRuntimes(
+        self, request: controller_pb2.ListRuntimesRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ListRuntimesReply:
+        return controller_pb2.ListRuntimesReply(runtimes=await self.runtimes.list())
+
+    @leader_only
+    async def DeleteRuntime(
+        self, request: controller_pb2.DeleteRuntimeRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DeleteRuntimeReply:
+        validation.check_name("name", request.name)
+        async with self.runtimes.lock:
+            await self.runtimes.get(request.name)  # NOT_FOUND before "in use"
+            users = [f.name for f in await self.functions.list() if f.runtime == request.name]
+            if users:
+                more = f" and {len(users) - 1} more" if len(users) > 1 else ""
+                raise FailedPrecondition(
+                    f"name: runtime {request.name} is used by function {users[0]}{more}; "
+                    "delete those functions or deploy them with another runtime first"
+                )
+            await self.runtimes.delete(request.name)
+        log.info("deleted runtime %s", request.name)
+        return controller_pb2.DeleteRuntimeReply()
 
     async def _notify_dispatch(self, kind: int, name: str) -> None:
         req = common_pb2.CoordinateRequest(

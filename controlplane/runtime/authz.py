@@ -26,6 +26,10 @@ PUBLIC: dict[str, frozenset[str]] = {
             "GetMembership",
             "ListRevisions",
             "SetTraffic",
+            "PutRuntime",
+            "GetRuntime",
+            "ListRuntimes",
+            "DeleteRuntime",
         }
     ),
     # ListInstances is read-only: what `galaxy status` shows anyway.

@@ -1,7 +1,8 @@
 """The `galaxy` command line.
 
 galaxy up                      run a control plane here (Ctrl-C stops it)
-galaxy deploy -f SPEC.yaml     deploy a function
+galaxy runtimes apply -f FILE  register a serving runtime (what functions may run)
+galaxy deploy -f SPEC.yaml     deploy a function (naming a runtime)
 galaxy invoke NAME --data X    call it (cold-starts an instance if needed)
 galaxy status                  control instances, nodes, functions, instances
 galaxy functions | delete NAME
@@ -48,6 +49,9 @@ from controlplane.tools.certs_cmd import add_subparser as add_certs_subparser
 from controlplane.tools.chaos import add_subparser as add_chaos_subparser
 from controlplane.tools.common import CliError, find_controller  # noqa: F401 (re-exported)
 from controlplane.tools.revisions_cmd import add_subparsers as add_revision_subparsers
+from controlplane.tools.runtimes_cmd import DEFAULT_DIR as DEFAULT_RUNTIMES
+from controlplane.tools.runtimes_cmd import add_subparser as add_runtimes_subparser
+from controlplane.tools.runtimes_cmd import register_dir
 from controlplane.tools.store_cmd import add_subparser as add_store_subparser
 from simulator.cli import add_subparser as add_simulator_subparser
 
@@ -109,8 +113,11 @@ async def cmd_up(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         endpoints = await sup.start()
+        runtimes = await _register_runtimes(args.runtimes, endpoints, sup)
         alive = await sup.wait_nodes_registered()
         print_endpoints(endpoints, alive)
+        if runtimes:
+            print(f"  runtimes       {', '.join(runtimes)} (from {args.runtimes})", flush=True)
         metrics = serve_metrics(cfg.host, 0)
         print(f"  supervisor     restarts at http://{metrics}/metrics", flush=True)
         why = await supervise(sup, stop, RestartPolicy())
@@ -124,6 +131,22 @@ async def cmd_up(args: argparse.Namespace) -> int:
     await sup.stop()
     print("stopped.", flush=True)
     return 0 if why is None else 1
+
+
+async def _register_runtimes(
+    directory: str, endpoints: dict[str, Any], sup: Supervisor
+) -> list[str]:
+    """Register the runtime files of directory through the controller's API
+    (it is ready: start() waited for its ready line); idempotent."""
+    if not directory:
+        return []
+    from controlplane.sdk.client import GalaxyClient
+
+    async with GalaxyClient(endpoints["controller"], timeout=10.0, tls=sup.client_tls()) as c:
+        try:
+            return await register_dir(c, Path(directory))
+        except GalaxyError as e:
+            raise RuntimeError(f"--runtimes {directory}: {e.message}") from None
 
 
 def _scaling_flags(args: argparse.Namespace) -> list[str]:
@@ -229,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulator_subparser(sub)
     add_store_subparser(sub)
     add_revision_subparsers(sub)
+    add_runtimes_subparser(sub)
     add_certs_subparser(sub)
     add_chaos_subparser(sub)
 
@@ -264,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8080,
         help="HTTP port of the gateway (default 8080; 0: any free port; -1: no gateway)",
+    )
+    up.add_argument(
+        "--runtimes",
+        default=str(DEFAULT_RUNTIMES) if DEFAULT_RUNTIMES.is_dir() else "",
+        help="register the serving runtime files (*.yaml) of this directory at start "
+        "(default: the repo's examples/runtimes; '' = none)",
     )
     up.add_argument(
         "--no-connection-cache", action="store_true", help="ablation: a new gRPC channel per call"
