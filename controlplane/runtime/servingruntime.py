@@ -40,6 +40,16 @@ FLAG_RE = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _URI_RE = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
+def emulated() -> common_pb2.ServingRuntime:
+    """The runtime of emulated sandboxes, which start no process (the
+    command is never run): what benchmarks and control plane tests name."""
+    return common_pb2.ServingRuntime(
+        name="emulated",
+        command=["emulated"],
+        description="for emulated sandboxes (--sandbox emulated): nothing is run",
+    )
+
+
 def _listing(values: Any, limit: int = 5) -> str:
     """A runtime's allow-list for an error message: a few entries, not all."""
     vals = list(values)

@@ -31,6 +31,7 @@ from controlplane.launch.up import (
     Supervisor,
     UpConfig,
     default_run_dir,
+    default_runtimes_dir,
     print_endpoints,
     read_endpoints,
 )
@@ -49,9 +50,7 @@ from controlplane.tools.certs_cmd import add_subparser as add_certs_subparser
 from controlplane.tools.chaos import add_subparser as add_chaos_subparser
 from controlplane.tools.common import CliError, find_controller  # noqa: F401 (re-exported)
 from controlplane.tools.revisions_cmd import add_subparsers as add_revision_subparsers
-from controlplane.tools.runtimes_cmd import DEFAULT_DIR as DEFAULT_RUNTIMES
 from controlplane.tools.runtimes_cmd import add_subparser as add_runtimes_subparser
-from controlplane.tools.runtimes_cmd import register_dir
 from controlplane.tools.store_cmd import add_subparser as add_store_subparser
 from simulator.cli import add_subparser as add_simulator_subparser
 
@@ -98,6 +97,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         control_cpu_limits=_cpu_limits(args.control_cpu_limit),
         gateway_port=args.gateway_port,
         tls=not args.insecure,
+        runtimes=Path(args.runtimes) if args.runtimes else None,
     )
     if read_endpoints(cfg.run_dir):
         raise CliError(
@@ -113,11 +113,10 @@ async def cmd_up(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         endpoints = await sup.start()
-        runtimes = await _register_runtimes(args.runtimes, endpoints, sup)
         alive = await sup.wait_nodes_registered()
         print_endpoints(endpoints, alive)
-        if runtimes:
-            print(f"  runtimes       {', '.join(runtimes)} (from {args.runtimes})", flush=True)
+        if sup.runtimes:
+            print(f"  runtimes       {', '.join(sup.runtimes)} (from {cfg.runtimes})", flush=True)
         metrics = serve_metrics(cfg.host, 0)
         print(f"  supervisor     restarts at http://{metrics}/metrics", flush=True)
         why = await supervise(sup, stop, RestartPolicy())
@@ -131,22 +130,6 @@ async def cmd_up(args: argparse.Namespace) -> int:
     await sup.stop()
     print("stopped.", flush=True)
     return 0 if why is None else 1
-
-
-async def _register_runtimes(
-    directory: str, endpoints: dict[str, Any], sup: Supervisor
-) -> list[str]:
-    """Register the runtime files of directory through the controller's API
-    (it is ready: start() waited for its ready line); idempotent."""
-    if not directory:
-        return []
-    from controlplane.sdk.client import GalaxyClient
-
-    async with GalaxyClient(endpoints["controller"], timeout=10.0, tls=sup.client_tls()) as c:
-        try:
-            return await register_dir(c, Path(directory))
-        except GalaxyError as e:
-            raise RuntimeError(f"--runtimes {directory}: {e.message}") from None
 
 
 def _scaling_flags(args: argparse.Namespace) -> list[str]:
@@ -291,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--runtimes",
-        default=str(DEFAULT_RUNTIMES) if DEFAULT_RUNTIMES.is_dir() else "",
+        default=str(default_runtimes_dir() or ""),
         help="register the serving runtime files (*.yaml) of this directory at start "
         "(default: the repo's examples/runtimes; '' = none)",
     )

@@ -1,6 +1,6 @@
 """`galaxy runtimes apply|list|get|delete`: the serving runtimes an admin
-registers (docs/security.md, "Serving runtimes"), and registering a
-directory of them (what `galaxy up --runtimes DIR` does at start)."""
+registers (docs/security.md, "Serving runtimes"). `galaxy up --runtimes
+DIR` registers a directory of them at start (launch/up.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from controlplane.runtime import runtimefiles
 from controlplane.tools.common import connect
 
 _CONTROLLER_HELP = "controller host:port (default: $GALAXY_CONTROLLER or the running `galaxy up`)"
-#: The runtimes `galaxy up` registers unless told otherwise.
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "examples" / "runtimes"
 
 
 def add_subparser(sub: Any) -> None:
@@ -91,12 +89,3 @@ async def cmd_delete(args: argparse.Namespace) -> int:
         await c.delete_runtime(args.name)
     print(f"deleted runtime {args.name}")
     return 0
-
-
-async def register_dir(client: Any, directory: Path) -> list[str]:
-    """Register every runtime file of directory (idempotent: an unchanged
-    runtime writes nothing); returns their names."""
-    names = []
-    for rt in runtimefiles.load_dir(directory):
-        names.append((await client.put_runtime(rt)).name)
-    return names

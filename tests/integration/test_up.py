@@ -107,7 +107,7 @@ def test_status_lists_everything(up):
 
 def test_bad_spec_is_rejected_naming_the_field(up, tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\ncommand: [python3]\nconcurrency: 0\n")
+    bad.write_text("name: bad\nruntime: python\nconcurrency: 0\n")
     r = up.cli("deploy", "-f", str(bad))
     assert r.returncode == 1
     assert "concurrency" in r.stderr and "Traceback" not in r.stderr
@@ -120,7 +120,7 @@ def test_server_validates_specs_too(up):
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await stub.DeployFunction(
                     controller_pb2.DeployFunctionRequest(
-                        function=common_pb2.FunctionSpec(name="Has Space", command=["x"])
+                        function=common_pb2.FunctionSpec(name="Has Space", runtime="python")
                     ),
                     timeout=5,
                 )
@@ -150,7 +150,10 @@ def test_unknown_function_is_not_found(up):
 
 def test_a_spec_larger_than_any_node_is_failed_precondition(up, tmp_path):
     big = tmp_path / "big.yaml"
-    big.write_text("name: big\ncommand: [python3, -c, 'pass']\nresources: {cpu_millis: 64000}\n")
+    big.write_text(
+        f"name: big\nruntime: python\nartifact: {REPO / 'examples' / 'echo_server.py'}\n"
+        "resources: {cpu_millis: 64000}\n"
+    )
     assert up.cli("deploy", "-f", str(big)).returncode == 0
     r = invoke(up, "big", "x")
     assert r.returncode == 1
@@ -161,7 +164,7 @@ def test_a_spec_larger_than_any_node_is_failed_precondition(up, tmp_path):
 def test_concurrent_cold_requests_share_one_scale_up(up, tmp_path):
     spec = tmp_path / "co.yaml"
     spec.write_text(
-        f"name: coalesce\ncommand: [python3, -u, echo_server.py]\nworkdir: {REPO / 'examples'}\n"
+        f"name: coalesce\nruntime: python\nartifact: {REPO / 'examples' / 'echo_server.py'}\n"
         "concurrency: 8\nmax_scale: 4\nreadiness_path: /healthz\nresources: {cpu_millis: 100}\n"
     )
     assert up.cli("deploy", "-f", str(spec)).returncode == 0
@@ -230,7 +233,11 @@ def test_emulated_210_nodes_and_clean_shutdown(tmp_path):
     try:
         assert "nodes alive: 210" in "".join(g.output)
         spec = tmp_path / "emu.yaml"
-        spec.write_text("name: emu\ncommand: [unused]\nconcurrency: 2\n")
+        # `galaxy up` registered the examples' runtime; emulated sandboxes run nothing.
+        spec.write_text(
+            f"name: emu\nruntime: python\nartifact: {REPO / 'examples' / 'echo_server.py'}\n"
+            "concurrency: 2\n"
+        )
         assert g.cli("deploy", "-f", str(spec)).returncode == 0
         r = g.cli("invoke", "emu", "--data", "x")
         assert r.returncode == 0 and "emulated://" in r.stdout, r.stdout + r.stderr
