@@ -293,6 +293,8 @@ class Supervisor:
         out: dict[str, Any] = {"controller": "", "components": [], "supervisor_pid": os.getpid()}
         if self.tls_dir is not None:
             out["tls_dir"] = str(self.tls_dir)
+        if self.runtimes:
+            out["runtimes"] = self.runtimes
         for c in self.children:
             if c.name == "controller":
                 out["controller"] = c.ready["address"]
@@ -411,6 +413,9 @@ def print_endpoints(endpoints: dict[str, Any], nodes_alive: int, out: Any = sys.
         print(f"  WARNING: {tlsfiles.INSECURE_WARNING}", file=out)
     if endpoints.get("gateway"):
         print(f"Gateway: http://{endpoints['gateway']}", file=out)
+    if endpoints.get("runtimes"):
+        names = ", ".join(endpoints["runtimes"])
+        print(f"Serving runtimes: {names} (`galaxy runtimes list`)", file=out)
     print("Try: galaxy deploy -f examples/echo.yaml && galaxy invoke echo --data hello", file=out)
     if endpoints.get("gateway"):
         print(f"     curl http://{endpoints['gateway']}/functions/echo -d hi", file=out)

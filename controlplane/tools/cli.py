@@ -115,8 +115,6 @@ async def cmd_up(args: argparse.Namespace) -> int:
         endpoints = await sup.start()
         alive = await sup.wait_nodes_registered()
         print_endpoints(endpoints, alive)
-        if sup.runtimes:
-            print(f"  runtimes       {', '.join(sup.runtimes)} (from {cfg.runtimes})", flush=True)
         metrics = serve_metrics(cfg.host, 0)
         print(f"  supervisor     restarts at http://{metrics}/metrics", flush=True)
         why = await supervise(sup, stop, RestartPolicy())

@@ -113,6 +113,28 @@ def test_bad_spec_is_rejected_naming_the_field(up, tmp_path):
     assert "concurrency" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_runtimes_cli_and_no_command_from_the_api(up, tmp_path):
+    assert "Serving runtimes: python (`galaxy runtimes list`)" in "".join(up.output)
+    r = up.cli("runtimes", "list")
+    assert r.returncode == 0 and re.search(r"^python\s+python3 -u \{artifact\}", r.stdout, re.M)
+    got = json.loads(up.cli("runtimes", "get", "python").stdout)
+    assert got["command"] == ["python3", "-u", "{artifact}", "{args}"]
+    rt = tmp_path / "rt.yaml"
+    rt.write_text("name: tmp-rt\ncommand: [python3, '{artifact}']\nartifact: {prefixes: [/srv]}\n")
+    r = up.cli("runtimes", "apply", "-f", str(rt))
+    assert r.returncode == 0 and "runtime tmp-rt stored" in r.stdout, r.stderr
+    assert up.cli("runtimes", "delete", "tmp-rt").returncode == 0
+    # echo (the quick tour's) uses python: it cannot go.
+    assert up.cli("deploy", "-f", str(REPO / "examples" / "echo.yaml")).returncode == 0
+    r = up.cli("runtimes", "delete", "python")
+    assert r.returncode == 1 and "FAILED_PRECONDITION" in r.stderr and "function echo" in r.stderr
+    # A spec with a command is refused by the CLI, naming the field.
+    bad = tmp_path / "cmd.yaml"
+    bad.write_text("name: cmd\ncommand: [sh, -c, id]\n")
+    r = up.cli("deploy", "-f", str(bad))
+    assert r.returncode == 1 and "command: set by the runtime" in r.stderr, r.stderr
+
+
 def test_server_validates_specs_too(up):
     async def go():
         async with up.channel(up.controller) as ch:
