@@ -45,10 +45,10 @@ class RuntimeStore:
                 if current == stored:
                     stored.version = version
                     return stored  # unchanged: nothing to write
-            elif len(await self._list()) >= self.max_runtimes:
+            elif (n := len(await self._list())) >= self.max_runtimes:
                 raise ResourceExhausted(
-                    f"runtimes: the cluster holds {self.max_runtimes} runtimes, at most "
-                    f"{self.max_runtimes} allowed; delete one first"
+                    f"runtimes: the cluster holds {n} runtimes, at most {self.max_runtimes} "
+                    "allowed; delete one first"
                 )
             try:
                 stored.version = await self.store.put(
