@@ -194,8 +194,9 @@ def load_file(path: str | Path) -> common_pb2.FunctionSpec:
 
 
 def validate(spec: common_pb2.FunctionSpec) -> None:
-    """Check a spec (from YAML or straight from the gRPC API); the rules are
-    those of ``validation.check_spec``.
+    """Check a resolved spec (with its runtime's command: what the
+    controller stores); the rules are those of ``validation.check_spec``. A
+    developer's spec is checked by ``servingruntime.check_request``.
 
     Zero values from proto3 mean "unset" only where a default is safe
     (concurrency, max_scale, startup_timeout_ms are filled by ``with_defaults``).

@@ -120,7 +120,9 @@ class GalaxyClient:
     # -- admin ------------------------------------------------------------
 
     async def deploy(self, spec: common_pb2.FunctionSpec) -> common_pb2.FunctionSpec:
-        """Deploy (or replace) a function; durable when this returns."""
+        """Deploy (or replace) a function; durable when this returns. The
+        spec names a registered runtime (``put_runtime``) and sets no
+        command; the answer is the stored spec, with the resolved command."""
         return await self._ctl(
             "DeployFunction", controller_pb2.DeployFunctionRequest(function=spec)
         )  # type: ignore[no-any-return]
