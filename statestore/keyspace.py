@@ -66,6 +66,14 @@ KEYSPACE: tuple[Prefix, ...] = (
         _json,
     ),
     Prefix(
+        "/galaxy/runtimes/",
+        "controller",
+        "galaxy.v1.ServingRuntime (protobuf); key /galaxy/runtimes/NAME",
+        "until the runtime is deleted (written synchronously; deployed functions keep "
+        "the command they were resolved to)",
+        _proto(common_pb2.ServingRuntime),
+    ),
+    Prefix(
         "/galaxy/instances/",
         "Dispatch (the owner of the function)",
         "galaxy.v1.InstanceInfo (protobuf); key /galaxy/instances/FUNCTION/INSTANCE",

@@ -22,8 +22,8 @@ import aiohttp
 from aiohttp import web
 
 from controlplane.launch.up import default_run_dir, read_endpoints
+from controlplane.runtime import credentials, tlsfiles
 from controlplane.runtime import spec as specs
-from controlplane.runtime import tlsfiles
 from controlplane.sdk.client import GalaxyClient
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
@@ -53,10 +53,12 @@ async def _bare_proxy(upstream: str) -> tuple[web.AppRunner, str]:
     return runner, f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
 
-async def _round(url: str, n: int, concurrency: int) -> tuple[list[float], float]:
+async def _round(
+    url: str, n: int, concurrency: int, headers: dict[str, str] | None = None
+) -> tuple[list[float], float]:
     lat: list[float] = []
     async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=concurrency)
+        connector=aiohttp.TCPConnector(limit=concurrency), headers=headers
     ) as s:  # fmt: skip
         left = n
 
@@ -81,7 +83,11 @@ async def measure(run_dir: Path, n: int, rounds: int, concurrency: int) -> dict[
     ep = read_endpoints(run_dir)
     if not ep or not ep.get("gateway"):
         raise SystemExit(f"no `galaxy up` with a gateway in {run_dir}")
-    async with GalaxyClient(ep["controller"], tls=tlsfiles.client_tls(ep.get("tls_dir"))) as c:
+    token = credentials.client_token(ep)
+    auth = {"Authorization": f"Bearer {token}"} if token else None
+    async with GalaxyClient(
+        ep["controller"], tls=tlsfiles.client_tls(ep.get("tls_dir")), token=token
+    ) as c:
         addr = await c.dispatch("echo")  # a warm instance to aim at directly
         await c.release(addr)
     runner, proxy = await _bare_proxy(addr.address)
@@ -94,10 +100,11 @@ async def measure(run_dir: Path, n: int, rounds: int, concurrency: int) -> dict[
     rate: dict[str, list[float]] = {k: [] for k in urls}
     try:
         for url in urls.values():  # warm-up: connections, the instance
-            await _round(url, 200, concurrency)
+            await _round(url, 200, concurrency, auth)
         for _ in range(rounds):
             for mode, url in urls.items():
-                got, rps = await _round(url, n, concurrency)
+                # The same header on every mode: the instance ignores it.
+                got, rps = await _round(url, n, concurrency, auth)
                 lat[mode] += got
                 rate[mode].append(rps)
     finally:
@@ -135,7 +142,12 @@ async def measure_cold(run_dir: Path, n: int) -> dict[str, object]:
     example = EXAMPLE
     took: dict[str, list[float]] = {"gateway": [], "sdk": []}
     tls = tlsfiles.client_tls(ep.get("tls_dir"))
-    async with GalaxyClient(ep["controller"], tls=tls) as c, aiohttp.ClientSession() as http:
+    token = credentials.client_token(ep)
+    auth = {"Authorization": f"Bearer {token}"} if token else None
+    async with (
+        GalaxyClient(ep["controller"], tls=tls, token=token) as c,
+        aiohttp.ClientSession(headers=auth) as http,
+    ):
         for i in range(n):
             for mode in ("gateway", "sdk") if i % 2 == 0 else ("sdk", "gateway"):
                 spec = specs.load_file(example)

@@ -34,7 +34,7 @@ import yaml
 from controlplane.bench import experiment as ex
 from controlplane.bench import trace as tr
 from controlplane.launch.up import UpConfig
-from controlplane.runtime import validation
+from controlplane.runtime import servingruntime, validation
 from galaxy.v1 import common_pb2
 
 CP_DEFAULTS: dict[str, Any] = {
@@ -64,8 +64,8 @@ LOAD_DEFAULTS: dict[str, Any] = {
 }
 LOAD_PARAMS = ("concurrency", "cold_fraction", "arrival_rate", "mode")
 PRESETS = ("G_1", "G_n", "G_n-C", "Galaxy")
-# Every bench function: emulated sandboxes ignore the command, but the
-# controller validates that one is there.
+# Every bench function names the emulated runtime (servingruntime.emulated):
+# emulated sandboxes run nothing, but the controller resolves a command.
 _RES = common_pb2.Resources(cpu_millis=10, memory_mib=16)
 
 
@@ -269,7 +269,7 @@ MAX_SCALE = validation.MAX_INSTANCES_PER_FUNCTION_DEFAULT
 def _spec(name: str, concurrency: int, max_scale: int) -> common_pb2.FunctionSpec:
     return common_pb2.FunctionSpec(
         name=name,
-        command=["emulated"],
+        runtime=servingruntime.emulated().name,
         resources=_RES,
         concurrency=concurrency,
         max_scale=max_scale,

@@ -33,6 +33,7 @@ from controlplane.bench.echo import EchoProcess
 from controlplane.bench.etcd import LocalEtcd
 from controlplane.bench.loadgen import MEASURED, MEASURING
 from controlplane.launch.up import Supervisor
+from controlplane.runtime import servingruntime
 
 SCHEMA = "galaxy-bench/1"
 _DEPLOY_CONCURRENCY = 32
@@ -308,6 +309,7 @@ async def _deploy(controller: str, wl: pl.Workload) -> None:
 
     sem = asyncio.Semaphore(_DEPLOY_CONCURRENCY)
     async with GalaxyClient(controller) as c:
+        await c.put_runtime(servingruntime.emulated())
 
         async def one(spec: Any) -> None:
             async with sem:

@@ -1,5 +1,6 @@
 """Controller gRPC servicer: thin adapter over ControlRegistry, FunctionStore,
-the Coordinator (membership pushes) and the Reconciler (scaling).
+RuntimeStore, the Coordinator (membership pushes) and the Reconciler
+(scaling).
 
 With leader election, only the leader answers: a follower forwards every
 call to the leader, so instances and clients may talk to any controller.
@@ -8,9 +9,7 @@ call to the leader, so instances and clients may talk to any controller.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -18,11 +17,14 @@ import grpc
 from controlplane.controller.coordinator import COORDINATE_STUBS, Coordinator
 from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.leader import LeaderElector
+from controlplane.controller.leaderonly import leader_only
 from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import ControlRegistry
+from controlplane.controller.runtimes_api import RuntimesApi
+from controlplane.controller.runtimes_store import RuntimeStore
 from controlplane.controller.tokens_api import TokensApi
 from controlplane.controller.tokens_store import TokenStore
-from controlplane.runtime import access, authn, rpc, validation
+from controlplane.runtime import access, authn, rpc, servingruntime, validation
 from controlplane.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from controlplane.runtime.membership import KIND_NAMES
 from galaxy.v1 import (
@@ -40,32 +42,15 @@ log = logging.getLogger(__name__)
 # Deadline for controller -> instance pushes and status fan-out.
 PUSH_TIMEOUT_S = 2.0
 
-Handler = Callable[[Any, Any, Any], Awaitable[Any]]
 
-
-def leader_only(method: Handler) -> Handler:
-    """Run ``method`` on the leading controller: a follower forwards the
-    call to the leader and returns its answer (one rule for every RPC, so
-    a client or an instance may talk to any controller)."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    async def wrapper(self: ControllerServicer, request: Any, context: Any) -> Any:
-        forwarded = await self._forwarded(name, request, context)
-        if forwarded is not None:
-            return forwarded
-        return await method(self, request, context)
-
-    return wrapper
-
-
-class ControllerServicer(TokensApi, controller_pb2_grpc.ControllerServicer):
+class ControllerServicer(TokensApi, RuntimesApi, controller_pb2_grpc.ControllerServicer):
     """Membership, load reports, the function admin API, tokens and status.
 
     coordinator: membership pushes (made from registry and pool if None).
     reconciler: scaling (status only shows load without one). elector:
-    leader election (None: this controller always leads). tokens: where
-    bearer tokens are kept (made on functions' store if None);
+    leader election (None: this controller always leads). runtimes: the
+    serving runtimes (default: in the functions' state store). tokens:
+    where bearer tokens are kept (made on functions' store if None);
     authenticator: set when this controller checks tokens (its cache
     forgets a revoked token at once). Namespaces are checked against the
     caller that ``authn.current`` reports (everyone may act on every
@@ -82,11 +67,13 @@ class ControllerServicer(TokensApi, controller_pb2_grpc.ControllerServicer):
         reconciler: Reconciler | None = None,
         elector: LeaderElector | None = None,
         controller_id: str = "controller",
+        runtimes: RuntimeStore | None = None,
         tokens: TokenStore | None = None,
         authenticator: authn.Authenticator | None = None,
     ) -> None:
         self.registry = registry
         self.functions = functions
+        self.runtimes = runtimes or RuntimeStore(functions.store)
         self.tokens = tokens or TokenStore(functions.store)
         self.authenticator = authenticator
         self.coordinator = coordinator or Coordinator(registry, pool)
@@ -251,25 +238,13 @@ class ControllerServicer(TokensApi, controller_pb2_grpc.ControllerServicer):
         if not request.HasField("function"):
             raise InvalidArgument("function: required")
         # The CLI checked the same rules; the server is the guard.
-        validation.check_spec(request.function)
         spec = request.function
-        who = authn.current()
-        spec.namespace = spec.namespace or who.namespace or access.DEFAULT_NAMESPACE
-        what = f"function {spec.name}"
-        authn.ensure_namespace(spec.namespace, what)
-        try:
-            current = await self.functions.get(spec.name)
-        except NotFound:
-            current = None
-        if current is not None:
-            authn.ensure_namespace(current.namespace, what)
-            if (current.namespace or access.DEFAULT_NAMESPACE) != spec.namespace:
-                raise FailedPrecondition(
-                    f"namespace: {what} is in namespace "
-                    f"{current.namespace or access.DEFAULT_NAMESPACE}; a function's namespace "
-                    "cannot change (delete it, then deploy it again)"
-                )
-        stored = await self.functions.deploy(spec)
+        servingruntime.check_request(spec)
+        await self._check_namespace(spec)
+        # The runtime cannot be deleted between its check and the write.
+        async with self.runtimes.lock:
+            resolved = await self._resolve(spec)
+            stored = await self.functions.deploy(resolved)
         log.info(
             "deployed function %s (revision %d, version %d)",
             stored.name,
@@ -332,25 +307,34 @@ class ControllerServicer(TokensApi, controller_pb2_grpc.ControllerServicer):
         await self._notify_dispatch(common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED, stored.name)
         return stored
 
-    # -- tokens (admin; see tokens_api) ------------------------------------
+    async def _check_namespace(self, spec: common_pb2.FunctionSpec) -> None:
+        """Give spec its namespace (the caller's by default) and refuse one
+        the caller may not act on, or a change of an existing function's."""
+        spec.namespace = spec.namespace or authn.current().namespace or access.DEFAULT_NAMESPACE
+        what = f"function {spec.name}"
+        authn.ensure_namespace(spec.namespace, what)
+        try:
+            current = await self.functions.get(spec.name)
+        except NotFound:
+            return
+        authn.ensure_namespace(current.namespace, what)
+        if (current.namespace or access.DEFAULT_NAMESPACE) != spec.namespace:
+            raise FailedPrecondition(
+                f"namespace: {what} is in namespace "
+                f"{current.namespace or access.DEFAULT_NAMESPACE}; a function's namespace "
+                "cannot change (delete it, then deploy it again)"
+            )
 
-    @leader_only
-    async def CreateToken(
-        self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.CreateTokenReply:
-        return await self._create_token(request, context)
-
-    @leader_only
-    async def ListTokens(
-        self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.ListTokensReply:
-        return await self._list_tokens(request, context)
-
-    @leader_only
-    async def DeleteToken(
-        self, request: controller_pb2.DeleteTokenRequest, context: grpc.aio.ServicerContext
-    ) -> controller_pb2.DeleteTokenReply:
-        return await self._delete_token(request, context)
+    async def _resolve(self, spec: common_pb2.FunctionSpec) -> common_pb2.FunctionSpec:
+        """The spec with its runtime's command (servingruntime.resolve;
+        check_request has passed)."""
+        rt = await self.runtimes.find(spec.runtime)
+        if rt is None:
+            raise InvalidArgument(
+                f"runtime: no runtime {validation.short(spec.runtime)} is registered "
+                "(see `galaxy runtimes list`)"
+            )
+        return servingruntime.resolve(spec, rt)
 
     async def _notify_dispatch(self, kind: int, name: str) -> None:
         req = common_pb2.CoordinateRequest(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from controlplane.controller.leaderonly import leader_only
 from controlplane.runtime import access, authn
 from galaxy.v1 import controller_pb2
 
@@ -34,20 +35,26 @@ class TokensApi:
     tokens: TokenStore
     authenticator: authn.Authenticator | None
 
-    async def _create_token(
+    @leader_only
+    async def CreateToken(
         self, request: controller_pb2.CreateTokenRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.CreateTokenReply:
+        """A new token (its secret in this answer only)."""
         token, rec = await self.tokens.create(request.name, request.role, request.namespace)
         return controller_pb2.CreateTokenReply(info=info(rec), token=token)
 
-    async def _list_tokens(
+    @leader_only
+    async def ListTokens(
         self, request: controller_pb2.ListTokensRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ListTokensReply:
+        """Every token's public record."""
         return controller_pb2.ListTokensReply(tokens=[info(r) for r in await self.tokens.records()])
 
-    async def _delete_token(
+    @leader_only
+    async def DeleteToken(
         self, request: controller_pb2.DeleteTokenRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.DeleteTokenReply:
+        """Revoke a token."""
         await self.tokens.delete(request.id)
         if self.authenticator is not None:
             self.authenticator.cache.forget(request.id)

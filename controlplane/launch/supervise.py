@@ -86,6 +86,12 @@ async def supervise(sup: Supervisor, stop: asyncio.Event, policy: RestartPolicy)
                 sup.children.append(child)
                 continue
             RESTARTS.labels(child.name.split("-")[0]).inc()
+            if new.name == "controller":
+                # With memory:// state a new controller starts empty.
+                try:
+                    await sup.register_runtimes()
+                except RuntimeError as e:
+                    log.warning("serving runtimes not registered again: %s", e)
             policy.started(new.name, time.monotonic())
             (sup.cfg.run_dir / ENDPOINTS_FILE).write_text(json.dumps(sup.endpoints(), indent=2))
             print(f"{new.name} restarted (pid {new.ready.get('pid')})", flush=True)

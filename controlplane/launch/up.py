@@ -57,6 +57,12 @@ def read_endpoints(run_dir: Path) -> dict[str, Any] | None:
     return data
 
 
+def default_runtimes_dir() -> Path | None:
+    """The repo's examples/runtimes, when this is a checkout that has it."""
+    d = Path(__file__).resolve().parents[2] / "examples" / "runtimes"
+    return d if d.is_dir() else None
+
+
 @dataclass
 class UpConfig:
     """What `galaxy up` starts."""
@@ -96,6 +102,10 @@ class UpConfig:
     #: Bearer tokens on the public API, when TLS is on (RUN_DIR/token holds
     #: the admin's); False serves mutual TLS without tokens (`--auth none`).
     tokens: bool = True
+    #: Serving runtime files (*.yaml) registered through the controller's
+    #: API once it is ready, and again after it restarts (idempotent); None:
+    #: none. Default: the repo's examples/runtimes (the examples' runtime).
+    runtimes: Path | None = field(default_factory=default_runtimes_dir)
 
 
 @dataclass
@@ -117,6 +127,8 @@ class Supervisor:
     def __init__(self, cfg: UpConfig) -> None:
         self.cfg = cfg
         self.children: list[Child] = []
+        #: Names of the serving runtimes registered at start.
+        self.runtimes: list[str] = []
         self.log_dir = cfg.run_dir / "logs"
 
     @property
@@ -252,6 +264,8 @@ class Supervisor:
             ),
         )
         caddr = ctl.ready["address"]
+        # Before anything else starts, so no one can deploy without them.
+        self.runtimes = await self.register_runtimes()
         jobs = []
         for kind, n in (
             ("clustermgr", cfg.clustermgr),
@@ -314,6 +328,8 @@ class Supervisor:
             out["tls_dir"] = str(self.tls_dir)
         if self.token_file is not None:
             out["token_file"] = str(self.token_file)
+        if self.runtimes:
+            out["runtimes"] = self.runtimes
         for c in self.children:
             if c.name == "controller":
                 out["controller"] = c.ready["address"]
@@ -321,6 +337,28 @@ class Supervisor:
                 out.setdefault("gateway", c.ready["address"])
             out["components"].append({"name": c.name, **c.ready, "log": str(c.log_path)})
         return out
+
+    async def register_runtimes(self) -> list[str]:
+        """Register cfg.runtimes through the controller's API (PutRuntime:
+        an unchanged runtime writes nothing); their names. RuntimeError
+        naming the file on a bad one."""
+        if self.cfg.runtimes is None:
+            return []
+        from controlplane.runtime import runtimefiles
+        from controlplane.runtime.errors import GalaxyError
+        from controlplane.sdk.client import GalaxyClient
+
+        try:
+            runtimes = runtimefiles.load_dir(self.cfg.runtimes)
+            async with GalaxyClient(
+                self.endpoints()["controller"],
+                timeout=10.0,
+                tls=self.client_tls(),
+                token=self.client_token(),
+            ) as c:
+                return [(await c.put_runtime(rt)).name for rt in runtimes]
+        except GalaxyError as e:
+            raise RuntimeError(f"runtimes in {self.cfg.runtimes}: {e.message}") from None
 
     async def wait_nodes_registered(self, timeout_s: float = 60.0, count: int | None = None) -> int:
         """Wait until ClusterMgr reports count nodes alive (default: every
@@ -424,6 +462,9 @@ def print_endpoints(endpoints: dict[str, Any], nodes_alive: int, out: Any = sys.
         auth = f'-H "Authorization: Bearer $(cat {endpoints["token_file"]})" '
     if endpoints.get("gateway"):
         print(f"Gateway: http://{endpoints['gateway']}", file=out)
+    if endpoints.get("runtimes"):
+        names = ", ".join(endpoints["runtimes"])
+        print(f"Serving runtimes: {names} (`galaxy runtimes list`)", file=out)
     print("Try: galaxy deploy -f examples/echo.yaml && galaxy invoke echo --data hello", file=out)
     if endpoints.get("gateway"):
         print(f"     curl {auth}http://{endpoints['gateway']}/functions/echo -d hi", file=out)

@@ -1,6 +1,11 @@
 """Function specs: YAML -> FunctionSpec proto, and validation with messages
 that name the offending field. Used by the CLI (before sending) and by the
 controller (authoritative: it never stores an invalid spec).
+
+A spec names a serving runtime and gives an artifact and args; the command
+is the runtime's (``servingruntime``), so a YAML spec has no ``command`` or
+``workdir``. Fields a spec leaves out stay 0 here, so that the runtime's
+defaults and then the cluster's (``with_defaults``) apply on the controller.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from controlplane.runtime import validation
+from controlplane.runtime import servingruntime, validation
 from controlplane.runtime.errors import InvalidArgument
 from controlplane.runtime.validation import NAME_RE, key, short
 from galaxy.v1 import common_pb2
@@ -27,8 +32,9 @@ MAX_STARTUP_TIMEOUT_MS = validation.STARTUP_TIMEOUT_MS_MAX
 
 _TOP_FIELDS = {
     "name",
-    "command",
-    "workdir",
+    "runtime",
+    "artifact",
+    "args",
     "env",
     "resources",
     "concurrency",
@@ -46,7 +52,10 @@ _AUTOSCALING_FIELDS = _AUTOSCALING_INT | _AUTOSCALING_FLOAT | {"keepalive"}
 
 
 def _int(doc: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int) -> int:
-    v = doc.get(key, default)
+    """doc[key] within [lo, hi]; default (unchecked: 0 means "unset") when absent."""
+    if key not in doc:
+        return default
+    v = doc[key]
     if isinstance(v, bool) or not isinstance(v, int):
         raise InvalidArgument(f"{path}: must be an integer, got {short(v)}")
     if not lo <= v <= hi:
@@ -54,15 +63,28 @@ def _int(doc: dict[str, Any], key: str, path: str, default: int, lo: int, hi: in
     return v
 
 
+def _strings(doc: dict[str, Any], key: str, example: str) -> list[str]:
+    v = doc.get(key, []) or []
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise InvalidArgument(f"{key}: must be a list of strings, e.g. {example}")
+    return v
+
+
 def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec:
     """Build a FunctionSpec from a parsed YAML/JSON document.
 
-    base_dir resolves a relative ``workdir`` (the spec file's directory), so
-    specs in the repo work from any current directory.
+    base_dir resolves a relative ``artifact`` path (the spec file's
+    directory), so specs in the repo work from any current directory.
     Raises InvalidArgument naming the field on any problem.
     """
     if not isinstance(doc, dict):
-        raise InvalidArgument("spec: must be a mapping with at least 'name' and 'command'")
+        raise InvalidArgument("spec: must be a mapping with at least 'name' and 'runtime'")
+    for field in ("command", "workdir"):
+        if field in doc:
+            raise InvalidArgument(
+                f"{field}: set by the runtime; name a runtime instead "
+                '(`galaxy runtimes list`; docs/security.md, "Serving runtimes")'
+            )
     unknown = sorted((str(k) for k in set(doc) - _TOP_FIELDS), key=str)
     if unknown:
         raise InvalidArgument(
@@ -73,18 +95,17 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
     if not isinstance(name, str):
         raise InvalidArgument("name: required string")
     spec.name = name
-    command = doc.get("command")
-    if isinstance(command, str):
-        raise InvalidArgument("command: must be a list of strings, e.g. [python3, server.py]")
-    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
-        raise InvalidArgument("command: required list of strings")
-    spec.command.extend(command)
-    workdir = doc.get("workdir", "")
-    if not isinstance(workdir, str):
-        raise InvalidArgument("workdir: must be a string path")
-    if workdir and not os.path.isabs(workdir) and base_dir is not None:
-        workdir = str((base_dir / workdir).resolve())
-    spec.workdir = workdir
+    runtime = doc.get("runtime")
+    if not isinstance(runtime, str):
+        raise InvalidArgument("runtime: required string, the name of a serving runtime")
+    spec.runtime = runtime
+    artifact = doc.get("artifact", "")
+    if not isinstance(artifact, str):
+        raise InvalidArgument("artifact: must be a string (a path or a URI)")
+    if artifact and base_dir is not None and not _absolute_or_uri(artifact):
+        artifact = str((base_dir / artifact).resolve())
+    spec.artifact = artifact
+    spec.args.extend(_strings(doc, "args", "[--model-name=m]"))
     env = doc.get("env", {}) or {}
     if not isinstance(env, dict):
         raise InvalidArgument("env: must be a mapping of NAME: value")
@@ -92,24 +113,9 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
         if not isinstance(k, str) or not isinstance(v, str | int | float):
             raise InvalidArgument(f"env.{key(k)}: keys and values must be strings")
         spec.env[k] = str(v)
-    res = doc.get("resources", {}) or {}
-    if not isinstance(res, dict):
-        raise InvalidArgument("resources: must be a mapping (cpu_millis, memory_mib, gpus)")
-    bad = sorted(str(k) for k in set(res) - _RES_FIELDS)
-    if bad:
-        raise InvalidArgument(
-            f"resources.{key(bad[0])}: unknown field (allowed: cpu_millis, memory_mib, gpus)"
-        )
-    spec.resources.cpu_millis = _int(
-        res, "cpu_millis", "resources.cpu_millis", DEFAULT_CPU_MILLIS, 0, validation.CPU_MILLIS_MAX
-    )
-    spec.resources.memory_mib = _int(
-        res, "memory_mib", "resources.memory_mib", DEFAULT_MEMORY_MIB, 0, validation.MEMORY_MIB_MAX
-    )
-    spec.resources.gpus = _int(res, "gpus", "resources.gpus", 0, 0, validation.GPUS_MAX)
-    spec.concurrency = _int(
-        doc, "concurrency", "concurrency", DEFAULT_CONCURRENCY, 1, validation.CONCURRENCY_MAX
-    )
+    if doc.get("resources") is not None:  # left out: the runtime's, else the cluster's
+        _resources(doc["resources"], spec.resources)
+    spec.concurrency = _int(doc, "concurrency", "concurrency", 0, 1, validation.CONCURRENCY_MAX)
     spec.min_scale = _int(doc, "min_scale", "min_scale", 0, 0, validation.SCALE_MAX)
     spec.max_scale = _int(doc, "max_scale", "max_scale", DEFAULT_MAX_SCALE, 1, validation.SCALE_MAX)
     rp = doc.get("readiness_path", "")
@@ -117,19 +123,37 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
         raise InvalidArgument("readiness_path: must be a string like /healthz")
     spec.readiness_path = rp
     spec.startup_timeout_ms = _int(
-        doc,
-        "startup_timeout_ms",
-        "startup_timeout_ms",
-        DEFAULT_STARTUP_TIMEOUT_MS,
-        1,
-        MAX_STARTUP_TIMEOUT_MS,
+        doc, "startup_timeout_ms", "startup_timeout_ms", 0, 1, MAX_STARTUP_TIMEOUT_MS
     )
     spec.request_timeout_ms = _int(
         doc, "request_timeout_ms", "request_timeout_ms", 0, 0, validation.REQUEST_TIMEOUT_MS_MAX
     )
     _autoscaling(doc.get("autoscaling") or {}, spec.autoscaling)
-    validate(spec)
+    servingruntime.check_request(spec)
     return spec
+
+
+def _absolute_or_uri(artifact: str) -> bool:
+    return os.path.isabs(artifact) or "://" in artifact
+
+
+def _resources(res: Any, out: common_pb2.Resources) -> None:
+    """A resources block: keys left out get the cluster's defaults (as before
+    runtimes: a block is taken as the whole request)."""
+    if not isinstance(res, dict):
+        raise InvalidArgument("resources: must be a mapping (cpu_millis, memory_mib, gpus)")
+    bad = sorted(str(k) for k in set(res) - _RES_FIELDS)
+    if bad:
+        raise InvalidArgument(
+            f"resources.{key(bad[0])}: unknown field (allowed: cpu_millis, memory_mib, gpus)"
+        )
+    out.cpu_millis = _int(
+        res, "cpu_millis", "resources.cpu_millis", DEFAULT_CPU_MILLIS, 0, validation.CPU_MILLIS_MAX
+    )
+    out.memory_mib = _int(
+        res, "memory_mib", "resources.memory_mib", DEFAULT_MEMORY_MIB, 0, validation.MEMORY_MIB_MAX
+    )
+    out.gpus = _int(res, "gpus", "resources.gpus", 0, 0, validation.GPUS_MAX)
 
 
 def _autoscaling(doc: Any, out: common_pb2.AutoscalingSpec) -> None:
@@ -170,8 +194,9 @@ def load_file(path: str | Path) -> common_pb2.FunctionSpec:
 
 
 def validate(spec: common_pb2.FunctionSpec) -> None:
-    """Check a spec (from YAML or straight from the gRPC API); the rules are
-    those of ``validation.check_spec``.
+    """Check a resolved spec (with its runtime's command: what the
+    controller stores); the rules are those of ``validation.check_spec``. A
+    developer's spec is checked by ``servingruntime.check_request``.
 
     Zero values from proto3 mean "unset" only where a default is safe
     (concurrency, max_scale, startup_timeout_ms are filled by ``with_defaults``).

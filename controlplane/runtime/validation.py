@@ -132,7 +132,8 @@ def check_range(field: str, value: int, lo: int, hi: int) -> int:
     return value
 
 
-def _check_text(field: str, value: str, max_bytes: int) -> None:
+def check_text(field: str, value: str, max_bytes: int) -> None:
+    """At most max_bytes of UTF-8 and no NUL, or InvalidArgument naming field."""
     n = len(value.encode())
     if n > max_bytes:
         raise InvalidArgument(f"{field}: at most {max_bytes} bytes, got {n}")
@@ -141,12 +142,15 @@ def _check_text(field: str, value: str, max_bytes: int) -> None:
         raise InvalidArgument(f"{field}: must not contain NUL characters")
 
 
-def check_spec(spec: common_pb2.FunctionSpec) -> None:
+def check_spec(spec: common_pb2.FunctionSpec, *, resolved: bool = True) -> None:
     """Every rule for a FunctionSpec, from YAML or straight from the API.
 
-    Zero values of concurrency, max_scale and startup_timeout_ms mean "the
-    default" (``spec.with_defaults`` fills them in). Counts are checked before
-    the elements they count, so the work done is bounded by the limits.
+    resolved=False checks a developer's spec before its serving runtime is
+    applied: it has no command yet (``servingruntime.check_request`` checks
+    the fields that only such a spec has). Zero values of concurrency,
+    max_scale and startup_timeout_ms mean "the default" (``spec.with_defaults``
+    fills them in). Counts are checked before the elements they count, so the
+    work done is bounded by the limits.
     """
     check_name("name", spec.name)
     if spec.namespace:
@@ -160,26 +164,16 @@ def check_spec(spec: common_pb2.FunctionSpec) -> None:
         raise InvalidArgument(
             f"name: must not end in '-' and five digits (revision names do), got {short(spec.name)}"
         )
-    if not spec.command:
-        raise InvalidArgument("command: required (the program and its arguments)")
-    if len(spec.command) > MAX_COMMAND_ARGS:
-        raise InvalidArgument(
-            f"command: at most {MAX_COMMAND_ARGS} arguments, got {len(spec.command)}"
-        )
-    if not spec.command[0]:
-        raise InvalidArgument("command[0]: must not be empty")
-    for i, arg in enumerate(spec.command):
-        _check_text(f"command[{i}]", arg, MAX_ARG_BYTES)
-    _check_text("workdir", spec.workdir, MAX_PATH_BYTES)
-    if spec.workdir and not os.path.isabs(spec.workdir):
-        raise InvalidArgument(f"workdir: must be an absolute path, got {short(spec.workdir)}")
+    if resolved:
+        check_command("command", spec.command)
+        check_workdir("workdir", spec.workdir)
     if len(spec.env) > MAX_ENV_ENTRIES:
         raise InvalidArgument(f"env: at most {MAX_ENV_ENTRIES} entries, got {len(spec.env)}")
     for k in sorted(spec.env):
-        _check_text(f"env key {key(k)}", k, MAX_ENV_KEY_BYTES)
+        check_text(f"env key {key(k)}", k, MAX_ENV_KEY_BYTES)
         if not _ENV_KEY_RE.match(k):
             raise InvalidArgument(f"env key {key(k)}: must be non-empty and contain no '='")
-        _check_text(f"env.{key(k)}", spec.env[k], MAX_ENV_VALUE_BYTES)
+        check_text(f"env.{key(k)}", spec.env[k], MAX_ENV_VALUE_BYTES)
     r = spec.resources
     check_range("resources.cpu_millis", r.cpu_millis, 0, CPU_MILLIS_MAX)
     check_range("resources.memory_mib", r.memory_mib, 0, MEMORY_MIB_MAX)
@@ -191,7 +185,7 @@ def check_spec(spec: common_pb2.FunctionSpec) -> None:
         raise InvalidArgument(
             f"min_scale: {spec.min_scale} is larger than max_scale {spec.max_scale}"
         )
-    _check_text("readiness_path", spec.readiness_path, MAX_PATH_BYTES)
+    check_text("readiness_path", spec.readiness_path, MAX_PATH_BYTES)
     if spec.readiness_path and not spec.readiness_path.startswith("/"):
         raise InvalidArgument(
             f"readiness_path: must start with '/', got {short(spec.readiness_path)}"
@@ -203,6 +197,26 @@ def check_spec(spec: common_pb2.FunctionSpec) -> None:
     size = spec.ByteSize()
     if size > MAX_SPEC_BYTES:
         raise InvalidArgument(f"function: spec is {size} bytes, at most {MAX_SPEC_BYTES} allowed")
+
+
+def check_command(field: str, command: Any) -> None:
+    """A process's argv: 1-MAX_COMMAND_ARGS bounded elements, the first
+    non-empty, no NUL."""
+    if not command:
+        raise InvalidArgument(f"{field}: required (the program and its arguments)")
+    if len(command) > MAX_COMMAND_ARGS:
+        raise InvalidArgument(f"{field}: at most {MAX_COMMAND_ARGS} arguments, got {len(command)}")
+    if not command[0]:
+        raise InvalidArgument(f"{field}[0]: must not be empty")
+    for i, arg in enumerate(command):
+        check_text(f"{field}[{i}]", arg, MAX_ARG_BYTES)
+
+
+def check_workdir(field: str, workdir: str) -> None:
+    """ "" or a bounded absolute path."""
+    check_text(field, workdir, MAX_PATH_BYTES)
+    if workdir and not os.path.isabs(workdir):
+        raise InvalidArgument(f"{field}: must be an absolute path, got {short(workdir)}")
 
 
 def _check_fraction(field: str, value: float, lo: float, hi: float) -> None:

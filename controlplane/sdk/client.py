@@ -126,7 +126,9 @@ class GalaxyClient:
     # -- admin ------------------------------------------------------------
 
     async def deploy(self, spec: common_pb2.FunctionSpec) -> common_pb2.FunctionSpec:
-        """Deploy (or replace) a function; durable when this returns."""
+        """Deploy (or replace) a function; durable when this returns. The
+        spec names a registered runtime (``put_runtime``) and sets no
+        command; the answer is the stored spec, with the resolved command."""
         return await self._ctl(
             "DeployFunction", controller_pb2.DeployFunctionRequest(function=spec)
         )  # type: ignore[no-any-return]
@@ -170,6 +172,25 @@ class GalaxyClient:
     async def delete_function(self, name: str) -> None:
         """Delete a function and its instances."""
         await self._ctl("DeleteFunction", controller_pb2.DeleteFunctionRequest(name=name))
+
+    async def put_runtime(self, runtime: common_pb2.ServingRuntime) -> common_pb2.ServingRuntime:
+        """Register or replace a serving runtime (idempotent); durable when
+        this returns. Deployed functions keep their command until redeployed."""
+        req = controller_pb2.PutRuntimeRequest(runtime=runtime)
+        return await self._ctl("PutRuntime", req)  # type: ignore[no-any-return]
+
+    async def get_runtime(self, name: str) -> common_pb2.ServingRuntime:
+        """A serving runtime (NOT_FOUND if none)."""
+        return await self._ctl("GetRuntime", controller_pb2.GetRuntimeRequest(name=name))  # type: ignore[no-any-return]
+
+    async def list_runtimes(self) -> list[common_pb2.ServingRuntime]:
+        """Every serving runtime, by name."""
+        r = await self._ctl("ListRuntimes", controller_pb2.ListRuntimesRequest())
+        return list(r.runtimes)
+
+    async def delete_runtime(self, name: str) -> None:
+        """Delete a serving runtime (FAILED_PRECONDITION while a function uses it)."""
+        await self._ctl("DeleteRuntime", controller_pb2.DeleteRuntimeRequest(name=name))
 
     async def status(self) -> controller_pb2.ClusterStatus:
         """Control instances, nodes, functions and instances."""

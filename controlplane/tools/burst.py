@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.runtime import validation
+from controlplane.runtime import servingruntime, validation
 from controlplane.runtime.tls import TlsConfig
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
@@ -70,7 +70,7 @@ def spec(name: str) -> common_pb2.FunctionSpec:
     """A tiny emulated function: one request per instance, room for many."""
     return common_pb2.FunctionSpec(
         name=name,
-        command=["emulated"],
+        runtime=servingruntime.emulated().name,
         concurrency=1,
         # The cluster's default bound (controller --max-instances-per-function).
         max_scale=validation.MAX_INSTANCES_PER_FUNCTION_DEFAULT,
@@ -89,18 +89,21 @@ async def burst(
     settle: Any = None,
     tail_rate: float = 0.0,
     tls: TlsConfig | None = None,
+    token: str | None = None,
 ) -> BurstResult:
     """Run the burst and sample the status; see the module docstring.
 
     settle(result) -> bool, if given, ends the tail early once true.
     tail_rate: cold starts per second kept up after the burst (so instances
     are drained and removed while requests still flow). tls: the client
-    certificate when the control plane serves mutual TLS.
+    certificate when the control plane serves mutual TLS; token: the bearer
+    token when it checks tokens.
     """
     res = BurstResult(burst_s=burst_s)
     names = [f"burst-{i}" for i in range(functions)]
     loop = asyncio.get_running_loop()
-    async with GalaxyClient(controller, timeout=30, tls=tls) as c:
+    async with GalaxyClient(controller, timeout=30, tls=tls, token=token) as c:
+        await c.put_runtime(servingruntime.emulated())
         for n in names:
             await c.deploy(spec(n))
         await c.refresh_membership()

@@ -30,6 +30,7 @@ from controlplane.controller.capacities import (  # noqa: F401 (re-exported)
     calibrated_capacities,
     default_path,
 )
+from controlplane.runtime import servingruntime
 
 
 async def closed_loop(
@@ -93,9 +94,14 @@ async def _measure(
 
             out["schedule"] = await closed_loop(place, concurrency, warmup, dur)
         # Dispatch: warm dispatch + release against one instance with room.
+        await c.put_runtime(servingruntime.emulated())
         await c.deploy(
             common_pb2.FunctionSpec(
-                name="calib-df", command=["x"], resources=res, concurrency=100_000, max_scale=1
+                name="calib-df",
+                runtime="emulated",
+                resources=res,
+                concurrency=100_000,
+                max_scale=1,
             )
         )
         await c.release(await c.dispatch("calib-df"))  # cold-start it once

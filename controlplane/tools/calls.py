@@ -11,13 +11,26 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from controlplane.runtime import servingruntime
 from controlplane.runtime import spec as specs
+from controlplane.runtime.errors import InvalidArgument, NotFound
+from controlplane.runtime.validation import short
 from controlplane.tools.common import connect
 
 
 async def cmd_deploy(args: argparse.Namespace) -> int:
     spec = specs.load_file(args.file)
     async with connect(args) as c:
+        try:
+            rt = await c.get_runtime(spec.runtime)
+        except NotFound:
+            raise InvalidArgument(
+                f"runtime: no runtime {short(spec.runtime)} is registered "
+                "(see `galaxy runtimes list`)"
+            ) from None
+        # The controller's rules, checked here first for an earlier error;
+        # the controller resolves the spec again (the runtime may change).
+        servingruntime.resolve(spec, rt)
         stored = await c.deploy(spec)
     print(f"deployed {stored.name} (revision {stored.revision}, version {stored.version})")
     return 0

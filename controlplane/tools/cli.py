@@ -1,7 +1,8 @@
 """The `galaxy` command line.
 
 galaxy up                      run a control plane here (Ctrl-C stops it)
-galaxy deploy -f SPEC.yaml     deploy a function
+galaxy runtimes apply -f FILE  register a serving runtime (what functions may run)
+galaxy deploy -f SPEC.yaml     deploy a function (naming a runtime)
 galaxy invoke NAME --data X    call it (cold-starts an instance if needed)
 galaxy status                  control instances, nodes, functions, instances
 galaxy functions | delete NAME
@@ -30,6 +31,7 @@ from controlplane.launch.up import (
     Supervisor,
     UpConfig,
     default_run_dir,
+    default_runtimes_dir,
     print_endpoints,
     read_endpoints,
 )
@@ -48,6 +50,7 @@ from controlplane.tools.certs_cmd import add_subparser as add_certs_subparser
 from controlplane.tools.chaos import add_subparser as add_chaos_subparser
 from controlplane.tools.common import CliError, find_controller  # noqa: F401 (re-exported)
 from controlplane.tools.revisions_cmd import add_subparsers as add_revision_subparsers
+from controlplane.tools.runtimes_cmd import add_subparser as add_runtimes_subparser
 from controlplane.tools.store_cmd import add_subparser as add_store_subparser
 from controlplane.tools.tokens_cmd import add_subparser as add_tokens_subparser
 from simulator.cli import add_subparser as add_simulator_subparser
@@ -96,6 +99,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         gateway_port=args.gateway_port,
         tls=not args.insecure,
         tokens=args.auth == "tokens",
+        runtimes=Path(args.runtimes) if args.runtimes else None,
     )
     if read_endpoints(cfg.run_dir):
         raise CliError(
@@ -236,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulator_subparser(sub)
     add_store_subparser(sub)
     add_revision_subparsers(sub)
+    add_runtimes_subparser(sub)
     add_certs_subparser(sub)
     add_chaos_subparser(sub)
     add_tokens_subparser(sub)
@@ -279,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8080,
         help="HTTP port of the gateway (default 8080; 0: any free port; -1: no gateway)",
+    )
+    up.add_argument(
+        "--runtimes",
+        default=str(default_runtimes_dir() or ""),
+        help="register the serving runtime files (*.yaml) of this directory at start "
+        "(default: the repo's examples/runtimes; '' = none)",
     )
     up.add_argument(
         "--no-connection-cache", action="store_true", help="ablation: a new gRPC channel per call"

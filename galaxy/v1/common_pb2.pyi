@@ -31,7 +31,7 @@ class Resources(_message.Message):
     def __init__(self, cpu_millis: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class FunctionSpec(_message.Message):
-    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "namespace")
+    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "runtime", "artifact", "args", "namespace")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,9 @@ class FunctionSpec(_message.Message):
     AUTOSCALING_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     TRAFFIC_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -70,8 +73,11 @@ class FunctionSpec(_message.Message):
     autoscaling: AutoscalingSpec
     revision: int
     traffic: _containers.RepeatedCompositeFieldContainer[TrafficTarget]
+    runtime: str
+    artifact: str
+    args: _containers.RepeatedScalarFieldContainer[str]
     namespace: str
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ..., revision: _Optional[int] = ..., traffic: _Optional[_Iterable[_Union[TrafficTarget, _Mapping]]] = ..., namespace: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ..., revision: _Optional[int] = ..., traffic: _Optional[_Iterable[_Union[TrafficTarget, _Mapping]]] = ..., runtime: _Optional[str] = ..., artifact: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ...) -> None: ...
 
 class TrafficTarget(_message.Message):
     __slots__ = ("revision", "percent", "tag")
@@ -188,3 +194,44 @@ class CoordinateReply(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class ServingRuntime(_message.Message):
+    __slots__ = ("name", "command", "description", "workdir", "artifact", "allowed_args", "max_args", "allowed_env", "resources", "readiness_path", "startup_timeout_ms", "concurrency", "version")
+    class ArtifactRules(_message.Message):
+        __slots__ = ("required", "prefixes", "suffixes", "max_length")
+        REQUIRED_FIELD_NUMBER: _ClassVar[int]
+        PREFIXES_FIELD_NUMBER: _ClassVar[int]
+        SUFFIXES_FIELD_NUMBER: _ClassVar[int]
+        MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
+        required: bool
+        prefixes: _containers.RepeatedScalarFieldContainer[str]
+        suffixes: _containers.RepeatedScalarFieldContainer[str]
+        max_length: int
+        def __init__(self, required: _Optional[bool] = ..., prefixes: _Optional[_Iterable[str]] = ..., suffixes: _Optional[_Iterable[str]] = ..., max_length: _Optional[int] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_ARGS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ARGS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_ENV_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    READINESS_PATH_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    description: str
+    workdir: str
+    artifact: ServingRuntime.ArtifactRules
+    allowed_args: _containers.RepeatedScalarFieldContainer[str]
+    max_args: int
+    allowed_env: _containers.RepeatedScalarFieldContainer[str]
+    resources: Resources
+    readiness_path: str
+    startup_timeout_ms: int
+    concurrency: int
+    version: int
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., workdir: _Optional[str] = ..., artifact: _Optional[_Union[ServingRuntime.ArtifactRules, _Mapping]] = ..., allowed_args: _Optional[_Iterable[str]] = ..., max_args: _Optional[int] = ..., allowed_env: _Optional[_Iterable[str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., concurrency: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...

@@ -267,3 +267,35 @@ class ControllerInfo(_message.Message):
     autoscale: bool
     actuator: str
     def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., term: _Optional[int] = ..., autoscale: _Optional[bool] = ..., actuator: _Optional[str] = ...) -> None: ...
+
+class PutRuntimeRequest(_message.Message):
+    __slots__ = ("runtime",)
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    runtime: _common_pb2.ServingRuntime
+    def __init__(self, runtime: _Optional[_Union[_common_pb2.ServingRuntime, _Mapping]] = ...) -> None: ...
+
+class GetRuntimeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListRuntimesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListRuntimesReply(_message.Message):
+    __slots__ = ("runtimes",)
+    RUNTIMES_FIELD_NUMBER: _ClassVar[int]
+    runtimes: _containers.RepeatedCompositeFieldContainer[_common_pb2.ServingRuntime]
+    def __init__(self, runtimes: _Optional[_Iterable[_Union[_common_pb2.ServingRuntime, _Mapping]]] = ...) -> None: ...
+
+class DeleteRuntimeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteRuntimeReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

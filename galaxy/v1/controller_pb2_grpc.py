@@ -115,6 +115,26 @@ class ControllerStub:
                 request_serializer=galaxy_dot_v1_dot_controller__pb2.GetClusterStatusRequest.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_controller__pb2.ClusterStatus.FromString,
                 _registered_method=True)
+        self.PutRuntime = channel.unary_unary(
+                '/galaxy.v1.Controller/PutRuntime',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.PutRuntimeRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_common__pb2.ServingRuntime.FromString,
+                _registered_method=True)
+        self.GetRuntime = channel.unary_unary(
+                '/galaxy.v1.Controller/GetRuntime',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.GetRuntimeRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_common__pb2.ServingRuntime.FromString,
+                _registered_method=True)
+        self.ListRuntimes = channel.unary_unary(
+                '/galaxy.v1.Controller/ListRuntimes',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.ListRuntimesRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.ListRuntimesReply.FromString,
+                _registered_method=True)
+        self.DeleteRuntime = channel.unary_unary(
+                '/galaxy.v1.Controller/DeleteRuntime',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeReply.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -246,6 +266,37 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutRuntime(self, request, context):
+        """Serving runtimes (docs/security.md, "Serving runtimes"): the only
+        source of the commands node agents run. Registers or replaces one;
+        durable when it answers. Replacing a runtime does not change deployed
+        functions (their resolved command stays until they are deployed again).
+        Errors: INVALID_ARGUMENT naming the bad field, RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRuntime(self, request, context):
+        """Errors: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRuntimes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRuntime(self, request, context):
+        """Errors: NOT_FOUND; FAILED_PRECONDITION while a function uses it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -328,6 +379,26 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetClusterStatus,
                     request_deserializer=galaxy_dot_v1_dot_controller__pb2.GetClusterStatusRequest.FromString,
                     response_serializer=galaxy_dot_v1_dot_controller__pb2.ClusterStatus.SerializeToString,
+            ),
+            'PutRuntime': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutRuntime,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.PutRuntimeRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_common__pb2.ServingRuntime.SerializeToString,
+            ),
+            'GetRuntime': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRuntime,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.GetRuntimeRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_common__pb2.ServingRuntime.SerializeToString,
+            ),
+            'ListRuntimes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuntimes,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.ListRuntimesRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.ListRuntimesReply.SerializeToString,
+            ),
+            'DeleteRuntime': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRuntime,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -762,6 +833,114 @@ class Controller:
             '/galaxy.v1.Controller/GetClusterStatus',
             galaxy_dot_v1_dot_controller__pb2.GetClusterStatusRequest.SerializeToString,
             galaxy_dot_v1_dot_controller__pb2.ClusterStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutRuntime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/PutRuntime',
+            galaxy_dot_v1_dot_controller__pb2.PutRuntimeRequest.SerializeToString,
+            galaxy_dot_v1_dot_common__pb2.ServingRuntime.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRuntime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/GetRuntime',
+            galaxy_dot_v1_dot_controller__pb2.GetRuntimeRequest.SerializeToString,
+            galaxy_dot_v1_dot_common__pb2.ServingRuntime.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuntimes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/ListRuntimes',
+            galaxy_dot_v1_dot_controller__pb2.ListRuntimesRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.ListRuntimesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRuntime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/DeleteRuntime',
+            galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -84,7 +84,7 @@ def test_workload_cold_requests_hold_their_lease_and_warm_ones_release():
     assert 60 < len(cold) < 140  # ~25% of 400, seeded
     names = [f.name for f in wl.functions]
     assert len(names) == n_warm + 10 and len(set(names)) == len(names)
-    assert all(f.command and f.concurrency for f in wl.functions)
+    assert all(f.runtime == "emulated" and f.concurrency for f in wl.functions)
     # Every function used is primed once, cold ones keep the lease.
     assert sorted(f for f, _ in wl.prime) == list(range(len(names)))
     times = [t for t, _, _ in wl.requests]

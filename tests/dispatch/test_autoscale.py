@@ -9,6 +9,7 @@ import pytest
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 from tests.cluster import InProcessCluster, eventually, eventually_async
+from tests.runtimes import deploy
 
 FAST = ("--autoscale-tick-ms", "50", "--stable-window-s", "0.5", "--scale-to-zero-grace-s", "0.3")
 
@@ -43,7 +44,7 @@ async def on_nodes(c: GalaxyClient, cluster: InProcessCluster) -> set[str]:
 async def test_idle_function_scales_to_zero_and_cold_starts_again(cluster):
     d0 = cluster.parts["d-0"].component.servicer
     async with GalaxyClient(cluster.controller) as c:
-        await c.deploy(common_pb2.FunctionSpec(name="idle", command=["x"], concurrency=1))
+        await deploy(c, common_pb2.FunctionSpec(name="idle", command=["x"], concurrency=1))
         first = await c.dispatch("idle")
         assert first.cold_start
         assert first.instance_id in await on_nodes(c, cluster)
@@ -64,7 +65,7 @@ async def test_idle_function_scales_to_zero_and_cold_starts_again(cluster):
 async def test_busy_instance_is_never_retired(cluster):
     d0 = cluster.parts["d-0"].component.servicer
     async with GalaxyClient(cluster.controller) as c:
-        await c.deploy(common_pb2.FunctionSpec(name="busy", command=["x"], concurrency=1))
+        await deploy(c, common_pb2.FunctionSpec(name="busy", command=["x"], concurrency=1))
         held = await c.dispatch("busy")
         # Several autoscaler windows pass while the slot is held.
         ticks = d0.autoscaling.settings.tick_s
@@ -82,8 +83,8 @@ async def test_busy_instance_is_never_retired(cluster):
 async def test_min_scale_starts_instances_before_any_request(cluster):
     d0 = cluster.parts["d-0"].component.servicer
     async with GalaxyClient(cluster.controller) as c:
-        await c.deploy(
-            common_pb2.FunctionSpec(name="warm", command=["x"], min_scale=2, max_scale=4)
+        await deploy(
+            c, common_pb2.FunctionSpec(name="warm", command=["x"], min_scale=2, max_scale=4)
         )
         await eventually(
             lambda: d0.routes("warm") and len(d0.router_of("warm").instances) == 2,

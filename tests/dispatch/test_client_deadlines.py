@@ -10,6 +10,7 @@ import grpc
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
 from tests.cluster import InProcessCluster, eventually
+from tests.runtimes import deploy
 
 
 async def _cluster() -> InProcessCluster:
@@ -26,8 +27,8 @@ async def test_timed_out_dispatch_calls_hold_no_slot() -> None:
     c = await _cluster()
     try:
         async with GalaxyClient(c.controller) as client:
-            await client.deploy(
-                common_pb2.FunctionSpec(name="f", command=["x"], concurrency=4, max_scale=1)
+            await deploy(
+                client, common_pb2.FunctionSpec(name="f", command=["x"], concurrency=4, max_scale=1)
             )
             warm = await client.dispatch("f")
             await client.release(warm)
@@ -63,8 +64,9 @@ async def test_timed_out_calls_during_a_cold_start_hold_no_slot() -> None:
     c = await _cluster()
     try:
         async with GalaxyClient(c.controller) as client:
-            await client.deploy(
-                common_pb2.FunctionSpec(name="cold", command=["x"], concurrency=4, max_scale=1)
+            await deploy(
+                client,
+                common_pb2.FunctionSpec(name="cold", command=["x"], concurrency=4, max_scale=1),
             )
             d0 = c.parts["d-0"].address
             async with client.pool.stub(d0, dispatch_pb2_grpc.DispatchStub) as s:
@@ -89,8 +91,8 @@ async def test_the_same_request_id_gets_the_same_lease() -> None:
     c = await _cluster()
     try:
         async with GalaxyClient(c.controller) as client:
-            await client.deploy(
-                common_pb2.FunctionSpec(name="g", command=["x"], concurrency=4, max_scale=1)
+            await deploy(
+                client, common_pb2.FunctionSpec(name="g", command=["x"], concurrency=4, max_scale=1)
             )
             a = await client.dispatch("g", request_id="req-1")
             b = await client.dispatch("g", request_id="req-1")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2
 from tests.cluster import InProcessCluster, eventually
+from tests.runtimes import deploy
 
 
 async def test_instances_on_a_dead_node_stop_being_routed():
@@ -34,14 +35,15 @@ async def test_instances_on_a_dead_node_stop_being_routed():
         await eventually(lambda: len(c.parts["schedule-0"].component.servicer.policy) == 2)
         async with GalaxyClient(c.controller) as client:
             # 1000m nodes, 600m instances: one instance per node.
-            await client.deploy(
+            await deploy(
+                client,
                 common_pb2.FunctionSpec(
                     name="f",
                     command=["x"],
                     concurrency=1,
                     max_scale=2,
                     resources=common_pb2.Resources(cpu_millis=600, memory_mib=64),
-                )
+                ),
             )
             a = await client.dispatch("f")
             b = await client.dispatch("f")

@@ -12,6 +12,7 @@ from controlplane.runtime.errors import ResourceExhausted
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2
 from tests.cluster import eventually, small_cluster
+from tests.runtimes import deploy
 
 
 def _sample(name: str, **labels: str) -> float:
@@ -26,8 +27,8 @@ async def test_queue_full_is_counted_and_waiting_requests_are_shown() -> None:
     )  # fmt: skip
     try:
         async with GalaxyClient(c.controller) as client:
-            await client.deploy(
-                common_pb2.FunctionSpec(name="q", command=["x"], concurrency=1, max_scale=1)
+            await deploy(
+                client, common_pb2.FunctionSpec(name="q", command=["x"], concurrency=1, max_scale=1)
             )
             before = _sample("galaxy_dispatch_rejected_total", reason="queue_full")
             first = asyncio.create_task(client.dispatch("q", deadline_s=20))

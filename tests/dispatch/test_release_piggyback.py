@@ -8,6 +8,7 @@ import pytest
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2
 from tests.cluster import InProcessCluster, eventually
+from tests.runtimes import deploy
 
 
 @pytest.fixture
@@ -28,7 +29,9 @@ async def cluster():
 async def test_deferred_release_frees_the_slot_for_the_next_request(cluster):
     d0 = cluster.parts["d-0"].component.servicer
     async with GalaxyClient(cluster.controller) as c:
-        await c.deploy(common_pb2.FunctionSpec(name="f", command=["x"], concurrency=1, max_scale=3))
+        await deploy(
+            c, common_pb2.FunctionSpec(name="f", command=["x"], concurrency=1, max_scale=3)
+        )
         first = await c.dispatch("f")
         assert await c.release(first, defer=True)
         assert d0.router_of("f").instances[first.instance_id].in_flight == 1  # not yet
@@ -45,7 +48,7 @@ async def test_deferred_release_frees_the_slot_for_the_next_request(cluster):
 async def test_close_sends_deferred_releases(cluster):
     d0 = cluster.parts["d-0"].component.servicer
     c = GalaxyClient(cluster.controller)
-    await c.deploy(common_pb2.FunctionSpec(name="g", command=["x"], concurrency=1))
+    await deploy(c, common_pb2.FunctionSpec(name="g", command=["x"], concurrency=1))
     got = await c.dispatch("g")
     await c.release(got, defer=True)
     await c.close()

@@ -12,6 +12,7 @@ from controlplane.runtime import rendezvous
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
 from tests.cluster import InProcessCluster, eventually
+from tests.runtimes import deploy
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ async def test_new_dispatch_instance_takes_over_its_functions_warm(cluster):
     d0 = cluster.parts["d-0"].component.servicer
     async with GalaxyClient(cluster.controller) as c:
         for n in names:
-            await c.deploy(spec(n))
+            await deploy(c, spec(n))
         await eventually(
             lambda: len(cluster.parts["schedule-0"].component.servicer.policy) == 4,
             what="nodes reach Schedule",
@@ -74,8 +75,8 @@ async def test_new_dispatch_instance_takes_over_its_functions_warm(cluster):
 
 async def test_waiting_request_follows_its_function_to_the_new_owner(cluster):
     async with GalaxyClient(cluster.controller) as c:
-        await c.deploy(
-            common_pb2.FunctionSpec(name="solo", command=["x"], concurrency=1, max_scale=1)
+        await deploy(
+            c, common_pb2.FunctionSpec(name="solo", command=["x"], concurrency=1, max_scale=1)
         )
         await eventually(lambda: len(cluster.parts["schedule-0"].component.servicer.policy) == 4)
         d0 = cluster.parts["d-0"]

@@ -13,6 +13,7 @@ from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.autoscaling.keepalive import FixedKeepAlive, HybridHistogramKeepAlive
 from galaxy.v1 import common_pb2
 from tests.cluster import eventually, small_cluster
+from tests.runtimes import deploy
 
 
 @pytest.fixture
@@ -27,8 +28,8 @@ async def cluster():
 
 async def test_request_timeout_bounds_the_wait_for_a_cold_start(cluster) -> None:
     async with GalaxyClient(cluster.controller) as client:
-        await client.deploy(
-            common_pb2.FunctionSpec(name="slow", command=["x"], request_timeout_ms=300)
+        await deploy(
+            client, common_pb2.FunctionSpec(name="slow", command=["x"], request_timeout_ms=300)
         )
         with pytest.raises(DeadlineExceeded) as e:
             await client.dispatch("slow", deadline_s=15.0)
@@ -47,7 +48,7 @@ async def test_lease_lives_as_long_as_the_request_timeout() -> None:
             spec = common_pb2.FunctionSpec(
                 name="f", command=["x"], concurrency=1, max_scale=1, request_timeout_ms=1500
             )
-            await client.deploy(spec)
+            await deploy(client, spec)
             held = await client.dispatch("f")  # never released: a client that died
             assert held.lease_ttl_ms == 1500
             router = c.parts["d-0"].component.servicer.router_of("f")
@@ -60,7 +61,7 @@ async def test_lease_lives_as_long_as_the_request_timeout() -> None:
             # A redeploy with another timeout (a new revision) applies to new leases,
             # once the new revision has an instance to serve them.
             spec.request_timeout_ms = 0
-            await client.deploy(spec)
+            await deploy(client, spec)
             d0 = c.parts["d-0"].component.servicer
             await eventually(
                 lambda: d0.router_of("f").lease_ttl_s == 300.0 and d0.router_of("f").live_count(),

@@ -11,6 +11,7 @@ from controlplane.runtime.membership import MembershipView
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from tests.cluster import InProcessCluster, eventually
+from tests.runtimes import deploy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -48,7 +49,7 @@ async def test_dispatch_fails_over_from_a_dead_dispatch_instance() -> None:
                 if client.membership.owner(common_pb2.CONTROL_KIND_DISPATCH, f"fn-{i}").id
                 == "d-dead"
             )
-            await client.deploy(common_pb2.FunctionSpec(name=name, command=["x"]))
+            await deploy(client, common_pb2.FunctionSpec(name=name, command=["x"]))
             got = await client.dispatch(name)
             assert got.instance_id and client.failovers >= 1
             assert "d-dead" not in client.membership.ids(common_pb2.CONTROL_KIND_DISPATCH)
@@ -98,7 +99,7 @@ async def test_invoke_replaces_an_instance_that_cannot_be_reached() -> None:
                 concurrency=1,
                 max_scale=3,
             )
-            await client.deploy(spec)
+            await deploy(client, spec)
             first = await client.invoke("echo", b"hi")
             assert first.status == 200
             # Make the warm instance unreachable as seen by Dispatch: its

@@ -8,6 +8,7 @@ import socket
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from tests.cluster import InProcessCluster, eventually
+from tests.runtimes import deploy
 
 SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
 
@@ -42,7 +43,7 @@ async def test_scale_up_spills_past_an_unreachable_schedule_instance() -> None:
                 for i in range(1000)
                 if dispatch.membership.ranked(SCHEDULE, f"fn-{i}")[0].id == "s-dead"
             )
-            await client.deploy(common_pb2.FunctionSpec(name=name, command=["x"]))
+            await deploy(client, common_pb2.FunctionSpec(name=name, command=["x"]))
             got = await client.dispatch(name, deadline_s=10.0)
             assert got.cold_start and got.instance_id
             await client.release(got)

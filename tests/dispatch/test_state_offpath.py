@@ -14,6 +14,7 @@ from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 from statestore import open_store
 from tests.cluster import InProcessCluster, eventually
 from tests.etcd_server import EtcdServer, require_etcd
+from tests.runtimes import deploy
 
 pytestmark = pytest.mark.etcd
 
@@ -59,7 +60,7 @@ async def test_cold_starts_while_etcd_is_down_then_records_land(etcd):
         async with GalaxyClient(cluster.controller) as c:
             names = [f"f-{i}" for i in range(5)]
             for n in names:
-                await c.deploy(common_pb2.FunctionSpec(name=n, command=["x"]))
+                await deploy(c, common_pb2.FunctionSpec(name=n, command=["x"]))
             await asyncio.to_thread(etcd.stop)
             got = [await c.dispatch(n) for n in names]  # cold starts, etcd down
             assert all(a.cold_start for a in got)
@@ -67,7 +68,7 @@ async def test_cold_starts_while_etcd_is_down_then_records_land(etcd):
             assert warm.instance_id == got[0].instance_id or warm.cold_start
             # Deploying is durable, so it must fail clearly while etcd is down.
             with pytest.raises(Exception, match=r"state store unavailable"):
-                await c.deploy(common_pb2.FunctionSpec(name="late", command=["x"]))
+                await deploy(c, common_pb2.FunctionSpec(name="late", command=["x"]))
             await asyncio.to_thread(etcd.start)
             for part in ("d-0", "clustermgr-0"):
                 writer = cluster.parts[part].component.recorder.writer
@@ -83,8 +84,8 @@ async def test_restarted_dispatch_rebuilds_its_view_warm(etcd):
     cluster = await start_cluster(etcd.url)
     try:
         async with GalaxyClient(cluster.controller) as c:
-            await c.deploy(common_pb2.FunctionSpec(name="keep", command=["x"], concurrency=2))
-            await c.deploy(common_pb2.FunctionSpec(name="gone", command=["x"]))
+            await deploy(c, common_pb2.FunctionSpec(name="keep", command=["x"], concurrency=2))
+            await deploy(c, common_pb2.FunctionSpec(name="gone", command=["x"]))
             first = await c.dispatch("keep")
             await c.release(first)
             lost = await c.dispatch("gone")

@@ -12,6 +12,7 @@ from controlplane.runtime import rendezvous
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from tests.cluster import small_cluster
+from tests.runtimes import deploy
 
 D = common_pb2.CONTROL_KIND_DISPATCH
 
@@ -39,7 +40,7 @@ async def test_dead_owner_is_removed_on_report_and_its_function_served(caplog) -
         async with GalaxyClient(c.controller, timeout=20) as client:
             async with client.pool.stub(c.controller, controller_pb2_grpc.ControllerStub) as s:
                 await s.RegisterInstance(ghost)
-            await client.deploy(common_pb2.FunctionSpec(name=name, command=["x"]))
+            await deploy(client, common_pb2.FunctionSpec(name=name, command=["x"]))
             got = await client.dispatch(name, deadline_s=20)
             await client.release(got)
             assert got.function.startswith(name)

@@ -15,6 +15,7 @@ from controlplane.gateway.proxy import Proxy
 from controlplane.runtime import spec as specs
 from controlplane.sdk.client import GalaxyClient
 from tests.cluster import InProcessCluster
+from tests.runtimes import python_runtime
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -45,6 +46,7 @@ async def gw() -> AsyncIterator[Gateway]:
             GatewayConfig(request_timeout_s=30.0), c.controller, "127.0.0.1", 0
         )
         client = GalaxyClient(c.controller)
+        await client.put_runtime(python_runtime())  # what `galaxy up` registers
         for f in ("echo.yaml", "stream.yaml"):
             await client.deploy(specs.load_file(str(EXAMPLES / f)))
         yield Gateway(c, address, proxy, client)

@@ -33,7 +33,7 @@ class Answer:
 def echo_v(n: int) -> common_pb2.FunctionSpec:
     """The echo example, changed so that each n is a different revision."""
     s = specs.load_file(str(EXAMPLES / "echo.yaml"))
-    s.env["VERSION"] = str(n)
+    s.env["APP_VERSION"] = str(n)  # the python runtime admits APP_*
     return s
 
 

@@ -107,10 +107,32 @@ def test_status_lists_everything(up):
 
 def test_bad_spec_is_rejected_naming_the_field(up, tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\ncommand: [python3]\nconcurrency: 0\n")
+    bad.write_text("name: bad\nruntime: python\nconcurrency: 0\n")
     r = up.cli("deploy", "-f", str(bad))
     assert r.returncode == 1
     assert "concurrency" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_runtimes_cli_and_no_command_from_the_api(up, tmp_path):
+    assert "Serving runtimes: python (`galaxy runtimes list`)" in "".join(up.output)
+    r = up.cli("runtimes", "list")
+    assert r.returncode == 0 and re.search(r"^python\s+python3 -u \{artifact\}", r.stdout, re.M)
+    got = json.loads(up.cli("runtimes", "get", "python").stdout)
+    assert got["command"] == ["python3", "-u", "{artifact}", "{args}"]
+    rt = tmp_path / "rt.yaml"
+    rt.write_text("name: tmp-rt\ncommand: [python3, '{artifact}']\nartifact: {prefixes: [/srv]}\n")
+    r = up.cli("runtimes", "apply", "-f", str(rt))
+    assert r.returncode == 0 and "runtime tmp-rt stored" in r.stdout, r.stderr
+    assert up.cli("runtimes", "delete", "tmp-rt").returncode == 0
+    # echo (the quick tour's) uses python: it cannot go.
+    assert up.cli("deploy", "-f", str(REPO / "examples" / "echo.yaml")).returncode == 0
+    r = up.cli("runtimes", "delete", "python")
+    assert r.returncode == 1 and "FAILED_PRECONDITION" in r.stderr and "function echo" in r.stderr
+    # A spec with a command is refused by the CLI, naming the field.
+    bad = tmp_path / "cmd.yaml"
+    bad.write_text("name: cmd\ncommand: [sh, -c, id]\n")
+    r = up.cli("deploy", "-f", str(bad))
+    assert r.returncode == 1 and "command: set by the runtime" in r.stderr, r.stderr
 
 
 def test_server_validates_specs_too(up):
@@ -120,7 +142,7 @@ def test_server_validates_specs_too(up):
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await stub.DeployFunction(
                     controller_pb2.DeployFunctionRequest(
-                        function=common_pb2.FunctionSpec(name="Has Space", command=["x"])
+                        function=common_pb2.FunctionSpec(name="Has Space", runtime="python")
                     ),
                     timeout=5,
                     metadata=up.md,
@@ -151,7 +173,10 @@ def test_unknown_function_is_not_found(up):
 
 def test_a_spec_larger_than_any_node_is_failed_precondition(up, tmp_path):
     big = tmp_path / "big.yaml"
-    big.write_text("name: big\ncommand: [python3, -c, 'pass']\nresources: {cpu_millis: 64000}\n")
+    big.write_text(
+        f"name: big\nruntime: python\nartifact: {REPO / 'examples' / 'echo_server.py'}\n"
+        "resources: {cpu_millis: 64000}\n"
+    )
     assert up.cli("deploy", "-f", str(big)).returncode == 0
     r = invoke(up, "big", "x")
     assert r.returncode == 1
@@ -162,7 +187,7 @@ def test_a_spec_larger_than_any_node_is_failed_precondition(up, tmp_path):
 def test_concurrent_cold_requests_share_one_scale_up(up, tmp_path):
     spec = tmp_path / "co.yaml"
     spec.write_text(
-        f"name: coalesce\ncommand: [python3, -u, echo_server.py]\nworkdir: {REPO / 'examples'}\n"
+        f"name: coalesce\nruntime: python\nartifact: {REPO / 'examples' / 'echo_server.py'}\n"
         "concurrency: 8\nmax_scale: 4\nreadiness_path: /healthz\nresources: {cpu_millis: 100}\n"
     )
     assert up.cli("deploy", "-f", str(spec)).returncode == 0
@@ -237,7 +262,11 @@ def test_emulated_210_nodes_and_clean_shutdown(tmp_path):
     try:
         assert "nodes alive: 210" in "".join(g.output)
         spec = tmp_path / "emu.yaml"
-        spec.write_text("name: emu\ncommand: [unused]\nconcurrency: 2\n")
+        # `galaxy up` registered the examples' runtime; emulated sandboxes run nothing.
+        spec.write_text(
+            f"name: emu\nruntime: python\nartifact: {REPO / 'examples' / 'echo_server.py'}\n"
+            "concurrency: 2\n"
+        )
         assert g.cli("deploy", "-f", str(spec)).returncode == 0
         r = g.cli("invoke", "emu", "--data", "x")
         assert r.returncode == 0 and "emulated://" in r.stdout, r.stdout + r.stderr

@@ -7,6 +7,7 @@ from controlplane.nodeagent.orphans import OrphanTracker
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 from tests.cluster import eventually_async, small_cluster
+from tests.runtimes import deploy
 
 
 def test_an_instance_is_an_orphan_after_two_unknown_checks_past_the_grace() -> None:
@@ -31,7 +32,7 @@ async def test_the_agent_stops_an_orphan_and_keeps_what_dispatch_routes() -> Non
     try:
         agent = c.parts["agent-0"]
         async with GalaxyClient(c.controller) as client:
-            await client.deploy(common_pb2.FunctionSpec(name="f", command=["x"], min_scale=1))
+            await deploy(client, common_pb2.FunctionSpec(name="f", command=["x"], min_scale=1))
             kept = await client.dispatch("f")
             await client.release(kept)
             async with client.pool.stub(agent.address, nodeagent_pb2_grpc.NodeAgentStub) as s:

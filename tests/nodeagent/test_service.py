@@ -24,6 +24,7 @@ from galaxy.v1 import (
     nodeagent_pb2_grpc,
 )
 from tests.cluster import eventually
+from tests.runtimes import deploy
 
 from .conftest import child_pids, echo_spec, http, py_spec
 
@@ -227,7 +228,7 @@ async def test_exit_frees_and_notifies_dispatch(peers, pool, tmp_path, caplog):
     )
     before = child_pids()
     async with GalaxyClient(peers.controller) as client:
-        await client.deploy(echo_spec())
+        await deploy(client, echo_spec())
         addr = await client.dispatch("echo")
         assert addr.cold_start and addr.node_id == "node-0"
         assert await client.release(addr)

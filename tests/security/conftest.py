@@ -13,10 +13,26 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from galaxy.v1 import controller_pb2, controller_pb2_grpc, dispatch_pb2_grpc
+from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc, dispatch_pb2_grpc
 from tests.cluster import InProcessCluster
 
 T = TypeVar("T")
+
+#: The runtimes every test here may name: one that admits any env (so the
+#: spec rules are reached on their own) and a strict one (the runtime rules).
+RUNTIMES = (
+    common_pb2.ServingRuntime(name="sec", command=["python3", "server.py"], allowed_env=["*"]),
+    common_pb2.ServingRuntime(
+        name="strict",
+        command=["python3", "-u", "{artifact}", "{args}"],
+        artifact=common_pb2.ServingRuntime.ArtifactRules(
+            required=True, prefixes=["/srv/functions"], suffixes=[".py"], max_length=256
+        ),
+        allowed_args=["--model-name", "--workers"],
+        max_args=4,
+        allowed_env=["APP_*", "LOG_LEVEL"],
+    ),
+)
 
 
 class ThreadedCluster:
@@ -34,6 +50,8 @@ class ThreadedCluster:
         self.channels = {a: grpc.insecure_channel(a) for a in (self.controller, self.dispatch)}
         self.ctl = controller_pb2_grpc.ControllerStub(self.channels[self.controller])
         self.dsp = dispatch_pb2_grpc.DispatchStub(self.channels[self.dispatch])
+        for rt in RUNTIMES:
+            self.ctl.PutRuntime(controller_pb2.PutRuntimeRequest(runtime=rt), timeout=10)
 
     def run(self, coro: Awaitable[T], timeout: float = 60.0) -> T:
         """Run coro on the cluster's loop and wait for its result."""
@@ -43,6 +61,11 @@ class ThreadedCluster:
         """The stored functions, as ListFunctions answers them."""
         reply = self.ctl.ListFunctions(controller_pb2.ListFunctionsRequest(), timeout=10)
         return list(reply.functions)
+
+    def runtimes(self) -> list[Any]:
+        """The stored runtimes, as ListRuntimes answers them."""
+        reply = self.ctl.ListRuntimes(controller_pb2.ListRuntimesRequest(), timeout=10)
+        return list(reply.runtimes)
 
     def raw(self, address: str, method: str, data: bytes) -> grpc.RpcError | bytes:
         """Send bytes as the request of method (identity serializers); the

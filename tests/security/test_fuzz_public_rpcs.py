@@ -1,7 +1,7 @@
 """Property-based tests of the public RPCs (hypothesis): random and extreme
 field values and random bytes. For every call: never INTERNAL or UNKNOWN,
 the servers still answer, and a refused call leaves the stored functions
-exactly as they were."""
+and runtimes exactly as they were."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from controlplane.runtime import validation
+from controlplane.runtime import servingruntime, validation
 from galaxy.v1 import common_pb2, controller_pb2, dispatch_pb2
-from tests.security.conftest import ThreadedCluster
+from tests.security.conftest import RUNTIMES, ThreadedCluster
 
 FUZZ = settings(
     max_examples=100,
@@ -52,10 +52,24 @@ envs = st.dictionaries(texts, texts, max_size=6) | st.lists(
     st.integers(0, 10**6), unique=True, min_size=120, max_size=140
 ).map(lambda ks: {f"K{k}": "v" for k in ks})
 commands = st.lists(texts, max_size=4) | st.lists(st.just("x"), min_size=250, max_size=300)
+FIXED = tuple(rt.name for rt in RUNTIMES)
+artifacts = st.one_of(
+    texts,
+    st.sampled_from(
+        ["", "/srv/functions/a.py", "/srv/functions/../x.py", "/srv/functionsx/a.py", "/a.py"]
+    ),
+)
+args = st.lists(
+    st.one_of(texts, st.sampled_from(["--model-name", "--model-name=m", "--workers=2", "-x"])),
+    max_size=6,
+)
 
 
 FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "name": names,
+    "runtime": st.one_of(st.sampled_from(FIXED), names),
+    "artifact": artifacts,
+    "args": args,
     "command": commands,
     "workdir": st.one_of(st.just(""), st.just("/tmp"), texts),
     "env": envs,
@@ -81,15 +95,17 @@ def specs(draw: Callable[..., Any]) -> common_pb2.FunctionSpec:
         return spec
     spec = common_pb2.FunctionSpec(
         name=draw(st.from_regex(validation.NAME_RE, fullmatch=True)),
-        command=["python3", "-c", "pass"],
+        runtime=draw(st.sampled_from(FIXED)),
     )
+    if spec.runtime == "strict":
+        spec.artifact = "/srv/functions/main.py"
     field = draw(st.sampled_from([*FIELDS, *RESOURCES]))
     if field in RESOURCES:
         setattr(spec.resources, field, draw(u32))
     elif field == "env":
         spec.env.update(draw(envs))
-    elif field == "command":
-        spec.command[:] = draw(commands)
+    elif field in ("command", "args"):
+        getattr(spec, field)[:] = draw(FIELDS[field])
     else:
         setattr(spec, field, draw(FIELDS[field]))
     return spec
@@ -99,7 +115,7 @@ def specs(draw: Callable[..., Any]) -> common_pb2.FunctionSpec:
 def fuzzed(tcluster: ThreadedCluster) -> Iterator[ThreadedCluster]:
     """The cluster with two functions stored, so "unchanged" means something."""
     for name in ("canary-one", "canary-two"):
-        spec = common_pb2.FunctionSpec(name=name, command=["python3", "-c", "pass"])
+        spec = common_pb2.FunctionSpec(name=name, runtime="sec")
         tcluster.ctl.DeployFunction(controller_pb2.DeployFunctionRequest(function=spec))
     yield tcluster
     for name in ("canary-one", "canary-two"):
@@ -108,7 +124,7 @@ def fuzzed(tcluster: ThreadedCluster) -> Iterator[ThreadedCluster]:
 
 def _call(c: ThreadedCluster, rpc: Callable[[], Any]) -> grpc.StatusCode:
     """Run rpc; check the status and that nothing changed unless it succeeded."""
-    before = c.functions()
+    before = c.functions(), c.runtimes()
     try:
         rpc()
         code = grpc.StatusCode.OK
@@ -117,9 +133,9 @@ def _call(c: ThreadedCluster, rpc: Callable[[], Any]) -> grpc.StatusCode:
         assert code not in BAD, f"{code}: {e.details()[:300]}"
         assert len(e.details().encode()) < 1024, "error message too long"
     event(f"status {code.name}")
-    after = c.functions()  # the controller still answers
+    after = c.functions(), c.runtimes()  # the controller still answers
     if code != grpc.StatusCode.OK:
-        assert after == before, "a refused call changed the stored functions"
+        assert after == before, "a refused call changed the stored functions or runtimes"
     return code
 
 
@@ -129,7 +145,8 @@ def test_deploy_function(fuzzed: ThreadedCluster, spec: common_pb2.FunctionSpec)
     req = controller_pb2.DeployFunctionRequest(function=spec)
     code = _call(fuzzed, lambda: fuzzed.ctl.DeployFunction(req, timeout=10))
     if code == grpc.StatusCode.OK:  # valid: it passed every rule; clean up
-        validation.check_spec(spec)
+        rt = next(r for r in RUNTIMES if r.name == spec.runtime)
+        servingruntime.resolve(spec, rt)
         if spec.name not in ("canary-one", "canary-two"):
             fuzzed.ctl.DeleteFunction(controller_pb2.DeleteFunctionRequest(name=spec.name))
 
@@ -173,6 +190,59 @@ def test_release(fuzzed: ThreadedCluster, name: str, lease_id: str) -> None:
     _call(fuzzed, lambda: fuzzed.dsp.Release(req, timeout=10))
 
 
+RT_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "name": names,
+    "command": st.one_of(
+        commands,
+        st.lists(st.sampled_from(["python3", "{args}", "{artifact}", "x{args}", "-u"]), max_size=5),
+    ),
+    "description": texts,
+    "workdir": st.one_of(st.just(""), st.just("/srv"), texts),
+    "allowed_args": st.lists(st.one_of(texts, st.just("--ok")), max_size=3),
+    "max_args": u32,
+    "allowed_env": st.lists(texts, max_size=3),
+    "readiness_path": st.one_of(st.just(""), st.just("/healthz"), texts),
+    "startup_timeout_ms": u32,
+    "concurrency": u32,
+}
+
+
+@st.composite
+def runtimes(draw: Callable[..., Any]) -> common_pb2.ServingRuntime:
+    """A valid runtime with one field random, or every field random."""
+    rt = common_pb2.ServingRuntime(
+        name=draw(st.from_regex(validation.NAME_RE, fullmatch=True)),
+        command=["python3", "-u", "{artifact}", "{args}"],
+        artifact=common_pb2.ServingRuntime.ArtifactRules(prefixes=["/srv"]),
+    )
+    chosen = list(RT_FIELDS) if draw(st.booleans()) else [draw(st.sampled_from(list(RT_FIELDS)))]
+    for f in chosen:
+        v = draw(RT_FIELDS[f])
+        if isinstance(v, list):
+            getattr(rt, f)[:] = v
+        else:
+            setattr(rt, f, v)
+    if draw(st.booleans()):
+        a = rt.artifact
+        a.required = draw(st.booleans())
+        a.prefixes[:] = draw(st.lists(st.one_of(texts, st.just("s3://b/")), max_size=3))
+        a.suffixes[:] = draw(st.lists(texts, max_size=2))
+        a.max_length = draw(u32)
+    if rt.name in FIXED:
+        rt.name = "x" + rt.name  # the fixed runtimes stay as they are
+    return rt
+
+
+@FUZZ
+@given(rt=runtimes())
+def test_put_runtime(fuzzed: ThreadedCluster, rt: common_pb2.ServingRuntime) -> None:
+    req = controller_pb2.PutRuntimeRequest(runtime=rt)
+    code = _call(fuzzed, lambda: fuzzed.ctl.PutRuntime(req, timeout=10))
+    if code == grpc.StatusCode.OK:  # valid: it passed every rule; clean up
+        servingruntime.check_runtime(rt)
+        fuzzed.ctl.DeleteRuntime(controller_pb2.DeleteRuntimeRequest(name=rt.name), timeout=10)
+
+
 PUBLIC = [
     ("controller", "/galaxy.v1.Controller/DeployFunction"),
     ("controller", "/galaxy.v1.Controller/GetFunction"),
@@ -180,6 +250,10 @@ PUBLIC = [
     ("controller", "/galaxy.v1.Controller/DeleteFunction"),
     ("controller", "/galaxy.v1.Controller/GetClusterStatus"),
     ("controller", "/galaxy.v1.Controller/GetMembership"),
+    ("controller", "/galaxy.v1.Controller/PutRuntime"),
+    ("controller", "/galaxy.v1.Controller/GetRuntime"),
+    ("controller", "/galaxy.v1.Controller/ListRuntimes"),
+    ("controller", "/galaxy.v1.Controller/DeleteRuntime"),
     ("dispatch", "/galaxy.v1.Dispatch/Dispatch"),
     ("dispatch", "/galaxy.v1.Dispatch/Release"),
     ("dispatch", "/galaxy.v1.Dispatch/ListInstances"),
@@ -198,5 +272,6 @@ def test_random_bytes(fuzzed: ThreadedCluster, target: tuple[str, str], data: by
             raise answer
 
     code = _call(fuzzed, call)
-    if code == grpc.StatusCode.OK and method.endswith(("DeployFunction", "DeleteFunction")):
+    mutating = ("DeployFunction", "DeleteFunction", "PutRuntime", "DeleteRuntime")
+    if code == grpc.StatusCode.OK and method.endswith(mutating):
         pytest.fail(f"random bytes {data[:40]!r} were a valid {method}")

@@ -13,7 +13,7 @@ from tests.security.conftest import ThreadedCluster
 
 
 def _spec(name: str = "fn", **kw: object) -> common_pb2.FunctionSpec:
-    kw.setdefault("command", ["python3", "server.py"])
+    kw.setdefault("runtime", "sec")
     return common_pb2.FunctionSpec(name=name, **kw)  # type: ignore[arg-type]
 
 
@@ -22,10 +22,10 @@ def _delete(c: ThreadedCluster, name: str) -> None:
 
 
 def _deploy_error(c: ThreadedCluster, spec: common_pb2.FunctionSpec) -> grpc.RpcError:
-    before = c.functions()
+    before = c.functions(), c.runtimes()
     with pytest.raises(grpc.RpcError) as e:
         c.ctl.DeployFunction(controller_pb2.DeployFunctionRequest(function=spec), timeout=10)
-    assert c.functions() == before, "a refused deploy changed the stored functions"
+    assert (c.functions(), c.runtimes()) == before, "a refused deploy changed the stored state"
     return e.value
 
 
@@ -63,8 +63,14 @@ def test_a_spec_over_the_total_size_is_refused(tcluster: ThreadedCluster) -> Non
         (_spec(env={f"K{i}": "v" for i in range(validation.MAX_ENV_ENTRIES + 1)}), "env:"),
         (_spec(env={"A=B": "v"}), "env key 'A=B'"),
         (_spec(env={"K": "a\x00b"}), "env.K:"),
-        (_spec(command=["x"] * (validation.MAX_COMMAND_ARGS + 1)), "command:"),
-        (_spec(workdir="relative/dir"), "workdir:"),
+        (_spec(command=["python3", "x.py"]), "command: set by the runtime; name a runtime"),
+        (_spec(workdir="/srv"), "workdir: set by the runtime"),
+        (_spec(runtime=""), "runtime: required"),
+        (_spec(runtime="Bad_Runtime"), "runtime: must be a DNS-1123 label"),
+        (_spec(runtime="nope"), "runtime: no runtime 'nope' is registered"),
+        (_spec(args=["x"] * (validation.MAX_COMMAND_ARGS + 1)), "args: at most"),
+        (_spec(args=["--model-name=m"]), "args[0]: runtime sec admits only --flag"),
+        (_spec(artifact="/srv/functions/a.py"), "artifact: runtime sec takes no artifact"),
         (_spec(readiness_path="healthz"), "readiness_path:"),
         (_spec(concurrency=10**6), "concurrency:"),
         (_spec(min_scale=5, max_scale=2), "min_scale:"),

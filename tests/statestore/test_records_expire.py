@@ -14,6 +14,7 @@ from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2
 from tests.cluster import InProcessCluster, eventually, eventually_async
 from tests.dispatch.test_state_offpath import etcd, keys  # noqa: F401 (fixture)
+from tests.runtimes import deploy
 
 pytestmark = pytest.mark.etcd
 TTL = "1"
@@ -39,7 +40,7 @@ async def test_records_are_dumped_decoded_and_expire_with_their_writer(etcd):  #
         await c.add("dispatch", "d-0", "--state", etcd.url, "--record-ttl-s", TTL)
         await c.add("nodeagent", "agent-0", "--nodes", "2", "--sandbox", "emulated")
         async with GalaxyClient(c.controller) as client:
-            await client.deploy(common_pb2.FunctionSpec(name="echo", command=["x"]))
+            await deploy(client, common_pb2.FunctionSpec(name="echo", command=["x"]))
             got = await client.dispatch("echo")
             await client.release(got)
         await asyncio.wait_for(c.parts["d-0"].component.recorder.writer.flush(), 30)

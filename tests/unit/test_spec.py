@@ -4,25 +4,40 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.runtime import spec
+from controlplane.runtime import servingruntime, spec
 from controlplane.runtime.errors import InvalidArgument
 from galaxy.v1 import common_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 
-GOOD = {"name": "echo", "command": ["python3", "x.py"]}
+GOOD = {"name": "echo", "runtime": "python", "artifact": "/srv/x.py"}
 
 
-def test_example_spec_loads_with_absolute_workdir():
+def test_example_spec_loads_with_absolute_artifact():
     s = spec.load_file(REPO / "examples" / "echo.yaml")
-    assert s.name == "echo" and s.workdir == str(REPO / "examples")
+    assert s.name == "echo" and s.runtime == "python"
+    assert s.artifact == str(REPO / "examples" / "echo_server.py")
+    assert not s.command and not s.workdir  # the runtime's, on the controller
     assert s.concurrency == 4 and s.max_scale == 4 and s.readiness_path == "/healthz"
 
 
-def test_defaults():
+def test_defaults_are_left_to_the_runtime_then_the_cluster():
     s = spec.from_dict(GOOD)
-    assert (s.concurrency, s.min_scale, s.max_scale) == (1, 0, 10)
-    assert s.resources.cpu_millis == 100
+    # 0/unset: the runtime's defaults apply on the controller, then with_defaults.
+    assert (s.concurrency, s.min_scale, s.max_scale, s.startup_timeout_ms) == (0, 0, 10, 0)
+    assert not s.HasField("resources")
+    # A resources block is the whole request: keys left out get the cluster's.
+    s = spec.from_dict({**GOOD, "resources": {"gpus": 1}})
+    assert (s.resources.cpu_millis, s.resources.memory_mib) == (100, 128)
+
+
+def test_a_relative_artifact_is_made_absolute_but_not_a_uri(tmp_path):
+    f = tmp_path / "f.yaml"
+    f.write_text("name: f\nruntime: python\nartifact: app/main.py\nargs: [--x=1]\n")
+    s = spec.load_file(f)
+    assert s.artifact == str(tmp_path / "app" / "main.py") and list(s.args) == ["--x=1"]
+    f.write_text("name: f\nruntime: models\nartifact: s3://bucket/m\n")
+    assert spec.load_file(f).artifact == "s3://bucket/m"
 
 
 @pytest.mark.parametrize(
@@ -30,8 +45,12 @@ def test_defaults():
     [
         ({"name": "Bad_Name"}, "name"),
         ({"name": None}, "name"),
-        ({"command": "python3 x.py"}, "command"),
-        ({"command": []}, "command"),
+        ({"command": ["python3", "x.py"]}, "command: set by the runtime"),
+        ({"workdir": "."}, "workdir: set by the runtime"),
+        ({"runtime": None}, "runtime: required"),
+        ({"runtime": "Py"}, "runtime:"),
+        ({"artifact": 3}, "artifact:"),
+        ({"args": "--x"}, "args:"),
         ({"concurrency": 0}, "concurrency"),
         ({"concurrency": "4"}, "concurrency"),
         ({"resources": {"cpu_millis": -1}}, "resources.cpu_millis"),
@@ -84,7 +103,7 @@ def test_api_specs_get_the_same_autoscaling_rules():
         s = spec.from_dict(GOOD)
         s.autoscaling.CopyFrom(bad)
         with pytest.raises(InvalidArgument) as e:
-            spec.validate(s)
+            servingruntime.check_request(s)  # what DeployFunction applies first
         assert e.value.message.startswith("autoscaling." + field), e.value.message
 
 

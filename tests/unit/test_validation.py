@@ -73,13 +73,13 @@ def test_the_function_bound() -> None:
 def test_the_cli_path_applies_the_same_rules() -> None:
     doc = {
         "name": "f",
-        "command": ["x"],
+        "runtime": "python",
         "env": {"BIG": "v" * (validation.MAX_ENV_VALUE_BYTES + 1)},
     }
     with pytest.raises(InvalidArgument, match=r"^env.BIG: at most"):
         spec.from_dict(doc)
     with pytest.raises(InvalidArgument, match=r"^resources.cpu_millis: must be between"):
-        spec.from_dict({"name": "f", "command": ["x"], "resources": {"cpu_millis": -250}})
+        spec.from_dict({"name": "f", "runtime": "python", "resources": {"cpu_millis": -250}})
     with pytest.raises(InvalidArgument) as e:
-        spec.from_dict({"name": "n" * 100_000, "command": ["x"]})
+        spec.from_dict({"name": "n" * 100_000, "runtime": "python"})
     assert len(e.value.message) < 200
