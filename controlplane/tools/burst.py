@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.runtime import servingruntime, validation
+from controlplane.runtime import authn, servingruntime, validation
 from controlplane.runtime.tls import TlsConfig
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
@@ -120,7 +120,11 @@ async def burst(
                 return
             try:
                 async with c.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
-                    r = await s.Dispatch(dispatch_pb2.DispatchRequest(function=fn), timeout=30)
+                    r = await s.Dispatch(
+                        dispatch_pb2.DispatchRequest(function=fn),
+                        timeout=30,
+                        metadata=authn.token_metadata(token),
+                    )
                 res.cold_starts += r.cold_start
             except Exception as e:
                 res.errors += 1

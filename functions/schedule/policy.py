@@ -31,14 +31,10 @@ reservations in flight. No probe is needed; a node is probed again only
 when its view is in doubt: its agent refused a reservation (someone else
 allocated: a partition handover, a restarted agent) or a probe failed.
 
-Without exact partitions (the ablation's steps before it): knowledge of a
-node's free capacity, freshest first: a probe answer younger than the TTL
-(cache on), else the last status from ModNode. Both are reduced
-by what this policy has placed since they were taken (reservations in flight
-and confirmed placements), so a burst never over-commits a node. A placement
-only ever reserves on a node whose free capacity was learnt from a probe --
-fresh in the cache, or taken for this very placement -- never on heartbeat
-state alone.
+Without them (the ablation's earlier steps), a node's free capacity is the
+freshest of a probe answer younger than the TTL (cache on) and the last
+status, less what this policy placed since; a placement reserves only on a
+node whose capacity a probe reported (cached, or for this very placement).
 """
 
 from __future__ import annotations

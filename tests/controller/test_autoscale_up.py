@@ -37,6 +37,7 @@ def test_schedule_scales_out_on_a_burst_and_back_in(tmp_path):
                 tail_rate=4.0,  # 16% of one instance: low enough to scale in
                 settle=scaled_out_and_back,
                 tls=g.tls(),
+                token=g.token,
             )
         )
         s = summarize(res)
