@@ -14,6 +14,7 @@ import pytest
 
 from controlplane.nodeagent.main import NodeAgentComponent, add_arguments, build
 from controlplane.nodeagent.sandbox import EmulatedBackend, ProcessBackend
+from controlplane.nodeagent.sandbox.workdirs import InstanceDirs
 from controlplane.runtime import rpc
 from controlplane.runtime.host import READY_PREFIX, HostContext
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
@@ -138,6 +139,8 @@ async def test_agent_process_leaves_no_instances(tmp_path, how):
         "2",
         "--log-dir",
         str(tmp_path),
+        "--instance-dir",
+        str(tmp_path / "inst"),
         cwd=REPO,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -160,6 +163,14 @@ async def test_agent_process_leaves_no_instances(tmp_path, how):
         rc = await asyncio.wait_for(agent.wait(), 10)
         assert rc == (0 if how == "sigterm" else -signal.SIGKILL)
         await wait_pid_exit(pid)
+        # Its private directories go with a clean stop; a killed agent's are
+        # swept by the next agent to use the same --instance-dir.
+        left = list((tmp_path / "inst").iterdir())
+        assert [d.name.split(".")[0] for d in left] == (
+            [] if how == "sigterm" else [str(agent.pid)]
+        )
+        InstanceDirs(tmp_path / "inst")
+        assert not any((tmp_path / "inst").iterdir())
     finally:
         if agent.returncode is None:
             agent.kill()
