@@ -14,6 +14,7 @@ import pytest
 
 from controlplane.nodeagent.main import NodeAgentComponent, add_arguments, build
 from controlplane.nodeagent.sandbox import EmulatedBackend, ProcessBackend
+from controlplane.nodeagent.sandbox.cgroups import DEFAULT_MAX_PIDS
 from controlplane.nodeagent.sandbox.workdirs import InstanceDirs
 from controlplane.runtime import rpc
 from controlplane.runtime.host import READY_PREFIX, HostContext
@@ -67,6 +68,20 @@ async def test_build_process_backend_uses_log_dir(tmp_path):
     comp = build(parse("--log-dir", str(tmp_path)))
     assert isinstance(comp.servicer.backend, ProcessBackend)
     assert comp.servicer.backend.log_dir == tmp_path
+    await comp.stop()
+
+
+async def test_isolation_flags(tmp_path):
+    a = parse()
+    assert (a.instance_max_pids, a.instance_dir) == (DEFAULT_MAX_PIDS, None)
+    with pytest.raises(ValueError, match="--instance-max-pids"):
+        build(parse("--instance-max-pids", "-1"))
+    comp = build(
+        parse("--cgroups", "off", "--instance-max-pids", "0", "--instance-dir", str(tmp_path))
+    )
+    backend = comp.servicer.backend
+    assert isinstance(backend, ProcessBackend)
+    assert backend.dirs.root == tmp_path and backend.max_pids == 0
     await comp.stop()
 
 

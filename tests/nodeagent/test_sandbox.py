@@ -99,6 +99,7 @@ async def test_env_is_port_spec_env_and_agent_facts_only(process_backend, monkey
     spec = py_spec(code, name="envfn", env={"FOO": "bar", "PORT": "1"})
     with pytest.raises(Unavailable) as e:
         await process_backend.start("n-7", "env-1", spec)
+    assert "process exited with code 1" in e.value.message
     msg = (process_backend.log_dir / "n-7" / "env-1.err").read_text()  # all of it
     assert "FOO=bar" in msg
     assert "GALAXY_INSTANCE_ID=env-1" in msg and "GALAXY_FUNCTION=envfn" in msg

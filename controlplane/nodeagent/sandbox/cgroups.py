@@ -243,7 +243,7 @@ def _sweep_stale(galaxy_dir: Path) -> None:
                 log.info("removed the cgroup of agent %s, which is gone", agent.name)
 
 
-def open_cgroups(mode: str, max_pids: int = 0) -> Cgroups | None:
+def open_cgroups(mode: str, max_pids: int = 0, root: Path = ROOT) -> Cgroups | None:
     """mode "on": cgroups (with the pids limit when max_pids > 0) or
     CgroupError; "auto": cgroups when they can be made, without the pids
     limit when only that controller is missing (each logged once); "off":
@@ -251,13 +251,13 @@ def open_cgroups(mode: str, max_pids: int = 0) -> Cgroups | None:
     if mode == "off":
         return None
     try:
-        return Cgroups(max_pids=max_pids)
+        return Cgroups(root, max_pids=max_pids)
     except PidsUnavailable as e:
         if mode == "on":
             raise
         log.warning("instances run without a pids limit (--instance-max-pids): %s", e)
         try:
-            return Cgroups()
+            return Cgroups(root)
         except CgroupError as e2:
             log.warning("instances run without CPU/memory limits: %s", e2)
             return None
