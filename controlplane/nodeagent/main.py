@@ -101,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="process sandbox: each instance gets a private directory (mode 0700, owned by "
         "--instance-user) under DIR as $HOME, $TMPDIR and, without a spec workdir, its cwd; "
-        "removed when it ends (default: $TMPDIR/galaxy-instances)",
+        "removed when it ends (default: $TMPDIR/galaxy-instances-UID)",
     )
     g.add_argument(
         "--log-dir",

@@ -83,6 +83,10 @@ async def test_isolation_flags(tmp_path):
     assert isinstance(backend, ProcessBackend)
     assert backend.dirs.root == tmp_path and backend.max_pids == 0
     await comp.stop()
+    # A planted symlink (say in a shared /tmp) is not taken as the directory.
+    (tmp_path / "link").symlink_to(tmp_path)
+    with pytest.raises(ValueError, match="--instance-dir"):
+        build(parse("--cgroups", "off", "--instance-dir", str(tmp_path / "link")))
 
 
 async def serve_component(comp: NodeAgentComponent, controller: str, pool: rpc.ChannelPool):

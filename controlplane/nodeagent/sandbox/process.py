@@ -359,7 +359,10 @@ class ProcessBackend(SandboxBackend):
             pw = instance_user(user)
             owner = (pw.pw_uid, pw.pw_gid)
         #: Private directories (--instance-dir).
-        self.dirs = InstanceDirs(Path(instance_dir) if instance_dir else None, owner)
+        try:
+            self.dirs = InstanceDirs(Path(instance_dir) if instance_dir else None, owner)
+        except OSError as e:
+            raise ValueError(f"--instance-dir: {e}") from None
 
     @property
     def max_pids(self) -> int:

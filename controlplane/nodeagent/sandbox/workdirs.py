@@ -4,7 +4,7 @@ directory, its cwd when the spec names no ``workdir`` and its ``HOME`` and
 (``/tmp``) or read each other's files.
 
 Layout: ``ROOT/AGENT_PID.N/INSTANCE`` (``ROOT`` is ``--instance-dir``, default
-``$TMPDIR/galaxy-instances``; ``N`` tells apart backends in one process, as
+``$TMPDIR/galaxy-instances-UID``; ``N`` tells apart backends in one process, as
 in tests). ``ROOT`` and ``ROOT/AGENT_PID.N`` are mode 0711:
 an instance running as ``--instance-user`` can reach its own directory but
 cannot list which others exist; each instance directory is mode 0700 and
@@ -34,9 +34,10 @@ _serial = itertools.count()
 
 
 def default_root() -> Path:
-    """``$TMPDIR/galaxy-instances``: fixed (not a fresh temp dir) so a later
-    agent finds and sweeps what a killed one left."""
-    return Path(tempfile.gettempdir()) / "galaxy-instances"
+    """``$TMPDIR/galaxy-instances-UID``: fixed (not a fresh temp dir) so a
+    later agent finds and sweeps what a killed one left; per user, because
+    the directory must belong to the agent's user (``_make_private``)."""
+    return Path(tempfile.gettempdir()) / f"galaxy-instances-{os.geteuid()}"
 
 
 def _alive(pid: int) -> bool:
