@@ -19,7 +19,12 @@ from controlplane.nodeagent.sandbox import (
     SandboxBackend,
     make_sandbox_backend,
 )
-from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, open_cgroups
+from controlplane.nodeagent.sandbox.cgroups import (
+    DEFAULT_MAX_PIDS,
+    CgroupError,
+    Cgroups,
+    open_cgroups,
+)
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.netaddr import split_host_port
@@ -82,6 +87,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="process sandbox: each instance in its own cgroup with its spec's CPU and "
         "memory as hard limits (auto: when cgroups can be made here, else a warning; "
         "on: refuse to start without them)",
+    )
+    g.add_argument(
+        "--instance-max-pids",
+        type=int,
+        default=DEFAULT_MAX_PIDS,
+        help="process sandbox with cgroups: at most N processes and threads per instance "
+        f"(pids.max; a fork loop then fails in the instance; default {DEFAULT_MAX_PIDS}, "
+        "0 = no limit). Without the pids controller --cgroups auto warns, on refuses",
+    )
+    g.add_argument(
+        "--instance-dir",
+        default=None,
+        help="process sandbox: each instance gets a private directory (mode 0700, owned by "
+        "--instance-user) under DIR as $HOME, $TMPDIR and, without a spec workdir, its cwd; "
+        "removed when it ends (default: $TMPDIR/galaxy-instances-UID)",
     )
     g.add_argument(
         "--log-dir",
@@ -162,9 +182,11 @@ class NodeAgentComponent:
         await self.servicer.close()
 
 
-def _cgroups(mode: str) -> Cgroups | None:
+def _cgroups(mode: str, max_pids: int) -> Cgroups | None:
+    if max_pids < 0:
+        raise ValueError("--instance-max-pids must be >= 0")
     try:
-        return open_cgroups(mode)
+        return open_cgroups(mode, max_pids)
     except CgroupError as e:
         raise ValueError(f"--cgroups on: {e}") from None
 
@@ -183,8 +205,9 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
             args.sandbox,
             log_dir=args.log_dir,
             startup_timeout_ms=args.startup_timeout_ms,
-            cgroups=_cgroups(args.cgroups),
+            cgroups=_cgroups(args.cgroups, args.instance_max_pids),
             user=args.instance_user,
+            instance_dir=args.instance_dir,
         )
     cap = Res(args.cpu_millis, args.memory_mib, args.gpus)
     ids = node_ids(args.node_prefix, args.nodes, args.node_index_start)

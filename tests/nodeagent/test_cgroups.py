@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.nodeagent.sandbox import ProcessBackend
-from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups
+from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, open_cgroups
 from tests.nodeagent.conftest import echo_spec
 
 # Binds $PORT (ready), then allocates far beyond its limit.
@@ -107,3 +107,25 @@ async def test_groups_of_agents_that_are_gone_are_swept(tmp_path: Path) -> None:
         assert not any(d.exists() for d in stale)
     finally:
         second.close()
+
+
+def test_missing_pids_controller_warns_on_auto_and_is_refused_on_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A v1 layout with cpu and memory but no pids hierarchy (a tmp dir: the
+    # real one has all three here).
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1")
+    (tmp_path / "memory").mkdir()
+    with pytest.raises(CgroupError, match="pids"):
+        open_cgroups("on", max_pids=64, root=tmp_path)
+    groups = open_cgroups("auto", max_pids=64, root=tmp_path)
+    try:
+        assert groups is not None and groups.max_pids == 0  # cpu and memory still limited
+        assert len(groups.parents) == 2
+        warned = [r.getMessage() for r in caplog.records if "pids limit" in r.getMessage()]
+        assert len(warned) == 1 and "--instance-max-pids" in warned[0]
+    finally:
+        if groups is not None:
+            groups.close()
+    assert open_cgroups("on", max_pids=0, root=tmp_path) is not None  # 0: no pids needed

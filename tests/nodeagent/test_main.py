@@ -14,6 +14,8 @@ import pytest
 
 from controlplane.nodeagent.main import NodeAgentComponent, add_arguments, build
 from controlplane.nodeagent.sandbox import EmulatedBackend, ProcessBackend
+from controlplane.nodeagent.sandbox.cgroups import DEFAULT_MAX_PIDS
+from controlplane.nodeagent.sandbox.workdirs import InstanceDirs
 from controlplane.runtime import rpc
 from controlplane.runtime.host import READY_PREFIX, HostContext
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
@@ -67,6 +69,24 @@ async def test_build_process_backend_uses_log_dir(tmp_path):
     assert isinstance(comp.servicer.backend, ProcessBackend)
     assert comp.servicer.backend.log_dir == tmp_path
     await comp.stop()
+
+
+async def test_isolation_flags(tmp_path):
+    a = parse()
+    assert (a.instance_max_pids, a.instance_dir) == (DEFAULT_MAX_PIDS, None)
+    with pytest.raises(ValueError, match="--instance-max-pids"):
+        build(parse("--instance-max-pids", "-1"))
+    comp = build(
+        parse("--cgroups", "off", "--instance-max-pids", "0", "--instance-dir", str(tmp_path))
+    )
+    backend = comp.servicer.backend
+    assert isinstance(backend, ProcessBackend)
+    assert backend.dirs.root == tmp_path and backend.max_pids == 0
+    await comp.stop()
+    # A planted symlink (say in a shared /tmp) is not taken as the directory.
+    (tmp_path / "link").symlink_to(tmp_path)
+    with pytest.raises(ValueError, match="--instance-dir"):
+        build(parse("--cgroups", "off", "--instance-dir", str(tmp_path / "link")))
 
 
 async def serve_component(comp: NodeAgentComponent, controller: str, pool: rpc.ChannelPool):
@@ -138,6 +158,8 @@ async def test_agent_process_leaves_no_instances(tmp_path, how):
         "2",
         "--log-dir",
         str(tmp_path),
+        "--instance-dir",
+        str(tmp_path / "inst"),
         cwd=REPO,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -160,6 +182,14 @@ async def test_agent_process_leaves_no_instances(tmp_path, how):
         rc = await asyncio.wait_for(agent.wait(), 10)
         assert rc == (0 if how == "sigterm" else -signal.SIGKILL)
         await wait_pid_exit(pid)
+        # Its private directories go with a clean stop; a killed agent's are
+        # swept by the next agent to use the same --instance-dir.
+        left = list((tmp_path / "inst").iterdir())
+        assert [d.name.split(".")[0] for d in left] == (
+            [] if how == "sigterm" else [str(agent.pid)]
+        )
+        InstanceDirs(tmp_path / "inst")
+        assert not any((tmp_path / "inst").iterdir())
     finally:
         if agent.returncode is None:
             agent.kill()

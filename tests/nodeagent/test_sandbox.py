@@ -99,12 +99,17 @@ async def test_env_is_port_spec_env_and_agent_facts_only(process_backend, monkey
     spec = py_spec(code, name="envfn", env={"FOO": "bar", "PORT": "1"})
     with pytest.raises(Unavailable) as e:
         await process_backend.start("n-7", "env-1", spec)
-    msg = e.value.message
+    assert "process exited with code 1" in e.value.message
+    msg = (process_backend.log_dir / "n-7" / "env-1.err").read_text()  # all of it
     assert "FOO=bar" in msg
     assert "GALAXY_INSTANCE_ID=env-1" in msg and "GALAXY_FUNCTION=envfn" in msg
     assert "GALAXY_NODE_ID=n-7" in msg and "PATH=" in msg
     assert "PORT=1\n" not in msg and "PORT=" in msg  # the agent's port wins
     assert "AGENT_PRIVATE" not in msg
+    # The private directory: $HOME, $TMPDIR and GALAXY_INSTANCE_DIR.
+    home = msg.split("\nHOME=")[1].split("\n")[0]
+    assert f"TMPDIR={home}\n" in msg and f"GALAXY_INSTANCE_DIR={home}\n" in msg
+    assert home.endswith("/env-1")
 
 
 async def test_stop_escalates_to_sigkill(tmp_path):

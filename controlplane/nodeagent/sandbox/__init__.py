@@ -49,7 +49,8 @@ BACKENDS: dict[str, type[SandboxBackend]] = {
 
 def make_sandbox_backend(kind: str, **opts: Any) -> SandboxBackend:
     """A backend by name ("process" or "emulated"); opts go to its constructor
-    (process: log_dir, startup_timeout_ms, stop_grace_s; emulated:
+    (process: log_dir, startup_timeout_ms, stop_grace_s, cgroups, user,
+    instance_dir; emulated:
     start_delay_ms)."""
     try:
         cls = BACKENDS[kind]

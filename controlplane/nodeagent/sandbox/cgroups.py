@@ -1,12 +1,14 @@
 """Per-instance cgroups: a function instance gets the CPU and memory its spec
-reserves as hard limits, not just as bookkeeping.
+reserves as hard limits, not just as bookkeeping, and a cap on its number of
+processes and threads (``pids.max``), so a fork loop fails in the instance
+instead of exhausting the node's process table.
 
 Each instance runs in its own group under ``galaxy/AGENT_PID/`` with a
 memory limit of ``resources.memory_mib`` from the start (no swap where the
 kernel allows it) and, once it is ready, a CFS quota of
 ``resources.cpu_millis`` (start-up runs unthrottled: see ``limit_cpu``). cgroup v2
-(``cpu.max``, ``memory.max``, ``memory.events``) and v1 (the ``cpu`` and
-``memory`` hierarchies) are both supported. The process joins its groups
+(``cpu.max``, ``memory.max``, ``memory.events``, ``pids.max``) and v1 (the
+``cpu``, ``memory`` and ``pids`` hierarchies) are both supported. The process joins its groups
 before it execs the function's command (``launcher``), so no code of the
 function ever runs unlimited. A kill by the OOM killer is read back from
 the group's counters, so the exit can be reported as what it was.
@@ -14,10 +16,12 @@ the group's counters, so the exit can be reported as what it was.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import re
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +30,10 @@ log = logging.getLogger(__name__)
 ROOT = Path("/sys/fs/cgroup")
 #: CFS period: short, so a throttled instance runs a little every 10 ms.
 PERIOD_US = 10_000
+#: Default ``--instance-max-pids``. Threads count too (the kernel's pids
+#: controller counts tasks), so this leaves room for a thread pool per core on
+#: a large node while a fork loop still stops long before the node's pid_max.
+DEFAULT_MAX_PIDS = 1024
 # Joins every group named in $0 (colon-separated), then execs the command.
 _JOIN = 'IFS=:; for f in $0; do echo $$ > "$f" || exit 126; done; exec "$@"'
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -35,6 +43,10 @@ class CgroupError(Exception):
     """cgroups are unavailable or not writable; the message says why."""
 
 
+class PidsUnavailable(CgroupError):
+    """cpu and memory can be limited but the pids controller is missing."""
+
+
 @dataclass
 class InstanceGroup:
     """The groups of one instance (one per hierarchy; one on v2)."""
@@ -42,6 +54,8 @@ class InstanceGroup:
     dirs: list[Path]
     memory_dir: Path | None
     version: int
+    #: The group holding ``pids.max`` (None: no pids limit).
+    pids_dir: Path | None = None
 
     def launcher(self) -> list[str]:
         """Command prefix that joins the groups and execs the rest."""
@@ -76,6 +90,36 @@ class InstanceGroup:
         m = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
         return int(m.group(1)) if m else 0
 
+    def pids_limit_hits(self) -> int:
+        """Forks and clones the pids limit refused (0 if unknown or none)."""
+        if self.pids_dir is None:
+            return 0
+        try:
+            text = (self.pids_dir / "pids.events").read_text()
+        except OSError:
+            return 0
+        m = re.search(r"^max (\d+)$", text, re.MULTILINE)
+        return int(m.group(1)) if m else 0
+
+    def procs(self) -> list[int]:
+        """Processes still in the group (empty when unknown)."""
+        try:
+            return [int(x) for x in (self.dirs[0] / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    async def empty(self, within_s: float = 2.0) -> None:
+        """SIGKILL what is left in the group, also processes that left the
+        instance's process group (setsid), so the group can be removed.
+        Polls: a v1 group gives no event when it becomes empty."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while (pids := self.procs()) and loop.time() < deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.01)
+
     def remove(self) -> None:
         """Delete the groups (their processes have exited)."""
         for d in self.dirs:
@@ -84,21 +128,38 @@ class InstanceGroup:
 
 
 class Cgroups:
-    """Creates instance groups under ``galaxy/AGENT_PID`` (v2 or v1)."""
+    """Creates instance groups under ``galaxy/AGENT_PID`` (v2 or v1).
 
-    def __init__(self, root: Path = ROOT) -> None:
+    max_pids: each instance's ``pids.max`` (0: no limit, and the pids
+    controller is not needed). PidsUnavailable when it is set and the
+    controller is missing (``open_cgroups`` decides whether that is fatal).
+    """
+
+    def __init__(self, root: Path = ROOT, max_pids: int = 0) -> None:
+        if max_pids < 0:
+            raise ValueError("max_pids must be >= 0")
         self.root = root
+        self.max_pids = max_pids
         parent = Path("galaxy") / str(os.getpid())
+        controllers = "+cpu +memory"
         if (root / "cgroup.controllers").exists():
             have = (root / "cgroup.controllers").read_text().split()
             missing = {"cpu", "memory"} - set(have)
             if missing:
                 raise CgroupError(f"cgroup v2 without the {', '.join(sorted(missing))} controller")
+            if max_pids and "pids" not in have:
+                raise PidsUnavailable("cgroup v2 without the pids controller")
+            if max_pids:
+                controllers += " +pids"
             self.version = 2
             self.parents = [root / parent]
         elif (root / "cpu" / "cpu.cfs_quota_us").exists() and (root / "memory").is_dir():
             self.version = 1
             self.parents = [root / "cpu" / parent, root / "memory" / parent]
+            if max_pids:
+                if not (root / "pids" / "cgroup.procs").exists():
+                    raise PidsUnavailable(f"no cgroup v1 pids hierarchy under {root}")
+                self.parents.append(root / "pids" / parent)
         else:
             raise CgroupError(f"no cgroup cpu and memory controllers under {root}")
         for p in self.parents:
@@ -109,13 +170,13 @@ class Cgroups:
             if self.version == 2:
                 # Children may only use the controllers their parents enable.
                 for d in (root / "galaxy", root / parent):
-                    (d.parent / "cgroup.subtree_control").write_text("+cpu +memory")
+                    (d.parent / "cgroup.subtree_control").write_text(controllers)
         except OSError as e:
             raise CgroupError(f"cannot create cgroups under {root}: {e.strerror}") from None
 
     def create(self, instance_id: str, memory_mib: int) -> InstanceGroup:
-        """A group limited to memory_mib (0 = no limit); its CPU quota comes
-        later (``InstanceGroup.limit_cpu``)."""
+        """A group limited to memory_mib (0 = no limit) and ``max_pids``
+        tasks; its CPU quota comes later (``InstanceGroup.limit_cpu``)."""
         name = _SAFE.sub("_", instance_id)
         dirs = [p / name for p in self.parents]
         try:
@@ -128,14 +189,19 @@ class Cgroups:
                     (d / "memory.max").write_text(str(memory_mib << 20))
                     with contextlib.suppress(OSError):
                         (d / "memory.swap.max").write_text("0")
-                return InstanceGroup(dirs, d, 2)
-            cpu, mem = dirs
-            (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            if memory_mib:
-                (mem / "memory.limit_in_bytes").write_text(str(memory_mib << 20))
-                with contextlib.suppress(OSError):  # only with swap accounting
-                    (mem / "memory.memsw.limit_in_bytes").write_text(str(memory_mib << 20))
-            return InstanceGroup(dirs, mem, 1)
+                pids = d if self.max_pids else None
+            else:
+                cpu, mem = dirs[:2]
+                (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                if memory_mib:
+                    (mem / "memory.limit_in_bytes").write_text(str(memory_mib << 20))
+                    with contextlib.suppress(OSError):  # only with swap accounting
+                        (mem / "memory.memsw.limit_in_bytes").write_text(str(memory_mib << 20))
+                d = mem
+                pids = dirs[2] if self.max_pids else None
+            if pids is not None:
+                (pids / "pids.max").write_text(str(self.max_pids))
+            return InstanceGroup(dirs, d, self.version, pids)
         except OSError as e:
             InstanceGroup(dirs, None, self.version).remove()
             raise CgroupError(f"cannot set up the cgroup of {instance_id}: {e.strerror}") from None
@@ -177,13 +243,24 @@ def _sweep_stale(galaxy_dir: Path) -> None:
                 log.info("removed the cgroup of agent %s, which is gone", agent.name)
 
 
-def open_cgroups(mode: str) -> Cgroups | None:
-    """mode "on": cgroups or CgroupError; "auto": cgroups when they can be
-    made (logged when not); "off": None."""
+def open_cgroups(mode: str, max_pids: int = 0, root: Path = ROOT) -> Cgroups | None:
+    """mode "on": cgroups (with the pids limit when max_pids > 0) or
+    CgroupError; "auto": cgroups when they can be made, without the pids
+    limit when only that controller is missing (each logged once); "off":
+    None."""
     if mode == "off":
         return None
     try:
-        return Cgroups()
+        return Cgroups(root, max_pids=max_pids)
+    except PidsUnavailable as e:
+        if mode == "on":
+            raise
+        log.warning("instances run without a pids limit (--instance-max-pids): %s", e)
+        try:
+            return Cgroups(root)
+        except CgroupError as e2:
+            log.warning("instances run without CPU/memory limits: %s", e2)
+            return None
     except CgroupError as e:
         if mode == "on":
             raise

@@ -24,6 +24,7 @@ from prometheus_client import Counter
 
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, InstanceGroup
+from controlplane.nodeagent.sandbox.workdirs import InstanceDirs
 from controlplane.runtime import revisions
 from controlplane.runtime.errors import Unavailable
 from controlplane.runtime.netaddr import join_host_port
@@ -69,15 +70,20 @@ def pdeathsig_prefix() -> list[str]:
     return [sys.executable, "-S", "-I", "-c", _PY_LAUNCHER, str(os.getpid())]
 
 
+def instance_user(user: str) -> pwd.struct_passwd:
+    """The account of --instance-user (name or uid); ValueError if unknown."""
+    try:
+        return pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except KeyError:
+        raise ValueError(f"--instance-user: no user {short(user)} on this node") from None
+
+
 def run_as_prefix(user: str) -> list[str]:
     """Command prefix that runs an instance as user (name or uid) with no
     supplementary groups and the parent-death signal, via util-linux
     setpriv. ValueError (naming --instance-user) when that cannot work: an
     unknown user, no setpriv, or an agent without the right to switch."""
-    try:
-        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
-    except KeyError:
-        raise ValueError(f"--instance-user: no user {short(user)} on this node") from None
+    pw = instance_user(user)
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         raise ValueError("--instance-user needs util-linux `setpriv` on the node")
@@ -189,6 +195,10 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 OOM_KILLS = Counter(
     "galaxy_instance_oom_kills_total", "Function instances ended by the OOM killer at their limit"
 )
+PIDS_LIMIT_HITS = Counter(
+    "galaxy_instance_pids_limit_hits_total",
+    "Function instances that tried to fork or start a thread past --instance-max-pids",
+)
 
 
 class ProcessSandbox(Sandbox):
@@ -205,9 +215,12 @@ class ProcessSandbox(Sandbox):
         on_exit: ExitCallback | None,
         group: InstanceGroup | None = None,
         memory_mib: int = 0,
+        private_dir: Path | None = None,
     ) -> None:
         super().__init__(node_id, instance_id, join_host_port(backend.host, port))
         self.group = group
+        #: Its private directory ($HOME, $TMPDIR; removed when it ends).
+        self.private_dir = private_dir
         self.memory_mib = memory_mib
         #: True when the kernel's OOM killer ended it (read from its cgroup).
         self.oom_killed = False
@@ -237,7 +250,18 @@ class ProcessSandbox(Sandbox):
             self.oom_killed = self.group.oom_kills() > 0
             if self.oom_killed:
                 OOM_KILLS.inc()
+            hits = self.group.pids_limit_hits()
+            if hits:
+                PIDS_LIMIT_HITS.inc()
+                log.warning(
+                    "instance %s hit its limit of %d processes and threads "
+                    "(--instance-max-pids) %d times",
+                    self.instance_id, self._backend.max_pids, hits,
+                )  # fmt: skip
+            await self.group.empty()
             self.group.remove()
+        if self.private_dir is not None:
+            await asyncio.to_thread(self._backend.dirs.remove, self.private_dir)
         if self._ready and not self._stopping and self._on_exit is not None:
             try:
                 self._on_exit(self.instance_id, rc)
@@ -319,6 +343,7 @@ class ProcessBackend(SandboxBackend):
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         cgroups: Cgroups | None = None,
         user: str | None = None,
+        instance_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="galaxy-agent-"))
         #: Per-instance CPU and memory limits (None: the limits are bookkeeping only).
@@ -329,14 +354,38 @@ class ProcessBackend(SandboxBackend):
         self._prefix = pdeathsig_prefix() if user is None else run_as_prefix(user)
         #: The user instances run as (None: the agent's own).
         self.user = user
+        owner = None
+        if user is not None:
+            pw = instance_user(user)
+            owner = (pw.pw_uid, pw.pw_gid)
+        #: Private directories (--instance-dir).
+        try:
+            self.dirs = InstanceDirs(Path(instance_dir) if instance_dir else None, owner)
+        except OSError as e:
+            raise ValueError(f"--instance-dir: {e}") from None
+
+    @property
+    def max_pids(self) -> int:
+        """Each instance's process and thread limit (0: none)."""
+        return self.cgroups.max_pids if self.cgroups is not None else 0
 
     def _env(
-        self, node_id: str, instance_id: str, spec: common_pb2.FunctionSpec, port: int
+        self,
+        node_id: str,
+        instance_id: str,
+        spec: common_pb2.FunctionSpec,
+        port: int,
+        private_dir: Path | None = None,
     ) -> dict[str, str]:
         # Not the agent's whole environment: an instance sees PATH, its spec's
         # env and what the agent tells it (set last, so a spec cannot fake them).
         env = {"PATH": os.environ.get("PATH", os.defpath)}
+        if private_dir is not None:
+            # Before the spec's env: a function may point them elsewhere.
+            env["HOME"] = env["TMPDIR"] = str(private_dir)
         env.update(spec.env)
+        if private_dir is not None:
+            env["GALAXY_INSTANCE_DIR"] = str(private_dir)
         env["GALAXY_INSTANCE_ID"] = instance_id
         function, revision = revisions.split(spec.name)
         env["GALAXY_FUNCTION"] = function
@@ -369,10 +418,15 @@ class ProcessBackend(SandboxBackend):
         if not spec.command:
             raise Unavailable(f"function {spec.name} has no command to run")
         port = _free_port(self.host, {sb.port for sb in self._live})
-        env = self._env(node_id, instance_id, spec, port)
-        cwd = spec.workdir or None
+        try:
+            private_dir = self.dirs.create(instance_id)
+        except OSError as e:
+            raise Unavailable(f"cannot make the directory of instance {instance_id}: {e}") from None
+        env = self._env(node_id, instance_id, spec, port, private_dir)
+        cwd = spec.workdir or str(private_dir)
         why = _cannot_run(spec.command[0], env, cwd)
         if why is not None:
+            self.dirs.remove(private_dir)
             raise Unavailable(f"cannot start instance {instance_id} of {spec.name}: {why}")
         group = None
         prefix = self._prefix
@@ -381,6 +435,7 @@ class ProcessBackend(SandboxBackend):
             try:
                 group = self.cgroups.create(instance_id, res.memory_mib)
             except CgroupError as e:
+                self.dirs.remove(private_dir)
                 raise Unavailable(f"cannot start instance {instance_id}: {e}") from None
             prefix = [*group.launcher(), *prefix]
         out, err = self._open_logs(node_id, instance_id)
@@ -394,9 +449,14 @@ class ProcessBackend(SandboxBackend):
                 # execs in C. It blocks for the fork+exec only (~1 ms).
                 proc = subprocess.Popen(  # noqa: ASYNC220 (see above)
                     [*prefix, *spec.command],
+                    # Nothing of the agent's: stdin is /dev/null (never its
+                    # lifeline pipe), and every fd but 0-2 is closed (gRPC
+                    # sockets, logs), whatever its inheritable flag says.
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
+                    close_fds=True,
+                    pass_fds=(),
                     env=env,
                     cwd=cwd,
                     start_new_session=True,  # own process group: stop kills the whole tree
@@ -404,12 +464,13 @@ class ProcessBackend(SandboxBackend):
             except (OSError, subprocess.SubprocessError) as e:
                 if group is not None:
                     group.remove()
+                self.dirs.remove(private_dir)
                 raise Unavailable(
                     f"cannot run {short(spec.command[0])} for instance {instance_id}: {e}"
                 ) from None
         sb = ProcessSandbox(
             self, node_id, instance_id, proc, port, stderr_path, on_exit,
-            group, spec.resources.memory_mib,
+            group, spec.resources.memory_mib, private_dir,
         )  # fmt: skip
         self._live.add(sb)
         timeout_ms = spec.startup_timeout_ms or self.startup_timeout_ms
@@ -432,3 +493,4 @@ class ProcessBackend(SandboxBackend):
         await asyncio.gather(*(sb.stop() for sb in list(self._live)))
         if self.cgroups is not None:
             self.cgroups.close()
+        await asyncio.to_thread(self.dirs.close)
