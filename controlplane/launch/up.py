@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.launch import etcd
 from controlplane.runtime import netaddr, tls, tlsfiles
 from controlplane.runtime.host import READY_PREFIX, serve_command
 from controlplane.runtime.tls import TlsConfig
@@ -93,6 +94,9 @@ class UpConfig:
     #: RUN_DIR/certs on first start). Off here (bench, calibrate); `galaxy
     #: up` turns it on unless --insecure.
     tls: bool = False
+    #: Two leader-elected controllers (`--ha`). They share state: an
+    #: etcd:// ``state``, or with memory:// a local etcd child in RUN_DIR/etcd.
+    ha: bool = False
 
 
 @dataclass
@@ -212,13 +216,7 @@ class Supervisor:
             # be in the certificates (ensure adds it and keeps older hosts).
             hosts = {netaddr.advertised_host(cfg.host), "localhost", "127.0.0.1", "::1"}
             await asyncio.to_thread(tls.ensure, self.tls_dir, hosts=sorted(hosts))
-        ctl = await self.spawn(
-            "controller",
-            self._serve_cmd(
-                "controller", "controller-0", "--state", cfg.state, *self._controller_args()
-            ),
-        )
-        caddr = ctl.ready["address"]
+        caddr = await self._start_controllers()
         jobs = []
         for kind, n in (
             ("clustermgr", cfg.clustermgr),
@@ -274,14 +272,61 @@ class Supervisor:
         (cfg.run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints, indent=2))
         return endpoints
 
+    async def _start_controllers(self) -> str:
+        """The controller, or with ``ha`` two of them (and etcd if needed);
+        returns the address(es) to give the other components."""
+        cfg = self.cfg
+        if not cfg.ha:
+            ctl = await self.spawn(
+                "controller",
+                self._serve_cmd(
+                    "controller", "controller-0", "--state", cfg.state, *self._controller_args()
+                ),
+            )
+            return str(ctl.ready["address"])
+        if cfg.state.startswith("memory"):
+            if etcd.etcd_binary() is None:
+                raise RuntimeError(
+                    "--ha needs shared state: pass --state etcd://HOST:PORT "
+                    "(or install etcd to get a local one)"
+                )
+            data = cfg.run_dir / "etcd"
+            host = "127.0.0.1"  # etcd serves only this machine's controllers
+            cmd = etcd.child_command(data, host, etcd.free_port(host), etcd.free_port(host))
+            cfg.state = (await self.spawn("etcd", cmd)).ready["state"]
+        elif not cfg.state.startswith("etcd://"):
+            raise RuntimeError("--ha needs shared state: --state etcd://HOST:PORT")
+        ctls = await asyncio.gather(
+            *(
+                self.spawn(
+                    f"controller-{i}",
+                    self._serve_cmd(
+                        "controller",
+                        f"controller-{i}",
+                        "--state",
+                        cfg.state,
+                        "--ha",
+                        *self._controller_args(),
+                    ),
+                )
+                for i in range(2)
+            )
+        )
+        return ",".join(str(c.ready["address"]) for c in ctls)
+
     def endpoints(self) -> dict[str, Any]:
-        """Addresses of every component, as written to endpoints.json."""
+        """Addresses of every component, as written to endpoints.json.
+
+        ``controller`` is one address, or with ``ha`` the controllers'
+        comma-separated (any of them answers); ``controllers`` lists them.
+        """
         out: dict[str, Any] = {"controller": "", "components": [], "supervisor_pid": os.getpid()}
         if self.tls_dir is not None:
             out["tls_dir"] = str(self.tls_dir)
+        ctls = [c.ready["address"] for c in self.children if is_controller(c.name)]
+        out["controller"] = ",".join(ctls)
+        out["controllers"] = ctls
         for c in self.children:
-            if c.name == "controller":
-                out["controller"] = c.ready["address"]
             if c.ready.get("kind") == "gateway":
                 out.setdefault("gateway", c.ready["address"])
             out["components"].append({"name": c.name, **c.ready, "log": str(c.log_path)})
@@ -309,17 +354,8 @@ class Supervisor:
         """Stop children, node agents first and the controller last."""
         with contextlib.suppress(OSError):
             (self.cfg.run_dir / ENDPOINTS_FILE).unlink()
-        order = sorted(
-            self.children,
-            key=lambda c: 0 if c.name.startswith("agent") else 2 if c.name == "controller" else 1,
-        )
-        for group in (0, 1, 2):
-            members = [
-                c
-                for c in order
-                if (0 if c.name.startswith("agent") else 2 if c.name == "controller" else 1)
-                == group
-            ]
+        for group in (0, 1, 2, 3):
+            members = [c for c in self.children if _stop_group(c.name) == group]
             await asyncio.gather(*(_terminate(c.proc, grace_s) for c in members))
         for c in self.children:
             if c.cgroup is not None:
@@ -327,6 +363,21 @@ class Supervisor:
 
                 cpulimit.release(c.cgroup)
         self.children.clear()
+
+
+def is_controller(name: str) -> bool:
+    """True for the name of a controller child ("controller", "controller-1")."""
+    return name == "controller" or name.startswith("controller-")
+
+
+def _stop_group(name: str) -> int:
+    # Agents first (nothing new is placed), the controllers after their
+    # instances deregistered, etcd last (the controllers resign through it).
+    if name.startswith("agent"):
+        return 0
+    if is_controller(name):
+        return 2
+    return 3 if name == "etcd" else 1
 
 
 async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> None:

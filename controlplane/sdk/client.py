@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
-from controlplane.runtime import rpc
+from controlplane.runtime import controllers, rpc
 from controlplane.runtime.errors import (
     RETRYABLE,
     DeadlineExceeded,
@@ -42,7 +42,6 @@ from controlplane.sdk.retry import Backoff
 from galaxy.v1 import (
     common_pb2,
     controller_pb2,
-    controller_pb2_grpc,
     dispatch_pb2,
     dispatch_pb2_grpc,
 )
@@ -67,7 +66,11 @@ class InvokeResult:
 
 
 class GalaxyClient:
-    """Async client of one Galaxy control plane (controller address).
+    """Async client of one Galaxy control plane.
+
+    controller: the controller's host:port, or several (a list, or
+    comma-separated: `galaxy up --ha`); a controller that is UNAVAILABLE is
+    passed over for the next (``controlplane.runtime.controllers``).
 
     tls: mutual TLS with a client certificate of the cluster's CA
     (``controlplane.runtime.tlsfiles.client_tls``); None for a plaintext
@@ -76,12 +79,15 @@ class GalaxyClient:
 
     def __init__(
         self,
-        controller: str,
+        controller: str | Sequence[str],
         timeout: float = 30.0,
         backoff: Backoff | None = None,
         tls: TlsConfig | None = None,
     ) -> None:
-        self.controller = controller
+        #: The controllers' addresses, tried in turn on UNAVAILABLE.
+        self.controllers = controllers.split(controller)
+        if not self.controllers:
+            raise ValueError("no controller address given")
         self.timeout = timeout
         self.pool = rpc.ChannelPool(timeout=timeout, tls=tls)
         self.http = HttpPool()
@@ -110,10 +116,14 @@ class GalaxyClient:
         await self.http.close()
         await self.pool.close()
 
+    @property
+    def controller(self) -> str:
+        """The controllers' addresses, comma-separated."""
+        return ",".join(self.controllers)
+
     async def _ctl(self, method: str, request: Any) -> Any:
         try:
-            async with self.pool.stub(self.controller, controller_pb2_grpc.ControllerStub) as s:
-                return await getattr(s, method)(request)
+            return await controllers.call(self.pool, self.controllers, method, request)
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
 
@@ -379,13 +389,15 @@ class SyncGalaxyClient:
     """Blocking wrapper of GalaxyClient for scripts (one private event loop)."""
 
     def __init__(
-        self, controller: str, timeout: float = 30.0, tls: TlsConfig | None = None
+        self, controller: str | Sequence[str], timeout: float = 30.0, tls: TlsConfig | None = None
     ) -> None:
         self._runner = asyncio.Runner()
         self._client = self._runner.run(self._make(controller, timeout, tls))
 
     @staticmethod
-    async def _make(controller: str, timeout_s: float, tls: TlsConfig | None) -> GalaxyClient:
+    async def _make(
+        controller: str | Sequence[str], timeout_s: float, tls: TlsConfig | None
+    ) -> GalaxyClient:
         return GalaxyClient(controller, timeout_s, tls=tls)
 
     def __getattr__(self, name: str) -> Any:
