@@ -49,6 +49,10 @@ from galaxy.v1 import (
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 # How long a deferred release waits for a Dispatch call to ride on.
 RELEASE_DELAY_S = 0.002
+# Controller calls that change nothing: safe to repeat while it fails over.
+_READS = frozenset(
+    {"GetMembership", "GetClusterStatus", "GetFunction", "ListFunctions", "ListRevisions"}
+)
 
 
 @dataclass
@@ -121,11 +125,25 @@ class GalaxyClient:
         """The controllers' addresses, comma-separated."""
         return ",".join(self.controllers)
 
-    async def _ctl(self, method: str, request: Any) -> Any:
-        try:
-            return await controllers.call(self.pool, self.controllers, method, request)
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+    async def _ctl(self, method: str, request: Any, retry_s: float | None = None) -> Any:
+        """Call the controller. A read that every controller answers with
+        UNAVAILABLE (one is down and the other has no leader yet: an
+        election lasts up to the lease TTL) is retried with backoff for
+        ``retry_s`` (default: the client's timeout); a change is not (it may
+        have been applied)."""
+        loop = asyncio.get_running_loop()
+        retry = method in _READS
+        deadline = loop.time() + (self.timeout if retry_s is None else retry_s)
+        attempts = 0
+        while True:
+            try:
+                return await controllers.call(self.pool, self.controllers, method, request)
+            except grpc.aio.AioRpcError as e:
+                attempts += 1
+                delay = self.backoff.delay(attempts, loop.time(), deadline)
+                if not retry or e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
+                    raise from_rpc_error(e) from None
+                await asyncio.sleep(delay)
 
     # -- admin ------------------------------------------------------------
 
@@ -163,11 +181,13 @@ class GalaxyClient:
         """Control instances, nodes, functions and instances."""
         return await self._ctl("GetClusterStatus", controller_pb2.GetClusterStatusRequest())  # type: ignore[no-any-return]
 
-    async def refresh_membership(self) -> None:
+    async def refresh_membership(self, retry_s: float | None = None) -> None:
         """Fetch the current Dispatch instances from the controller. What the
         controller answers is the truth even when its epoch is lower than
-        the one held (a restarted controller), so it replaces the view."""
-        m = await self._ctl("GetMembership", controller_pb2.GetMembershipRequest())
+        the one held (a restarted controller), so it replaces the view.
+        retry_s: how long to retry while no controller can answer (default:
+        the client's timeout)."""
+        m = await self._ctl("GetMembership", controller_pb2.GetMembershipRequest(), retry_s)
         view = MembershipView()
         view.update(m)
         self.membership = view
@@ -236,9 +256,11 @@ class GalaxyClient:
                 skipped.add(target.id)
                 await asyncio.sleep(delay)
                 try:
-                    await self.refresh_membership()
+                    # Once: a controller failing over too must not hold the
+                    # request past its deadline; the old view is kept.
+                    await self.refresh_membership(retry_s=0)
                 except GalaxyError:
-                    pass  # the controller may be failing over too: keep the old view
+                    pass
 
     async def release(self, addr: dispatch_pb2.InstanceAddr, defer: bool = False) -> bool:
         """Give back the slot of a dispatch() result.

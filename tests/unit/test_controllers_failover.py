@@ -4,6 +4,8 @@ answered; the SDK takes a list or a comma-separated string."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -70,13 +72,19 @@ async def test_call_passes_over_unavailable_and_dead_controllers_and_remembers(t
 
 
 async def test_sdk_takes_several_controllers(two) -> None:
-    a, b, (addr_a, addr_b) = two
+    _, b, (addr_a, addr_b) = two
     async with GalaxyClient([addr_a, addr_b], timeout=2.0) as c:
         assert c.controller == f"{addr_a},{addr_b}"
         await c.refresh_membership()
         assert c.membership.epoch == 2
+        # No controller answers (an election): a read is retried for a while...
         b.up = False
         with pytest.raises(Unavailable):
-            await c.refresh_membership()
+            await c.refresh_membership(retry_s=0.3)
+        assert b.calls > 2
+        # ...and succeeds once one answers again.
+        asyncio.get_running_loop().call_later(0.2, setattr, b, "up", True)
+        await c.refresh_membership()
+        assert c.membership.epoch == 2
     with pytest.raises(ValueError):
         GalaxyClient(" , ")
