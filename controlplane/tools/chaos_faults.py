@@ -137,6 +137,7 @@ async def controller_leader(run: Run) -> Found:
     try:
         kv = await store.get(key)
         leader = json.loads(kv.value)["id"] if kv else ""
+        term = kv.version if kv else 0
         child = _child(run.sup, leader)
         if child is None or not is_controller(leader):
             raise RuntimeError(f"no running leading controller (leader key: {leader!r})")
@@ -144,16 +145,19 @@ async def controller_leader(run: Run) -> Found:
         os.kill(child.proc.pid, signal.SIGKILL)
 
         async def other_leads() -> bool:
+            # A new term (the key won again, maybe by the restarted victim).
             kv = await store.get(key)
-            return kv is not None and json.loads(kv.value)["id"] not in ("", leader)
+            return kv is not None and kv.version != term
 
         took = await _until(other_leads, DEFAULT_TTL_S * 5)
+        kv = await store.get(key)
+        new_leader = json.loads(kv.value)["id"] if kv else ""
     finally:
         await store.close()
     back = await _replaced(run, child.name, child.proc.pid)
     return Found(
         child.name, took, back,
-        {"lease_ttl_s": DEFAULT_TTL_S},
+        {"lease_ttl_s": DEFAULT_TTL_S, "new_leader": new_leader},
         goal=f"takeover within the lease TTL ({DEFAULT_TTL_S:.0f} s)",
         goal_met=took is not None and took <= DEFAULT_TTL_S,
     )  # fmt: skip
