@@ -214,12 +214,15 @@ async def sigstop_nodeagent(run: Run) -> Found:
 
     back_s = await _until(alive, 15.0)
     check = await cluster_check(run.client)
-    limit = 3 * HEARTBEAT_S
+    # Dead after 3 heartbeats of silence, which began at the last heartbeat
+    # before the stop; ClusterMgr looks every half heartbeat.
+    limit = 3.5 * HEARTBEAT_S
     return Found(
         child.name, detect, back_s is not None,
         {"stopped_s": round(resumed - run.fault_at, 2),
          "alive_again_s": None if back_s is None else round(back_s, 2), **check},
-        goal=f"detected within 3 heartbeats ({limit:.0f} s); no duplicate or leaked instance",
+        goal=f"declared dead within 3 heartbeats of silence + ClusterMgr's sweep ({limit:.1f} s "
+        "after the stop); no duplicate or leaked instance",
         goal_met=detect is not None and detect <= limit
         and check["duplicate_instances"] == 0 and check["leaked_instances"] == 0,
     )  # fmt: skip
