@@ -44,6 +44,8 @@ from controlplane.tools.common import CliError
 #: Outage of the etcd fault and stop of the SIGSTOP fault unless --outage-s.
 DEFAULT_OUTAGE_S = {"etcd": 15.0, "sigstop-nodeagent": 6.0}
 HUNG = "HUNG"
+#: The load goes on past --duration-s while the fault is under way, this long at most.
+MAX_EXTRA_S = 120.0
 
 
 def add_subparser(sub: Any) -> None:
@@ -91,9 +93,11 @@ async def _load(
     duration_s: float,
     out: Outcome,
     hung_s: float = 5.0,
+    until: asyncio.Event | None = None,
 ) -> None:
-    """Open-loop load; a request still unanswered hung_s after the load
-    ends is cancelled and counted as hung."""
+    """Open-loop load for duration_s, and on until ``until`` is set (a fault
+    still under way; at most MAX_EXTRA_S more); a request still unanswered
+    hung_s after the load ends is cancelled and counted as hung."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     tasks: dict[asyncio.Task[None], float] = {}
@@ -109,7 +113,13 @@ async def _load(
             out.rows.append((start - t0, time.perf_counter() - p0, code))
 
     i = 0
-    while (now := loop.time()) - t0 < duration_s:
+
+    def more(now: float) -> bool:
+        if now - t0 < duration_s:
+            return True
+        return until is not None and not until.is_set() and now - t0 < duration_s + MAX_EXTRA_S
+
+    while more(now := loop.time()):
         t = asyncio.create_task(one(i, now))
         tasks[t] = now
         t.add_done_callback(lambda t: tasks.pop(t, None))
@@ -140,6 +150,8 @@ def report(
             errors[r[2]] = errors.get(r[2], 0) + 1
     # The longest time with no request completing successfully.
     done = sorted(r[0] + r[1] for r in ok)
+    if rows:  # failures after the last success count as a gap too
+        done.append(max(done[-1] if done else 0.0, max(r[0] + r[1] for r in rows)))
     gaps = [b - a for a, b in itertools.pairwise(done)]
     # Recovered when the last request that failed after the fault ended.
     failed_after = [r[0] + r[1] for r in rows if r[2] and r[0] >= at_s]
@@ -207,13 +219,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     await c.deploy(spec)
                 functions_before = len(await c.list_functions())
                 out = Outcome()
+                fault_done = asyncio.Event()
                 load = asyncio.create_task(
-                    _load(c, names, args.rate, args.duration_s, out, args.hung_s)
+                    _load(c, names, args.rate, args.duration_s, out, args.hung_s, fault_done)
                 )
                 await asyncio.sleep(args.at_s)  # the fault's scheduled time
                 found = Found()
-                if args.fault != "none":
-                    found = await fault(args.fault)(r)
+                try:
+                    if args.fault != "none":
+                        found = await fault(args.fault)(r)
+                except BaseException:
+                    load.cancel()
+                    raise
+                finally:
+                    fault_done.set()
                 await load
                 functions_after = len(await c.list_functions())
             rep = report(out, args.at_s, args.fault, found.victim, found.replaced, args.hung_s)

@@ -309,6 +309,7 @@ async def restart(run: Run) -> Found:
     run.fault_at = _now()
     await run.unsupervise()
     await run.sup.stop()
+    stopped = _now() - run.fault_at
     run.sup = Supervisor(run.cfg)
     ep = await run.sup.start()
     await run.sup.wait_nodes_registered()
@@ -321,8 +322,9 @@ async def restart(run: Run) -> Found:
     check = await cluster_check(run.client)
     return Found(
         "control plane", None, True,
-        {"restart_s": round(down, 2), "revisions_before": sum(before.values()),
-         "revisions_after": sum(after.values()), **check},
+        {"restart_s": round(down, 2), "stop_s": round(stopped, 2),
+         "revisions_before": sum(before.values()), "revisions_after": sum(after.values()),
+         **check},
         goal="every function and revision back; no leaked instance",
         goal_met=before == after and check["leaked_instances"] == 0,
     )  # fmt: skip
