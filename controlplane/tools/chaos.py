@@ -204,6 +204,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         sup = Supervisor(cfg)
         r: Run | None = None
+        rep: dict[str, Any] = {}
         try:
             if etcd is not None:
                 await etcd.start()
@@ -235,7 +236,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     fault_done.set()
                 await load
                 functions_after = len(await c.list_functions())
-            rep = report(out, args.at_s, args.fault, found.victim, found.replaced, args.hung_s)
+            summary = report(out, args.at_s, args.fault, found.victim, found.replaced, args.hung_s)
+            rep.update(summary)
             rep.update(
                 detect_s=None if found.detect_s is None else round(found.detect_s, 3),
                 functions_before=functions_before,
@@ -255,6 +257,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if r is not None:
                 await r.unsupervise()
                 sup = r.sup
+            # What was running at the end, for a check that none outlives the run.
+            pids = [c.proc.pid for c in sup.children if c.proc.returncode is None]
+            if etcd is not None and etcd.pid is not None:
+                pids.append(etcd.pid)
+            rep["pids"] = pids
             await sup.stop()
             if etcd is not None:
                 await etcd.stop()
