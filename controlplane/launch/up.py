@@ -323,7 +323,12 @@ class Supervisor:
         out: dict[str, Any] = {"controller": "", "components": [], "supervisor_pid": os.getpid()}
         if self.tls_dir is not None:
             out["tls_dir"] = str(self.tls_dir)
-        ctls = [c.ready["address"] for c in self.children if is_controller(c.name)]
+        # By name: a restarted controller is listed where it was.
+        ctls = [
+            c.ready["address"]
+            for c in sorted(self.children, key=lambda c: c.name)
+            if is_controller(c.name)
+        ]
         out["controller"] = ",".join(ctls)
         out["controllers"] = ctls
         for c in self.children:
