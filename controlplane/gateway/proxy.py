@@ -187,7 +187,8 @@ class Proxy:
             return web.json_response({"live": True})
         if r.path == "/v2/health/ready":
             try:
-                await self.client.refresh_membership()
+                # A probe answers now: no retrying while controllers fail over.
+                await self.client.refresh_membership(retry_s=0)
             except GalaxyError as e:
                 return error(503, f"control plane not reachable: {e.message}", self.cfg)
             return web.json_response({"ready": True})

@@ -4,8 +4,8 @@ again (``RestartPolicy``: backoff, restart budget), logged and counted in
 SIGTERM) or a spent budget ends the run.
 
 A restarted controller keeps its port (every other component was told its
-address); the others take any free port and re-register with the
-controller, which repartitions.
+address; under `--ha` both controllers' addresses); the others take any
+free port and re-register with the controller, which repartitions.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from prometheus_client import Counter
 
 from controlplane.launch.restart import RestartPolicy
-from controlplane.launch.up import ENDPOINTS_FILE, Child, Supervisor
+from controlplane.launch.up import ENDPOINTS_FILE, Child, Supervisor, is_controller
 from controlplane.runtime import netaddr
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ RESTARTS = Counter(
 def _pinned(child: Child) -> list[str]:
     """The child's command, listening on the port it had when that matters."""
     cmd = list(child.cmd)
-    if child.name == "controller" and "--listen" in cmd and child.ready.get("address"):
+    if is_controller(child.name) and "--listen" in cmd and child.ready.get("address"):
         i = cmd.index("--listen") + 1
         host, _ = netaddr.split_host_port(cmd[i])
         cmd[i] = netaddr.join_host_port(host, netaddr.split_host_port(child.ready["address"])[1])

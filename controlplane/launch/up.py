@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.launch import etcd
 from controlplane.runtime import credentials, netaddr, tls, tlsfiles
 from controlplane.runtime.host import READY_PREFIX, serve_command
 from controlplane.runtime.tls import TlsConfig
@@ -106,6 +107,9 @@ class UpConfig:
     #: API once it is ready, and again after it restarts (idempotent); None:
     #: none. Default: the repo's examples/runtimes (the examples' runtime).
     runtimes: Path | None = field(default_factory=default_runtimes_dir)
+    #: Two leader-elected controllers (`--ha`). They share state: an
+    #: etcd:// ``state``, or with memory:// a local etcd child in RUN_DIR/etcd.
+    ha: bool = False
 
 
 @dataclass
@@ -247,23 +251,10 @@ class Supervisor:
             # be in the certificates (ensure adds it and keeps older hosts).
             hosts = {netaddr.advertised_host(cfg.host), "localhost", "127.0.0.1", "::1"}
             await asyncio.to_thread(tls.ensure, self.tls_dir, hosts=sorted(hosts))
-        bootstrap: list[str] = []
         if self.token_file is not None:
             # The first admin's token: the controller stores only its hash.
             await asyncio.to_thread(credentials.ensure_token_file, self.token_file)
-            bootstrap = ["--bootstrap-token-file", str(self.token_file)]
-        ctl = await self.spawn(
-            "controller",
-            self._serve_cmd(
-                "controller",
-                "controller-0",
-                "--state",
-                cfg.state,
-                *bootstrap,
-                *self._controller_args(),
-            ),
-        )
-        caddr = ctl.ready["address"]
+        caddr = await self._start_controllers()
         # Before anything else starts, so no one can deploy without them.
         self.runtimes = await self.register_runtimes()
         jobs = []
@@ -321,8 +312,67 @@ class Supervisor:
         (cfg.run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints, indent=2))
         return endpoints
 
+    def _bootstrap_args(self) -> list[str]:
+        """The controller's flag that makes the admin token valid (with
+        tokens on)."""
+        if self.token_file is None:
+            return []
+        return ["--bootstrap-token-file", str(self.token_file)]
+
+    async def _start_controllers(self) -> str:
+        """The controller, or with ``ha`` two of them (and etcd if needed);
+        returns the address(es) to give the other components."""
+        cfg = self.cfg
+        if not cfg.ha:
+            ctl = await self.spawn(
+                "controller",
+                self._serve_cmd(
+                    "controller",
+                    "controller-0",
+                    "--state",
+                    cfg.state,
+                    *self._bootstrap_args(),
+                    *self._controller_args(),
+                ),
+            )
+            return str(ctl.ready["address"])
+        if cfg.state.startswith("memory"):
+            if etcd.etcd_binary() is None:
+                raise RuntimeError(
+                    "--ha needs shared state: pass --state etcd://HOST:PORT "
+                    "(or install etcd to get a local one)"
+                )
+            data = cfg.run_dir / "etcd"
+            host = "127.0.0.1"  # etcd serves only this machine's controllers
+            cmd = etcd.child_command(data, host, etcd.free_port(host), etcd.free_port(host))
+            cfg.state = (await self.spawn("etcd", cmd)).ready["state"]
+        elif not cfg.state.startswith("etcd://"):
+            raise RuntimeError("--ha needs shared state: --state etcd://HOST:PORT")
+        ctls = await asyncio.gather(
+            *(
+                self.spawn(
+                    f"controller-{i}",
+                    self._serve_cmd(
+                        "controller",
+                        f"controller-{i}",
+                        "--state",
+                        cfg.state,
+                        "--ha",
+                        *self._bootstrap_args(),
+                        *self._controller_args(),
+                    ),
+                )
+                for i in range(2)
+            )
+        )
+        return ",".join(str(c.ready["address"]) for c in ctls)
+
     def endpoints(self) -> dict[str, Any]:
-        """Addresses of every component, as written to endpoints.json."""
+        """Addresses of every component, as written to endpoints.json.
+
+        ``controller`` is one address, or with ``ha`` the controllers'
+        comma-separated (any of them answers); ``controllers`` lists them.
+        """
         out: dict[str, Any] = {"controller": "", "components": [], "supervisor_pid": os.getpid()}
         if self.tls_dir is not None:
             out["tls_dir"] = str(self.tls_dir)
@@ -330,9 +380,15 @@ class Supervisor:
             out["token_file"] = str(self.token_file)
         if self.runtimes:
             out["runtimes"] = self.runtimes
+        # By name: a restarted controller is listed where it was.
+        ctls = [
+            c.ready["address"]
+            for c in sorted(self.children, key=lambda c: c.name)
+            if is_controller(c.name)
+        ]
+        out["controller"] = ",".join(ctls)
+        out["controllers"] = ctls
         for c in self.children:
-            if c.name == "controller":
-                out["controller"] = c.ready["address"]
             if c.ready.get("kind") == "gateway":
                 out.setdefault("gateway", c.ready["address"])
             out["components"].append({"name": c.name, **c.ready, "log": str(c.log_path)})
@@ -385,17 +441,8 @@ class Supervisor:
         """Stop children, node agents first and the controller last."""
         with contextlib.suppress(OSError):
             (self.cfg.run_dir / ENDPOINTS_FILE).unlink()
-        order = sorted(
-            self.children,
-            key=lambda c: 0 if c.name.startswith("agent") else 2 if c.name == "controller" else 1,
-        )
-        for group in (0, 1, 2):
-            members = [
-                c
-                for c in order
-                if (0 if c.name.startswith("agent") else 2 if c.name == "controller" else 1)
-                == group
-            ]
+        for group in (0, 1, 2, 3):
+            members = [c for c in self.children if _stop_group(c.name) == group]
             await asyncio.gather(*(_terminate(c.proc, grace_s) for c in members))
         for c in self.children:
             if c.cgroup is not None:
@@ -403,6 +450,21 @@ class Supervisor:
 
                 cpulimit.release(c.cgroup)
         self.children.clear()
+
+
+def is_controller(name: str) -> bool:
+    """True for the name of a controller child ("controller", "controller-1")."""
+    return name == "controller" or name.startswith("controller-")
+
+
+def _stop_group(name: str) -> int:
+    # Agents first (nothing new is placed), the controllers after their
+    # instances deregistered, etcd last (the controllers resign through it).
+    if name.startswith("agent"):
+        return 0
+    if is_controller(name):
+        return 2
+    return 3 if name == "etcd" else 1
 
 
 async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> None:

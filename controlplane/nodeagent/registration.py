@@ -20,9 +20,9 @@ from typing import Any
 
 import grpc
 
-from controlplane.runtime import rpc
+from controlplane.runtime import controllers, rpc
 from controlplane.runtime.membership import MembershipView
-from galaxy.v1 import clustermgr_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
+from galaxy.v1 import clustermgr_pb2_grpc, common_pb2, controller_pb2
 
 log = logging.getLogger(__name__)
 
@@ -215,10 +215,13 @@ class Registrar:
         loop = asyncio.get_running_loop()
         self._membership_last = loop.time()
         try:
-            async with self.pool.stub(self.controller, controller_pb2_grpc.ControllerStub) as stub:
-                m = await stub.GetMembership(
-                    controller_pb2.GetMembershipRequest(), timeout=self.rpc_timeout_s
-                )
+            m = await controllers.call(
+                self.pool,
+                self.controller,
+                "GetMembership",
+                controller_pb2.GetMembershipRequest(),
+                timeout_s=self.rpc_timeout_s,
+            )
         except Exception as e:
             self._membership_failures += 1
             if self._membership_failures == 1:

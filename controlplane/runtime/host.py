@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from controlplane.runtime import authz, loadreport, netaddr, rpc
+from controlplane.runtime import authz, controllers, loadreport, netaddr, rpc
 from controlplane.runtime.authn import AccessInterceptor
 from controlplane.runtime.membership import KIND_NAMES
 from controlplane.runtime.metrics import serve_metrics, watch_gc
 from controlplane.runtime.tls import IdentityInterceptor, TlsConfig
-from galaxy.v1 import common_pb2, controller_pb2_grpc
+from galaxy.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,10 @@ async def _register(ctx: HostContext, kind: int, deadline_s: float) -> common_pb
     delay = 0.05
     while True:
         try:
-            async with ctx.pool.stub(ctx.controller, controller_pb2_grpc.ControllerStub) as stub:
-                return await stub.RegisterInstance(me, timeout=2.0)  # type: ignore[no-any-return]
+            # Any controller of an HA set will do (a follower forwards).
+            return await controllers.call(  # type: ignore[no-any-return]
+                ctx.pool, ctx.controller, "RegisterInstance", me, timeout_s=2.0
+            )
         except Exception as e:  # grpc.aio.AioRpcError and connection errors
             if loop.time() + delay > end:
                 raise RuntimeError(
@@ -127,8 +129,7 @@ async def _deregister(ctx: HostContext, kind: int) -> None:
         id=ctx.instance_id, kind=cast(common_pb2.ControlKind, kind), address=ctx.address
     )
     try:
-        async with ctx.pool.stub(ctx.controller, controller_pb2_grpc.ControllerStub) as stub:
-            await stub.DeregisterInstance(me, timeout=2.0)
+        await controllers.call(ctx.pool, ctx.controller, "DeregisterInstance", me, timeout_s=2.0)
     except Exception as e:
         log.warning("deregistration failed (controller gone?): %s", e)
 

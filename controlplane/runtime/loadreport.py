@@ -21,10 +21,10 @@ from typing import Any, cast
 
 import grpc
 
-from controlplane.runtime import rpc
+from controlplane.runtime import controllers, rpc
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.metrics import RPC_REQUESTS
-from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc
+from galaxy.v1 import common_pb2, controller_pb2
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +138,16 @@ class LoadReporter:
         """Send one report; re-register if the controller asks. None on error."""
         report = self.sample()
         try:
-            async with self.pool.stub(self.controller, controller_pb2_grpc.ControllerStub) as s:
-                reply = cast(
-                    controller_pb2.ReportLoadReply,
-                    await s.ReportLoad(report, timeout=max(self.interval_s, 1.0)),
-                )
+            reply = cast(
+                controller_pb2.ReportLoadReply,
+                await controllers.call(
+                    self.pool,
+                    self.controller,
+                    "ReportLoad",
+                    report,
+                    timeout_s=max(self.interval_s, 1.0),
+                ),
+            )
         except grpc.aio.AioRpcError as e:
             log.debug("load report to %s failed: %s", self.controller, e.details())
             return None

@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
-from controlplane.runtime import authn, rpc
+from controlplane.runtime import authn, controllers, rpc
 from controlplane.runtime.errors import (
     RETRYABLE,
     DeadlineExceeded,
@@ -42,7 +42,6 @@ from controlplane.sdk.retry import Backoff
 from galaxy.v1 import (
     common_pb2,
     controller_pb2,
-    controller_pb2_grpc,
     dispatch_pb2,
     dispatch_pb2_grpc,
 )
@@ -50,6 +49,10 @@ from galaxy.v1 import (
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 # How long a deferred release waits for a Dispatch call to ride on.
 RELEASE_DELAY_S = 0.002
+# Controller calls that change nothing: safe to repeat while it fails over.
+_READS = frozenset(
+    {"GetMembership", "GetClusterStatus", "GetFunction", "ListFunctions", "ListRevisions"}
+)
 
 
 @dataclass
@@ -67,7 +70,11 @@ class InvokeResult:
 
 
 class GalaxyClient:
-    """Async client of one Galaxy control plane (controller address).
+    """Async client of one Galaxy control plane.
+
+    controller: the controller's host:port, or several (a list, or
+    comma-separated: `galaxy up --ha`); a controller that is UNAVAILABLE is
+    passed over for the next (``controlplane.runtime.controllers``).
 
     tls: mutual TLS with a client certificate of the cluster's CA
     (``controlplane.runtime.tlsfiles.client_tls``); None for a plaintext
@@ -79,13 +86,16 @@ class GalaxyClient:
 
     def __init__(
         self,
-        controller: str,
+        controller: str | Sequence[str],
         timeout: float = 30.0,
         backoff: Backoff | None = None,
         tls: TlsConfig | None = None,
         token: str | None = None,
     ) -> None:
-        self.controller = controller
+        #: The controllers' addresses, tried in turn on UNAVAILABLE.
+        self.controllers = controllers.split(controller)
+        if not self.controllers:
+            raise ValueError("no controller address given")
         self._md = authn.token_metadata(token)
         self.timeout = timeout
         self.pool = rpc.ChannelPool(timeout=timeout, tls=tls)
@@ -115,13 +125,35 @@ class GalaxyClient:
         await self.http.close()
         await self.pool.close()
 
-    async def _ctl(self, method: str, request: Any, token: str | None = None) -> Any:
+    @property
+    def controller(self) -> str:
+        """The controllers' addresses, comma-separated."""
+        return ",".join(self.controllers)
+
+    async def _ctl(
+        self, method: str, request: Any, retry_s: float | None = None, token: str | None = None
+    ) -> Any:
+        """Call the controller. A read that every controller answers with
+        UNAVAILABLE (one is down and the other has no leader yet: an
+        election lasts up to the lease TTL) is retried with backoff for
+        ``retry_s`` (default: the client's timeout); a change is not (it may
+        have been applied). token: sent instead of the client's own."""
+        loop = asyncio.get_running_loop()
+        retry = method in _READS
+        deadline = loop.time() + (self.timeout if retry_s is None else retry_s)
+        attempts = 0
         md = authn.token_metadata(token) if token else self._md
-        try:
-            async with self.pool.stub(self.controller, controller_pb2_grpc.ControllerStub) as s:
-                return await getattr(s, method)(request, metadata=md)
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+        while True:
+            try:
+                return await controllers.call(
+                    self.pool, self.controllers, method, request, metadata=md
+                )
+            except grpc.aio.AioRpcError as e:
+                attempts += 1
+                delay = self.backoff.delay(attempts, loop.time(), deadline)
+                if not retry or e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
+                    raise from_rpc_error(e) from None
+                await asyncio.sleep(delay)
 
     # -- admin ------------------------------------------------------------
 
@@ -150,7 +182,7 @@ class GalaxyClient:
 
     async def list_functions(self, token: str | None = None) -> list[common_pb2.FunctionSpec]:
         """The deployed functions the caller may see (all, for an admin)."""
-        r = await self._ctl("ListFunctions", controller_pb2.ListFunctionsRequest(), token)
+        r = await self._ctl("ListFunctions", controller_pb2.ListFunctionsRequest(), token=token)
         return list(r.functions)
 
     async def create_token(
@@ -196,11 +228,13 @@ class GalaxyClient:
         """Control instances, nodes, functions and instances."""
         return await self._ctl("GetClusterStatus", controller_pb2.GetClusterStatusRequest())  # type: ignore[no-any-return]
 
-    async def refresh_membership(self) -> None:
+    async def refresh_membership(self, retry_s: float | None = None) -> None:
         """Fetch the current Dispatch instances from the controller. What the
         controller answers is the truth even when its epoch is lower than
-        the one held (a restarted controller), so it replaces the view."""
-        m = await self._ctl("GetMembership", controller_pb2.GetMembershipRequest())
+        the one held (a restarted controller), so it replaces the view.
+        retry_s: how long to retry while no controller can answer (default:
+        the client's timeout)."""
+        m = await self._ctl("GetMembership", controller_pb2.GetMembershipRequest(), retry_s)
         view = MembershipView()
         view.update(m)
         self.membership = view
@@ -272,9 +306,11 @@ class GalaxyClient:
                 skipped.add(target.id)
                 await asyncio.sleep(delay)
                 try:
-                    await self.refresh_membership()
+                    # Once: a controller failing over too must not hold the
+                    # request past its deadline; the old view is kept.
+                    await self.refresh_membership(retry_s=0)
                 except GalaxyError:
-                    pass  # the controller may be failing over too: keep the old view
+                    pass
 
     async def release(self, addr: dispatch_pb2.InstanceAddr, defer: bool = False) -> bool:
         """Give back the slot of a dispatch() result.
@@ -429,7 +465,7 @@ class SyncGalaxyClient:
 
     def __init__(
         self,
-        controller: str,
+        controller: str | Sequence[str],
         timeout: float = 30.0,
         tls: TlsConfig | None = None,
         token: str | None = None,
@@ -439,7 +475,7 @@ class SyncGalaxyClient:
 
     @staticmethod
     async def _make(
-        controller: str, timeout_s: float, tls: TlsConfig | None, token: str | None
+        controller: str | Sequence[str], timeout_s: float, tls: TlsConfig | None, token: str | None
     ) -> GalaxyClient:
         return GalaxyClient(controller, timeout_s, tls=tls, token=token)
 

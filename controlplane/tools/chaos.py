@@ -1,23 +1,24 @@
 """`galaxy chaos`: one fault under load, and what it cost.
 
 Starts its own control plane (two instances of each control function,
-emulated or process nodes, mutual TLS, supervised as `galaxy up` does),
-deploys a few functions, sends requests through the SDK at a fixed rate,
-and at ``--at`` seconds kills one process of the chosen kind with SIGKILL
-(by PID). The report: requests sent, failed (by error), the longest stretch
-without a successful request, latency before and after the fault, and
-whether the victim came back (docs/reliability.md, "Fault suite").
+emulated or process nodes, mutual TLS, supervised as `galaxy up` does; its
+own etcd when the fault needs one, and two leader-elected controllers with
+``--ha``), deploys a few functions, sends requests through the SDK at a
+fixed rate, and at ``--at`` seconds injects the fault (chaos_faults.py: kill
+-9 of one process of a kind, by PID; kill -9 of the leading controller;
+SIGSTOP of a node agent; an etcd outage; a restart of the whole control
+plane). The report: requests sent, succeeded, failed by code, hung; time to
+detect and to recover; whether the dead part was replaced; functions before
+and after; latency before and after the fault (docs/reliability.md, "Fault
+suite"). Bounded in time and requests; stops everything it started.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
-import os
-import signal
 import statistics
 import tempfile
 import time
@@ -25,25 +26,52 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.launch.restart import RestartPolicy
-from controlplane.launch.supervise import supervise
+from controlplane.launch.etcd import LocalEtcd
 from controlplane.launch.up import Supervisor, UpConfig
 from controlplane.runtime import spec as specs
-from controlplane.runtime.errors import GalaxyError
 from controlplane.sdk.client import GalaxyClient
+from controlplane.tools.chaos_faults import (
+    ECHO,
+    FAULTS,
+    NEEDS_ETCD,
+    NEEDS_HA,
+    Found,
+    Run,
+    fault,
+)
 from controlplane.tools.common import CliError
 
-ECHO = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
-FAULTS = ("dispatch", "schedule", "clustermgr", "agent", "controller", "none")
+#: Outage of the etcd fault and stop of the SIGSTOP fault unless --outage-s.
+DEFAULT_OUTAGE_S = {"etcd": 15.0, "sigstop-nodeagent": 6.0}
+HUNG = "HUNG"
+#: The load goes on past --duration-s while the fault is under way, this long at most.
+MAX_EXTRA_S = 120.0
 
 
 def add_subparser(sub: Any) -> None:
     """``galaxy chaos``."""
-    p = sub.add_parser("chaos", help="kill one component under load and report what it cost")
-    p.add_argument("--fault", choices=FAULTS, default="dispatch", help="kind to kill -9")
+    p = sub.add_parser("chaos", help="inject one fault under load and report what it cost")
+    p.add_argument(
+        "--fault",
+        choices=FAULTS,
+        default="dispatch",
+        help="a kind to kill -9 (dispatch, schedule, clustermgr, agent, controller); "
+        "controller-leader (kill -9 the leader, implies --ha); sigstop-nodeagent; etcd "
+        "(stopped --outage-s); restart (the whole control plane, on the same etcd); none",
+    )
     p.add_argument("--rate", type=float, default=100.0, help="requests per second")
     p.add_argument("--duration-s", type=float, default=20.0, help="length of the load")
     p.add_argument("--at-s", type=float, default=8.0, help="when the fault happens")
+    p.add_argument(
+        "--outage-s",
+        type=float,
+        default=None,
+        help="how long etcd stays down (default 15) or a node agent stopped (default 6)",
+    )
+    p.add_argument("--ha", action="store_true", help="two leader-elected controllers (and etcd)")
+    p.add_argument(
+        "--hung-s", type=float, default=5.0, help="a request not answered within this is hung"
+    )
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--sandbox", choices=["emulated", "process"], default="emulated")
     p.add_argument("--functions", type=int, default=4)
@@ -59,11 +87,20 @@ class Outcome:
 
 
 async def _load(
-    c: GalaxyClient, names: list[str], rate: float, duration_s: float, out: Outcome
+    c: GalaxyClient,
+    names: list[str],
+    rate: float,
+    duration_s: float,
+    out: Outcome,
+    hung_s: float = 5.0,
+    until: asyncio.Event | None = None,
 ) -> None:
+    """Open-loop load for duration_s, and on until ``until`` is set (a fault
+    still under way; at most MAX_EXTRA_S more); a request still unanswered
+    hung_s after the load ends is cancelled and counted as hung."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    tasks: set[asyncio.Task[None]] = set()
+    tasks: dict[asyncio.Task[None], float] = {}
 
     async def one(i: int, start: float) -> None:
         # perf_counter for latency: uvloop's clock ticks in milliseconds.
@@ -71,29 +108,39 @@ async def _load(
         try:
             await c.invoke(names[i % len(names)], b"x")
             out.rows.append((start - t0, time.perf_counter() - p0, ""))
-        except GalaxyError as e:
-            out.rows.append((start - t0, time.perf_counter() - p0, e.code.name))
+        except Exception as e:  # GalaxyError, or anything else the client lets out
+            code = getattr(getattr(e, "code", None), "name", None) or type(e).__name__
+            out.rows.append((start - t0, time.perf_counter() - p0, code))
 
     i = 0
-    while (now := loop.time()) - t0 < duration_s:
+
+    def more(now: float) -> bool:
+        if now - t0 < duration_s:
+            return True
+        return until is not None and not until.is_set() and now - t0 < duration_s + MAX_EXTRA_S
+
+    while more(now := loop.time()):
         t = asyncio.create_task(one(i, now))
-        tasks.add(t)
-        t.add_done_callback(tasks.discard)
+        tasks[t] = now
+        t.add_done_callback(lambda t: tasks.pop(t, None))
         i += 1
         # Open loop: the next request leaves on schedule whatever this one does.
         await asyncio.sleep(max(0.0, t0 + i / rate - loop.time()))
-    await asyncio.gather(*tasks)
+    if tasks:
+        await asyncio.wait(list(tasks), timeout=hung_s)
+    for t, start in list(tasks.items()):
+        t.cancel()
+        out.rows.append((start - t0, loop.time() - start, HUNG))
 
 
-def _victim(sup: Supervisor, fault: str) -> tuple[str, int] | None:
-    prefix = {"agent": "agent-", "controller": "controller"}.get(fault, f"{fault}-")
-    for child in sup.children:
-        if child.name.startswith(prefix) and child.proc.returncode is None:
-            return child.name, child.proc.pid
-    return None
-
-
-def report(out: Outcome, at_s: float, fault: str, victim: str, back: bool) -> dict[str, Any]:
+def report(
+    out: Outcome,
+    at_s: float,
+    fault: str,
+    victim: str,
+    back: bool | None,
+    hung_s: float = 5.0,
+) -> dict[str, Any]:
     """The summary of one run (pure)."""
     rows = sorted(out.rows)
     ok = [r for r in rows if not r[2]]
@@ -103,7 +150,11 @@ def report(out: Outcome, at_s: float, fault: str, victim: str, back: bool) -> di
             errors[r[2]] = errors.get(r[2], 0) + 1
     # The longest time with no request completing successfully.
     done = sorted(r[0] + r[1] for r in ok)
+    if rows:  # failures after the last success count as a gap too
+        done.append(max(done[-1] if done else 0.0, max(r[0] + r[1] for r in rows)))
     gaps = [b - a for a, b in itertools.pairwise(done)]
+    # Recovered when the last request that failed after the fault ended.
+    failed_after = [r[0] + r[1] for r in rows if r[2] and r[0] >= at_s]
 
     def p(rows: list[tuple[float, float, str]], q: float) -> float | None:
         lat = [r[1] * 1000 for r in rows]
@@ -118,8 +169,11 @@ def report(out: Outcome, at_s: float, fault: str, victim: str, back: bool) -> di
         "victim": victim,
         "victim_back": back,
         "requests": len(rows),
+        "succeeded": len(ok),
         "failed": len(rows) - len(ok),
         "errors": errors,
+        "hung": sum(1 for r in rows if r[2] == HUNG or r[1] >= hung_s),
+        "recover_s": round(max(failed_after) - at_s, 3) if failed_after else 0.0,
         "longest_gap_s": round(max(gaps, default=0.0), 3),
         "p50_ms_before": p(before, 0.5),
         "p99_ms_before": p(before, 0.99),
@@ -132,57 +186,99 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     """One chaos run; returns the report."""
     if not 0 < args.at_s < args.duration_s:
         raise CliError("--at-s must be between 0 and --duration-s")
+    outage_s = args.outage_s or DEFAULT_OUTAGE_S.get(args.fault, 0.0)
+    if args.at_s + outage_s >= args.duration_s:
+        raise CliError("the load must outlast the outage: --at-s + --outage-s < --duration-s")
+    ha = args.ha or args.fault in NEEDS_HA
     with tempfile.TemporaryDirectory(prefix="galaxy-chaos-") as tmp:
+        etcd = None
+        if ha or args.fault in NEEDS_ETCD:
+            try:
+                etcd = LocalEtcd(Path(tmp) / "etcd")
+            except RuntimeError as e:
+                raise CliError(f"--fault {args.fault}: {e}") from None
         cfg = UpConfig(
             dispatch=2, schedule=2, clustermgr=2, nodes=args.nodes, sandbox=args.sandbox,
-            run_dir=Path(tmp), tls=True, nodes_per_agent=1,
+            run_dir=Path(tmp), tls=True, nodes_per_agent=1, ha=ha,
+            state=etcd.url if etcd else "memory://",
         )  # fmt: skip
         sup = Supervisor(cfg)
-        stop = asyncio.Event()
-        watcher: asyncio.Task[str | None] | None = None
+        r: Run | None = None
+        rep: dict[str, Any] = {}
         try:
+            if etcd is not None:
+                await etcd.start()
             ep = await sup.start()
             await sup.wait_nodes_registered()
-            watcher = asyncio.create_task(supervise(sup, stop, RestartPolicy()))
             async with GalaxyClient(
                 ep["controller"], timeout=10, tls=sup.client_tls(), token=sup.client_token()
             ) as c:
+                r = Run(cfg, sup, c, etcd, outage_s)
+                r.supervise()
                 names = [f"chaos-{i}" for i in range(args.functions)]
                 for n in names:
                     spec = specs.load_file(ECHO)  # a real process with the process sandbox
                     spec.name, spec.concurrency = n, 8
                     await c.deploy(spec)
+                functions_before = len(await c.list_functions())
                 out = Outcome()
-                load = asyncio.create_task(_load(c, names, args.rate, args.duration_s, out))
+                fault_done = asyncio.Event()
+                load = asyncio.create_task(
+                    _load(c, names, args.rate, args.duration_s, out, args.hung_s, fault_done)
+                )
                 await asyncio.sleep(args.at_s)  # the fault's scheduled time
-                victim, pid = ("", 0)
-                if args.fault != "none":
-                    found = _victim(sup, args.fault)
-                    if found is None:
-                        raise CliError(f"no running {args.fault} process to kill")
-                    victim, pid = found
-                    os.kill(pid, signal.SIGKILL)
+                found = Found()
+                try:
+                    if args.fault != "none":
+                        found = await fault(args.fault)(r)
+                except BaseException:
+                    load.cancel()
+                    raise
+                finally:
+                    fault_done.set()
                 await load
-            back = any(
-                ch.name == victim and ch.proc.returncode is None and ch.proc.pid != pid
-                for ch in sup.children
+                functions_after = len(await c.list_functions())
+            summary = report(out, args.at_s, args.fault, found.victim, found.replaced, args.hung_s)
+            rep.update(summary)
+            rep.update(
+                detect_s=None if found.detect_s is None else round(found.detect_s, 3),
+                functions_before=functions_before,
+                functions_after=functions_after,
+                ha=ha,
+                **found.extra,
             )
-            return report(out, args.at_s, args.fault, victim, back or args.fault == "none")
+            # A restart stops everything: its requests meanwhile fail by design.
+            load_ok = args.fault == "restart" or (rep["failed"] == 0 and rep["hung"] == 0)
+            rep["goal"] = "; ".join(
+                g for g in ("" if args.fault == "restart" else "0 requests failed or hung",
+                            found.goal) if g
+            )  # fmt: skip
+            rep["goal_met"] = load_ok and found.goal_met
+            return rep
         finally:
-            stop.set()
-            if watcher is not None:
-                with contextlib.suppress(Exception):
-                    await watcher
+            if r is not None:
+                await r.unsupervise()
+                sup = r.sup
+            # What was running at the end, for a check that none outlives the run.
+            pids = [c.proc.pid for c in sup.children if c.proc.returncode is None]
+            if etcd is not None and etcd.pid is not None:
+                pids.append(etcd.pid)
+            rep["pids"] = pids
             await sup.stop()
+            if etcd is not None:
+                await etcd.stop()
 
 
 async def cmd_chaos(args: argparse.Namespace) -> int:
-    """Print (and optionally write) the report; exit 1 if any request failed."""
+    """Print (and optionally write) the report; exit 1 if the goal is not met."""
     t0 = time.monotonic()
-    rep = await run(args)
+    try:
+        rep = await run(args)
+    except RuntimeError as e:
+        raise CliError(str(e)) from None
     rep["wall_s"] = round(time.monotonic() - t0, 1)
     text = json.dumps(rep, indent=2)
     print(text)
     if args.out:
         await asyncio.to_thread(Path(args.out).write_text, text + "\n")
-    return 1 if rep["failed"] else 0
+    return 0 if rep["goal_met"] else 1

@@ -100,6 +100,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         tls=not args.insecure,
         tokens=args.auth == "tokens",
         runtimes=Path(args.runtimes) if args.runtimes else None,
+        ha=args.ha,
     )
     if read_endpoints(cfg.run_dir):
         raise CliError(
@@ -266,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--state", default="memory://", help="memory:// (default) or etcd://host:port[,host:port]"
     )
+    up.add_argument(
+        "--ha",
+        action="store_true",
+        help="two leader-elected controllers; needs --state etcd://... (without it, a local "
+        "etcd is started in RUN_DIR/etcd if the etcd binary is installed)",
+    )
     up.add_argument("--host", default="127.0.0.1", help="address every component listens on")
     up.add_argument(
         "--insecure",
@@ -365,7 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
             help="host others use to reach this process (default: listen host)",
         )
         sp.add_argument(
-            "--controller", default=os.environ.get("GALAXY_CONTROLLER"), help="controller host:port"
+            "--controller",
+            default=os.environ.get("GALAXY_CONTROLLER"),
+            help="controller host:port, or several comma-separated (HA: any one that is up)",
         )
         sp.add_argument(
             "--lifeline", action="store_true", help="exit when stdin closes (used by `galaxy up`)"
@@ -402,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--controller",
             default=None,
-            help="controller host:port (default: $GALAXY_CONTROLLER or the running `galaxy up`)",
+            help="controller host:port[,host:port] (default: $GALAXY_CONTROLLER or the "
+            "running `galaxy up`)",
         )
         sp.set_defaults(func=func)
         if name == "deploy":

@@ -8,13 +8,13 @@ import contextlib
 import logging
 from typing import Any
 
-from controlplane.runtime import access, authn, config
+from controlplane.runtime import access, authn, config, controllers
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.rpc import ChannelPool
 from functions.dispatch import autoscale
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.service import DispatchServicer
-from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc, dispatch_pb2_grpc
+from galaxy.v1 import common_pb2, controller_pb2, dispatch_pb2_grpc
 from statestore import StoreError
 from statestore.records import Recorder
 
@@ -61,12 +61,13 @@ class DispatchComponent:
         )
 
     async def _lookup_token(self, token_id: str) -> access.TokenRecord | None:
-        async with self.servicer.pool.stub(
-            self.args.controller, controller_pb2_grpc.ControllerStub
-        ) as s:
-            reply = await s.LookupToken(
-                controller_pb2.LookupTokenRequest(id=token_id), timeout=TOKEN_LOOKUP_TIMEOUT_S
-            )
+        reply = await controllers.call(
+            self.servicer.pool,
+            self.args.controller,
+            "LookupToken",
+            controller_pb2.LookupTokenRequest(id=token_id),
+            timeout_s=TOKEN_LOOKUP_TIMEOUT_S,
+        )
         return authn.record_of(reply)
 
     def services(self) -> list[tuple[Any, Any, str]]:

@@ -12,7 +12,7 @@ import time
 
 import grpc
 
-from controlplane.runtime import metrics, rpc
+from controlplane.runtime import controllers, metrics, rpc
 from controlplane.runtime.errors import (
     FailedPrecondition,
     GalaxyError,
@@ -23,7 +23,6 @@ from controlplane.runtime.validation import short
 from functions.dispatch.config import DEFAULTS
 from galaxy.v1 import (
     common_pb2,
-    controller_pb2_grpc,
     dispatch_pb2,
     dispatch_pb2_grpc,
     nodeagent_pb2,
@@ -71,8 +70,9 @@ class Peers:
 
     async def _report(self, controller: str, inst: common_pb2.ControlInstance) -> None:
         try:
-            async with self.pool.stub(controller, controller_pb2_grpc.ControllerStub) as s:
-                r = await s.ReportUnreachable(inst, timeout=5.0)
+            r = await controllers.call(
+                self.pool, controller, "ReportUnreachable", inst, timeout_s=5.0
+            )
             if r.removed:
                 log.warning("dispatch %s was unreachable: the controller removed it", inst.id)
         except grpc.aio.AioRpcError as e:

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import grpc
 
-from controlplane.runtime import rpc, validation
+from controlplane.runtime import controllers, rpc, validation
 from controlplane.runtime.errors import NotFound, Unavailable
-from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc
+from galaxy.v1 import common_pb2, controller_pb2
 
 
 class SpecCache:
@@ -36,10 +36,12 @@ class SpecCache:
             fut = asyncio.get_running_loop().create_future()
             self._fetches[name] = fut
             try:
-                async with self._pool().stub(
-                    self.controller, controller_pb2_grpc.ControllerStub
-                ) as s:
-                    spec = await s.GetFunction(controller_pb2.GetFunctionRequest(name=name))
+                spec = await controllers.call(
+                    self._pool(),
+                    self.controller,
+                    "GetFunction",
+                    controller_pb2.GetFunctionRequest(name=name),
+                )
                 self.specs[name] = spec
                 fut.set_result(spec)
             except grpc.aio.AioRpcError as e:

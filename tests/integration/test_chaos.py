@@ -1,17 +1,20 @@
 """The fault suite: kill -9 of a control function under load loses no
-request (SDK failover, supervision), through `galaxy chaos` itself; and the
-report's arithmetic (pure)."""
+request (SDK failover, supervision), through `galaxy chaos` itself; the
+goals of the leading controller's death (--ha) and of an etcd outage, short
+versions; and the report's arithmetic (pure)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from controlplane.tools.chaos import Outcome, report
-from tests.integration.upctl import REPO
+from tests.etcd_server import require_etcd
+from tests.integration.upctl import REPO, pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -23,6 +26,11 @@ def test_report_counts_failures_gaps_and_latency_around_the_fault() -> None:
     assert (rep["requests"], rep["failed"], rep["errors"]) == (4, 1, {"UNAVAILABLE": 1})
     assert rep["longest_gap_s"] == pytest.approx(2.01)  # 1.02 -> 3.03
     assert rep["p50_ms_before"] == pytest.approx(15.0)
+    assert (rep["succeeded"], rep["hung"], rep["recover_s"]) == (3, 0, pytest.approx(1.0))
+    # Failures after the last success: a gap to the end; slow is hung.
+    out.rows.append((4.0, 6.0, "HUNG"))
+    rep = report(out, at_s=1.5, fault="dispatch", victim="dispatch-0", back=True, hung_s=5.0)
+    assert rep["hung"] == 1 and rep["longest_gap_s"] == pytest.approx(6.97)
 
 
 @pytest.mark.parametrize("fault", ["dispatch", "schedule"])
@@ -39,3 +47,46 @@ def test_kill_9_under_load_loses_no_request(fault: str, tmp_path) -> None:
     assert rep["victim"].startswith(fault) and rep["victim_back"], r.stdout[-2000:]
     assert rep["failed"] == 0, rep["errors"]
     assert r.returncode == 0
+
+
+def chaos(tmp_path, *flags: str) -> tuple[dict, subprocess.CompletedProcess[str]]:
+    """Run `galaxy chaos` with its own etcd (the binary the fixtures use)."""
+    out = tmp_path / "chaos.json"
+    env = {**os.environ, "GALAXY_ETCD_BINARY": require_etcd()}
+    r = subprocess.run(
+        [sys.executable, "-m", "controlplane.tools.cli", "chaos", "--rate", "40", "--nodes", "2",
+         "--out", str(out), *flags],
+        capture_output=True, text=True, timeout=180, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert out.exists(), r.stdout[-2000:] + r.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    # Everything the run started is gone (kills and stops were by PID).
+    assert not [p for p in rep["pids"] if pid_alive(p)]
+    return rep, r
+
+
+@pytest.mark.etcd
+def test_kill_9_of_the_leading_controller_fails_over_within_the_lease_ttl(tmp_path) -> None:
+    rep, r = chaos(tmp_path, "--fault", "controller-leader", "--duration-s", "8", "--at-s", "3")
+    assert rep["ha"] and rep["victim"].startswith("controller-"), r.stdout[-2000:]
+    # The goal is the lease TTL; by design a takeover may take up to etcd's
+    # lease expiry sweep (500 ms) more, which the report states.
+    assert rep["detect_s"] is not None and rep["detect_s"] <= rep["takeover_bound_s"], rep
+    assert (rep["requests"], rep["failed"], rep["hung"]) == (320, 0, 0), rep["errors"]
+    assert rep["victim_back"] and rep["functions_after"] == rep["functions_before"]
+
+
+@pytest.mark.etcd
+def test_an_etcd_outage_refuses_deploys_and_leaves_warm_traffic_alone(tmp_path) -> None:
+    rep, r = chaos(
+        tmp_path, "--fault", "etcd", "--duration-s", "10", "--at-s", "3", "--outage-s", "4"
+    )
+    assert (rep["requests"], rep["failed"], rep["hung"]) == (400, 0, 0), rep["errors"]
+    during = rep["deploys_during_outage"]
+    assert during >= 3 and rep["deploys_refused_unavailable"] == during, rep
+    assert rep["acknowledged_deploys_lost"] == 0 and rep["deploys_back_after_s"] is not None
+    assert rep["cold_start_during_outage"] == "OK" and rep["write_behind_peak"] > 0
+    assert rep["write_behind_drained_after_s"] is not None  # the records landed
+    # Before the fault: a function to cold-start in the outage; after the restart: a probe.
+    assert rep["functions_after"] == rep["functions_before"] + rep["acknowledged_deploys"] == 6
+    assert rep["goal_met"] and r.returncode == 0
