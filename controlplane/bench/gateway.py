@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from controlplane.launch.up import default_run_dir, read_endpoints
+from controlplane.launch.endpoints import default_run_dir, read_endpoints
 from controlplane.runtime import credentials, tlsfiles
 from controlplane.runtime import spec as specs
 from controlplane.sdk.client import GalaxyClient

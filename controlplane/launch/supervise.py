@@ -18,8 +18,9 @@ import time
 
 from prometheus_client import Counter
 
+from controlplane.launch.endpoints import ENDPOINTS_FILE
 from controlplane.launch.restart import RestartPolicy
-from controlplane.launch.up import ENDPOINTS_FILE, Child, Supervisor, is_controller
+from controlplane.launch.up import Child, Supervisor, is_controller
 from controlplane.runtime import netaddr
 
 log = logging.getLogger(__name__)

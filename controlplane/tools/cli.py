@@ -25,16 +25,10 @@ from typing import Any
 import grpc
 
 from controlplane.bench.cli import add_subparser as add_bench_subparser
+from controlplane.launch.endpoints import default_run_dir, print_endpoints, read_endpoints
 from controlplane.launch.restart import RestartPolicy
 from controlplane.launch.supervise import supervise
-from controlplane.launch.up import (
-    Supervisor,
-    UpConfig,
-    default_run_dir,
-    default_runtimes_dir,
-    print_endpoints,
-    read_endpoints,
-)
+from controlplane.launch.up import Supervisor, UpConfig, default_runtimes_dir
 from controlplane.runtime import authn, tlsfiles
 from controlplane.runtime.config import ConfigError
 from controlplane.runtime.errors import GalaxyError

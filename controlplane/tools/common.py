@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controlplane.launch.up import read_endpoints
+from controlplane.launch.endpoints import read_endpoints
 from controlplane.runtime import credentials, tlsfiles
 from controlplane.runtime.tls import TlsConfig
 
