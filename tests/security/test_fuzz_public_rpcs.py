@@ -67,6 +67,7 @@ args = st.lists(
 
 FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "name": names,
+    "namespace": names,
     "runtime": st.one_of(st.sampled_from(FIXED), names),
     "artifact": artifacts,
     "args": args,
@@ -122,9 +123,13 @@ def fuzzed(tcluster: ThreadedCluster) -> Iterator[ThreadedCluster]:
         tcluster.ctl.DeleteFunction(controller_pb2.DeleteFunctionRequest(name=name))
 
 
+def _tokens(c: ThreadedCluster) -> list[Any]:
+    return list(c.ctl.ListTokens(controller_pb2.ListTokensRequest(), timeout=10).tokens)
+
+
 def _call(c: ThreadedCluster, rpc: Callable[[], Any]) -> grpc.StatusCode:
     """Run rpc; check the status and that nothing changed unless it succeeded."""
-    before = c.functions(), c.runtimes()
+    before = c.functions(), c.runtimes(), _tokens(c)
     try:
         rpc()
         code = grpc.StatusCode.OK
@@ -133,9 +138,9 @@ def _call(c: ThreadedCluster, rpc: Callable[[], Any]) -> grpc.StatusCode:
         assert code not in BAD, f"{code}: {e.details()[:300]}"
         assert len(e.details().encode()) < 1024, "error message too long"
     event(f"status {code.name}")
-    after = c.functions(), c.runtimes()  # the controller still answers
+    after = c.functions(), c.runtimes(), _tokens(c)  # the controller still answers
     if code != grpc.StatusCode.OK:
-        assert after == before, "a refused call changed the stored functions or runtimes"
+        assert after == before, "a refused call changed the stored functions, runtimes or tokens"
     return code
 
 
@@ -243,6 +248,27 @@ def test_put_runtime(fuzzed: ThreadedCluster, rt: common_pb2.ServingRuntime) -> 
         fuzzed.ctl.DeleteRuntime(controller_pb2.DeleteRuntimeRequest(name=rt.name), timeout=10)
 
 
+@FUZZ
+@given(
+    name=texts,
+    role=st.one_of(st.sampled_from(["admin", "developer", "invoker"]), texts),
+    namespace=names,
+)
+def test_create_and_delete_token(
+    fuzzed: ThreadedCluster, name: str, role: str, namespace: str
+) -> None:
+    req = controller_pb2.CreateTokenRequest(name=name, role=role, namespace=namespace)
+    created: list[Any] = []
+    code = _call(fuzzed, lambda: created.append(fuzzed.ctl.CreateToken(req, timeout=10)))
+    if code == grpc.StatusCode.OK:  # valid: it passed every rule; clean up
+        reply = created[0]
+        assert reply.token.startswith(f"glx_{reply.info.id}_")
+        assert reply.info.role == role and reply.token not in str(_tokens(fuzzed))
+        fuzzed.ctl.DeleteToken(controller_pb2.DeleteTokenRequest(id=reply.info.id), timeout=10)
+    delete = controller_pb2.DeleteTokenRequest(id=name)
+    assert _call(fuzzed, lambda: fuzzed.ctl.DeleteToken(delete, timeout=10)) != grpc.StatusCode.OK
+
+
 PUBLIC = [
     ("controller", "/galaxy.v1.Controller/DeployFunction"),
     ("controller", "/galaxy.v1.Controller/GetFunction"),
@@ -254,6 +280,11 @@ PUBLIC = [
     ("controller", "/galaxy.v1.Controller/GetRuntime"),
     ("controller", "/galaxy.v1.Controller/ListRuntimes"),
     ("controller", "/galaxy.v1.Controller/DeleteRuntime"),
+    ("controller", "/galaxy.v1.Controller/CreateToken"),
+    ("controller", "/galaxy.v1.Controller/ListTokens"),
+    ("controller", "/galaxy.v1.Controller/DeleteToken"),
+    ("controller", "/galaxy.v1.Controller/ListRevisions"),
+    ("controller", "/galaxy.v1.Controller/SetTraffic"),
     ("dispatch", "/galaxy.v1.Dispatch/Dispatch"),
     ("dispatch", "/galaxy.v1.Dispatch/Release"),
     ("dispatch", "/galaxy.v1.Dispatch/ListInstances"),
@@ -272,6 +303,14 @@ def test_random_bytes(fuzzed: ThreadedCluster, target: tuple[str, str], data: by
             raise answer
 
     code = _call(fuzzed, call)
-    mutating = ("DeployFunction", "DeleteFunction", "PutRuntime", "DeleteRuntime")
+    mutating = (
+        "DeployFunction",
+        "DeleteFunction",
+        "PutRuntime",
+        "DeleteRuntime",
+        "CreateToken",
+        "DeleteToken",
+        "SetTraffic",
+    )
     if code == grpc.StatusCode.OK and method.endswith(mutating):
         pytest.fail(f"random bytes {data[:40]!r} were a valid {method}")

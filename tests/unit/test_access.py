@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controlplane.runtime import access
 from controlplane.runtime.access import Kind, Principal, TokenCache
@@ -131,3 +133,15 @@ def test_cache_keeps_answers_for_its_ttl_and_is_bounded():
     assert len(c) == 2 and c.get(rec.id, 3.0) == (False, None)  # oldest dropped
     c.forget("e" * 16)
     assert c.get("e" * 16, 3.0) == (False, None)
+
+
+@given(st.text(max_size=300))
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+def test_any_header_parses_or_is_refused_never_raises(text: str) -> None:
+    """Whatever a client sends as authorization: a token or None, never an
+    exception (a traceback would be an INTERNAL answer)."""
+    token = access.bearer(text)
+    parsed = access.parse(token) if token else None
+    if parsed is not None:
+        assert token == f"glx_{parsed[0]}_{parsed[1]}"
+    assert access.parse(text) is None or text.startswith("glx_")
