@@ -51,6 +51,8 @@ class UpConfig:
     run_dir: Path = field(default_factory=default_run_dir)
     connection_cache: bool = True
     probe_cache: bool = True
+    #: Schedule trusts its exact view of its partition (off: the G_n-CP step)
+    exact_partition: bool = True
     node_cpu_millis: int = 4000
     node_memory_mib: int = 8192
     node_gpus: int = 0
@@ -145,7 +147,7 @@ class Supervisor:
         per_kind = {
             "dispatch": ["--state", cfg.state],
             "clustermgr": ["--state", cfg.state],
-            "schedule": [] if cfg.probe_cache else ["--no-probe-cache"],
+            "schedule": self._schedule_flags(),
         }
         out = ["--autoscale-control", "--instance-log-dir", str(self.log_dir)]
         out += ["--instance-host", cfg.host]
@@ -237,8 +239,8 @@ class Supervisor:
         ):
             for i in range(n):
                 extra = ["--controller", caddr]
-                if kind == "schedule" and not cfg.probe_cache:
-                    extra.append("--no-probe-cache")
+                if kind == "schedule":
+                    extra += self._schedule_flags()
                 if kind in ("dispatch", "clustermgr"):
                     extra += ["--state", cfg.state]
                 jobs.append(self.spawn(f"{kind}-{i}", self._serve_cmd(kind, f"{kind}-{i}", *extra)))
@@ -283,6 +285,11 @@ class Supervisor:
         endpoints = self.endpoints()
         (cfg.run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints, indent=2))
         return endpoints
+
+    def _schedule_flags(self) -> list[str]:
+        """Ablation switches of the Schedule instances."""
+        out = [] if self.cfg.probe_cache else ["--no-probe-cache"]
+        return out + ([] if self.cfg.exact_partition else ["--no-exact-partition"])
 
     def _bootstrap_args(self) -> list[str]:
         """The controller's flag that makes the admin token valid (with

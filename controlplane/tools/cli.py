@@ -83,6 +83,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         run_dir=Path(args.run_dir),
         connection_cache=not args.no_connection_cache,
         probe_cache=not args.no_probe_cache,
+        exact_partition=not args.no_exact_partition,
         node_cpu_millis=args.node_cpu_millis,
         node_memory_mib=args.node_memory_mib,
         node_gpus=args.node_gpus,
@@ -297,6 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--no-probe-cache", action="store_true", help="ablation: Schedule probes on every placement"
+    )
+    up.add_argument(
+        "--no-exact-partition",
+        action="store_true",
+        help="ablation: Schedule probes unless a cached probe answer fits (the G_n-CP step)",
     )
     up.add_argument("--node-cpu-millis", type=int, default=4000)
     up.add_argument("--node-memory-mib", type=int, default=8192)
