@@ -149,3 +149,40 @@ async def test_hung_clustermgr_delays_no_other_node(peers, start_registrar, pool
         assert not any(reg.is_registered(n) for n in stuck)
     finally:
         await server.stop(None)
+
+
+async def test_a_free_is_reported_at_once_not_at_the_next_heartbeat(peers, start_registrar):
+    """Exact partitions learn of frees only from statuses: the agent sends
+    a node's status right after an instance's capacity is freed there."""
+    from galaxy.v1 import nodeagent_pb2
+
+    await peers.add("controller", "controller")
+    # Heartbeats a minute apart: any status within the test is a report.
+    cm = await peers.add(
+        "clustermgr", "cm-a", "--heartbeat-ms", "60000", "--dead-after-ms", "600000"
+    )
+    reg, agent = await start_registrar(1, heartbeat_interval_ms=60_000)
+    pass
+    await asyncio.wait_for(reg.registered.wait(), 10)
+    spec = common_pb2.FunctionSpec(
+        name="f", command=["x"], resources=common_pb2.Resources(cpu_millis=400, memory_mib=10)
+    )
+    await agent.servicer.CreateInstance(
+        nodeagent_pb2.CreateInstanceRequest(node_id="node-0", instance_id="i", function=spec), None
+    )
+    await agent.servicer.DeleteInstance(
+        nodeagent_pb2.DeleteInstanceRequest(node_id="node-0", instance_id="i"), None
+    )
+
+    def freed() -> bool:
+        rec = known(cm).get("node-0")
+        return rec is not None and rec.status.allocated.cpu_millis == 0 and rec.status.seq > 0
+
+    # Registered before the create (allocated 0), so wait for a status sent
+    # after the delete: its seq is above the create's.
+    seq_after_create = agent.servicer.nodes["node-0"].seq
+    await eventually(
+        lambda: freed() and known(cm)["node-0"].status.seq >= seq_after_create,
+        within_s=5,
+        what="a status after the free",
+    )

@@ -329,3 +329,24 @@ async def test_modnodes_batch_is_all_or_nothing_and_in_order():
             assert "d" not in {n.node_id for n in servicer.policy.nodes()}
     finally:
         await server.stop(None)
+
+
+async def test_exact_partition_places_without_probes_until_a_refusal(make_stack) -> None:
+    """Exact partitions over real gRPC: no probe while the view is right; a
+    node agent's refusal (someone else allocated) puts that node in doubt,
+    the placement goes elsewhere, and the node is probed before its next use."""
+    st = await make_stack(d=3, exact=True)
+    first = await st.sf.Schedule(req("warm", spec(cpu=100, mem=10)), timeout=5)
+    assert first.instance.node_id == "big" and first.probes == 0  # least loaded, no probe
+    await st.na.CreateInstance(
+        nodeagent_pb2.CreateInstanceRequest(
+            node_id="big", instance_id="intruder", function=spec("x", cpu=3800, mem=10)
+        ),
+        timeout=5,
+    )
+    r = await st.sf.Schedule(req("after", spec(cpu=1000, mem=10)), timeout=5)
+    assert r.instance.node_id in ("small", "gpu") and r.probes == 0
+    assert st.policy.stats.rejections == 1  # "big" refused: the view was wrong
+    nxt = await st.sf.Schedule(req("next", spec(cpu=50, mem=10)), timeout=5)
+    assert nxt.probes == 1  # "big" is asked before it is used again
+    assert st.policy.stats.probes == 1 and st.policy.stats.rejections == 1
