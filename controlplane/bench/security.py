@@ -1,11 +1,13 @@
 """What security costs, measured in one run (`python -m controlplane.bench.security`).
 
-Three control planes run side by side on this machine, one node each, the
+Four control planes run side by side on this machine, one node each, the
 echo example deployed on each:
 
 - ``plain``: plaintext gRPC, no cgroups (Galaxy before issue 13);
 - ``cgroups``: plaintext, each instance in its own cgroup with its limits;
-- ``mtls``: mutual TLS everywhere and cgroups (`galaxy up`'s default).
+- ``mtls``: mutual TLS everywhere and cgroups, no bearer tokens;
+- ``mtls+tokens``: the same with bearer tokens checked on every public
+  call (`galaxy up`'s default).
 
 Warm requests (SDK: Dispatch, HTTP to the instance, Release) alternate
 between them in rounds, so the machine's drift hits all alike; cold starts

@@ -32,6 +32,7 @@ MAX_STARTUP_TIMEOUT_MS = validation.STARTUP_TIMEOUT_MS_MAX
 
 _TOP_FIELDS = {
     "name",
+    "namespace",
     "runtime",
     "artifact",
     "args",
@@ -95,6 +96,10 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
     if not isinstance(name, str):
         raise InvalidArgument("name: required string")
     spec.name = name
+    namespace = doc.get("namespace", "")
+    if not isinstance(namespace, str):
+        raise InvalidArgument("namespace: must be a string (a DNS-1123 label)")
+    spec.namespace = namespace
     runtime = doc.get("runtime")
     if not isinstance(runtime, str):
         raise InvalidArgument("runtime: required string, the name of a serving runtime")

@@ -130,3 +130,14 @@ def test_with_defaults_fills_missing_resources():
 
     s = spec.with_defaults(common_pb2.FunctionSpec(name="a", command=["x"]))
     assert s.HasField("resources") and s.resources.cpu_millis == spec.DEFAULT_CPU_MILLIS
+
+
+def test_namespace_from_yaml(tmp_path):
+    from controlplane.runtime import spec as specs
+
+    path = tmp_path / "f.yaml"
+    path.write_text("name: f\nnamespace: team-a\nruntime: python\nartifact: /x/f.py\n")
+    assert specs.load_file(path).namespace == "team-a"
+    path.write_text("name: f\nnamespace: [x]\nruntime: python\n")
+    with pytest.raises(InvalidArgument, match=r"^namespace: must be a string"):
+        specs.load_file(path)
