@@ -270,21 +270,39 @@ class TokenCache:
     def __init__(self, ttl_s: float = 10.0, max_entries: int = 10_000) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, tuple[float, TokenRecord | None]] = OrderedDict()
+        # id -> (looked up at, record or None, trusted until)
+        self._entries: OrderedDict[str, tuple[float, TokenRecord | None, float]] = OrderedDict()
 
     def get(self, token_id: str, now: float) -> tuple[bool, TokenRecord | None]:
         """(known, record): known False means "look it up"."""
         hit = self._entries.get(token_id)
-        if hit is None or now - hit[0] >= self.ttl_s:
+        if hit is None or now >= hit[2]:
             return False, None
         return True, hit[1]
 
     def put(self, token_id: str, record: TokenRecord | None, now: float) -> None:
         """Remember a lookup's answer (None: no such token)."""
-        self._entries[token_id] = (now, record)
+        self._entries[token_id] = (now, record, now + self.ttl_s)
         self._entries.move_to_end(token_id)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+    def stale(self, token_id: str, now: float, max_stale_s: float) -> TokenRecord | None:
+        """A record looked up at most max_stale_s ago, expired or not: what
+        a component may keep trusting while the lookup itself fails (the
+        controller restarting), so an outage of the controller does not
+        stop invocations; a revocation then waits for the controller."""
+        hit = self._entries.get(token_id)
+        if hit is None or hit[1] is None or now - hit[0] > max_stale_s:
+            return None
+        return hit[1]
+
+    def hold(self, token_id: str, until: float) -> None:
+        """Trust an entry until then without a new lookup (keeps when it was
+        looked up, which bounds ``stale``)."""
+        hit = self._entries.get(token_id)
+        if hit is not None:
+            self._entries[token_id] = (hit[0], hit[1], until)
 
     def forget(self, token_id: str) -> None:
         """Drop one entry (after a revocation here)."""

@@ -41,6 +41,9 @@ _UNCHECKED = Principal(Kind.COMPONENT, "unchecked")
 _current: ContextVar[Principal] = ContextVar("galaxy_principal", default=_UNCHECKED)
 
 Lookup = Callable[[str], Awaitable[TokenRecord | None]]
+#: While lookups fail, a token served from its last record is looked up
+#: again at most this often.
+STALE_RETRY_S = 1.0
 
 
 def current() -> Principal:
@@ -80,10 +83,13 @@ class Authenticator:
         lookup: Lookup,
         cache: access.TokenCache | None = None,
         clock: Clock | None = None,
+        max_stale_s: float = 300.0,
     ) -> None:
         self.lookup = lookup
         self.cache = cache or access.TokenCache()
         self.clock = clock or MonotonicClock()
+        #: how long a known token is still trusted while lookups fail
+        self.max_stale_s = max_stale_s
         self._inflight: dict[str, asyncio.Future[TokenRecord | None]] = {}
 
     async def principal(self, header: str | None) -> Principal | Refusal | None:
@@ -112,9 +118,22 @@ class Authenticator:
         self._inflight[tid] = fut
         try:
             record = await self.lookup(tid)
-        except BaseException as e:
+        except Exception as e:
+            now = self.clock.now()
+            stale = self.cache.stale(tid, now, self.max_stale_s)
+            if stale is not None:
+                # The controller is down or restarting: keep the data path up,
+                # asking again at most once a second meanwhile.
+                log.warning("token %s: lookup failed (%s); trusting its last record", tid, e)
+                self.cache.hold(tid, now + STALE_RETRY_S)
+                fut.set_result(stale)
+                return stale
             fut.set_exception(e)
             fut.exception()  # retrieved: waiters re-raise it, no "never retrieved" warning
+            raise
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()
             raise
         finally:
             self._inflight.pop(tid, None)
