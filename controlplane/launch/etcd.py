@@ -24,6 +24,7 @@ import socket
 import sys
 from pathlib import Path
 
+from controlplane.runtime import procs
 from controlplane.runtime.host import READY_PREFIX, watch_lifeline
 
 ETCD_ENV = "GALAXY_ETCD_BINARY"
@@ -154,16 +155,8 @@ class LocalEtcd:
     async def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM by pid, SIGKILL after grace_s; idempotent."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), grace_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        if proc is not None:
+            await procs.terminate(proc, grace_s)
 
 
 def child_command(data_dir: Path, host: str, client_port: int, peer_port: int) -> list[str]:

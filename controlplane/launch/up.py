@@ -14,14 +14,13 @@ import json
 import logging
 import os
 import shlex
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from controlplane.launch import etcd
 from controlplane.launch.endpoints import ENDPOINTS_FILE, default_run_dir
-from controlplane.runtime import credentials, netaddr, tls, tlsfiles
+from controlplane.runtime import credentials, netaddr, procs, tls, tlsfiles
 from controlplane.runtime.host import READY_PREFIX, serve_command
 from controlplane.runtime.tls import TlsConfig
 
@@ -447,16 +446,7 @@ def _stop_group(name: str) -> int:
 
 
 async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), grace_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+    await procs.terminate(proc, grace_s)
     if proc.stdin is not None:
         proc.stdin.close()
 

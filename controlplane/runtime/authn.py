@@ -26,8 +26,8 @@ from prometheus_client import Counter
 from controlplane.runtime import access
 from controlplane.runtime.access import Kind, Principal, Refusal, TokenRecord
 from controlplane.runtime.clock import Clock, MonotonicClock
-from controlplane.runtime.errors import PermissionDenied, Unauthenticated
-from controlplane.runtime.tls import guard_handler, peer_identity
+from controlplane.runtime.errors import PermissionDenied
+from controlplane.runtime.tls import GuardInterceptor, peer_identity
 
 log = logging.getLogger(__name__)
 
@@ -142,59 +142,40 @@ class Authenticator:
         return record
 
 
-class AccessInterceptor(grpc.aio.ServerInterceptor):
+class AccessInterceptor(GuardInterceptor):
     """Authenticates every call and refuses what the caller's role may not
     call (``access.decide``); see the module docstring."""
 
     def __init__(self, authenticator: Authenticator) -> None:
         self.authenticator = authenticator
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
-
-        async def check(context: grpc.aio.ServicerContext) -> None:
-            header = None
-            for key, value in context.invocation_metadata() or ():
-                if key == access.METADATA_KEY:
-                    header = value
-                    break
-            try:
-                got = await self.authenticator.principal(header)
-            except Exception as e:  # the lookup failed: the caller may retry
-                log.warning("cannot verify a token for %s: %s", method, e)
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE, "authorization: cannot verify the token now; retry"
-                )
+    async def check(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        """Sets the caller's principal, or refuses the call."""
+        header = None
+        for key, value in context.invocation_metadata() or ():
+            if key == access.METADATA_KEY:
+                header = value
+                break
+        try:
+            got = await self.authenticator.principal(header)
+        except Exception as e:  # the lookup failed: the caller may retry
+            log.warning("cannot verify a token for %s: %s", method, e)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "authorization: cannot verify the token now; retry"
+            )
+            return
+        if isinstance(got, Refusal):
+            refusal: Refusal | None = got
+        else:
+            who = access.caller(peer_identity(context), got)
+            refusal = access.decide(method, who)
+            if refusal is None:
+                _current.set(who)
                 return
-            if isinstance(got, Refusal):
-                refusal: Refusal | None = got
-            else:
-                who = access.caller(peer_identity(context), got)
-                refusal = access.decide(method, who)
-                if refusal is None:
-                    _current.set(who)
-                    return
-            assert refusal is not None
-            REFUSED.labels(refusal.code).inc()
-            log.warning("refused %s: %s", method, refusal.message)
-            await context.abort(grpc.StatusCode[refusal.code], refusal.message)
-
-        return guard_handler(handler, check)
-
-
-def raise_refusal(refusal: Refusal) -> None:
-    """Raise the typed error of a refusal (for code outside an interceptor)."""
-    REFUSED.labels(refusal.code).inc()
-    if refusal.code == "UNAUTHENTICATED":
-        raise Unauthenticated(refusal.message)
-    raise PermissionDenied(refusal.message)
+        assert refusal is not None
+        REFUSED.labels(refusal.code).inc()
+        log.warning("refused %s: %s", method, refusal.message)
+        await context.abort(grpc.StatusCode[refusal.code], refusal.message)
 
 
 def add_arguments(p: Any) -> None:

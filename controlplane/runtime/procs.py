@@ -4,7 +4,9 @@ actuator."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 
 
@@ -27,3 +29,28 @@ async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
         loop.remove_reader(fd)
         os.close(fd)
     return proc.wait()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def terminate(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM the child, SIGKILL it after grace_s; returns once it is gone."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), grace_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()

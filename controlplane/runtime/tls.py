@@ -334,17 +334,15 @@ def peer_identity(context: grpc.aio.ServicerContext) -> str | None:
     return _identity_of_pem(bytes(pems[0])) if pems else None
 
 
-class IdentityInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses an RPC with PERMISSION_DENIED unless allowed(method, identity).
+class GuardInterceptor(grpc.aio.ServerInterceptor):
+    """Runs ``check(method, context)`` before every method, in the method's
+    own task (where the peer's certificate is known, and where a context
+    variable it sets reaches the method); check aborts to refuse.
+    rpc.create_server puts guards before Galaxy's own interceptor."""
 
-    method is the full name ("/galaxy.v1.Dispatch/Dispatch"), identity what
-    `peer_identity` reports (None: no Galaxy certificate). The check runs in
-    the handler, where the peer's certificate is known; rpc.create_server
-    puts it before Galaxy's own interceptor.
-    """
-
-    def __init__(self, allowed: Callable[[str, str | None], bool]) -> None:
-        self._allowed = allowed
+    async def check(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        """Refuse (context.abort) or return; see the subclasses."""
+        raise NotImplementedError
 
     async def intercept_service(
         self,
@@ -357,18 +355,32 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
 
         async def check(context: grpc.aio.ServicerContext) -> None:
-            who = peer_identity(context)
-            if not self._allowed(method, who):
-                # method is one of ours (it has a handler) and who matched a
-                # 100-character pattern: the message stays short.
-                presented = f"identity {who}" if who else "no identity"
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"method {method} needs a component certificate; "
-                    f"the peer presented {presented}",
-                )
+            await self.check(method, context)
 
         return guard_handler(handler, check)
+
+
+class IdentityInterceptor(GuardInterceptor):
+    """Refuses an RPC with PERMISSION_DENIED unless allowed(method, identity).
+
+    method is the full name ("/galaxy.v1.Dispatch/Dispatch"), identity what
+    `peer_identity` reports (None: no Galaxy certificate).
+    """
+
+    def __init__(self, allowed: Callable[[str, str | None], bool]) -> None:
+        self._allowed = allowed
+
+    async def check(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        """PERMISSION_DENIED unless the peer's identity may call method."""
+        who = peer_identity(context)
+        if not self._allowed(method, who):
+            # method is one of ours (it has a handler) and who matched a
+            # 100-character pattern: the message stays short.
+            presented = f"identity {who}" if who else "no identity"
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"method {method} needs a component certificate; the peer presented {presented}",
+            )
 
 
 def guard_handler(

@@ -162,7 +162,7 @@ async def test_a_free_is_reported_at_once_not_at_the_next_heartbeat(peers, start
         "clustermgr", "cm-a", "--heartbeat-ms", "60000", "--dead-after-ms", "600000"
     )
     reg, agent = await start_registrar(1, heartbeat_interval_ms=60_000)
-    pass
+    agent.servicer.on_freed = reg.report_soon  # as the node agent's main wires it
     await asyncio.wait_for(reg.registered.wait(), 10)
     spec = common_pb2.FunctionSpec(
         name="f", command=["x"], resources=common_pb2.Resources(cpu_millis=400, memory_mib=10)

@@ -25,6 +25,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from controlplane.runtime.procs import pid_alive
+
 log = logging.getLogger(__name__)
 
 ROOT = Path("/sys/fs/cgroup")
@@ -218,22 +220,12 @@ class Cgroups:
                 p.parent.rmdir()  # galaxy/: only when no other agent uses it
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _sweep_stale(galaxy_dir: Path) -> None:
     """Remove the groups of agents that are gone (killed before they could
     clean up): ``galaxy/PID`` whose PID no longer runs, once empty."""
     with contextlib.suppress(OSError):
         for agent in galaxy_dir.iterdir():
-            if not agent.is_dir() or not agent.name.isdigit() or _alive(int(agent.name)):
+            if not agent.is_dir() or not agent.name.isdigit() or pid_alive(int(agent.name)):
                 continue
             with contextlib.suppress(OSError):
                 for child in agent.iterdir():

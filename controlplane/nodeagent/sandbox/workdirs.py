@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from controlplane.runtime.procs import pid_alive
+
 log = logging.getLogger(__name__)
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -38,16 +40,6 @@ def default_root() -> Path:
     later agent finds and sweeps what a killed one left; per user, because
     the directory must belong to the agent's user (``_make_private``)."""
     return Path(tempfile.gettempdir()) / f"galaxy-instances-{os.geteuid()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _make_private(path: Path, mode: int) -> None:
@@ -120,7 +112,7 @@ class InstanceDirs:
         with contextlib.suppress(OSError):
             for agent in self.root.iterdir():
                 pid = agent.name.split(".")[0]
-                if not pid.isdigit() or _alive(int(pid)) or int(pid) == os.getpid():
+                if not pid.isdigit() or pid_alive(int(pid)) or int(pid) == os.getpid():
                     continue
                 if agent.is_symlink() or not agent.is_dir():
                     continue
