@@ -431,3 +431,27 @@ def test_dockerfile_is_multi_stage_and_runs_as_the_manifests_uid():
     assert "COPY --from=build" in final
     for tool in ("gcc", "build-essential", "pip install", "-dev "):
         assert tool not in final, f"{tool!r} in the runtime stage"
+
+
+def test_the_image_runtime_admits_the_examples_where_the_image_puts_them():
+    """deploy/runtimes/python.yaml is what an admin applies on a cluster: it
+    must be a valid runtime whose artifact prefix is where the Dockerfile
+    copies the examples, so the echo example deploys from the image."""
+    from controlplane.runtime import runtimefiles, servingruntime
+    from controlplane.runtime.errors import InvalidArgument
+    from galaxy.v1 import common_pb2
+
+    rt = runtimefiles.load_file(DEPLOY / "runtimes" / "python.yaml")
+    servingruntime.check_runtime(rt)
+    text = DOCKERFILE.read_text()
+    workdir = [ln.split()[1] for ln in text.splitlines() if ln.startswith("WORKDIR ")][-1]
+    assert "COPY examples ./examples" in text
+    assert list(rt.artifact.prefixes) == [f"{workdir}/examples"]
+    spec = common_pb2.FunctionSpec(
+        name="echo", runtime="python", artifact=f"{workdir}/examples/echo_server.py"
+    )
+    resolved = servingruntime.resolve(spec, rt)
+    assert resolved.command[:2] == ["python3", "-u"] and resolved.command[2].endswith(".py")
+    outside = common_pb2.FunctionSpec(name="x", runtime="python", artifact="/tmp/x.py")
+    with pytest.raises(InvalidArgument, match=r"^artifact:"):
+        servingruntime.resolve(outside, rt)
