@@ -8,6 +8,9 @@ moment (other load on a shared machine moves both).
 
     python -m controlplane.bench.echo --listen 127.0.0.1:0
     # prints: ECHO_READY host:port
+
+With ``--tls-dir DIR`` it serves mutual TLS with the `dispatch` certificate
+of a `galaxy certs` directory: the yardstick for a TLS control plane.
 """
 
 from __future__ import annotations
@@ -28,15 +31,22 @@ async def _echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     return request
 
 
-async def serve(listen: str) -> None:
-    """Serve the echo method until SIGTERM/SIGINT or stdin closes."""
+async def serve(listen: str, tls_dir: str | None = None) -> None:
+    """Serve the echo method until SIGTERM/SIGINT or stdin closes (mutual
+    TLS with tls_dir's `dispatch` certificate when given)."""
     server = grpc.aio.server()
     # Bytes in, bytes out: no (de)serializer, the cheapest unary call there is.
     handler = grpc.method_handlers_generic_handler(
         "galaxy.bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(_echo)}
     )
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port(listen)
+    if tls_dir:
+        from controlplane.runtime.tls import TlsConfig
+
+        creds = TlsConfig.for_identity(tls_dir, "dispatch").server_credentials()
+        port = server.add_secure_port(listen, creds)
+    else:
+        port = server.add_insecure_port(listen)
     await server.start()
     host = listen.rsplit(":", 1)[0]
     print(f"{READY_PREFIX}{host}:{port}", flush=True)
@@ -69,7 +79,7 @@ class EchoProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.address = ""
 
-    async def start(self, listen: str = "127.0.0.1:0") -> str:
+    async def start(self, listen: str = "127.0.0.1:0", tls_dir: str | None = None) -> str:
         """Start the server; returns its address."""
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -77,6 +87,7 @@ class EchoProcess:
             "controlplane.bench.echo",
             "--listen",
             listen,
+            *(["--tls-dir", tls_dir] if tls_dir else []),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
@@ -113,11 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m controlplane.bench.echo``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--listen", default="127.0.0.1:0")
+    p.add_argument("--tls-dir", default=None, help="serve mutual TLS (a `galaxy certs` dir)")
     args = p.parse_args(argv)
     from controlplane.runtime.host import install_uvloop
 
     install_uvloop()
-    asyncio.run(serve(args.listen))
+    asyncio.run(serve(args.listen, args.tls_dir))
     return 0
 
 

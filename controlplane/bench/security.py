@@ -11,8 +11,12 @@ echo example deployed on each:
 
 Warm requests (SDK: Dispatch, HTTP to the instance, Release) alternate
 between them in rounds, so the machine's drift hits all alike; cold starts
-(a new function's first request) likewise. The report gives latencies and
-the ratios to ``plain`` (docs/security.md, "What it costs").
+(a new function's first request) likewise. Beside them, in the same rounds,
+the echo yardstick over mutual TLS (``controlplane.bench.echo --tls-dir``:
+one bare gRPC round trip with the same certificates), so the warm figures
+can be read against what one TLS round trip costs on this machine now.
+The report gives latencies and the ratios to ``plain`` (docs/security.md,
+"What it costs").
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from controlplane.bench.echo import METHOD as ECHO_METHOD
+from controlplane.bench.echo import EchoProcess
 from controlplane.launch.up import Supervisor, UpConfig
+from controlplane.runtime import rpc
 from controlplane.runtime import spec as specs
 from controlplane.sdk.client import GalaxyClient
 
@@ -64,11 +72,22 @@ async def _cold(c: GalaxyClient, name: str) -> float:
     return took
 
 
+async def _echo(call: Any, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await call(b"x", timeout=5)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 async def measure(warm: int, rounds: int, colds: int) -> dict[str, object]:
     """Latencies (ms) per mode and ratios to plain."""
     sups: dict[str, Supervisor] = {}
     clients: dict[str, GalaxyClient] = {}
     base = Path(tempfile.mkdtemp(prefix="galaxy-bench-security-"))
+    echo = EchoProcess()
+    echo_lat: list[float] = []
     try:
         for mode, cfg in MODES.items():
             cfg.run_dir = base / mode
@@ -80,15 +99,24 @@ async def measure(warm: int, rounds: int, colds: int) -> dict[str, object]:
             )
             await c.deploy(specs.load_file(EXAMPLE))
             await _warm(c, 50)  # the instance, the connections
+        tls_sup = sups["mtls+tokens"]
+        assert tls_sup.tls_dir is not None
+        address = await echo.start(tls_dir=str(tls_sup.tls_dir))
+        channel = rpc.insecure_channel(address, tls_sup.client_tls())
+        call = channel.unary_unary(ECHO_METHOD)
+        await _echo(call, 50)
         lat: dict[str, list[float]] = {m: [] for m in MODES}
         cold: dict[str, list[float]] = {m: [] for m in MODES}
         for _ in range(rounds):
             for m, c in clients.items():
                 lat[m] += await _warm(c, warm)
+            echo_lat += await _echo(call, warm)
+        await channel.close()
         for i in range(colds):
             for m, c in clients.items():
                 cold[m].append(await _cold(c, f"cold-{i}"))
     finally:
+        await echo.stop()
         for c in clients.values():
             await c.close()
         for sup in sups.values():
@@ -102,10 +130,18 @@ async def measure(warm: int, rounds: int, colds: int) -> dict[str, object]:
         for m in MODES
     }
     plain = modes["plain"]
+    echo_p50 = _q(echo_lat, 0.5)
     return {
         "warm_requests_per_mode": warm * rounds,
         "cold_starts_per_mode": colds,
         "modes": modes,
+        "echo_tls_yardstick": {
+            "p50_ms": round(echo_p50, 3),
+            "p99_ms": round(_q(echo_lat, 0.99), 3),
+        },
+        "warm_p50_in_tls_echo_round_trips": {
+            m: round(modes[m]["warm_p50_ms"] / echo_p50, 2) for m in MODES
+        },
         "ratios_to_plain": {
             m: {k: round(v / plain[k], 3) for k, v in modes[m].items()} for m in MODES
         },

@@ -92,3 +92,27 @@ async def test_unreachable_server_is_counted_by_status(tmp_path):
     )
     r = await loadgen.run(job)
     assert r["ok"] == 0 and r["errors"] == {"UNAVAILABLE": 5} and r["measured"] == 5
+
+
+async def test_echo_yardstick_over_mutual_tls(tmp_path):
+    """`--tls-dir`: the yardstick answers a client certificate of the same
+    CA and refuses a plaintext caller (so it measures a TLS round trip)."""
+    import grpc
+
+    from controlplane.bench.echo import METHOD
+    from controlplane.runtime import rpc, tls
+
+    tls.ensure(tmp_path)
+    e = EchoProcess()
+    address = await e.start(tls_dir=str(tmp_path))
+    try:
+        async with rpc.insecure_channel(
+            address, tls.TlsConfig.for_identity(tmp_path, "client/admin")
+        ) as ch:
+            assert await ch.unary_unary(METHOD)(b"ping", timeout=10) == b"ping"
+        async with grpc.aio.insecure_channel(address) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await ch.unary_unary(METHOD)(b"ping", timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await e.stop()
