@@ -14,7 +14,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from controlplane.gateway import routes
 from controlplane.gateway.config import GatewayConfig
-from controlplane.runtime import access
+from controlplane.runtime import access, authn
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
 from controlplane.sdk.client import GalaxyClient
 
@@ -105,9 +105,14 @@ class Proxy:
         return resp
 
     def _token(self, request: web.Request) -> str:
-        """The caller's bearer token; 401 (Unauthenticated) without one. The
-        control plane judges it: the gateway only passes it on."""
-        token = access.bearer(request.headers.get("Authorization", ""))
+        """The caller's bearer token, or ``authn.ANONYMOUS`` without an
+        Authorization header (a public function answers it; Dispatch says
+        401 for any other); 401 at once for a header that is not a bearer
+        token. The control plane judges the token: the gateway passes it on."""
+        header = request.headers.get("Authorization")
+        if header is None:
+            return authn.ANONYMOUS
+        token = access.bearer(header)
         if token is None:
             raise Unauthenticated("Authorization: a bearer token is required (Bearer glx_...)")
         return token

@@ -62,14 +62,12 @@ def print_endpoints(endpoints: dict[str, Any], nodes_alive: int, out: Any = sys.
         )
     else:
         print(f"  WARNING: {tlsfiles.INSECURE_WARNING}", file=out)
-    auth = ""
     if endpoints.get("token_file"):
         print(
             f"  tokens: the admin token is in {endpoints['token_file']} (the CLI here uses "
             "it; elsewhere set GALAXY_TOKEN; `galaxy tokens create` makes more)",
             file=out,
         )
-        auth = f'-H "Authorization: Bearer $(cat {endpoints["token_file"]})" '
     if endpoints.get("gateway"):
         print(f"Gateway: http://{endpoints['gateway']}", file=out)
     if endpoints.get("runtimes"):
@@ -77,5 +75,6 @@ def print_endpoints(endpoints: dict[str, Any], nodes_alive: int, out: Any = sys.
         print(f"Serving runtimes: {names} (`galaxy runtimes list`)", file=out)
     print("Try: galaxy deploy -f examples/echo.yaml && galaxy invoke echo --data hello", file=out)
     if endpoints.get("gateway"):
-        print(f"     curl {auth}http://{endpoints['gateway']}/functions/echo -d hi", file=out)
+        # examples/echo.yaml is public: no token needed to invoke it.
+        print(f"     curl http://{endpoints['gateway']}/functions/echo -d hi", file=out)
     print("Press Ctrl-C to stop.", file=out, flush=True)

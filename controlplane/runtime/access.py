@@ -53,6 +53,10 @@ _ID_HEX = 16
 _SECRET_BYTES = 32
 #: gRPC metadata key (lowercase, as gRPC requires) and HTTP header.
 METADATA_KEY = "authorization"
+#: Metadata a component sends for a caller without a token (the gateway,
+#: for an HTTP request without Authorization): the call is then judged as
+#: anonymous, not with the component's certificate.
+ANONYMOUS_KEY = "galaxy-anonymous"
 
 # Which roles may call each public method. Methods missing here but in
 # authz.PUBLIC are open to any authenticated caller; health and reflection
@@ -96,6 +100,10 @@ _ROLES_OF: dict[str, frozenset[str]] = {
     # lease id, an unguessable capability handed out by Dispatch).
     **dict.fromkeys(("Dispatch", "Release"), frozenset(ROLES)),
 }
+#: Methods an anonymous caller may reach; Dispatch then admits it only to a
+#: public function (``check_invoke``). Membership is how a client finds the
+#: Dispatch instance that owns a function: routing, not a secret.
+_ANONYMOUS_OK = frozenset({"Dispatch", "Release", "GetMembership"})
 
 
 class Kind(Enum):
@@ -128,6 +136,8 @@ class Principal:
 
     def sees(self, namespace: str) -> bool:
         """May this principal act on the functions of namespace?"""
+        if self.kind is Kind.ANONYMOUS:
+            return False
         return not self.namespace or self.namespace == (namespace or DEFAULT_NAMESPACE)
 
 
@@ -207,14 +217,19 @@ def matches(record: TokenRecord, secret: str) -> bool:
     return hmac.compare_digest(record.sha256, digest(secret))
 
 
-def caller(identity: str | None, token_principal: Principal | None) -> Principal:
+def caller(
+    identity: str | None, token_principal: Principal | None, anonymous: bool = False
+) -> Principal:
     """Who is calling: the token's principal when a valid one was sent
-    (whoever forwards it), else a component by its certificate, else
-    anonymous. The gateway's own certificate is a component's too: it calls
-    the controller for membership; what it forwards for clients carries the
-    client's token, or is refused at the gateway when there is none."""
+    (whoever forwards it), else anonymous when the caller says it acts for
+    someone without a token (``ANONYMOUS_KEY``), else a component by its
+    certificate, else anonymous. The gateway's own certificate is a
+    component's too: it calls the controller for membership; what it
+    forwards for clients carries the client's token or the anonymous mark."""
     if token_principal is not None:
         return token_principal
+    if anonymous:
+        return ANONYMOUS_PRINCIPAL
     if identity in COMPONENTS:
         return Principal(Kind.COMPONENT, identity)
     if identity:
@@ -236,18 +251,33 @@ def decide(method: str, who: Principal) -> Refusal | None:
             "PERMISSION_DENIED",
             f"method {method} needs a component certificate; the caller is {who.describe()}",
         )
-    if who.kind is Kind.ANONYMOUS:
+    if who.kind is Kind.ANONYMOUS and name not in _ANONYMOUS_OK:
         return Refusal(
             "UNAUTHENTICATED",
             f"method {method} needs a bearer token (metadata 'authorization: Bearer glx_...')",
         )
     roles = _ROLES_OF.get(name)
-    if roles is not None and who.role not in roles:
+    if roles is not None and who.kind is Kind.TOKEN and who.role not in roles:
         need = " or ".join(r for r in ROLES if r in roles)
         return Refusal(
             "PERMISSION_DENIED", f"method {method} needs role {need}; caller is {who.describe()}"
         )
     return None
+
+
+def check_invoke(who: Principal, namespace: str, public: bool, what: str) -> Refusal | None:
+    """None when who may invoke a function of namespace (public: anyone
+    may); an anonymous caller of a function that is not public is
+    UNAUTHENTICATED (a token would help), a token of another namespace
+    PERMISSION_DENIED."""
+    if public:
+        return None
+    if who.kind is Kind.ANONYMOUS:
+        return Refusal(
+            "UNAUTHENTICATED",
+            f"{what} needs a bearer token (it is not public); send 'authorization: Bearer glx_...'",
+        )
+    return check_namespace(who, namespace, what)
 
 
 def check_namespace(who: Principal, namespace: str, what: str) -> Refusal | None:

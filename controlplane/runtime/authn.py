@@ -26,7 +26,7 @@ from prometheus_client import Counter
 from controlplane.runtime import access
 from controlplane.runtime.access import Kind, Principal, Refusal, TokenRecord
 from controlplane.runtime.clock import Clock, MonotonicClock
-from controlplane.runtime.errors import PermissionDenied
+from controlplane.runtime.errors import PermissionDenied, Unauthenticated
 from controlplane.runtime.tls import GuardInterceptor, peer_identity
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,17 @@ def current() -> Principal:
     return _current.get()
 
 
+def ensure_invoke(namespace: str, public: bool, what: str) -> None:
+    """Raise UNAUTHENTICATED or PERMISSION_DENIED unless the current caller
+    may invoke that function (``access.check_invoke``)."""
+    refusal = access.check_invoke(current(), namespace, public, what)
+    if refusal is not None:
+        REFUSED.labels(refusal.code).inc()
+        if refusal.code == "UNAUTHENTICATED":
+            raise Unauthenticated(refusal.message)
+        raise PermissionDenied(refusal.message)
+
+
 def ensure_namespace(namespace: str, what: str) -> None:
     """Raise PERMISSION_DENIED unless the current caller may act on a
     function of namespace (what names it in the message)."""
@@ -60,17 +71,32 @@ def ensure_namespace(namespace: str, what: str) -> None:
         raise PermissionDenied(refusal.message)
 
 
+#: Pass as a token to call on behalf of a caller without one (the gateway).
+ANONYMOUS = "anonymous"
+
+
 def token_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
-    """gRPC call metadata carrying token (None: no metadata)."""
+    """gRPC call metadata carrying token (None: no metadata; ``ANONYMOUS``:
+    the mark of a caller without a token)."""
+    if token == ANONYMOUS:
+        return ((access.ANONYMOUS_KEY, "1"),)
     return ((access.METADATA_KEY, f"Bearer {token}"),) if token else None
 
 
-def forwarded_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...] | None:
-    """The caller's authorization, to pass on when forwarding its call to
-    another instance (which judges it again)."""
-    for key, value in context.invocation_metadata() or ():
-        if key == access.METADATA_KEY:
-            return ((key, value),)
+def forwarded_metadata(context: Any) -> tuple[tuple[str, str], ...] | None:
+    """What to send when forwarding the current call to another instance,
+    which judges it again: the caller's token, or the anonymous mark for a
+    caller without one (whether it came marked or just without a token), so
+    a forwarded call never gets the forwarder's own rights. Nothing for a
+    component's own call."""
+    who = current()
+    if who.kind is Kind.ANONYMOUS:
+        return ((access.ANONYMOUS_KEY, "1"),)
+    if who.kind is Kind.TOKEN:
+        md = tuple(
+            (k, v) for k, v in context.invocation_metadata() or () if k == access.METADATA_KEY
+        )
+        return md or None
     return None
 
 
@@ -151,11 +177,12 @@ class AccessInterceptor(GuardInterceptor):
 
     async def check(self, method: str, context: grpc.aio.ServicerContext) -> None:
         """Sets the caller's principal, or refuses the call."""
-        header = None
+        header, anonymous = None, False
         for key, value in context.invocation_metadata() or ():
             if key == access.METADATA_KEY:
                 header = value
-                break
+            elif key == access.ANONYMOUS_KEY:
+                anonymous = True
         try:
             got = await self.authenticator.principal(header)
         except Exception as e:  # the lookup failed: the caller may retry
@@ -167,7 +194,7 @@ class AccessInterceptor(GuardInterceptor):
         if isinstance(got, Refusal):
             refusal: Refusal | None = got
         else:
-            who = access.caller(peer_identity(context), got)
+            who = access.caller(peer_identity(context), got, anonymous)
             refusal = access.decide(method, who)
             if refusal is None:
                 _current.set(who)

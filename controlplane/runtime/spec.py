@@ -33,6 +33,7 @@ MAX_STARTUP_TIMEOUT_MS = validation.STARTUP_TIMEOUT_MS_MAX
 _TOP_FIELDS = {
     "name",
     "namespace",
+    "public",
     "runtime",
     "artifact",
     "args",
@@ -100,6 +101,10 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
     if not isinstance(namespace, str):
         raise InvalidArgument("namespace: must be a string (a DNS-1123 label)")
     spec.namespace = namespace
+    public = doc.get("public", False)
+    if not isinstance(public, bool):
+        raise InvalidArgument("public: must be true or false")
+    spec.public = public
     runtime = doc.get("runtime")
     if not isinstance(runtime, str):
         raise InvalidArgument("runtime: required string, the name of a serving runtime")

@@ -39,7 +39,7 @@ async def resolve(
     or a revision name that pins one revision)."""
     spec = await svc._spec(function)
     # Before anything starts: a caller of another namespace gets nothing.
-    authn.ensure_namespace(spec.namespace, f"function {function}")
+    authn.ensure_invoke(spec.namespace, spec.public, f"function {function}")
     if not spec.revision or revisions.split(function)[1]:
         return spec, svc._router(spec)  # no revisions (older records), or pinned
     ready = _ready(svc, function)

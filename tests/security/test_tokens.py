@@ -45,10 +45,11 @@ def code_of(up: Any, token: str | None, call: Callable[[GalaxyClient], Awaitable
     return "OK"
 
 
-def echo(name: str, namespace: str = "") -> common_pb2.FunctionSpec:
+def echo(name: str, namespace: str = "", public: bool = False) -> common_pb2.FunctionSpec:
     spec = specs.load_file(REPO / "examples" / "echo.yaml")
     spec.name = name
     spec.namespace = namespace
+    spec.public = public  # the example is public; these tests say which they need
     return spec
 
 
@@ -173,6 +174,23 @@ def test_the_gateway_needs_a_token_and_keeps_it_from_the_function(up, tokens):  
     )
     seen = {k.lower() for k in json.loads(body)["headers"]}
     assert status == 200 and "x-mine" in seen and "authorization" not in seen
+
+
+def test_a_public_function_answers_anyone_and_only_invocations(up, tokens):  # noqa: F811
+    run(up, tokens["dev_a"], lambda c: c.deploy(echo("tok-pub", public=True)))
+    url = f"http://{up.endpoints['gateway']}/functions/tok-pub"
+    r = subprocess.run(
+        ["curl", "-sS", "--max-time", "30", "-w", "\n%{http_code}", url, "-d", "open"],
+        capture_output=True, text=True, timeout=40,
+    )  # fmt: skip
+    body, _, status = r.stdout.rpartition("\n")
+    assert status == "200" and json.loads(body)["echo"] == "open"
+    # Over gRPC too, marked anonymous; but nothing else is open.
+    assert run(up, None, lambda c: c.invoke("tok-pub", b"x")).status == 200
+    assert code_of(up, None, lambda c: c.invoke("tok-a", b"x")) == "UNAUTHENTICATED"
+    assert code_of(up, None, lambda c: c.get_function("tok-pub")) == "UNAUTHENTICATED"
+    assert code_of(up, None, lambda c: c.delete_function("tok-pub")) == "UNAUTHENTICATED"
+    run(up, tokens["dev_a"], lambda c: c.delete_function("tok-pub"))
 
 
 def test_openai_client_with_a_token_as_its_api_key(up, tokens):  # noqa: F811

@@ -58,7 +58,10 @@ def test_bearer_header():
         ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", ANON_CERT, None),
         # No token: refused on the public API.
         (m("Controller", "ListFunctions"), ANON_CERT, "UNAUTHENTICATED"),
-        (m("Dispatch", "Dispatch"), access.ANONYMOUS_PRINCIPAL, "UNAUTHENTICATED"),
+        (m("Controller", "GetRuntime"), access.ANONYMOUS_PRINCIPAL, "UNAUTHENTICATED"),
+        # ... but may reach Dispatch: public functions answer it (check_invoke).
+        (m("Dispatch", "Dispatch"), access.ANONYMOUS_PRINCIPAL, None),
+        (m("Controller", "GetMembership"), access.ANONYMOUS_PRINCIPAL, None),
         # Invoker: invoke only.
         (m("Dispatch", "Dispatch"), INV_A, None),
         (m("Dispatch", "Release"), INV_A, None),
@@ -145,3 +148,16 @@ def test_any_header_parses_or_is_refused_never_raises(text: str) -> None:
     if parsed is not None:
         assert token == f"glx_{parsed[0]}_{parsed[1]}"
     assert access.parse(text) is None or text.startswith("glx_")
+
+
+def test_public_functions_answer_anyone_others_need_a_token_of_their_namespace() -> None:
+    anon = access.caller("gateway", None, anonymous=True)
+    assert anon.kind is Kind.ANONYMOUS  # the gateway's certificate lends nothing
+    assert access.check_invoke(anon, "team-a", True, "function f") is None
+    r = access.check_invoke(anon, "team-a", False, "function f")
+    assert r is not None and r.code == "UNAUTHENTICATED" and "not public" in r.message
+    assert access.check_invoke(INV_A, "team-a", False, "function f") is None
+    r = access.check_invoke(INV_A, "team-b", False, "function f")
+    assert r is not None and r.code == "PERMISSION_DENIED"
+    # Anonymous never passes a namespace check (deploy, delete, read).
+    assert access.check_namespace(anon, "", "function f") is not None

@@ -70,3 +70,34 @@ async def test_a_known_token_outlives_a_controller_outage_an_unknown_one_does_no
     other, _ = access.new_token("x", access.INVOKER, "team-a")
     with pytest.raises(ConnectionError):
         await auth.principal(f"Bearer {other}")
+
+
+class _Ctx:
+    def __init__(self, md: tuple[tuple[str, str], ...]) -> None:
+        self.md = md
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.md
+
+
+def test_a_forwarded_call_carries_the_callers_rights_never_the_forwarders() -> None:
+    from controlplane.runtime import authn
+
+    token, rec = access.new_token("ci", access.INVOKER, "team-a")
+    bearer = (("authorization", f"Bearer {token}"),)
+
+    def forwarded(who: access.Principal, md: tuple[tuple[str, str], ...]) -> object:
+        reset = authn._current.set(who)
+        try:
+            return authn.forwarded_metadata(_Ctx(md))
+        finally:
+            authn._current.reset(reset)
+
+    assert forwarded(rec.principal(), bearer) == bearer
+    # A caller without a token stays anonymous at the next instance, marked
+    # or not when it came (a client certificate alone is no token).
+    anon = (("galaxy-anonymous", "1"),)
+    assert forwarded(access.caller("client/alice", None), ()) == anon
+    assert forwarded(access.caller("gateway", None, anonymous=True), anon) == anon
+    # A component's own call: nothing to pass on.
+    assert forwarded(access.caller("controller", None), ()) is None
