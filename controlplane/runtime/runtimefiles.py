@@ -13,10 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from controlplane.runtime import servingruntime
 from controlplane.runtime.errors import InvalidArgument
+from controlplane.runtime.spec import read_yaml
 from controlplane.runtime.validation import key, short
 from galaxy.v1 import common_pb2
 
@@ -114,14 +113,7 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.ServingRunti
 def load_file(path: str | Path) -> common_pb2.ServingRuntime:
     """Read and check one runtime YAML file."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InvalidArgument(f"cannot read runtime file {p}: {e.strerror}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InvalidArgument(f"{p}: not valid YAML: {e}") from None
+    doc = read_yaml(p, "runtime")
     try:
         return from_dict(doc, base_dir=p.resolve().parent)
     except InvalidArgument as e:

@@ -189,18 +189,23 @@ def _autoscaling(doc: Any, out: common_pb2.AutoscalingSpec) -> None:
     out.keepalive = ka
 
 
-def load_file(path: str | Path) -> common_pb2.FunctionSpec:
-    """Read and validate a YAML spec file."""
+def read_yaml(path: str | Path, what: str) -> Any:
+    """The parsed YAML document of a file (what: "spec", "runtime"), or
+    InvalidArgument naming the file."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
-        raise InvalidArgument(f"cannot read spec file {p}: {e.strerror}") from None
+        raise InvalidArgument(f"cannot read {what} file {p}: {e.strerror}") from None
     try:
-        doc = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise InvalidArgument(f"{p}: not valid YAML: {e}") from None
-    return from_dict(doc, base_dir=p.resolve().parent)
+
+
+def load_file(path: str | Path) -> common_pb2.FunctionSpec:
+    """Read and validate a YAML spec file."""
+    return from_dict(read_yaml(path, "spec"), base_dir=Path(path).resolve().parent)
 
 
 def validate(spec: common_pb2.FunctionSpec) -> None:
