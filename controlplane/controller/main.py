@@ -115,7 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-utilization", type=float, default=0.6)
     g.add_argument("--high-watermark", type=float, default=0.8)
     g.add_argument("--low-watermark", type=float, default=0.3)
-    g.add_argument("--scale-out-cooldown-s", type=float, default=2.0)
+    g.add_argument("--scale-out-cooldown-s", type=float, default=0.25)
     g.add_argument(
         "--scale-in-cooldown-s",
         type=float,
@@ -131,7 +131,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--min-instances", type=_kv, action="append", default=[], help="KIND=N")
     g.add_argument("--max-instances", type=_kv, action="append", default=[], help="KIND=N")
-    g.add_argument("--scale-tick-s", type=float, default=1.0, help="decision period")
+    g.add_argument("--scale-tick-s", type=float, default=0.25, help="decision period")
     g.add_argument("--drain-grace-s", type=float, default=1.0)
     g.add_argument("--drain-timeout-s", type=float, default=15.0)
     g.add_argument("--member-timeout-s", type=float, default=5.0, help="silent instance removed")

@@ -42,10 +42,10 @@ from controlplane.controller.scaling import (
     ScalingContext,
     ScalingState,
     decide,
-    utilization,
 )
 from controlplane.runtime import rpc
 from controlplane.runtime.clock import Clock
+from controlplane.runtime.loadreport import busy_cores
 from controlplane.runtime.membership import KIND_BY_NAME
 from galaxy.v1 import controller_pb2
 from statestore import StoreError
@@ -166,12 +166,13 @@ class Reconciler:
         """What the policy sees of one kind now."""
         op = LOAD_OPS[kind]
         fresh_s = self.timeouts.report_fresh_s
-        load, queue, ready, unsettled = 0.0, 0, 0, False
+        load, queue, ready, unsettled, cpu = 0.0, 0, 0, False, 0.0
         for m in self.registry.members(KIND_BY_NAME[kind]):
             ready += m.state is State.READY
             if m.last_report_at is not None and now - m.last_report_at <= fresh_s:
                 load += m.ops_per_second.get(op, 0.0)
                 queue += m.queue_depth
+                cpu += busy_cores(m.ops_per_second)
             # A ready instance that has not reported since it became ready
             # (just added, or restored by a new leader): its share of the
             # load is unknown, and deciding now would act on the old picture.
@@ -181,7 +182,7 @@ class Reconciler:
                 and (m.last_report_at is None or m.last_report_at < m.ready_since)
                 and now - m.ready_since < fresh_s
             )
-        return KindLoad(ready, load, queue, busy=kind in self._busy or unsettled)
+        return KindLoad(ready, load, queue, busy=kind in self._busy or unsettled, cpu=cpu)
 
     async def tick(self) -> Decision | None:
         """Expire silent members, decide, and start carrying the decision out."""
@@ -189,7 +190,7 @@ class Reconciler:
         now = self.clock.now()
         loads = {k: self.kind_load(k, now) for k in KINDS if k in self.config.limits}
         for k, kl in loads.items():
-            u = utilization(kl.load, kl.instances, self.config.limits[k].capacity)
+            u = kl.utilization(self.config.limits[k].capacity)
             if u > self.config.high_watermark:
                 self._overload_since.setdefault(k, now)
             else:
@@ -332,9 +333,7 @@ class Reconciler:
             sm.DESIRED.labels(kind).set(self.desired(kind, kl.instances))
             sm.LOAD.labels(kind).set(kl.load)
             sm.CAPACITY.labels(kind).set(lim.capacity)
-            sm.UTILIZATION.labels(kind).set(
-                min(utilization(kl.load, kl.instances, lim.capacity), 1e9)
-            )
+            sm.UTILIZATION.labels(kind).set(min(kl.utilization(lim.capacity), 1e9))
             sm.QUEUE.labels(kind).set(kl.queue_depth)
 
     def desired(self, kind: str, ready: int) -> int:
@@ -362,7 +361,7 @@ class Reconciler:
                     load_op=LOAD_OPS[kind],
                     load=kl.load,
                     capacity=lim.capacity,
-                    utilization=min(utilization(kl.load, kl.instances, lim.capacity), 1e9),
+                    utilization=min(kl.utilization(lim.capacity), 1e9),
                     queue_depth=kl.queue_depth,
                     min_instances=lim.min_instances,
                     max_instances=lim.max_instances,

@@ -10,12 +10,15 @@ gets none: that is what keeps a burst from triggering redundant scale-outs.
 The rule, per kind with per-instance maximum throughput T (T_DF, T_SF,
 T_CMF) and n ready instances:
 
-* utilization u = load / (n * T), where load is the summed ops/s of the
-  kind's critical operation (``LOAD_OPS``);
-* needed = ceil(load / (target_utilization * T)), clamped to [min, max];
+* utilization u = max(load / (n * T), cpu / n), where load is the summed
+  ops/s of the kind's critical operation (``LOAD_OPS``) and cpu the summed
+  busy cores its instances report (``KindLoad.cpu``);
+* needed = ceil(max(load / T, cpu) / target_utilization), clamped to [min, max];
 * u > high_watermark (and the scale-out cooldown has passed): scale out to
   max(n + 1, needed) in one step (a flood needs its instances now, not four
-  a tick); ``max_step_out`` bounds the step when set;
+  a tick), and to at least ``saturated_growth`` x n when the instances are
+  CPU-saturated (their reports are then censored at what they could do);
+  ``max_step_out`` bounds the step when set;
 * u < low_watermark continuously for ``scale_in_cooldown_s`` (and as long
   since the last action): scale in by one, unless the remaining instances
   would then run above target utilization;
@@ -70,7 +73,7 @@ class ScalingConfig:
     target_utilization: float = 0.6
     high_watermark: float = 0.8
     low_watermark: float = 0.3
-    scale_out_cooldown_s: float = 2.0
+    scale_out_cooldown_s: float = 0.25
     #: Scale in only after this long below the low watermark: the default is
     #: Kubernetes HPA's downscale stabilization window (5 min). A short one
     #: (it was 10 s) scales in during a burst's quiet start and then lags
@@ -80,6 +83,12 @@ class ScalingConfig:
     #: Instances added at most in one decision; None: no bound (straight to
     #: the count the load needs).
     max_step_out: int | None = None
+    #: A kind whose instances are this busy (CPU per instance) is saturated:
+    #: what it reports is what it managed, not what was asked of it, so the
+    #: load-sized step underestimates the flood. It then grows at least by
+    #: ``saturated_growth`` per decision (slow-start doubling) until it is not.
+    saturated_cpu: float = 0.9
+    saturated_growth: float = 2.0
     #: A decided target not reached after this long no longer blocks the kind.
     action_timeout_s: float = 60.0
 
@@ -89,6 +98,8 @@ class ScalingConfig:
                 "need 0 < low_watermark < target_utilization < high_watermark, got "
                 f"{self.low_watermark} / {self.target_utilization} / {self.high_watermark}"
             )
+        if not 0 < self.saturated_cpu <= 1 or self.saturated_growth < 1:
+            raise ValueError("need 0 < saturated_cpu <= 1 and saturated_growth >= 1")
         if self.max_step_out is not None and self.max_step_out < 1:
             raise ValueError("max_step_out must be >= 1 (or None: no bound)")
         if min(self.scale_out_cooldown_s, self.scale_in_cooldown_s, self.action_timeout_s) < 0:
@@ -107,6 +118,17 @@ class KindLoad:
     queue_depth: int = 0
     #: An action for this kind is still being carried out.
     busy: bool = False
+    #: Summed busy cores of its instances (process CPU seconds per second),
+    #: 0 when not reported. T prices one critical operation with the ones
+    #: that usually come with it, which a changed mix breaks: in a flood of
+    #: cold starts each Dispatch request also starts an instance, so
+    #: Dispatch saturated while ops/T said 60% and was never scaled (the
+    #: simulator's 5,000-node flood). CPU sees what T does not price.
+    cpu: float = 0.0
+
+    def utilization(self, capacity: float) -> float:
+        """This load's utilization of its instances (``utilization``)."""
+        return utilization(self.load, self.instances, capacity, self.cpu)
 
 
 @dataclass(frozen=True)
@@ -166,16 +188,21 @@ class Decision:
         return self.desired - self.current
 
 
-def utilization(load: float, instances: int, capacity: float) -> float:
-    """load / (instances * capacity); infinite with load and no instance."""
+def utilization(load: float, instances: int, capacity: float, cpu: float = 0.0) -> float:
+    """max(load / (instances * capacity), cpu / instances); infinite with
+    load (or CPU) and no instance."""
     if instances <= 0:
-        return math.inf if load > 0 else 0.0
-    return load / (instances * capacity)
+        return math.inf if load > 0 or cpu > 0 else 0.0
+    by_ops = load / (instances * capacity)
+    by_cpu = cpu / instances
+    return by_ops if by_ops >= by_cpu else by_cpu
 
 
-def needed_instances(load: float, limits: KindLimits, target: float) -> int:
-    """Instances that carry load at the target utilization, within bounds."""
-    raw = math.ceil(load / (target * limits.capacity) - 1e-9) if load > 0 else 0
+def needed_instances(load: float, limits: KindLimits, target: float, cpu: float = 0.0) -> int:
+    """Instances that carry load (and its CPU) at the target utilization,
+    within bounds."""
+    work = max(load / limits.capacity, cpu)
+    raw = math.ceil(work / target - 1e-9) if work > 0 else 0
     return max(limits.min_instances, min(limits.max_instances, raw))
 
 
@@ -194,8 +221,8 @@ def _candidate(
     """This kind's decision, if it wants one, with its urgency (higher first)."""
     lim = cfg.limits[kind]
     n, load = kl.instances, kl.load
-    u = utilization(load, n, lim.capacity)
-    needed = needed_instances(load, lim, cfg.target_utilization)
+    u = kl.utilization(lim.capacity)
+    needed = needed_instances(load, lim, cfg.target_utilization, kl.cpu)
     op = LOAD_OPS.get(kind, "ops")
     if n == 0:
         if ks.seen:
@@ -222,12 +249,14 @@ def _candidate(
     if u > cfg.high_watermark and n < lim.max_instances:
         if now - ks.last_out_at < cfg.scale_out_cooldown_s:
             return None
+        if kl.cpu >= cfg.saturated_cpu * n:
+            needed = max(needed, math.ceil(n * cfg.saturated_growth))
         to = min(lim.max_instances, max(n + 1, needed))
         if cfg.max_step_out is not None:
             to = min(to, n + cfg.max_step_out)
         reason = (
-            f"overload: {op} {load:.0f}/s is {u:.0%} of {n} x T={lim.capacity:.0f}/s "
-            f"(> {cfg.high_watermark:.0%}); need {needed}"
+            f"overload: {op} {load:.0f}/s and {kl.cpu:.2f} busy cores are {u:.0%} of "
+            f"{n} x T={lim.capacity:.0f}/s (> {cfg.high_watermark:.0%}); need {needed}"
         )
         return 3.0 + min(u, 1e6) / 1e7, Decision(kind, n, to, "overload", reason, load, u)
     if (
@@ -236,7 +265,7 @@ def _candidate(
         and now - ks.low_since >= cfg.scale_in_cooldown_s
         and now - max(ks.last_out_at, ks.last_in_at) >= cfg.scale_in_cooldown_s
         # Hysteresis: one fewer instance must still run at or below target.
-        and utilization(load, n - 1, lim.capacity) <= cfg.target_utilization
+        and utilization(load, n - 1, lim.capacity, kl.cpu) <= cfg.target_utilization
     ):
         reason = (
             f"underload: {op} {load:.0f}/s is {u:.0%} of {n} x T={lim.capacity:.0f}/s "
@@ -270,7 +299,7 @@ def decide(ctx: ScalingContext, state: ScalingState) -> tuple[Decision | None, S
             continue
         kl = ctx.kinds[kind]
         ks = state.kind(kind)
-        u = utilization(kl.load, kl.instances, cfg.limits[kind].capacity)
+        u = kl.utilization(cfg.limits[kind].capacity)
         # The low-load clock runs whatever happens to other kinds this tick.
         low = u < cfg.low_watermark
         ks = replace(

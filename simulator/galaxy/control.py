@@ -277,7 +277,7 @@ class ControlPlane:
             for node in self.env.cluster.nodes:
                 self.sim.at(self._phase(node), self._beat, node)
         if self.scaler is not None:
-            self.sim.every(self.cfg.report_s, self.scaler.tick)
+            self.sim.every(self.cfg.burst_report_s, self.scaler.tick)
 
     def finish(self) -> None:
         """Final samples, and the CPU the control functions spent (overhead)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from controlplane.runtime import loadreport as _REPORT
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.policy import Instance
 from functions.schedule.config import ScheduleConfig
@@ -67,6 +68,8 @@ class GalaxyConfig:
     #: the controller scales control functions on SRPS (needs the scaling module)
     controller_scaling: bool = True
     report_s: float = 1.0
+    #: load report interval while a kind is saturated (``LoadReporter``)
+    burst_report_s: float = _REPORT.BURST_INTERVAL_S
     max_instances: int = 64
 
     def params(self) -> dict[str, Any]:

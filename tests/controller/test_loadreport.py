@@ -10,7 +10,7 @@ from controlplane.controller.actuators.base import NoActuator
 from controlplane.controller.registry import State
 from controlplane.runtime import rpc
 from controlplane.runtime.clock import ManualClock
-from controlplane.runtime.loadreport import LoadReporter, rates
+from controlplane.runtime.loadreport import CPU_KEY, LoadReporter, rates, report_due
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from tests.controller.conftest import Controller
 
@@ -59,6 +59,7 @@ async def test_reports_reach_the_controller_and_aggregate_per_kind():
     pool = rpc.ChannelPool()
     try:
         clock = ManualClock(10.0)
+        cpu = {"ms": 0}
         comps, reporters = [], []
         for i in range(3):
             me = common_pb2.ControlInstance(id=f"s-{i}", kind=S, address=f"127.0.0.1:{40000 + i}")
@@ -66,8 +67,11 @@ async def test_reports_reach_the_controller_and_aggregate_per_kind():
             ctl.registry.set_state(S, me.id, State.READY)  # no warm-up in this test
             c = Counting()
             comps.append(c)
-            reporters.append(LoadReporter(c, me, ctl.address, pool, clock=clock))
+            reporters.append(
+                LoadReporter(c, me, ctl.address, pool, clock=clock, cpu_ms=lambda: cpu["ms"])
+            )
         clock.advance(1.0)
+        cpu["ms"] += 600  # each process (the same fake here) was 0.6 cores busy
         for i, (c, r) in enumerate(zip(comps, reporters, strict=True)):
             c.counters["schedule"] += 50 * (i + 1)  # 50, 100, 150 per second
             c.queue = i
@@ -76,11 +80,13 @@ async def test_reports_reach_the_controller_and_aggregate_per_kind():
         kl = ctl.reconciler.kind_load("schedule", ctl.registry.clock.now())
         assert kl.load == pytest.approx(300.0)
         assert kl.queue_depth == 3
+        assert kl.cpu == pytest.approx(3 * 0.6)
         m = ctl.registry.get(S, "s-1")
-        assert m.ops_per_second == {"schedule": 100.0, "placement": 0.0}
+        assert m.ops_per_second == {"schedule": 100.0, "placement": 0.0, CPU_KEY: 600.0}
         st = ctl.reconciler.status()
         sched = next(s for s in st if s.kind == S)
         assert sched.load == pytest.approx(300.0) and sched.load_op == "schedule"
+        # ops say 100%, CPU 60%: the larger counts
         assert sched.utilization == pytest.approx(300.0 / (3 * 100.0))
     finally:
         await pool.close()
@@ -119,3 +125,27 @@ async def test_report_to_an_unreachable_controller_is_not_fatal():
         assert await r.report_once() is None
     finally:
         await pool.close()
+
+
+def test_a_report_is_due_at_the_interval_or_at_once_when_saturated():
+    assert not report_due(0.25, 1.0, 0.5)
+    assert report_due(1.0, 1.0, 0.0)
+    assert report_due(0.25, 1.0, 0.95)  # saturated: the controller hears now
+
+
+def test_the_reporter_checks_cpu_on_the_short_period():
+    clock = ManualClock(0.0)
+    cpu = {"ms": 0}
+    me = common_pb2.ControlInstance(id="s-c", kind=S, address="127.0.0.1:1")
+    r = LoadReporter(
+        Counting(), me, "127.0.0.1:2", rpc.ChannelPool(), clock=clock,
+        cpu_ms=lambda: cpu["ms"],
+    )  # fmt: skip
+    clock.advance(0.25)
+    cpu["ms"] += 50  # 0.2 cores
+    assert not r.due()
+    clock.advance(0.25)
+    cpu["ms"] += 240  # 0.96 cores since the last check
+    assert r.due()
+    report = r.sample()
+    assert report.ops_per_second[CPU_KEY] == pytest.approx(290 / 0.5)

@@ -222,3 +222,38 @@ def test_bad_limits_are_rejected():
         KindLimits(10.0, min_instances=0)
     with pytest.raises(ValueError):
         KindLimits(10.0, min_instances=3, max_instances=2)
+
+
+def _one(cfg: ScalingConfig, kl: KindLoad, now: float = 100.0):
+    return decide(ScalingContext(now, {"schedule": kl}, cfg), ScalingState())[0]
+
+
+def test_busy_cores_count_when_the_ops_price_misses_them():
+    # 4 instances at 40% by ops, but 85% busy on CPU (each operation now
+    # costs more than T prices): overloaded, sized by the CPU.
+    cfg = config(max_step_out=None, limits={"schedule": KindLimits(T_SF, 1, 64)})
+    assert _one(cfg, KindLoad(4, 160.0)) is None
+    d = _one(cfg, KindLoad(4, 160.0, cpu=4 * 0.85))
+    assert d is not None and d.code == "overload"
+    assert d.desired == math.ceil(4 * 0.85 / 0.6)
+    assert needed_instances(160.0, KindLimits(T_SF, 1, 64), 0.6, cpu=3.4) == 6
+
+
+def test_saturated_instances_grow_at_least_by_the_saturated_factor():
+    # Saturated CPU censors the load: ops alone would ask for 7, the
+    # slow-start rule doubles.
+    cfg = config(max_step_out=None, limits={"schedule": KindLimits(T_SF, 1, 64)})
+    d = _one(cfg, KindLoad(4, 4 * T_SF, cpu=4 * 0.97))
+    assert d is not None and d.desired == 8
+    # Busy but not saturated: the load-sized step.
+    d = _one(cfg, KindLoad(4, 4 * T_SF, cpu=4 * 0.5))
+    assert d is not None and d.desired == math.ceil(4 * T_SF / (0.6 * T_SF))
+
+
+def test_no_scale_in_while_the_cpu_is_busy():
+    cfg = config(scale_in_cooldown_s=0.0)
+    # Few ops but busy cores: removing one would run the rest above target.
+    state = ScalingState()
+    for now in (0.0, 1.0, 2.0):
+        d, state = decide(ScalingContext(now, {"schedule": KindLoad(3, 10.0, cpu=1.5)}, cfg), state)
+        assert d is None or d.code != "underload"
