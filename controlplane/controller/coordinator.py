@@ -209,7 +209,9 @@ class Coordinator:
         want = {
             f"{self.prefix}{KIND_NAMES[m.info.kind]}/{m.info.id}": m.info.SerializeToString()
             for m in members
-            if m.state is not State.DRAINING
+            # A standby is not part of the membership: a successor learns of
+            # it when it reports (and registers again, as a standby).
+            if m.state is not State.DRAINING and m.state is not State.STANDBY
         }
         try:
             stale = [k for k in self._persisted if k not in want]

@@ -143,6 +143,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         help="local actuator: KIND='FLAGS' appended to `galaxy serve KIND`",
     )
+    g.add_argument(
+        "--standby-instances",
+        type=_kv,
+        action="append",
+        default=[],
+        help="local actuator: KIND=N warm standby instances kept started, promoted by a "
+        "scale-out without a process start (default: none)",
+    )
     g.add_argument("--instance-log-dir", default=None, help="local actuator: instance logs")
     g.add_argument("--instance-host", default="127.0.0.1", help="local actuator: listen host")
     g.add_argument(
@@ -213,11 +221,21 @@ def make_actuator(args: argparse.Namespace) -> Actuator:
             extra_args=extra,
             log_dir=Path(args.instance_log_dir) if args.instance_log_dir else None,
             cpu_limits=parse_limits(args.instance_cpu_limit),
+            standby=_standby_counts(args.standby_instances),
             # Instances serve as this controller does: its TLS directory (each
             # kind's own certificate there), or plaintext.
             tls_dir=None if getattr(args, "insecure", False) else getattr(args, "tls_dir", None),
         )
     return NoActuator()
+
+
+def _standby_counts(pairs: list[tuple[str, str]]) -> dict[str, int]:
+    out = {}
+    for kind, n in pairs:
+        if not n.isdigit():
+            raise ValueError(f"--standby-instances {kind}={n}: N must be a whole number >= 0")
+        out[kind] = int(n)
+    return out
 
 
 class ControllerComponent:

@@ -168,6 +168,8 @@ class Reconciler:
         fresh_s = self.timeouts.report_fresh_s
         load, queue, ready, unsettled, cpu = 0.0, 0, 0, False, 0.0
         for m in self.registry.members(KIND_BY_NAME[kind]):
+            if m.state is State.STANDBY:
+                continue  # idle by design: neither load nor capacity
             ready += m.state is State.READY
             if m.last_report_at is not None and now - m.last_report_at <= fresh_s:
                 load += m.ops_per_second.get(op, 0.0)
@@ -274,7 +276,21 @@ class Reconciler:
 
     async def _scale_out(self, d: Decision, rec: ActionRecord) -> None:
         kid = KIND_BY_NAME[d.kind]
-        ids = await self.actuator.scale_out(d.kind, d.current, d.desired)
+        # Warm standbys first: promoting one is a membership change, with
+        # no process to start. The actuator starts the rest and replaces
+        # the promoted standbys in the background.
+        promoted = self.registry.promote(kid, d.delta)
+        for m in promoted:
+            log.info("promoted standby %s %s", d.kind, m.info.id)
+            if m.state is State.WARMING:
+                self.coordinator.spawn(self.coordinator.warm(m))
+        if promoted:
+            sm.STANDBY_PROMOTED.labels(d.kind).inc(len(promoted))
+            self.coordinator.mark_dirty()
+            self.coordinator.spawn(self._refill(d.kind, len(promoted)))
+        ids = [m.info.id for m in promoted]
+        if d.desired - d.current > len(promoted):
+            ids += await self.actuator.scale_out(d.kind, d.current + len(promoted), d.desired)
         rec.instance_ids = list(ids)
 
         def taking_traffic() -> bool:
@@ -289,6 +305,12 @@ class Reconciler:
                 f"{self.timeouts.register_s:.0f}s"
             )
         await self.coordinator.sync()  # Dispatch knows them: they take traffic
+
+    async def _refill(self, kind: str, n: int) -> None:
+        try:
+            await self.actuator.add_standby(kind, n)
+        except ActuatorError as e:
+            log.warning("cannot replace %d promoted %s standby: %s", n, kind, e)
 
     async def _scale_in(self, d: Decision, rec: ActionRecord) -> None:
         kid = KIND_BY_NAME[d.kind]

@@ -4,8 +4,9 @@ The controller is the one place that decides membership, so every instance
 computes the same rendezvous partitions from the same epoch.
 
 A member is READY (takes traffic), WARMING (registered, filling its cache;
-only the instances that feed it see it) or DRAINING (leaving; nobody routes
-to it any more, it finishes what it has). Which instances see a warming one
+only the instances that feed it see it), DRAINING (leaving; nobody routes
+to it any more, it finishes what it has) or STANDBY (a warm standby: started
+and registered, seen by nobody, until a scale-out promotes it). Which instances see a warming one
 is ``WARM_AUDIENCE``: a new Schedule instance is known to ClusterMgr (which
 sends it the nodes of its partition) and to the other Schedule instances
 (which give those nodes up), but not yet to Dispatch, which would send it
@@ -36,6 +37,7 @@ class State(enum.Enum):
     WARMING = "warming"
     READY = "ready"
     DRAINING = "draining"
+    STANDBY = "standby"
 
 
 @dataclass
@@ -108,11 +110,30 @@ class ControlRegistry:
                 metrics_address=info.metrics_address,
             ),
             now,
-            state=State.WARMING if info.kind in self.warm_kinds else State.READY,
+            state=State.STANDBY if info.standby else self._joining(info.kind),
             ready_since=now,
         )
-        self._changed()
+        # A standby changes nobody's membership: no new epoch for it.
+        self._changed(bump=not info.standby)
         return True
+
+    def _joining(self, kind: int) -> State:
+        return State.WARMING if kind in self.warm_kinds else State.READY
+
+    def promote(self, kind: int, n: int) -> list[Member]:
+        """Turn up to n standbys of kind into members that join (WARMING or
+        READY, as a new registration would), oldest standby first; returns
+        them. One new epoch for all of them."""
+        now = self.clock.now()
+        picked = sorted(
+            (m for m in self.members(kind, State.STANDBY)), key=lambda m: m.registered_at
+        )[: max(0, n)]
+        for m in picked:
+            m.state = self._joining(kind)
+            m.ready_since = now
+        if picked:
+            self._changed()
+        return picked
 
     def deregister(self, kind: int, instance_id: str) -> bool:
         """Remove an instance; True when it was a member."""

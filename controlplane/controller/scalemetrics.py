@@ -12,7 +12,7 @@ from controlplane.runtime.metrics import LATENCY_BUCKETS
 
 INSTANCES = Gauge(
     "galaxy_control_instances",
-    "Control function instances by kind and state (ready, warming, draining).",
+    "Control function instances by kind and state (ready, warming, draining, standby).",
     ["kind", "state"],
 )
 DESIRED = Gauge("galaxy_control_desired_instances", "Instances the controller scales to.", ["kind"])
@@ -40,5 +40,10 @@ SCALE_OUT_SECONDS = Histogram(
     "From a scale-out decision until the new instances take traffic.",
     ["kind"],
     buckets=(*LATENCY_BUCKETS, 30.0, 60.0),
+)
+STANDBY_PROMOTED = Counter(
+    "galaxy_control_standby_promoted_total",
+    "Warm standbys promoted by a scale-out (no process start on its path).",
+    ["kind"],
 )
 LEADER = Gauge("galaxy_controller_leader", "1 while this controller leads, else 0.")

@@ -19,7 +19,7 @@ from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.leader import LeaderElector
 from controlplane.controller.leaderonly import leader_only
 from controlplane.controller.reconcile import Reconciler
-from controlplane.controller.registry import ControlRegistry
+from controlplane.controller.registry import ControlRegistry, State
 from controlplane.controller.runtimes_api import RuntimesApi
 from controlplane.controller.runtimes_store import RuntimeStore
 from controlplane.controller.tokens_api import TokensApi
@@ -216,7 +216,12 @@ class ControllerServicer(TokensApi, RuntimesApi, controller_pb2_grpc.ControllerS
             request.queue_depth,
             request.errors,
         )
-        return controller_pb2.ReportLoadReply(membership_stale=not known, epoch=self.registry.epoch)
+        m = self.registry.get(request.instance.kind, request.instance.id)
+        return controller_pb2.ReportLoadReply(
+            membership_stale=not known,
+            epoch=self.registry.epoch,
+            standby=m is not None and m.state is State.STANDBY,
+        )
 
     @leader_only
     async def GetMembership(

@@ -40,6 +40,10 @@ class HostContext:
     controller: str
     pool: rpc.ChannelPool
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Registered as a warm standby and not promoted yet (the controller's
+    #: load report replies keep it current), so registering again after a
+    #: controller restart registers what the instance is.
+    standby: bool = False
 
 
 class Component(Protocol):
@@ -105,6 +109,7 @@ async def _register(ctx: HostContext, kind: int, deadline_s: float) -> common_pb
         kind=cast(common_pb2.ControlKind, kind),
         address=ctx.address,
         metrics_address=ctx.metrics_address,
+        standby=ctx.standby,
     )
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_s
@@ -153,6 +158,7 @@ def _load_reporter(
         interval_s=interval_s,
         reregister=lambda: _register(ctx, component.kind, 5.0),
         on_membership=component.on_membership,
+        on_reply=lambda reply: setattr(ctx, "standby", reply.standby),
     )
 
 
@@ -197,6 +203,7 @@ async def serve(
     load_report_s: float = loadreport.DEFAULT_INTERVAL_S,
     tls: TlsConfig | None = None,
     health_listen: str | None = None,
+    standby: bool = False,
 ) -> None:
     """Serve component until a stop signal; see module docstring.
 
@@ -209,6 +216,8 @@ async def serve(
     be made with the same tls (the default pool is). None serves plaintext.
     health_listen: also serve grpc.health.v1 alone, in plaintext, there
     (for probes without a certificate; see rpc.health_only_server).
+    standby: register as a warm standby (kept out of every membership until
+    a scale-out promotes it).
     """
     pool = pool or rpc.ChannelPool(tls=tls)
     # With TLS, callers are also checked by identity: internal RPCs accept
@@ -232,7 +241,7 @@ async def serve(
         mhost, mport = netaddr.split_host_port(metrics_listen)
         metrics_address = serve_metrics(mhost, mport)
         watch_gc()
-    ctx = HostContext(instance_id, address, metrics_address, controller, pool)
+    ctx = HostContext(instance_id, address, metrics_address, controller, pool, standby=standby)
     health_only = None
     if health_listen:
         health_only, _ = rpc.health_only_server(health_listen, health_servicer)

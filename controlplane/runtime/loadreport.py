@@ -137,6 +137,7 @@ class LoadReporter:
         burst_interval_s: float = BURST_INTERVAL_S,
         reregister: Callable[[], Awaitable[common_pb2.Membership]] | None = None,
         on_membership: Callable[[common_pb2.Membership], None] | None = None,
+        on_reply: Callable[[controller_pb2.ReportLoadReply], None] | None = None,
         clock: Clock | None = None,
         cpu_ms: Callable[[], int] = process_cpu_ms,
     ) -> None:
@@ -152,6 +153,7 @@ class LoadReporter:
         self.burst_interval_s = min(burst_interval_s, interval_s)
         self.reregister = reregister
         self.on_membership = on_membership
+        self.on_reply = on_reply
         self.clock = clock or MonotonicClock()
         self.cpu_ms = cpu_ms
         self.sent = 0
@@ -196,6 +198,8 @@ class LoadReporter:
             log.debug("load report to %s failed: %s", self.controller, e.details())
             return None
         self.sent += 1
+        if self.on_reply is not None:
+            self.on_reply(reply)
         if reply.membership_stale and self.reregister is not None:
             log.info("controller does not know %s: registering again", self.instance.id)
             try:

@@ -137,6 +137,8 @@ def _scaling_flags(args: argparse.Namespace) -> list[str]:
             out += ["--" + flag.replace("_", "-"), str(value)]
     for kv in args.max_instances:
         out += ["--max-instances", kv]
+    for kv in args.standby:
+        out += ["--standby-instances", kv]
     for extra in args.controller_arg:
         out += [extra]
     return out
@@ -216,6 +218,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         load_report_s=args.load_report_ms / 1000.0,
         tls=args.tls,
         health_listen=args.health_listen or None,
+        standby=getattr(args, "standby", False),
     )
     return 0
 
@@ -323,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--max-instances", action="append", default=[], help="KIND=N (default 8)")
     sc.add_argument("--scale-in-cooldown-s", type=float, default=None)
     sc.add_argument(
+        "--standby",
+        action="append",
+        default=[],
+        help="KIND=N warm standby instances kept started and promoted by a scale-out "
+        "(no process start on its path); repeatable",
+    )
+    sc.add_argument(
         "--control-cpu-limit",
         action="append",
         default=[],
@@ -379,6 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--lifeline", action="store_true", help="exit when stdin closes (used by `galaxy up`)"
         )
+        if kind in ("dispatch", "schedule", "clustermgr"):
+            sp.add_argument(
+                "--standby",
+                action="store_true",
+                help="register as a warm standby: the controller promotes it on a scale-out",
+            )
         sp.add_argument(
             "--no-connection-cache",
             action="store_true",

@@ -108,16 +108,18 @@ class AutoscalingSpec(_message.Message):
     def __init__(self, target_utilization: _Optional[float] = ..., stable_window_ms: _Optional[int] = ..., panic_window_percent: _Optional[float] = ..., scale_to_zero_grace_ms: _Optional[int] = ..., keepalive: _Optional[str] = ..., keepalive_ms: _Optional[int] = ...) -> None: ...
 
 class ControlInstance(_message.Message):
-    __slots__ = ("id", "kind", "address", "metrics_address")
+    __slots__ = ("id", "kind", "address", "metrics_address", "standby")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: ControlKind
     address: str
     metrics_address: str
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[ControlKind, str]] = ..., address: _Optional[str] = ..., metrics_address: _Optional[str] = ...) -> None: ...
+    standby: bool
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[ControlKind, str]] = ..., address: _Optional[str] = ..., metrics_address: _Optional[str] = ..., standby: _Optional[bool] = ...) -> None: ...
 
 class Membership(_message.Message):
     __slots__ = ("epoch", "instances")

@@ -35,12 +35,14 @@ class LoadReport(_message.Message):
     def __init__(self, instance: _Optional[_Union[_common_pb2.ControlInstance, _Mapping]] = ..., ops_per_second: _Optional[_Mapping[str, float]] = ..., queue_depth: _Optional[int] = ..., errors: _Optional[int] = ...) -> None: ...
 
 class ReportLoadReply(_message.Message):
-    __slots__ = ("membership_stale", "epoch")
+    __slots__ = ("membership_stale", "epoch", "standby")
     MEMBERSHIP_STALE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
     membership_stale: bool
     epoch: int
-    def __init__(self, membership_stale: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+    standby: bool
+    def __init__(self, membership_stale: _Optional[bool] = ..., epoch: _Optional[int] = ..., standby: _Optional[bool] = ...) -> None: ...
 
 class GetMembershipRequest(_message.Message):
     __slots__ = ()

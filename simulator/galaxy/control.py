@@ -102,6 +102,8 @@ class ControlPlane:
             "clustermgr": self.cmfs,
         }
         self._serial = {k: 0 for k in KINDS}
+        #: warm standbys ready per kind (started, registered, in no view)
+        self.standby = dict.fromkeys(KINDS, self.cfg.standby)
         #: operations done per kind: what load reports are computed from
         self.critical = dict.fromkeys(KINDS, 0)
         self._df_cache: list[DispatchInst | None] = [None] * len(env.workload.functions)
@@ -160,7 +162,8 @@ class ControlPlane:
         self.rec.control_instances(self.sim.now, inst.kind, n)
 
     def add(self, kind: str) -> None:
-        """Start one more instance: it registers once its process is up."""
+        """Start one more instance: it registers once its process is up, or
+        at once when a warm standby is promoted (and a replacement starts)."""
         inst = self._make(kind)
         self.rec.count(f"control_added.{kind}")
 
@@ -170,7 +173,16 @@ class ControlPlane:
                 inst.ready_at = self.sim.now + self.repartition_s
             self._apply(self.registry.membership())
 
+        if self.standby[kind] > 0:
+            self.standby[kind] -= 1
+            self.rec.count(f"standby_promoted.{kind}")
+            up(None)
+            self.sim.after(self.start_s, self._standby_up, kind)
+            return
         self.sim.after(self.start_s, up)
+
+    def _standby_up(self, kind: str) -> None:
+        self.standby[kind] += 1
 
     def remove(self, kind: str) -> None:
         """Stop the newest instance of a kind (never the last one)."""

@@ -71,6 +71,9 @@ class GalaxyConfig:
     #: load report interval while a kind is saturated (``LoadReporter``)
     burst_report_s: float = _REPORT.BURST_INTERVAL_S
     max_instances: int = 64
+    #: warm standby instances kept per kind (``--standby-instances``): a
+    #: scale-out promotes one with no process start, and a replacement starts
+    standby: int = 0
 
     def params(self) -> dict[str, Any]:
         """For reports."""

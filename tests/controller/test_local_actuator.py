@@ -130,3 +130,67 @@ async def test_a_killed_instance_is_reported_lost_at_once_and_a_stopped_one_is_n
     finally:
         await act.close()
         await ctl.stop()
+
+
+async def test_a_scale_out_promotes_a_warm_standby_and_starts_its_replacement(tmp_path):
+    # One standby Schedule process, started by the actuator with --standby:
+    # it registers, is seen by nobody, and the first scale-out promotes it
+    # (no process start on that path) while a replacement standby starts.
+    act = LocalProcessActuator(log_dir=tmp_path, standby={"schedule": 1})
+    ctl = await Controller(act, t_sf=100.0, max_step_out=1, scale_out_cooldown_s=600.0).start()
+    sched, addr = await serve(
+        schedule_pb2_grpc.add_ScheduleServicer_to_server,
+        ScheduleStandIn("s-0"),
+        "galaxy.v1.Schedule",
+    )
+    me = common_pb2.ControlInstance(id="s-0", kind=S, address=addr)
+
+    def standbys() -> list[str]:
+        return [m.info.id for m in ctl.registry.members(S, State.STANDBY)]
+
+    reporter = None
+    try:
+        await act.start(ctl.address)
+        (sb,) = act.children
+        assert await ctl.changes.wait_for(lambda: standbys() == [sb], 60), (
+            tmp_path / f"{sb}.log"
+        ).read_text()
+        async with ctl.pool.stub(ctl.address, controller_pb2_grpc.ControllerStub) as stub:
+            await stub.RegisterInstance(me)
+            assert await ctl.changes.wait_for(lambda: ready(ctl, "s-0"), 10)
+            for viewer in (None, S, common_pb2.CONTROL_KIND_DISPATCH):
+                assert sb not in [i.id for i in ctl.registry.membership(viewer).instances]
+            sb_info = common_pb2.ControlInstance(id=sb, kind=S, address="x:1")
+            reply = await stub.ReportLoad(controller_pb2.LoadReport(instance=sb_info))
+            assert reply.standby  # what a re-registration must say it is
+
+            async def report_forever():
+                while True:
+                    await stub.ReportLoad(
+                        controller_pb2.LoadReport(instance=me, ops_per_second={"schedule": 250.0})
+                    )
+                    await asyncio.sleep(0.1)  # the stand-in reports periodically
+
+            reporter = asyncio.create_task(report_forever())
+            ctl.reconciler.start()
+            assert await ctl.changes.wait_for(lambda: ready(ctl, sb), 60)
+            await ctl.reconciler.wait_idle()
+            out = ctl.reconciler.history[0]
+            assert (out.decision.current, out.decision.desired) == (1, 2)
+            assert out.outcome == "done" and out.instance_ids == [sb]
+            assert sb in [i.id for i in ctl.registry.membership(None).instances]
+            reply = await stub.ReportLoad(controller_pb2.LoadReport(instance=sb_info))
+            assert not reply.standby
+            # The promoted standby is replaced by a new one.
+            assert await ctl.changes.wait_for(
+                lambda: len(standbys()) == 1 and standbys() != [sb], 60
+            )
+            assert set(act.children) == {sb, standbys()[0]}
+    finally:
+        if reporter is not None:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+        await act.close()
+        await ctl.stop()
+        await sched.stop(None)

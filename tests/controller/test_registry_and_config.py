@@ -49,6 +49,35 @@ def test_a_warming_schedule_is_seen_by_its_feeders_only_and_draining_by_nobody()
     assert r.get(S, "s0") is not None  # still a member: its reports count
 
 
+def test_a_standby_is_seen_by_nobody_until_promoted_oldest_first():
+    clock = ManualClock()
+    r = ControlRegistry(clock, warm_kinds=WARM_AUDIENCE)
+    r.register(ci(D, "d"))
+    epoch = r.epoch
+    for i in ("s-sb1", "s-sb2"):
+        clock.advance(1.0)
+        sb = ci(S, i)
+        sb.standby = True
+        assert r.register(sb)
+    # A standby changes nobody's view, so no new epoch either.
+    assert r.epoch == epoch
+    assert all(r.get(S, i).state is State.STANDBY for i in ("s-sb1", "s-sb2"))
+    for viewer in (None, D, S, C):
+        assert ids(r.membership(viewer)) == ["d"]
+    (p,) = r.promote(S, 1)
+    assert p.info.id == "s-sb1" and p.state is State.WARMING  # joins as a new one would
+    assert r.epoch == epoch + 1
+    assert not p.info.standby  # memberships never carry the flag
+    assert ids(r.membership(C)) == ["d", "s-sb1"] and ids(r.membership(D)) == ["d"]
+    assert not r.register(ci(D, "d"))  # re-registering is still a no-op
+    d_sb = ci(D, "d-sb")
+    d_sb.standby = True
+    r.register(d_sb)
+    assert [m.info.id for m in r.promote(D, 5)] == ["d-sb"]  # only what there is
+    assert r.get(D, "d-sb").state is State.READY
+    assert r.promote(D, 1) == []
+
+
 def test_silent_members_expire_but_never_reporting_ones_stay():
     clock = ManualClock()
     r = ControlRegistry(clock)

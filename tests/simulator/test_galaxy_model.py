@@ -122,3 +122,22 @@ def test_probe_answers_queue_behind_work_already_waiting_in_schedule(cal):
     env.sim.at(0.001, model.placer._answers, su)
     env.sim.run(1.0)
     assert recorded and recorded[0] >= backlog_end
+
+
+@pytest.mark.parametrize("standby", [0, 1])
+def test_a_warm_standby_joins_at_once_and_is_replaced(cal, standby):
+    from simulator.galaxy import GalaxyModel
+    from simulator.system import Env
+    from simulator.workload import Workload, functions
+
+    fns = functions(1, "cold", cpu_millis=10, memory_mib=16, cold_start_s=0.0)
+    env = Env(SimConfig(nodes=4), cal, Workload("t", fns, 10.0, lambda: iter(())), 1)
+    model = GalaxyModel(env, instances=1, controller_scaling=False, standby=standby)
+    cp = model.control
+    cp.add("schedule")
+    # Promoted: a member now; started: only once its process is up.
+    assert len(cp.sfs) == 1 + standby
+    assert cp.standby["schedule"] == 0
+    env.sim.run(cp.start_s + 0.01)
+    assert len(cp.sfs) == 2
+    assert cp.standby["schedule"] == standby  # the replacement is ready

@@ -46,6 +46,12 @@ class Actuator(abc.ABC):
     async def scale_in(self, kind: str, instance_id: str, desired: int) -> None:
         """Stop instance_id (already drained); kind then has desired instances."""
 
+    async def add_standby(self, kind: str, n: int) -> list[str]:
+        """Start n warm standby instances of kind (they register as standbys
+        and wait for a scale-out to promote them). Returns their ids. An
+        actuator without standby support starts none."""
+        return []
+
     async def ensure(self, kind: str, desired: int) -> None:  # noqa: B027
         """Make the platform's target for kind equal desired if it differs
         (a newly elected controller adopting committed targets). Only an

@@ -53,7 +53,8 @@ class LocalProcessActuator(Actuator):
     log_dir: where each instance's output goes (``KIND-aN.log``); None
     discards it. cpu_limits: CPUs each instance of a kind may use (its own
     cgroup, as a pod's limits.cpu; see ``cpulimit``); a kind not named is
-    unlimited.
+    unlimited. standby: warm standby instances kept per kind (started with
+    ``--standby``, promoted by a scale-out, replaced when promoted).
     """
 
     name = "local"
@@ -68,8 +69,13 @@ class LocalProcessActuator(Actuator):
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
         cpu_limits: Mapping[str, float] | None = None,
         tls_dir: str | None = None,
+        standby: Mapping[str, int] | None = None,
     ) -> None:
         self.host = host
+        self.standby = {k: max(0, int(n)) for k, n in (standby or {}).items()}
+        for k in self.standby:
+            if k not in KINDS:
+                raise ActuatorError(f"standby: unknown kind {k!r}; one of {', '.join(KINDS)}")
         #: Instances serve mutual TLS with their kind's files here (None: plaintext).
         self.tls_dir = tls_dir
         self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
@@ -82,33 +88,43 @@ class LocalProcessActuator(Actuator):
         self._ids = itertools.count(1)
 
     async def start(self, controller_address: str) -> None:
-        """Remember where new instances register."""
+        """Remember where new instances register; start the standbys."""
         self.controller = controller_address
+        for kind, n in self.standby.items():
+            await self.add_standby(kind, n)
 
-    def command(self, kind: str, instance_id: str) -> list[str]:
+    def command(self, kind: str, instance_id: str, *, standby: bool = False) -> list[str]:
         """The command line of a new instance."""
         if kind not in KINDS:
             raise ActuatorError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
         return serve_command(
             kind, instance_id, self.host, "--controller", self.controller,
+            *(["--standby"] if standby else []),
             *tlsfiles.flags(self.tls_dir), *self.extra_args.get(kind, []),
             python=self.python,
         )  # fmt: skip
 
     async def scale_out(self, kind: str, current: int, desired: int) -> list[str]:
         """Spawn desired - current instances; returns their ids."""
+        return self._spawn_many(kind, desired - current, standby=False)
+
+    async def add_standby(self, kind: str, n: int) -> list[str]:
+        """Spawn n warm standby instances of kind; returns their ids."""
+        return self._spawn_many(kind, n, standby=True)
+
+    def _spawn_many(self, kind: str, n: int, *, standby: bool) -> list[str]:
         if not self.controller:
             raise ActuatorError("actuator not started: controller address unknown")
         ids = []
-        for _ in range(max(0, desired - current)):
+        for _ in range(max(0, n)):
             iid = f"{kind}-a{next(self._ids)}"
             while iid in self.children:
                 iid = f"{kind}-a{next(self._ids)}"
-            self._spawn(kind, iid)
+            self._spawn(kind, iid, standby=standby)
             ids.append(iid)
         return ids
 
-    def _spawn(self, kind: str, instance_id: str) -> None:
+    def _spawn(self, kind: str, instance_id: str, *, standby: bool = False) -> None:
         log_path = self.log_dir / f"{instance_id}.log" if self.log_dir else None
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +134,7 @@ class LocalProcessActuator(Actuator):
             # child (asyncio's subprocess under uvloop would), which is safe
             # in a process with gRPC threads. It blocks for a few ms only.
             proc = subprocess.Popen(
-                self.command(kind, instance_id),
+                self.command(kind, instance_id, standby=standby),
                 stdin=subprocess.PIPE,  # the lifeline
                 stdout=out,
                 stderr=out,
