@@ -14,6 +14,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from controlplane.gateway import routes
 from controlplane.gateway.config import GatewayConfig
+from controlplane.gateway.slots import SlotCache
 from controlplane.runtime import access, authn
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
 from controlplane.sdk.client import GalaxyClient
@@ -78,6 +79,7 @@ class Proxy:
         self.client = client
         self.cfg = cfg
         self.require_token = require_token
+        self.slots = SlotCache(client, cfg)
         self.in_flight = 0
         self._models: tuple[float, list[dict[str, Any]]] = (0.0, [])
 
@@ -164,9 +166,10 @@ class Proxy:
         token: str | None,
     ) -> web.StreamResponse:
         """Get a slot, proxy the request, stream the answer back."""
-        async with self.client.granted(
+        async with self.slots.slot(
             r.function, r.path, body, headers, request.method, tag, token
-        ) as (addr, upstream):
+        ) as (slot, upstream):
+            addr = slot.addr
             if upstream is None:  # an emulated sandbox: no process to call
                 return web.json_response(
                     {"echo": body.decode("utf-8", "replace"), "emulated": addr.address}
@@ -183,6 +186,7 @@ class Proxy:
             async for chunk in upstream.content.iter_any():
                 await out.write(chunk)
             await out.write_eof()
+            slot.reusable = True  # the whole answer went out: keep the slot
             return out
 
     async def _local(
