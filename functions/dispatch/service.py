@@ -437,8 +437,10 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             elif action.kind == common_pb2.CoordinateAction.KIND_NODE_DEAD:
                 self._node_dead(action.node_id)
             elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
-                await revisions.holds_lapse(self, action.function)  # then at once:
-                self._specs.pop(action.function, None)
+                try:
+                    await revisions.holds_lapse(self, action.function)
+                finally:  # at once (and even if the call was cancelled meanwhile)
+                    self._specs.pop(action.function, None)
                 if await revisions.function_updated(self, action.function):
                     continue
                 router = self.routers.get(action.function)
