@@ -233,3 +233,5 @@ async def test_a_held_slot_serves_only_the_token_it_was_granted_to(
         assert d0.ops["dispatch"] == before + 3  # no token: its own call too
         assert (await post(http, url, b))[0] == 200
         assert d0.ops["dispatch"] == before + 3  # B's held slot now
+    # One held slot per caller: A's, B's and the anonymous one.
+    await eventually(lambda: proxy.slots.held == 3, 5, "three held slots")
