@@ -46,6 +46,11 @@ HOP = frozenset(
     )
 )  # fmt: skip
 
+#: Answers with a Content-Length up to this are read whole and sent in one
+#: write; longer ones, and those without (chunked, server-sent events), are
+#: streamed as they come.
+SMALL_BODY_BYTES = 64 * 1024
+
 #: gRPC status -> HTTP status of the gateway's answer.
 HTTP_OF: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -174,12 +179,25 @@ class Proxy:
                 return web.json_response(
                     {"echo": body.decode("utf-8", "replace"), "emulated": addr.address}
                 )
-            out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            length = upstream.content_length
+            out: web.StreamResponse
+            if length is not None and length <= SMALL_BODY_BYTES:
+                # A small answer of known length leaves in one write with its
+                # headers (fewer system calls than headers, chunk, end), once
+                # read whole: nothing is being streamed.
+                out = web.Response(
+                    status=upstream.status, reason=upstream.reason, body=await upstream.read()
+                )
+            else:
+                out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for k, v in upstream.headers.items():
                 if k.lower() not in HOP:
                     out.headers.add(k, v)
             out.headers["X-Galaxy-Instance"] = addr.instance_id
             out.headers["X-Galaxy-Revision"] = addr.function
+            if isinstance(out, web.Response):
+                slot.reusable = True  # the instance's answer is all here
+                return out
             await out.prepare(request)
             # Chunk by chunk as the instance produces them: streaming and
             # server-sent events reach the client without buffering.

@@ -72,7 +72,9 @@ class SlotCache:
         self.max_total = cfg.slot_max
         self._idle: dict[Key, list[Held]] = {}
         self._per_function: dict[str, int] = {}
+        #: leases held idle now; requests served on a held lease, and not
         self.held = 0
+        self.hits = self.misses = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @asynccontextmanager
@@ -108,12 +110,14 @@ class SlotCache:
                         hold=self.enabled,
                     )  # fmt: skip
                     attempts += 1
+                    self.misses += 1
                     _MISS.inc()
                     # From before the call: the hold ends here no later than
                     # Dispatch counts on.
                     ttl = addr.lease_ttl_ms / 1000.0 if addr.lease_ttl_ms else client.timeout
                     h = Held(addr, key, t0 + addr.hold_ms / 1000.0, t0 + ttl)
                 else:
+                    self.hits += 1
                     _HIT.inc()
                 cached = h.uses > 0
                 h.uses += 1

@@ -58,7 +58,7 @@ REQUEST_IDS_MAX = 10_000
 #: How long a caller that asked to hold a lease (the gateway's slot cache)
 #: may keep starting requests on it. Bounds how long a held slot is kept from
 #: a waiter and how long a change of traffic split waits for old holds.
-HOLD_S = 0.05
+HOLD_S = 0.2
 
 
 class Grant(NamedTuple):
