@@ -183,9 +183,13 @@ async def test_a_new_split_never_reaches_a_request_through_a_held_slot(
     async def sdk_worker() -> None:  # no cache: it sees each change at once
         while not stop.is_set():
             t0 = time.monotonic()
-            r = await gw.client.invoke("echo", b"sdk")
-            rev = json.loads(r.body)["revision"] if r.status == 200 else -1
-            answers.append(Answer(t0, time.monotonic(), rev, "" if r.status == 200 else "sdk"))
+            try:
+                r = await gw.client.invoke("echo", b"sdk")
+                rev = json.loads(r.body)["revision"] if r.status == 200 else -1
+                err = "" if r.status == 200 else f"sdk: HTTP {r.status}"
+                answers.append(Answer(t0, time.monotonic(), rev, err))
+            except Exception as e:
+                answers.append(Answer(t0, time.monotonic(), -1, f"sdk: {e!r}"))
 
     workers = [asyncio.create_task(worker()) for _ in range(2)]
     workers.append(asyncio.create_task(sdk_worker()))
