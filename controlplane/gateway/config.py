@@ -39,7 +39,7 @@ class GatewayConfig(Config):
         "function, tag and token, skipping the Dispatch call (off: one Dispatch per request)",
     )
     slot_idle_ms: float = setting(
-        5.0, "release a held lease idle this long (milliseconds)", gt=0, le=60_000
+        20.0, "release a held lease idle this long (milliseconds)", gt=0, le=60_000
     )
     slot_max_per_function: int = setting(
         64, "leases held idle at most per function", ge=1, le=100_000
