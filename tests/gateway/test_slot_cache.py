@@ -162,9 +162,13 @@ async def test_a_new_split_never_reaches_a_request_through_a_held_slot(
     1 answers after `traffic 1=100` (first to the SDK, which calls Dispatch
     for each request), no request that starts later is answered by
     revision 2, whose slots held by the gateway would otherwise serve for up
-    to another second."""
+    to another second. Revision 1 is kept warm by a tag, so it answers as
+    soon as Dispatch applies the change."""
     url, proxy = await start_gateway(slot_idle_ms=1000)
     await gw.client.deploy(echo_v(1))  # revision 2; revision 1 is the fixture's
+    T = common_pb2.TrafficTarget
+    await gw.client.set_traffic("echo", [T(revision=2, percent=100), T(revision=1, tag="old")])
+    assert json.loads((await gw.client.invoke("echo", b"w", tag="old")).body)["revision"] == 1
     answers: list[Answer] = []
     stop = asyncio.Event()
 
@@ -189,7 +193,7 @@ async def test_a_new_split_never_reaches_a_request_through_a_held_slot(
         n, hits = len(answers), proxy.slots.hits
         await eventually(lambda: len(answers) >= n + 20, 30, "requests on held slots")
         assert proxy.slots.hits >= hits + 10  # the gateway's requests use held slots
-        await gw.client.set_traffic("echo", [common_pb2.TrafficTarget(revision=1, percent=100)])
+        await gw.client.set_traffic("echo", [T(revision=1, percent=100)])
         await eventually(lambda: sum(a.revision == 1 for a in answers) >= 1, 60, "rev 1 serves")
         n = len(answers)
         await eventually(lambda: len(answers) >= n + 50, 60, "requests after the change")
