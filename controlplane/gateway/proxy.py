@@ -181,7 +181,7 @@ class Proxy:
                 )
             length = upstream.content_length
             out: web.StreamResponse
-            if length is not None and length <= SMALL_BODY_BYTES:
+            if length is not None and length <= SMALL_BODY_BYTES and request.method != "HEAD":
                 # A small answer of known length leaves in one write with its
                 # headers (fewer system calls than headers, chunk, end), once
                 # read whole: nothing is being streamed.
