@@ -1,10 +1,13 @@
 """Gateway overhead, measured in one run (`python -m controlplane.bench.gateway`):
 the same warm requests to the echo function (1) straight to its instance,
 (2) through a bare aiohttp reverse proxy (the floor any proxy on this HTTP
-stack pays) and (3) through the Galaxy gateway (routing, a Dispatch slot
-per request, streaming back, release). Modes alternate in rounds so that
-the machine's drift hits them alike; the report gives latencies and the
-ratios the goals are stated in (docs/gateway.md).
+stack pays), (3) through a Galaxy gateway without its slot cache (a
+Dispatch call per request) and (4) through one with it (a lease reused
+while the function is hot). The two gateways are processes started here
+the way `galaxy up` starts its own (same flags, `--no-slot-cache` on one).
+Modes alternate in rounds so that the machine's drift hits them alike; the
+report gives latencies and the ratios the goals are stated in
+(docs/gateway.md).
 
 Needs a running `galaxy up` (its run dir) with examples/echo.yaml deployed.
 """
@@ -15,6 +18,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +28,12 @@ from aiohttp import web
 from controlplane.launch.endpoints import default_run_dir, read_endpoints
 from controlplane.runtime import credentials, tlsfiles
 from controlplane.runtime import spec as specs
+from controlplane.runtime.host import (
+    READY_PREFIX,
+    install_uvloop,
+    serve_command,
+    watch_lifeline,
+)
 from controlplane.sdk.client import GalaxyClient
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
@@ -53,6 +63,50 @@ async def _bare_proxy(upstream: str) -> tuple[web.AppRunner, str]:
     return runner, f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
 
+async def _serve_bare_proxy(upstream: str) -> None:
+    """The bare proxy as a process of its own, as the gateways run: ready
+    line on stdout, stops when stdin (its lifeline) closes."""
+    runner, address = await _bare_proxy(upstream)
+    stop = asyncio.Event()
+    watch_lifeline(stop)
+    print(READY_PREFIX + json.dumps({"address": address}), flush=True)
+    await stop.wait()
+    await runner.cleanup()
+
+
+async def _spawn(*cmd: str) -> tuple[asyncio.subprocess.Process, dict[str, str]]:
+    """A server process (stdin: its lifeline); returns it and its ready line."""
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        if not line:
+            raise SystemExit(f"{' '.join(cmd[:6])} exited before it was ready")
+        if line.startswith(READY_PREFIX):
+            return proc, json.loads(line[len(READY_PREFIX) :])
+
+
+async def _gateway(
+    ep: dict[str, str], name: str, *flags: str
+) -> tuple[asyncio.subprocess.Process, dict[str, str]]:
+    """A gateway process on the `galaxy up` cluster, as `galaxy up` starts one."""
+    cmd = serve_command("gateway", name, "127.0.0.1", *tlsfiles.flags(ep.get("tls_dir")))
+    return await _spawn(*cmd, "--controller", ep["controller"], *flags)
+
+
+async def _slot_counts(metrics: str) -> dict[str, float]:
+    """The slot cache's hits and misses from a gateway's /metrics."""
+    async with aiohttp.ClientSession() as s, s.get(f"http://{metrics}/metrics") as r:
+        text = await r.text()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("galaxy_gateway_slot_cache_total{"):
+            out[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 async def _round(
     url: str, n: int, concurrency: int, headers: dict[str, str] | None = None
 ) -> tuple[list[float], float]:
@@ -78,7 +132,9 @@ async def _round(
         return lat, n / (time.perf_counter() - t0)
 
 
-async def measure(run_dir: Path, n: int, rounds: int, concurrency: int) -> dict[str, object]:
+async def measure(
+    run_dir: Path, n: int, rounds: int, concurrency: int, slot_idle_ms: float | None = None
+) -> dict[str, object]:
     """Latencies (ms) and requests/s per mode, and the ratios."""
     ep = read_endpoints(run_dir)
     if not ep or not ep.get("gateway"):
@@ -90,11 +146,22 @@ async def measure(run_dir: Path, n: int, rounds: int, concurrency: int) -> dict[
     ) as c:
         addr = await c.dispatch("echo")  # a warm instance to aim at directly
         await c.release(addr)
-    runner, proxy = await _bare_proxy(addr.address)
+    # The bare proxy twice: in a process of its own, as the gateways run
+    # (the yardstick), and inside this load generator, as measured before.
+    runner, inproc = await _bare_proxy(addr.address)
+    idle = ["--slot-idle-ms", str(slot_idle_ms)] if slot_idle_ms else []
+    bare = [sys.executable, "-m", "controlplane.bench.gateway", "--serve-bare-proxy", addr.address]
+    procs = {
+        "bare_proxy": await _spawn(*bare),
+        "gateway_nocache": await _gateway(ep, "bench-nocache", "--no-slot-cache"),
+        "gateway_cache": await _gateway(ep, "bench-cache", *idle),
+    }
+    gateways = ("gateway_nocache", "gateway_cache")
     urls = {
         "direct": f"http://{addr.address}/",
-        "bare_proxy": f"http://{proxy}/",
-        "gateway": f"http://{ep['gateway']}/functions/echo",
+        "bare_proxy": f"http://{procs['bare_proxy'][1]['address']}/",
+        "bare_proxy_inproc": f"http://{inproc}/",
+        **{m: f"http://{procs[m][1]['address']}/functions/echo" for m in gateways},
     }
     lat: dict[str, list[float]] = {k: [] for k in urls}
     rate: dict[str, list[float]] = {k: [] for k in urls}
@@ -107,8 +174,13 @@ async def measure(run_dir: Path, n: int, rounds: int, concurrency: int) -> dict[
                 got, rps = await _round(url, n, concurrency, auth)
                 lat[mode] += got
                 rate[mode].append(rps)
+        slots = await _slot_counts(procs["gateway_cache"][1]["metrics"])
     finally:
         await runner.cleanup()
+        for proc, _ in procs.values():
+            if proc.stdin is not None:
+                proc.stdin.close()  # the lifeline: it stops
+            await asyncio.wait_for(proc.wait(), 30)
 
     def q(v: list[float], p: float) -> float:
         return statistics.quantiles(v, n=1000)[int(p * 1000) - 1] * 1000
@@ -121,15 +193,23 @@ async def measure(run_dir: Path, n: int, rounds: int, concurrency: int) -> dict[
         }
         for m in urls
     }
-    g, d, b = modes["gateway"], modes["direct"], modes["bare_proxy"]
-    return {
+    d, b, bi = modes["direct"], modes["bare_proxy"], modes["bare_proxy_inproc"]
+    out: dict[str, object] = {
         "requests_per_mode": n * rounds,
         "concurrency": concurrency,
+        "slot_idle_ms": slot_idle_ms or "default",
         "modes": modes,
-        "gateway_added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
-        "gateway_added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
-        "gateway_vs_bare_proxy_throughput": round(g["requests_per_s"] / b["requests_per_s"], 3),
+        "slot_cache": slots,
     }
+    for m in ("bare_proxy", *gateways):
+        g = modes[m]
+        out[m] = {
+            "added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
+            "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
+            "vs_bare_proxy_throughput": round(g["requests_per_s"] / b["requests_per_s"], 3),
+            "vs_bare_proxy_inproc_throughput": round(g["requests_per_s"] / bi["requests_per_s"], 3),
+        }
+    return out
 
 
 async def measure_cold(run_dir: Path, n: int) -> dict[str, object]:
@@ -179,8 +259,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--cold", type=int, default=0, help="also N cold starts per path")
+    p.add_argument(
+        "--slot-idle-ms", type=float, default=None, help="the cached gateway's --slot-idle-ms"
+    )
+    p.add_argument("--serve-bare-proxy", metavar="UPSTREAM", help=argparse.SUPPRESS)
     a = p.parse_args()
-    out = asyncio.run(measure(Path(a.run_dir), a.requests, a.rounds, a.concurrency))
+    install_uvloop()  # as `galaxy serve` (the gateways) runs
+    if a.serve_bare_proxy:
+        asyncio.run(_serve_bare_proxy(a.serve_bare_proxy))
+        return
+    out = asyncio.run(measure(Path(a.run_dir), a.requests, a.rounds, a.concurrency, a.slot_idle_ms))
     if a.cold:
         out["cold"] = asyncio.run(measure_cold(Path(a.run_dir), a.cold))
     print(json.dumps(out, indent=2))

@@ -33,3 +33,15 @@ class GatewayConfig(Config):
         "", "serve HTTPS with this certificate chain (PEM file; needs --https-key)"
     )
     https_key: str = setting("", "private key of --https-cert (PEM file)")
+    slot_cache: bool = setting(
+        True,
+        "keep a lease after its request and reuse it for the next request of the same "
+        "function, tag and token, skipping the Dispatch call (off: one Dispatch per request)",
+    )
+    slot_idle_ms: float = setting(
+        20.0, "release a held lease idle this long (milliseconds)", gt=0, le=60_000
+    )
+    slot_max_per_function: int = setting(
+        64, "leases held idle at most per function", ge=1, le=100_000
+    )
+    slot_max: int = setting(1024, "leases held idle at most in all", ge=1, le=1_000_000)

@@ -80,6 +80,7 @@ async def start(
 async def stop(runner: web.AppRunner, proxy: Proxy) -> None:
     """Stop accepting, let requests in flight finish (bounded), close."""
     await runner.cleanup()
+    await proxy.slots.close()
     await proxy.client.close()
 
 

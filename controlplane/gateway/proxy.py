@@ -14,6 +14,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from controlplane.gateway import routes
 from controlplane.gateway.config import GatewayConfig
+from controlplane.gateway.slots import SlotCache
 from controlplane.runtime import access, authn
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
 from controlplane.sdk.client import GalaxyClient
@@ -44,6 +45,11 @@ HOP = frozenset(
         "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
     )
 )  # fmt: skip
+
+#: Answers with a Content-Length up to this are read whole and sent in one
+#: write; longer ones, and those without (chunked, server-sent events), are
+#: streamed as they come.
+SMALL_BODY_BYTES = 64 * 1024
 
 #: gRPC status -> HTTP status of the gateway's answer.
 HTTP_OF: dict[grpc.StatusCode, int] = {
@@ -78,6 +84,7 @@ class Proxy:
         self.client = client
         self.cfg = cfg
         self.require_token = require_token
+        self.slots = SlotCache(client, cfg)
         self.in_flight = 0
         self._models: tuple[float, list[dict[str, Any]]] = (0.0, [])
 
@@ -164,25 +171,40 @@ class Proxy:
         token: str | None,
     ) -> web.StreamResponse:
         """Get a slot, proxy the request, stream the answer back."""
-        async with self.client.granted(
+        async with self.slots.slot(
             r.function, r.path, body, headers, request.method, tag, token
-        ) as (addr, upstream):
+        ) as (slot, upstream):
+            addr = slot.addr
             if upstream is None:  # an emulated sandbox: no process to call
                 return web.json_response(
                     {"echo": body.decode("utf-8", "replace"), "emulated": addr.address}
                 )
-            out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            length = upstream.content_length
+            out: web.StreamResponse
+            if length is not None and length <= SMALL_BODY_BYTES and request.method != "HEAD":
+                # A small answer of known length leaves in one write with its
+                # headers (fewer system calls than headers, chunk, end), once
+                # read whole: nothing is being streamed.
+                out = web.Response(
+                    status=upstream.status, reason=upstream.reason, body=await upstream.read()
+                )
+            else:
+                out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for k, v in upstream.headers.items():
                 if k.lower() not in HOP:
                     out.headers.add(k, v)
             out.headers["X-Galaxy-Instance"] = addr.instance_id
             out.headers["X-Galaxy-Revision"] = addr.function
+            if isinstance(out, web.Response):
+                slot.reusable = True  # the instance's answer is all here
+                return out
             await out.prepare(request)
             # Chunk by chunk as the instance produces them: streaming and
             # server-sent events reach the client without buffering.
             async for chunk in upstream.content.iter_any():
                 await out.write(chunk)
             await out.write_eof()
+            slot.reusable = True  # the whole answer went out: keep the slot
             return out
 
     async def _local(

@@ -140,3 +140,16 @@ def serve_metrics(host: str, port: int) -> str:
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per scrape would drown the component's log
+
+
+# The gateway's slot cache (controlplane/gateway/slots.py): requests served
+# on a held lease (hit) or after a Dispatch call (miss), and leases held idle
+# between requests now.
+SLOT_CACHE = Counter(
+    "galaxy_gateway_slot_cache_total",
+    "Gateway requests served on a held lease (hit) or after a Dispatch call (miss)",
+    ["result"],
+)
+HELD_SLOTS = Gauge(
+    "galaxy_gateway_held_slots", "Leases the gateway holds idle for the next request"
+)

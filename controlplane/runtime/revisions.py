@@ -110,6 +110,21 @@ def choose(spec: common_pb2.FunctionSpec, tag: str, u: float, ready: Callable[[i
     return last[-1].revision or latest_ready(latest, ready)
 
 
+def settled(spec: common_pb2.FunctionSpec, tag: str, ready: Callable[[int], bool]) -> bool:
+    """True when ``choose`` has no draw to make for requests with this tag:
+    one target gets all of them, and it is not ``latest`` while a rollout
+    waits for the latest revision to be ready. Only then may a caller reuse
+    a slot of the chosen revision for its next requests (a slot cache)."""
+    if tag:
+        target = next((t for t in spec.traffic if t.tag == tag), None)
+    else:
+        shares = [t for t in spec.traffic if t.percent] or [common_pb2.TrafficTarget(percent=100)]
+        target = shares[0] if len(shares) == 1 else None
+    if target is None:
+        return False
+    return target.revision != 0 or latest_ready(spec.revision, ready) == spec.revision
+
+
 def routed(spec: common_pb2.FunctionSpec, ready: Callable[[int], bool]) -> set[int]:
     """Revisions that may receive new requests now (a share, or a tag).
     The others drain: their idle instances retire at once."""

@@ -248,29 +248,29 @@ class GalaxyClient:
         deadline_s: float | None = None,
         tag: str = "",
         token: str | None = None,
+        hold: bool = False,
     ) -> dispatch_pb2.InstanceAddr:
         """Reserve a slot on an instance of function (may cold-start one).
 
         function may name a revision (NAME-NNNNN) to pin it; tag picks the
         revision with that traffic tag. Otherwise the function's traffic
         split decides. token: sent instead of the client's own (the
-        gateway passes on each HTTP client's).
+        gateway passes on each HTTP client's). hold: ask to keep the lease
+        for later requests (``InstanceAddr.hold_ms``; the gateway's cache).
 
         Dispatch instances are tried in rendezvous order for the function:
         one that is unavailable (crashed, scaled in) is skipped for the next,
-        with jittered backoff, for at most ``deadline_s`` seconds (default: the
-        client's timeout). A
-        request id is made when none is given, so a retry is the same
-        request to Dispatch.
+        with jittered backoff, for at most ``deadline_s`` seconds (default:
+        the client's timeout). A request id is made when none is given, so a
+        retry is the same request to Dispatch.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (deadline_s or self.timeout)
         md = authn.token_metadata(token) if token else self._md
         if not self.membership.ids(DISPATCH):
             await self.refresh_membership()
-        req = dispatch_pb2.DispatchRequest(
-            function=function, request_id=request_id or uuid.uuid4().hex, tag=tag
-        )
+        rid = request_id or uuid.uuid4().hex
+        req = dispatch_pb2.DispatchRequest(function=function, request_id=rid, tag=tag, hold=hold)
         key = routing_key(function)  # revisions live with their function
         attempts, skipped = 0, set[str]()
         while True:

@@ -55,6 +55,10 @@ class Instance:
 
 #: Request ids remembered per function for idempotent retries.
 REQUEST_IDS_MAX = 10_000
+#: How long a caller that asked to hold a lease (the gateway's slot cache)
+#: may keep starting requests on it. Bounds how long a held slot is kept from
+#: a waiter and how long a change of traffic split waits for old holds.
+HOLD_S = 0.2
 
 
 class Grant(NamedTuple):
@@ -128,6 +132,12 @@ class FunctionRouter:
     _by_request: OrderedDict[str, Grant] = field(
         default_factory=OrderedDict, init=False, repr=False, compare=False
     )
+    #: how long a held lease may take new requests (0: no holds), and when
+    #: the last hold granted stops doing so; holds are closed while a
+    #: routing change waits for them (a count: changes may overlap)
+    hold_s: float = HOLD_S
+    _holds_until: float = field(default=0.0, init=False, repr=False, compare=False)
+    _holds_closed: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for iid in self.instances:
@@ -236,6 +246,37 @@ class FunctionRouter:
         for lid in [lid for lid, (_, expires) in self.leases.items() if expires <= now]:
             grants.extend(self.release(lid)[1])
         return grants
+
+    # -- holds (leases a caller keeps for its next requests) ---------------
+
+    def hold(self) -> float:
+        """Seconds the caller of the grant just made may keep starting
+        requests on its lease (0: none). Only while no request waits, so a
+        held slot never keeps a waiter from a slot for more than ``hold_s``,
+        and while no routing change waits for holds to lapse (``close_holds``).
+        A held lease counts as in flight: its holder releases it after a few
+        idle milliseconds, so the autoscaler sees it busy only that long."""
+        if self.hold_s <= 0 or self.waiters or self._holds_closed:
+            return 0.0
+        until = self.clock.now() + self.hold_s
+        if until > self._holds_until:
+            self._holds_until = until
+        return self.hold_s
+
+    def close_holds(self) -> float:
+        """Grant no holds until ``open_holds``; returns the seconds until
+        every hold granted so far stops taking new requests."""
+        self._holds_closed += 1
+        return self.holds_left()
+
+    def holds_left(self) -> float:
+        """Seconds until the last hold granted stops taking new requests."""
+        left = self._holds_until - self.clock.now()
+        return left if left > 0 else 0.0
+
+    def open_holds(self) -> None:
+        """Undo one ``close_holds``."""
+        self._holds_closed = self._holds_closed - 1 if self._holds_closed > 0 else 0
 
     # -- instances --------------------------------------------------------
 

@@ -9,6 +9,7 @@ revision is routed by a ``FunctionRouter`` of its own, named NAME-NNNNN.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from controlplane.runtime import authn, revisions
 from functions.dispatch.policy import FunctionRouter
-from galaxy.v1 import common_pb2
+from galaxy.v1 import common_pb2, dispatch_pb2
 
 if TYPE_CHECKING:
     from functions.dispatch.service import DispatchServicer
@@ -32,23 +33,70 @@ def _ready(svc: DispatchServicer, function: str) -> Callable[[int], bool]:
     return ready
 
 
+def _no_hold() -> float:
+    return 0.0
+
+
 async def resolve(
-    svc: DispatchServicer, function: str, tag: str
-) -> tuple[common_pb2.FunctionSpec, FunctionRouter]:
-    """The spec and router that serve one request for function (a function,
-    or a revision name that pins one revision)."""
+    svc: DispatchServicer, request: dispatch_pb2.DispatchRequest
+) -> tuple[common_pb2.FunctionSpec, FunctionRouter, Callable[[], float]]:
+    """The spec and router that serve one request for ``request.function``
+    (a function, or a revision name that pins one revision), and what to
+    call once its slot is granted: the seconds its caller may hold the
+    lease for later requests (``FunctionRouter.hold``; 0 when the request
+    did not ask, or the revision was drawn from a split)."""
+    function, tag = request.function, request.tag
     spec = await svc._spec(function)
     # Before anything starts: a caller of another namespace gets nothing.
     authn.ensure_invoke(spec.namespace, spec.public, f"function {function}")
     if not spec.revision or revisions.split(function)[1]:
-        return spec, svc._router(spec)  # no revisions (older records), or pinned
+        # No revisions (older records), or pinned: nothing is drawn.
+        router = svc._router(spec)
+        return spec, router, _holder(svc, function, spec, router) if request.hold else _no_hold
     ready = _ready(svc, function)
     rev = revisions.choose(spec, tag, random.random(), ready)
     rev_spec = await svc._spec(revisions.revision_name(function, rev))
     router = svc._router(rev_spec)
     if rev != spec.revision and not tag:
         await _warm_latest(svc, spec)
-    return rev_spec, router
+    hold = request.hold and revisions.settled(spec, tag, ready)
+    return rev_spec, router, _holder(svc, function, spec, router) if hold else _no_hold
+
+
+def _holder(
+    svc: DispatchServicer, function: str, spec: common_pb2.FunctionSpec, router: FunctionRouter
+) -> Callable[[], float]:
+    """The hold of a grant chosen under spec: none once the spec was replaced
+    (a change of split or a new revision: see ``holds_lapse``)."""
+
+    def hold() -> float:
+        return router.hold() if svc._specs.get(function) is spec else 0.0
+
+    return hold
+
+
+async def holds_lapse(svc: DispatchServicer, function: str) -> None:
+    """Return once no lease held under function's current spec can take a
+    new request (bounded by ``FunctionRouter.hold_s``), with holds closed
+    meanwhile; call right before replacing the spec. A change of split or a
+    new revision then never reaches a request through a held slot of the
+    revision chosen before it. (A wait on a time bound: holders stop at
+    their hold's end, and nothing is sent to say so.)"""
+    closed: dict[int, FunctionRouter] = {}  # by identity (routers compare by value)
+    try:
+        while True:
+            # Again after each wait: a revision may have been routed meanwhile.
+            for n, r in svc.routers.items():
+                if revisions.routing_key(n) == function and id(r) not in closed:
+                    r.close_holds()
+                    closed[id(r)] = r
+            left = max((r.holds_left() for r in closed.values()), default=0.0)
+            if left <= 0:
+                return
+            await asyncio.sleep(left)
+    finally:
+        for r in closed.values():
+            r.open_holds()
 
 
 async def _warm_latest(svc: DispatchServicer, spec: common_pb2.FunctionSpec) -> None:

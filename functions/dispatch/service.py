@@ -21,11 +21,7 @@ from prometheus_client import Counter, Gauge
 
 from controlplane.runtime import authn, metrics, rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
-from controlplane.runtime.errors import (
-    DeadlineExceeded,
-    GalaxyError,
-    ResourceExhausted,
-)
+from controlplane.runtime.errors import DeadlineExceeded, GalaxyError, ResourceExhausted
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch import coordination, revisions
@@ -33,11 +29,7 @@ from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
 from functions.dispatch.specs import SpecCache
-from galaxy.v1 import (
-    common_pb2,
-    dispatch_pb2,
-    dispatch_pb2_grpc,
-)
+from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +183,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
 
         context.add_done_callback(done)
 
-    def _reply(self, g: Grant, wait_s: float, ttl_s: float) -> dispatch_pb2.InstanceAddr:
+    def _reply(
+        self, g: Grant, wait_s: float, ttl_s: float, hold_s: float = 0.0
+    ) -> dispatch_pb2.InstanceAddr:
         return dispatch_pb2.InstanceAddr(
             function=g.instance.meta.function if g.instance.meta else "",
             instance_id=g.instance.instance_id,
@@ -201,6 +195,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             cold_start=g.cold_start,
             wait_ms=wait_s * 1000.0,
             lease_ttl_ms=int(ttl_s * 1000),
+            hold_ms=int(hold_s * 1000),
         )
 
     @staticmethod
@@ -232,7 +227,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             return await self._forward(owner, request, context)
         start = time.perf_counter()
         self.ops["dispatch"] += 1
-        spec, router = await revisions.resolve(self, request.function, request.tag)
+        spec, router, hold = await revisions.resolve(self, request)
         rid = request.request_id
         grant = router.granted_for(rid)
         if grant is not None:  # a retry of a request already served
@@ -250,7 +245,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         if grant is not None:
             router.remember(rid, grant)
             self._release_if_abandoned(context, router, grant.lease_id)
-            return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s)
+            return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s, hold())
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Grant] = loop.create_future()
         try:
@@ -283,7 +278,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             raise
         router.remember(rid, grant)
         self._release_if_abandoned(context, router, grant.lease_id)
-        return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s)
+        return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s, hold())
 
     async def _forward(
         self,
@@ -442,7 +437,10 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             elif action.kind == common_pb2.CoordinateAction.KIND_NODE_DEAD:
                 self._node_dead(action.node_id)
             elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
-                self._specs.pop(action.function, None)
+                try:
+                    await revisions.holds_lapse(self, action.function)
+                finally:  # at once (and even if the call was cancelled meanwhile)
+                    self._specs.pop(action.function, None)
                 if await revisions.function_updated(self, action.function):
                     continue
                 router = self.routers.get(action.function)

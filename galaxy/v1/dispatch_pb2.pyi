@@ -9,21 +9,23 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DispatchRequest(_message.Message):
-    __slots__ = ("function", "request_id", "forwarded", "releases", "tag")
+    __slots__ = ("function", "request_id", "forwarded", "releases", "tag", "hold")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FORWARDED_FIELD_NUMBER: _ClassVar[int]
     RELEASES_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     function: str
     request_id: str
     forwarded: bool
     releases: _containers.RepeatedCompositeFieldContainer[ReleaseRequest]
     tag: str
-    def __init__(self, function: _Optional[str] = ..., request_id: _Optional[str] = ..., forwarded: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., tag: _Optional[str] = ...) -> None: ...
+    hold: bool
+    def __init__(self, function: _Optional[str] = ..., request_id: _Optional[str] = ..., forwarded: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., tag: _Optional[str] = ..., hold: _Optional[bool] = ...) -> None: ...
 
 class InstanceAddr(_message.Message):
-    __slots__ = ("function", "instance_id", "address", "node_id", "lease_id", "cold_start", "wait_ms", "lease_ttl_ms")
+    __slots__ = ("function", "instance_id", "address", "node_id", "lease_id", "cold_start", "wait_ms", "lease_ttl_ms", "hold_ms")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +34,7 @@ class InstanceAddr(_message.Message):
     COLD_START_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    HOLD_MS_FIELD_NUMBER: _ClassVar[int]
     function: str
     instance_id: str
     address: str
@@ -40,7 +43,8 @@ class InstanceAddr(_message.Message):
     cold_start: bool
     wait_ms: float
     lease_ttl_ms: int
-    def __init__(self, function: _Optional[str] = ..., instance_id: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., cold_start: _Optional[bool] = ..., wait_ms: _Optional[float] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+    hold_ms: int
+    def __init__(self, function: _Optional[str] = ..., instance_id: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., cold_start: _Optional[bool] = ..., wait_ms: _Optional[float] = ..., lease_ttl_ms: _Optional[int] = ..., hold_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("function", "lease_id", "forwarded")

@@ -37,7 +37,7 @@ def echo_v(n: int) -> common_pb2.FunctionSpec:
     return s
 
 
-async def _sdk_worker(gw: Gateway, out: list[Answer], stop: asyncio.Event) -> None:
+async def sdk_worker(gw: Gateway, out: list[Answer], stop: asyncio.Event) -> None:
     while not stop.is_set():
         t0 = time.monotonic()
         try:
@@ -69,7 +69,7 @@ async def test_rollout_under_load_drops_nothing_and_leaves_the_old_revision(
     assert first.revision == 2  # the fixture deployed revision 1 (no VERSION)
     answers: list[Answer] = []
     stop = asyncio.Event()
-    workers = [asyncio.create_task(_sdk_worker(gw, answers, stop)) for _ in range(2)]
+    workers = [asyncio.create_task(sdk_worker(gw, answers, stop)) for _ in range(2)]
     workers += [asyncio.create_task(_gateway_worker(gw, answers, stop)) for _ in range(2)]
     try:
         await eventually(lambda: sum(a.revision == 2 for a in answers) >= 20, 60, "rev 2 serves")
@@ -81,16 +81,22 @@ async def test_rollout_under_load_drops_nothing_and_leaves_the_old_revision(
     finally:
         stop.set()
         await asyncio.gather(*workers)
-    failed = [a for a in answers if a.error]
-    assert not failed, failed[:3]
-    switched = min(a.ended for a in answers if a.revision == 3)
-    late = [a for a in answers if a.started > switched and a.revision != 3]
-    assert not late, f"{len(late)} requests answered by an old revision after revision 3 served"
+    assert_switched(answers, 3)
     # The old revision drains and retires: no instance of echo-00002 remains.
     d0 = gw.cluster.parts["d-0"].component.servicer
     await eventually(
         lambda: revisions.revision_name("echo", 2) not in d0.routers, 30, "old revision retired"
     )
+
+
+def assert_switched(answers: list[Answer], new: int) -> None:
+    """No request failed, and none that started after revision new first
+    answered was answered by another revision."""
+    failed = [a for a in answers if a.error]
+    assert not failed, failed[:3]
+    switched = min(a.ended for a in answers if a.revision == new)
+    late = [a for a in answers if a.started > switched and a.revision != new]
+    assert not late, f"{len(late)} requests answered by another revision after {new} served"
 
 
 def galaxy(gw: Gateway, *args: str) -> subprocess.CompletedProcess[str]:
