@@ -30,6 +30,8 @@ FIXED = "galaxy n=4 fixed"
 SMALL = {"cpu_millis": 10, "memory_mib": 16, "cold_start_s": 0.0}
 #: functions a flood spreads over (the bench's cold pool is 256 too)
 FLOOD_FUNCTIONS = 256
+#: warm standbys per kind in the cluster-size experiment's standby rows
+STANDBY = 4
 Log = Callable[[str], None]
 
 
@@ -214,6 +216,10 @@ def cluster_size(
                     fixed = {"controller_scaling": False, "instances": galaxy_n}
                     runs.append(("galaxy =n fixed", "galaxy",
                                  replace(c, params={"galaxy": fixed}), galaxy_n))  # fmt: skip
+                    # The controller again, with warm standbys of each kind
+                    # (promoted without a process start).
+                    runs.append((f"galaxy +{STANDBY} standby", "galaxy",
+                                 replace(c, params={"galaxy": {"standby": STANDBY}}), 0))  # fmt: skip
             if s == "ray":
                 schedulers = nodes  # bottom-up: every raylet schedules
             rate_s = tp["scale_up_rate_per_s"]
