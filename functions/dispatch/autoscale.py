@@ -6,16 +6,22 @@ module only feeds them the router's numbers and turns their answers into
 actions the servicer carries out (start n instances; retire these ones).
 Retired instances leave the routing tables *before* they are deleted on their
 node, so no request is sent to an instance that is going away.
+
+``autoscale_step`` is one round for a set of functions, with no I/O and the
+time given: Dispatch's ``FunctionAutoscaling.tick`` and the simulator's
+``FunctionScaling.tick`` both call it, so the loop is written once.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from controlplane.runtime.clock import Clock
 from functions.dispatch.autoscaling.keepalive import make_keepalive
-from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
+from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig, ScaleDecision
 from functions.dispatch.policy import FunctionRouter
 from galaxy.v1 import common_pb2
 
@@ -93,14 +99,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass
-class Decision:
-    """What one tick asks for one function."""
+K = TypeVar("K", bound=Hashable)
 
-    function: str
+
+@dataclass
+class Decision(Generic[K]):
+    """What one tick asks for one function (``scale``: the KPA's decision)."""
+
+    function: K
     start: int = 0
     retire: list[str] = field(default_factory=list)
-    reason: str = ""
+    scale: ScaleDecision | None = None
+
+    @property
+    def reason(self) -> str:
+        """Why, for logs (made only when asked: the simulator rarely does)."""
+        return self.scale.reason if self.scale is not None else ""
+
+
+def autoscale_step(
+    now: float,
+    routers: Iterable[tuple[K, FunctionRouter]],
+    scaler_of: Callable[[K], KpaAutoscaler | None],
+) -> Iterator[Decision[K]]:
+    """One autoscaling round: each function's autoscaler (``scaler_of``;
+    None skips the function this round) observes its router's concurrency
+    (in flight plus queued) and last activity, decides against the live and
+    starting instances, and names the idle instances to retire. A decision
+    is yielded for every function ticked, changes or not."""
+    for key, router in routers:
+        scaler = scaler_of(key)
+        if scaler is None:
+            continue
+        scaler.observe(now, float(router.load()), last_active=router.last_active or None)
+        d = scaler.decide(now, router.live_count(), router.pending)
+        retire = scaler.instances_to_remove(d, router.instances.values()) if d.to_remove else []
+        yield Decision(key, d.to_start, retire, d)
 
 
 class FunctionAutoscaling:
@@ -139,23 +173,17 @@ class FunctionAutoscaling:
         self,
         routers: dict[str, FunctionRouter],
         specs: dict[str, common_pb2.FunctionSpec],
-    ) -> list[Decision]:
-        """One autoscaling round over every routed function."""
+    ) -> list[Decision[str]]:
+        """One autoscaling round over every routed function (the decisions
+        that change something)."""
         for gone in set(self._scalers) - set(routers):
             del self._scalers[gone]  # deleted or handed over
         if not self.settings.enabled:
             return []
-        now = self.clock.now()
-        out: list[Decision] = []
-        for name, router in routers.items():
-            spec = specs.get(name)
-            if spec is None:
-                continue  # spec being refreshed; next tick
-            scaler = self._scaler(spec)
-            busy = sum(i.in_flight for i in router.instances.values()) + len(router.waiters)
-            scaler.observe(now, float(busy), last_active=router.last_active or None)
-            d = scaler.decide(now, router.live_count(), router.pending)
-            retire = scaler.instances_to_remove(d, list(router.instances.values()))
-            if d.to_start or retire:
-                out.append(Decision(name, d.to_start, retire, d.reason))
-        return out
+
+        def scaler_of(name: str) -> KpaAutoscaler | None:
+            spec = specs.get(name)  # None: spec being refreshed; next tick
+            return None if spec is None else self._scaler(spec)
+
+        step = autoscale_step(self.clock.now(), routers.items(), scaler_of)
+        return [d for d in step if d.start or d.retire]
