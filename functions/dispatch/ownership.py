@@ -78,6 +78,8 @@ class ForwardWaiters(Generic[K, O]):
     owner: O
     function: K
     waiters: list[Waiter]
+    #: the handover that held them (``SendInstances.handover``)
+    handover: int = 0
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ class Ownership(Generic[K, O]):
         key, owner, held = got
         if self.moving.get(key) == handover:
             del self.moving[key]
-        return [ForwardWaiters(owner, key, held)]
+        return [ForwardWaiters(owner, key, held, handover)]
 
     # -- instances ---------------------------------------------------------------
 
