@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.runtime import host, rpc
+from controlplane.nodeagent.config import NodeAgentConfig
+from controlplane.runtime import config, host, rpc
 from controlplane.tools.cli import _component_module, build_parser
 
 
@@ -122,7 +123,7 @@ async def small_cluster(
         await c.add("clustermgr", "cm-0")
         await c.add("schedule", "s-0")
         await c.add("dispatch", "d-0", *dispatch_flags)
-        flags = agent_flags or ("--nodes", "1", "--sandbox", "emulated")
+        flags = agent_flags or config.to_flags(NodeAgentConfig(nodes=1, sandbox="emulated"))
         await c.add("nodeagent", "agent-0", *flags)
     except BaseException:
         await c.close()

@@ -20,7 +20,8 @@ from typing import Any
 
 from controlplane.launch import etcd
 from controlplane.launch.endpoints import ENDPOINTS_FILE, default_run_dir
-from controlplane.runtime import credentials, netaddr, procs, tls, tlsfiles
+from controlplane.nodeagent.config import NodeAgentConfig
+from controlplane.runtime import config, credentials, netaddr, procs, tls, tlsfiles
 from controlplane.runtime.host import READY_PREFIX, serve_command
 from controlplane.runtime.tls import TlsConfig
 
@@ -35,6 +36,9 @@ def default_runtimes_dir() -> Path | None:
     return d if d.is_dir() else None
 
 
+_AGENT = NodeAgentConfig()
+
+
 @dataclass
 class UpConfig:
     """What `galaxy up` starts."""
@@ -43,7 +47,7 @@ class UpConfig:
     schedule: int = 1
     clustermgr: int = 1
     nodes: int = 4
-    sandbox: str = "process"
+    sandbox: str = _AGENT.sandbox
     nodes_per_agent: int = 0  # 0 = 1 for process sandboxes, 105 for emulated
     state: str = "memory://"
     host: str = "127.0.0.1"
@@ -52,10 +56,11 @@ class UpConfig:
     probe_cache: bool = True
     #: Schedule trusts its exact view of its partition (off: the G_n-CP step)
     exact_partition: bool = True
-    node_cpu_millis: int = 4000
-    node_memory_mib: int = 8192
-    node_gpus: int = 0
-    start_delay_ms: int = 0
+    #: each node's capacity and the emulated cold start (``NodeAgentConfig``)
+    node_cpu_millis: int = _AGENT.cpu_millis
+    node_memory_mib: int = _AGENT.memory_mib
+    node_gpus: int = _AGENT.gpus
+    start_delay_ms: float = _AGENT.start_delay_ms
     extra: dict[str, list[str]] = field(default_factory=dict)
     #: The controller scales the control functions, starting extra instances
     #: as its own children (local actuator); see docs/controller.md.
@@ -247,33 +252,19 @@ class Supervisor:
         per = cfg.nodes_per_agent or (1 if cfg.sandbox == "process" else 105)
         jobs = []
         for a, first in enumerate(range(0, cfg.nodes, per)):
-            count = min(per, cfg.nodes - first)
+            agent = NodeAgentConfig(
+                nodes=min(per, cfg.nodes - first),
+                node_index_start=first,
+                sandbox=cfg.sandbox,
+                cpu_millis=cfg.node_cpu_millis,
+                memory_mib=cfg.node_memory_mib,
+                gpus=cfg.node_gpus,
+                start_delay_ms=cfg.start_delay_ms,
+                log_dir=str(self.log_dir / "instances"),
+            )
+            flags = ["--controller", caddr, *config.to_flags(agent)]
             jobs.append(
-                self.spawn(
-                    f"agent-{a}",
-                    self._serve_cmd(
-                        "nodeagent",
-                        f"agent-{a}",
-                        "--controller",
-                        caddr,
-                        "--nodes",
-                        str(count),
-                        "--node-index-start",
-                        str(first),
-                        "--sandbox",
-                        cfg.sandbox,
-                        "--cpu-millis",
-                        str(cfg.node_cpu_millis),
-                        "--memory-mib",
-                        str(cfg.node_memory_mib),
-                        "--gpus",
-                        str(cfg.node_gpus),
-                        "--start-delay-ms",
-                        str(cfg.start_delay_ms),
-                        "--log-dir",
-                        str(self.log_dir / "instances"),
-                    ),
-                )
+                self.spawn(f"agent-{a}", self._serve_cmd("nodeagent", f"agent-{a}", *flags))
             )
         await asyncio.gather(*jobs)
         if cfg.gateway_port >= 0:

@@ -174,6 +174,25 @@ def build(cls: type[C], **values: Any) -> C:
         raise ConfigError(f"{cls.__name__}: {msg}") from None
 
 
+def to_flags(cfg: Config) -> list[str]:
+    """The command line that gives ``cfg`` (fields at their default are
+    left out): for building another process's command from a config."""
+    cls, out = type(cfg), []
+    for name, info in cls.model_fields.items():
+        value = getattr(cfg, name)
+        if value == info.default:
+            continue
+        flag = flag_of(cls, name)
+        if isinstance(value, bool):
+            out.append(flag)  # a switch: given means the other value
+        elif isinstance(value, list):
+            for item in value:
+                out += [flag, str(item)]
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
 #: The gRPC message size limit every server and channel sets, both ways.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
