@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.controller.config import ControllerConfig
 from controlplane.launch import etcd
 from controlplane.launch.endpoints import ENDPOINTS_FILE, default_run_dir
 from controlplane.nodeagent.config import NodeAgentConfig
 from controlplane.runtime import config, credentials, netaddr, procs, tls, tlsfiles
 from controlplane.runtime.host import READY_PREFIX, serve_command
 from controlplane.runtime.tls import TlsConfig
+from functions.schedule.config import ScheduleConfig
 
 log = logging.getLogger(__name__)
 
@@ -139,30 +141,36 @@ class Supervisor:
             cmd.append("--no-connection-cache")
         return cmd + list(extra) + self.cfg.extra.get(kind, [])
 
-    def _controller_args(self) -> list[str]:
-        """Scaling flags of the controller: it starts extra instances with the
-        same flags as the ones started here, and never removes those (the
+    def _controller_args(self, ha: bool = False) -> list[str]:
+        """The controller's flags (``ControllerConfig``), then the caller's
+        own. With control scaling it starts extra instances with the same
+        flags as the ones started here, and never removes those (the
         minimum of each kind is what `galaxy up` starts)."""
         cfg = self.cfg
-        if not cfg.autoscale_control:
-            return list(cfg.controller_args)
-        # TLS: the controller gives its own choice to the instances it starts.
-        common = [] if cfg.connection_cache else ["--no-connection-cache"]
-        per_kind = {
-            "dispatch": ["--state", cfg.state],
-            "clustermgr": ["--state", cfg.state],
-            "schedule": self._schedule_flags(),
-        }
-        out = ["--autoscale-control", "--instance-log-dir", str(self.log_dir)]
-        out += ["--instance-host", cfg.host]
-        for kind, cpus in cfg.control_cpu_limits.items():
-            out += ["--instance-cpu-limit", f"{kind}={cpus}"]
-        for kind, flags in per_kind.items():
-            extra = common + flags + cfg.extra.get(kind, [])
-            if extra:
-                out += ["--instance-args", f"{kind}={shlex.join(extra)}"]
-            out += ["--min-instances", f"{kind}={max(1, getattr(cfg, kind))}"]
-        return out + list(cfg.controller_args)
+        ctl = ControllerConfig(state=cfg.state, ha=ha)
+        if cfg.autoscale_control:
+            # TLS: the controller gives its own choice to the instances it starts.
+            common = [] if cfg.connection_cache else ["--no-connection-cache"]
+            per_kind = {
+                "dispatch": ["--state", cfg.state],
+                "clustermgr": ["--state", cfg.state],
+                "schedule": self._schedule_flags(),
+            }
+            instance_args, mins = [], []
+            for kind, flags in per_kind.items():
+                extra = common + flags + cfg.extra.get(kind, [])
+                if extra:
+                    instance_args.append(f"{kind}={shlex.join(extra)}")
+                mins.append(f"{kind}={max(1, getattr(cfg, kind))}")
+            ctl = ctl.replace(
+                autoscale_control=True,
+                instance_log_dir=str(self.log_dir),
+                instance_host=cfg.host,
+                instance_cpu_limit=[f"{k}={c}" for k, c in cfg.control_cpu_limits.items()],
+                instance_args=instance_args,
+                min_instances=mins,
+            )
+        return config.to_flags(ctl) + self._bootstrap_args() + list(cfg.controller_args)
 
     def _env(self) -> dict[str, str] | None:
         """The children's environment: ours, with tokens turned off when
@@ -278,8 +286,10 @@ class Supervisor:
 
     def _schedule_flags(self) -> list[str]:
         """Ablation switches of the Schedule instances."""
-        out = [] if self.cfg.probe_cache else ["--no-probe-cache"]
-        return out + ([] if self.cfg.exact_partition else ["--no-exact-partition"])
+        sched = ScheduleConfig(
+            probe_cache=self.cfg.probe_cache, exact_partition=self.cfg.exact_partition
+        )
+        return config.to_flags(sched)
 
     def _bootstrap_args(self) -> list[str]:
         """The controller's flag that makes the admin token valid (with
@@ -295,14 +305,7 @@ class Supervisor:
         if not cfg.ha:
             ctl = await self.spawn(
                 "controller",
-                self._serve_cmd(
-                    "controller",
-                    "controller-0",
-                    "--state",
-                    cfg.state,
-                    *self._bootstrap_args(),
-                    *self._controller_args(),
-                ),
+                self._serve_cmd("controller", "controller-0", *self._controller_args()),
             )
             return str(ctl.ready["address"])
         if cfg.state.startswith("memory"):
@@ -322,13 +325,7 @@ class Supervisor:
                 self.spawn(
                     f"controller-{i}",
                     self._serve_cmd(
-                        "controller",
-                        f"controller-{i}",
-                        "--state",
-                        cfg.state,
-                        "--ha",
-                        *self._bootstrap_args(),
-                        *self._controller_args(),
+                        "controller", f"controller-{i}", *self._controller_args(ha=True)
                     ),
                 )
                 for i in range(2)

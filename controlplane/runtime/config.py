@@ -67,7 +67,7 @@ def _extra(info: Any) -> dict[str, Any]:
 
 
 def _annotation(cls: type[Config], name: str) -> Any:
-    return typing.get_type_hints(cls)[name]
+    return typing.get_type_hints(cls, include_extras=True)[name]
 
 
 def flag_of(cls: type[Config], name: str) -> str:
@@ -101,7 +101,8 @@ def _validator(cls: type[Config], name: str, item_type: Any) -> Any:
         try:
             return adapter.validate_python(text)
         except ValidationError as e:
-            raise argparse.ArgumentTypeError(e.errors()[0]["msg"]) from None
+            msg = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
+            raise argparse.ArgumentTypeError(msg) from None
 
     parse.__name__ = name  # argparse names the type in some messages
     return parse
