@@ -14,6 +14,7 @@ from typing import Any
 
 from controlplane.nodeagent.config import NodeAgentConfig
 from controlplane.runtime import config, host, rpc
+from controlplane.runtime.config import RpcConfig
 from controlplane.tools.cli import _component_module, build_parser
 
 
@@ -48,6 +49,7 @@ class InProcessCluster:
             argv += ["--controller", self.controller]
         args = build_parser().parse_args([*argv, *flags])
         component = _component_module(kind).build(args)
+        rpc_config = config.from_args(RpcConfig, args)
         stop = asyncio.Event()
         ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(
@@ -59,7 +61,8 @@ class InProcessCluster:
                 controller=self.controller,
                 stop=stop,
                 on_ready=ready.set_result,
-                pool=rpc.ChannelPool(enabled=not args.no_connection_cache),
+                pool=rpc.ChannelPool.of(rpc_config),
+                rpc_config=rpc_config,
             )
         )
         done, _ = await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)

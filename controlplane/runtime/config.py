@@ -22,6 +22,8 @@ from typing import Any, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from controlplane.runtime.validation import MAX_MESSAGE_BYTES
+
 C = TypeVar("C", bound="Config")
 
 
@@ -194,14 +196,17 @@ def to_flags(cfg: Config) -> list[str]:
     return out
 
 
-#: The gRPC message size limit every server and channel sets, both ways.
-DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: The gRPC message size limit every server and channel sets, both ways
+#: (the controller bounds its largest answer below it: ``validation``).
+DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
 
 
 class RpcConfig(Config):
     """What every gRPC server and channel of a process takes: deadlines,
-    message size limits and the connection cache. (Transport credentials
-    and tokens belong here too; docs/security.md.)"""
+    message size limits and the connection cache (``rpc.ChannelPool.of``,
+    ``rpc.create_server``, ``host.serve``). Transport credentials and
+    tokens belong here too (docs/security.md); they are still given
+    beside it (``TlsConfig``, the token flags)."""
 
     connection_cache: bool = setting(
         True,
