@@ -306,11 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ablation: Schedule probes unless a cached probe answer fits (the G_n-CP step)",
     )
-    up.add_argument("--node-cpu-millis", type=int, default=4000)
-    up.add_argument("--node-memory-mib", type=int, default=8192)
-    up.add_argument("--node-gpus", type=int, default=0)
+    # Node sizes: the node agent's defaults (NodeAgentConfig, via UpConfig).
+    up.add_argument("--node-cpu-millis", type=int, default=UpConfig.node_cpu_millis)
+    up.add_argument("--node-memory-mib", type=int, default=UpConfig.node_memory_mib)
+    up.add_argument("--node-gpus", type=int, default=UpConfig.node_gpus)
     up.add_argument(
-        "--start-delay-ms", type=int, default=0, help="modelled cold start of emulated sandboxes"
+        "--start-delay-ms",
+        type=float,
+        default=UpConfig.start_delay_ms,
+        help="modelled cold start of emulated sandboxes",
     )
     sc = up.add_argument_group("control function autoscaling (docs/controller.md)")
     sc.add_argument(
