@@ -1,10 +1,11 @@
 """Function autoscaling and keep-alive, driven through the production KPA.
 
-Every ``tick_s`` each active function's ``KpaAutoscaler``
-(``functions.dispatch.autoscaling.kpa``) observes the function's concurrency
-(requests in flight plus queued, from its ``FunctionRouter``) and decides;
-starts go through the normal scale-up path, removals take the instances
-``idle_instances_to_remove`` names. The keep-alive policy is the production
+Every ``tick_s`` the production round, ``functions.dispatch.autoscale.
+autoscale_step``, runs over the active functions: each one's
+``KpaAutoscaler`` observes its ``FunctionRouter`` and decides; starts go
+through the model's scale-up path, removals take the instances it names.
+This module only keeps the autoscalers, the set of active functions and the
+counts for the report. The keep-alive policy is the production
 one (``functions.dispatch.autoscaling.keepalive.make_keepalive``). A function with
 no instance, nothing pending or queued and a decision of zero stops being
 ticked until its next request, so an 8-hour trace of 500 mostly idle
@@ -16,11 +17,12 @@ The same adapter serves the Knative-like baseline (with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from functions.dispatch.autoscale import autoscale_step
 from functions.dispatch.autoscaling.keepalive import make_keepalive
-from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig, idle_instances_to_remove
+from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
 from functions.dispatch.policy import FunctionRouter, Instance
 from simulator.engine import Sim
 
@@ -74,31 +76,43 @@ class FunctionScaling:
         """An instance of fn became ready."""
         self.active[fn] = None
 
-    def tick(self) -> None:
-        """One autoscaler round over the active functions."""
-        now = self.sim.now
-        router_of, kpas, routers = self.router_of, self.kpas, self.routers
+    def forget(self, fn: int) -> None:
+        """fn's router is gone (handed over): its next one starts a new
+        autoscaler, as a new owner's Dispatch does."""
+        self.kpas.pop(fn, None)
+
+    def _kpa(self, fn: int) -> KpaAutoscaler:
+        kpa = self.kpas.get(fn)
+        if kpa is None:
+            kpa = self.kpas[fn] = KpaAutoscaler(
+                self.make_config(fn), make_keepalive(self.keepalive, **self.keepalive_opts)
+            )
+        return kpa
+
+    def _routed(self) -> Iterator[tuple[int, FunctionRouter]]:
+        router_of, routers = self.router_of, self.routers
         for fn in list(self.active):
             r = routers[fn] if routers is not None else router_of(fn)
             if r is None:
                 del self.active[fn]
                 continue
-            kpa = kpas.get(fn)
-            if kpa is None:
-                kpa = kpas[fn] = KpaAutoscaler(
-                    self.make_config(fn), make_keepalive(self.keepalive, **self.keepalive_opts)
-                )
-            kpa.observe(now, r.load(), last_active=r.last_active)
-            d = kpa.decide(now, r.live_count(), r.pending)
+            yield fn, r
+
+    def tick(self) -> None:
+        """One autoscaler round over the active functions."""
+        routers = self.routers
+        for d in autoscale_step(self.sim.now, self._routed(), self._kpa):
+            fn, sd = d.function, d.scale
+            assert sd is not None
             self.decisions += 1
-            if d.panic:
+            if sd.panic:
                 self.panics += 1
-            if d.to_start:
-                self._start(fn, d.to_start)
-            if d.to_remove:
-                for iid in idle_instances_to_remove(r.instances.values(), d.to_remove):
-                    self._retire(fn, iid)
-            if d.desired == 0 and not r.instances and not r.pending and not r.waiters:
+            if d.start:
+                self._start(fn, d.start)
+            for iid in d.retire:
+                self._retire(fn, iid)
+            r = routers[fn] if routers is not None else self.router_of(fn)
+            if sd.desired == 0 and r is not None and not (r.instances or r.pending or r.waiters):
                 del self.active[fn]
 
     def describe(self) -> dict[str, Any]:

@@ -49,6 +49,9 @@ class Frontend:
         #: per function, the process of its owner when the model keeps it
         #: here (None: ask ``owner``); Galaxy keeps its Dispatch owners here
         self.owners: list[Station | None] = [None] * len(model.fns)
+        #: told of a release of a lease fn's router does not know (a model
+        #: whose routing state changes hands: Galaxy's Dispatch handover)
+        self.on_unknown_release: Callable[[int, str], None] | None = None
         # Bound once: the warm path below uses them for every request (and
         # a method looked up on an object is a new object each time).
         self._hop, self._at = self.net.hop, self.sim.at
@@ -127,10 +130,11 @@ class Frontend:
 
     def _released(self, a: tuple[int, str]) -> None:
         router = self.routers[a[0]]
-        assert router is not None
-        grants = router.release(a[1])[1]
+        known, grants = (False, []) if router is None else router.release(a[1])
         if grants:
             self._serve_all(grants)
+        if not known and self.on_unknown_release is not None:
+            self.on_unknown_release(a[0], a[1])
 
     # -- instances -------------------------------------------------------------
 
@@ -139,6 +143,24 @@ class Frontend:
         grants = self.router(fn).scale_up_done(inst)
         if grants:
             self._serve_all(grants)
+
+    def add(self, fn: int, inst: Instance) -> None:
+        """An instance handed over by another owner joins fn's router (not a
+        cold start): waiters get its slots."""
+        grants = self.router(fn).add_instance(inst)
+        if grants:
+            self._serve_all(grants)
+
+    def redispatch(self, req: Req) -> None:
+        """A request forwarded by its function's previous owner reaches the
+        router now: a slot, else it waits like any other."""
+        router = self.router(req.fn)
+        g = router.acquire()
+        if g is not None:
+            self._serve(req, g, self.sim.now + self._hop())
+            return
+        router.enqueue(req)
+        self.on_wait(req.fn, router)
 
     def failed(self, fn: int, reason: str) -> None:
         """A start failed; waiters nothing will serve fail."""

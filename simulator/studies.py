@@ -218,8 +218,8 @@ def cluster_size(
                                  replace(c, params={"galaxy": fixed}), galaxy_n))  # fmt: skip
                     # The controller again, with warm standbys of each kind
                     # (promoted without a process start).
-                    runs.append((f"galaxy +{STANDBY} standby", "galaxy",
-                                 replace(c, params={"galaxy": {"standby": STANDBY}}), 0))  # fmt: skip
+                    sb = replace(c, params={"galaxy": {"standby": STANDBY}})
+                    runs.append((f"galaxy +{STANDBY} standby", "galaxy", sb, 0))
             if s == "ray":
                 schedulers = nodes  # bottom-up: every raylet schedules
             rate_s = tp["scale_up_rate_per_s"]

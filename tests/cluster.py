@@ -12,7 +12,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.runtime import host, rpc
+from controlplane.nodeagent.config import NodeAgentConfig
+from controlplane.runtime import config, host, rpc
+from controlplane.runtime.config import RpcConfig
 from controlplane.tools.cli import _component_module, build_parser
 
 
@@ -47,6 +49,7 @@ class InProcessCluster:
             argv += ["--controller", self.controller]
         args = build_parser().parse_args([*argv, *flags])
         component = _component_module(kind).build(args)
+        rpc_config = config.from_args(RpcConfig, args)
         stop = asyncio.Event()
         ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(
@@ -58,7 +61,8 @@ class InProcessCluster:
                 controller=self.controller,
                 stop=stop,
                 on_ready=ready.set_result,
-                pool=rpc.ChannelPool(enabled=not args.no_connection_cache),
+                pool=rpc.ChannelPool.of(rpc_config),
+                rpc_config=rpc_config,
             )
         )
         done, _ = await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
@@ -122,7 +126,7 @@ async def small_cluster(
         await c.add("clustermgr", "cm-0")
         await c.add("schedule", "s-0")
         await c.add("dispatch", "d-0", *dispatch_flags)
-        flags = agent_flags or ("--nodes", "1", "--sandbox", "emulated")
+        flags = agent_flags or config.to_flags(NodeAgentConfig(nodes=1, sandbox="emulated"))
         await c.add("nodeagent", "agent-0", *flags)
     except BaseException:
         await c.close()

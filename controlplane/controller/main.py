@@ -15,19 +15,19 @@ from controlplane.controller.actions import Changes, Timeouts
 from controlplane.controller.actuators.base import Actuator, NoActuator
 from controlplane.controller.actuators.cpulimit import parse_limits
 from controlplane.controller.capacities import calibrated_capacities
+from controlplane.controller.config import ControllerConfig, pairs
 from controlplane.controller.coordinator import Coordinator
 from controlplane.controller.functions_store import FunctionStore
-from controlplane.controller.leader import DEFAULT_PREFIX, LeaderElector, LeaderInfo, ScaleLedger
+from controlplane.controller.leader import LeaderElector, LeaderInfo, ScaleLedger
 from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry, wall_epoch_base
 from controlplane.controller.scaling import KINDS, KindLimits, ScalingConfig
 from controlplane.controller.service import ControllerServicer
 from controlplane.controller.tokens_store import TokenStore
-from controlplane.runtime import access, authn, validation
+from controlplane.runtime import access, authn, config
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.membership import KIND_BY_NAME
-from controlplane.runtime.quotas import NamespaceQuotas, Quota
-from controlplane.runtime.quotas import parse as parse_quota
+from controlplane.runtime.quotas import NamespaceQuotas
 from controlplane.runtime.rpc import ChannelPool
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from statestore import StateStore, StoreError, open_store
@@ -35,55 +35,10 @@ from statestore import StateStore, StoreError, open_store
 log = logging.getLogger(__name__)
 
 
-def _kv(s: str) -> tuple[str, str]:
-    kind, sep, value = s.partition("=")
-    if not sep or kind not in KINDS:
-        raise argparse.ArgumentTypeError(f"expected KIND=VALUE with KIND one of {KINDS}, got {s!r}")
-    return kind, value
-
-
-def _quota(text: str) -> tuple[str, Quota]:
-    try:
-        return parse_quota(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix("--namespace-quota ")) from None
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Controller flags (common ones are added by the CLI)."""
-    p.add_argument(
-        "--state",
-        default="memory://",
-        help="state store URL: memory:// (embedded, default) or etcd://host:port[,host:port]",
-    )
-    p.add_argument(
-        "--max-functions",
-        type=int,
-        default=validation.MAX_FUNCTIONS_DEFAULT,
-        help="functions the cluster may hold (bounds listings; see docs/security.md)",
-    )
-    p.add_argument(
-        "--max-instances-per-function",
-        type=int,
-        default=validation.MAX_INSTANCES_PER_FUNCTION_DEFAULT,
-        help="largest max_scale/min_scale a spec may ask for (docs/security.md)",
-    )
-    p.add_argument(
-        "--max-reserved-instances",
-        type=int,
-        default=validation.MAX_RESERVED_INSTANCES_DEFAULT,
-        help="min_scale of all functions together: instances kept running idle",
-    )
-    p.add_argument(
-        "--namespace-quota",
-        action="append",
-        type=_quota,
-        default=[],
-        metavar="NS=KEY:N[,KEY:N]",
-        help="what the functions of namespace NS may claim, by their max_scale: keys "
-        "functions, instances, cpu_millis, memory_mib, gpus; NS '*' = every namespace "
-        "without its own (repeatable; docs/security.md, Quotas)",
-    )
+    """Controller flags (common ones are added by the CLI): one per
+    ``ControllerConfig`` field, the token flags and the bootstrap token."""
+    config.add_arguments(p, ControllerConfig)
     authn.add_arguments(p)
     p.add_argument(
         "--bootstrap-token-file",
@@ -92,92 +47,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "makes valid at start, so the first admin can get in (default "
         "$GALAXY_BOOTSTRAP_TOKEN_FILE; `galaxy up` writes RUN_DIR/token)",
     )
-    g = p.add_argument_group("control function scaling (see docs/controller.md)")
-    g.add_argument(
-        "--autoscale-control",
-        action="store_true",
-        help="scale Dispatch/Schedule/ClusterMgr instances on their load (default: observe only)",
-    )
-    g.add_argument(
-        "--actuator",
-        choices=["local", "kubernetes", "none"],
-        default="local",
-        help="how instances are started and stopped (default local: child processes)",
-    )
-    g.add_argument(
-        "--calibration",
-        default=None,
-        help="T values from `galaxy calibrate` (default $GALAXY_CALIBRATION or "
-        "~/.galaxy/calibration.json when present)",
-    )
-    for kind, flag in (("dispatch", "--t-df"), ("schedule", "--t-sf"), ("clustermgr", "--t-cmf")):
-        g.add_argument(flag, type=float, default=None, help=f"T of {kind}: ops/s of one instance")
-    g.add_argument("--target-utilization", type=float, default=0.6)
-    g.add_argument("--high-watermark", type=float, default=0.8)
-    g.add_argument("--low-watermark", type=float, default=0.3)
-    g.add_argument("--scale-out-cooldown-s", type=float, default=0.25)
-    g.add_argument(
-        "--scale-in-cooldown-s",
-        type=float,
-        default=300.0,
-        help="seconds below the low watermark before scaling in (300, like HPA's "
-        "downscale stabilization)",
-    )
-    g.add_argument(
-        "--max-step-out",
-        type=int,
-        default=None,
-        help="instances added at most at once (default: no bound, straight to the needed count)",
-    )
-    g.add_argument("--min-instances", type=_kv, action="append", default=[], help="KIND=N")
-    g.add_argument("--max-instances", type=_kv, action="append", default=[], help="KIND=N")
-    g.add_argument("--scale-tick-s", type=float, default=0.25, help="decision period")
-    g.add_argument("--drain-grace-s", type=float, default=1.0)
-    g.add_argument("--drain-timeout-s", type=float, default=15.0)
-    g.add_argument("--member-timeout-s", type=float, default=5.0, help="silent instance removed")
-    g.add_argument("--warm-timeout-s", type=float, default=5.0)
-    g.add_argument(
-        "--instance-args",
-        type=_kv,
-        action="append",
-        default=[],
-        help="local actuator: KIND='FLAGS' appended to `galaxy serve KIND`",
-    )
-    g.add_argument(
-        "--standby-instances",
-        type=_kv,
-        action="append",
-        default=[],
-        help="local actuator: KIND=N warm standby instances kept started, promoted by a "
-        "scale-out without a process start (default: none)",
-    )
-    g.add_argument("--instance-log-dir", default=None, help="local actuator: instance logs")
-    g.add_argument("--instance-host", default="127.0.0.1", help="local actuator: listen host")
-    g.add_argument(
-        "--instance-cpu-limit",
-        action="append",
-        default=[],
-        help="local actuator: [KIND=]CPUS per instance (a cgroup, like a pod's limits.cpu)",
-    )
-    k = p.add_argument_group("Kubernetes actuator")
-    k.add_argument("--k8s-api", default=None, help="API server URL (default: in-cluster)")
-    k.add_argument("--k8s-namespace", default="default")
-    k.add_argument("--k8s-token-file", default=None, help="bearer token for --k8s-api")
-    k.add_argument("--k8s-deployment", type=_kv, action="append", default=[], help="KIND=NAME")
-    k.add_argument("--k8s-insecure", action="store_true", help="do not verify the API server TLS")
-    h = p.add_argument_group("high availability")
-    h.add_argument(
-        "--ha", action="store_true", help="elect a leader among controllers (needs etcd state)"
-    )
-    h.add_argument("--ha-prefix", default=DEFAULT_PREFIX, help="key prefix of election and targets")
-    h.add_argument("--ha-ttl-s", type=float, default=3.0, help="leader lease TTL, seconds")
 
 
-def scaling_config(args: argparse.Namespace) -> ScalingConfig:
+def _config(args: argparse.Namespace | ControllerConfig) -> ControllerConfig:
+    if isinstance(args, ControllerConfig):
+        return args
+    return config.from_args(ControllerConfig, args)
+
+
+def scaling_config(args: argparse.Namespace | ControllerConfig) -> ScalingConfig:
     """The policy configuration from flags and the calibration file."""
-    caps = calibrated_capacities(args.calibration)
-    overrides = {"dispatch": args.t_df, "schedule": args.t_sf, "clustermgr": args.t_cmf}
-    mins, maxs = dict(args.min_instances), dict(args.max_instances)
+    c = _config(args)
+    caps = calibrated_capacities(c.calibration)
+    overrides = {"dispatch": c.t_df, "schedule": c.t_sf, "clustermgr": c.t_cmf}
+    mins, maxs = pairs(c.min_instances), pairs(c.max_instances)
     limits = {
         k: KindLimits(
             capacity=overrides[k] or caps[k],
@@ -188,54 +71,46 @@ def scaling_config(args: argparse.Namespace) -> ScalingConfig:
     }
     return ScalingConfig(
         limits=limits,
-        target_utilization=args.target_utilization,
-        high_watermark=args.high_watermark,
-        low_watermark=args.low_watermark,
-        scale_out_cooldown_s=args.scale_out_cooldown_s,
-        scale_in_cooldown_s=args.scale_in_cooldown_s,
-        max_step_out=args.max_step_out,
+        target_utilization=c.target_utilization,
+        high_watermark=c.high_watermark,
+        low_watermark=c.low_watermark,
+        scale_out_cooldown_s=c.scale_out_cooldown_s,
+        scale_in_cooldown_s=c.scale_in_cooldown_s,
+        max_step_out=c.max_step_out,
     )
 
 
-def make_actuator(args: argparse.Namespace) -> Actuator:
-    """The actuator named by --actuator."""
-    if args.actuator == "kubernetes":
+def make_actuator(c: ControllerConfig, args: argparse.Namespace) -> Actuator:
+    """The actuator named by --actuator (``args``: the common flags, for TLS)."""
+    if c.actuator == "kubernetes":
         from controlplane.controller.actuators.kubernetes import KubernetesActuator
 
-        token = Path(args.k8s_token_file).read_text().strip() if args.k8s_token_file else None
+        token = Path(c.k8s_token_file).read_text().strip() if c.k8s_token_file else None
         return KubernetesActuator(
-            namespace=args.k8s_namespace,
-            api_url=args.k8s_api,
+            namespace=c.k8s_namespace,
+            api_url=c.k8s_api,
             token=token,
-            deployments=dict(args.k8s_deployment),
-            verify_ssl=not args.k8s_insecure,
+            deployments=pairs(c.k8s_deployment),
+            verify_ssl=not c.k8s_insecure,
         )
-    if args.actuator == "local":
+    if c.actuator == "local":
         from controlplane.controller.actuators.local import LocalProcessActuator
 
         extra: dict[str, list[str]] = {}
-        for kind, flags in args.instance_args:
+        for item in c.instance_args:
+            kind, flags = item.split("=", 1)
             extra.setdefault(kind, []).extend(shlex.split(flags))
         return LocalProcessActuator(
-            host=args.instance_host,
+            host=c.instance_host,
             extra_args=extra,
-            log_dir=Path(args.instance_log_dir) if args.instance_log_dir else None,
-            cpu_limits=parse_limits(args.instance_cpu_limit),
-            standby=_standby_counts(args.standby_instances),
+            log_dir=Path(c.instance_log_dir) if c.instance_log_dir else None,
+            cpu_limits=parse_limits(c.instance_cpu_limit),
+            standby={k: int(n) for k, n in pairs(c.standby_instances).items()},
             # Instances serve as this controller does: its TLS directory (each
             # kind's own certificate there), or plaintext.
             tls_dir=None if getattr(args, "insecure", False) else getattr(args, "tls_dir", None),
         )
     return NoActuator()
-
-
-def _standby_counts(pairs: list[tuple[str, str]]) -> dict[str, int]:
-    out = {}
-    for kind, n in pairs:
-        if not n.isdigit():
-            raise ValueError(f"--standby-instances {kind}={n}: N must be a whole number >= 0")
-        out[kind] = int(n)
-    return out
 
 
 class ControllerComponent:
@@ -245,10 +120,11 @@ class ControllerComponent:
     name = "controller"
 
     def __init__(self, args: argparse.Namespace) -> None:
-        if args.ha and args.state.startswith("memory"):
+        self.cfg = _config(args)
+        if self.cfg.ha and self.cfg.state.startswith("memory"):
             raise SystemExit("galaxy: --ha needs a shared state store: --state etcd://HOST:PORT")
         self.args = args
-        self.state_url: str = args.state
+        self.state_url: str = self.cfg.state
         self.store: StateStore | None = None
         self.servicer: ControllerServicer | None = None
         self.tokens: TokenStore | None = None
@@ -271,7 +147,7 @@ class ControllerComponent:
         ]
 
     def _build(self) -> None:
-        a = self.args
+        a, c = self.args, self.cfg
         self.store = open_store(self.state_url)
         changes = Changes()
         # Epochs from the wall clock: after a restart (no HA, nothing stored)
@@ -287,18 +163,18 @@ class ControllerComponent:
         coordinator = Coordinator(
             registry,
             pool,
-            warm_timeout_s=a.warm_timeout_s,
-            store=self.store if a.ha else None,
-            prefix=a.ha_prefix + "members/",
+            warm_timeout_s=c.warm_timeout_s,
+            store=self.store if c.ha else None,
+            prefix=c.ha_prefix + "members/",
         )
-        self.actuator = make_actuator(a)
-        ledger = ScaleLedger(self.store, a.ha_prefix) if a.ha else None
-        if a.ha:
+        self.actuator = make_actuator(c, a)
+        ledger = ScaleLedger(self.store, c.ha_prefix) if c.ha else None
+        if c.ha:
             self.elector = LeaderElector(
                 self.store,
                 LeaderInfo(a.id, ""),
-                prefix=a.ha_prefix,
-                ttl_s=a.ha_ttl_s,
+                prefix=c.ha_prefix,
+                ttl_s=c.ha_ttl_s,
                 on_change=self._leadership,
             )
         el = self.elector
@@ -306,18 +182,18 @@ class ControllerComponent:
             registry,
             coordinator,
             self.actuator,
-            scaling_config(a),
+            scaling_config(c),
             changes,
-            enabled=a.autoscale_control,
+            enabled=c.autoscale_control,
             ledger=ledger,
             leader_id=a.id,
             is_leader=(lambda: el.is_leader) if el else (lambda: True),
             term=(lambda: el.term) if el else (lambda: 0),
-            tick_s=a.scale_tick_s,
+            tick_s=c.scale_tick_s,
             timeouts=Timeouts(
-                drain_grace_s=a.drain_grace_s,
-                drain_s=a.drain_timeout_s,
-                member_silent_s=a.member_timeout_s,
+                drain_grace_s=c.drain_grace_s,
+                drain_s=c.drain_timeout_s,
+                member_silent_s=c.member_timeout_s,
             ),
         )
         self.tokens = TokenStore(self.store)
@@ -330,10 +206,10 @@ class ControllerComponent:
             registry,
             FunctionStore(
                 self.store,
-                max_functions=a.max_functions,
-                max_instances_per_function=a.max_instances_per_function,
-                max_reserved_instances=a.max_reserved_instances,
-                quotas=NamespaceQuotas(dict(a.namespace_quota)),
+                max_functions=c.max_functions,
+                max_instances_per_function=c.max_instances_per_function,
+                max_reserved_instances=c.max_reserved_instances,
+                quotas=NamespaceQuotas(c.quotas()),
             ),
             pool,
             coordinator=coordinator,
@@ -376,7 +252,7 @@ class ControllerComponent:
         assert self.servicer is not None and self.reconciler is not None and self.elector
         assert self.store is not None
         try:
-            kvs = await self.store.get_prefix(self.args.ha_prefix + "members/")
+            kvs = await self.store.get_prefix(self.cfg.ha_prefix + "members/")
             infos = [common_pb2.ControlInstance.FromString(kv.value) for kv in kvs]
             base = max(self.elector.term << 20, wall_epoch_base(time.time()))
             self.servicer.registry.seed(infos, epoch_base=base)

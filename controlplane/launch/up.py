@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.controller.config import ControllerConfig
 from controlplane.launch import etcd
 from controlplane.launch.endpoints import ENDPOINTS_FILE, default_run_dir
-from controlplane.runtime import credentials, netaddr, procs, tls, tlsfiles
+from controlplane.nodeagent.config import NodeAgentConfig
+from controlplane.runtime import config, credentials, netaddr, procs, tls, tlsfiles
 from controlplane.runtime.host import READY_PREFIX, serve_command
 from controlplane.runtime.tls import TlsConfig
+from functions.schedule.config import ScheduleConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,9 @@ def default_runtimes_dir() -> Path | None:
     return d if d.is_dir() else None
 
 
+_AGENT = NodeAgentConfig()
+
+
 @dataclass
 class UpConfig:
     """What `galaxy up` starts."""
@@ -43,7 +49,7 @@ class UpConfig:
     schedule: int = 1
     clustermgr: int = 1
     nodes: int = 4
-    sandbox: str = "process"
+    sandbox: str = _AGENT.sandbox
     nodes_per_agent: int = 0  # 0 = 1 for process sandboxes, 105 for emulated
     state: str = "memory://"
     host: str = "127.0.0.1"
@@ -52,10 +58,11 @@ class UpConfig:
     probe_cache: bool = True
     #: Schedule trusts its exact view of its partition (off: the G_n-CP step)
     exact_partition: bool = True
-    node_cpu_millis: int = 4000
-    node_memory_mib: int = 8192
-    node_gpus: int = 0
-    start_delay_ms: int = 0
+    #: each node's capacity and the emulated cold start (``NodeAgentConfig``)
+    node_cpu_millis: int = _AGENT.cpu_millis
+    node_memory_mib: int = _AGENT.memory_mib
+    node_gpus: int = _AGENT.gpus
+    start_delay_ms: float = _AGENT.start_delay_ms
     extra: dict[str, list[str]] = field(default_factory=dict)
     #: The controller scales the control functions, starting extra instances
     #: as its own children (local actuator); see docs/controller.md.
@@ -134,30 +141,36 @@ class Supervisor:
             cmd.append("--no-connection-cache")
         return cmd + list(extra) + self.cfg.extra.get(kind, [])
 
-    def _controller_args(self) -> list[str]:
-        """Scaling flags of the controller: it starts extra instances with the
-        same flags as the ones started here, and never removes those (the
+    def _controller_args(self, ha: bool = False) -> list[str]:
+        """The controller's flags (``ControllerConfig``), then the caller's
+        own. With control scaling it starts extra instances with the same
+        flags as the ones started here, and never removes those (the
         minimum of each kind is what `galaxy up` starts)."""
         cfg = self.cfg
-        if not cfg.autoscale_control:
-            return list(cfg.controller_args)
-        # TLS: the controller gives its own choice to the instances it starts.
-        common = [] if cfg.connection_cache else ["--no-connection-cache"]
-        per_kind = {
-            "dispatch": ["--state", cfg.state],
-            "clustermgr": ["--state", cfg.state],
-            "schedule": self._schedule_flags(),
-        }
-        out = ["--autoscale-control", "--instance-log-dir", str(self.log_dir)]
-        out += ["--instance-host", cfg.host]
-        for kind, cpus in cfg.control_cpu_limits.items():
-            out += ["--instance-cpu-limit", f"{kind}={cpus}"]
-        for kind, flags in per_kind.items():
-            extra = common + flags + cfg.extra.get(kind, [])
-            if extra:
-                out += ["--instance-args", f"{kind}={shlex.join(extra)}"]
-            out += ["--min-instances", f"{kind}={max(1, getattr(cfg, kind))}"]
-        return out + list(cfg.controller_args)
+        ctl = ControllerConfig(state=cfg.state, ha=ha)
+        if cfg.autoscale_control:
+            # TLS: the controller gives its own choice to the instances it starts.
+            common = [] if cfg.connection_cache else ["--no-connection-cache"]
+            per_kind = {
+                "dispatch": ["--state", cfg.state],
+                "clustermgr": ["--state", cfg.state],
+                "schedule": self._schedule_flags(),
+            }
+            instance_args, mins = [], []
+            for kind, flags in per_kind.items():
+                extra = common + flags + cfg.extra.get(kind, [])
+                if extra:
+                    instance_args.append(f"{kind}={shlex.join(extra)}")
+                mins.append(f"{kind}={max(1, getattr(cfg, kind))}")
+            ctl = ctl.replace(
+                autoscale_control=True,
+                instance_log_dir=str(self.log_dir),
+                instance_host=cfg.host,
+                instance_cpu_limit=[f"{k}={c}" for k, c in cfg.control_cpu_limits.items()],
+                instance_args=instance_args,
+                min_instances=mins,
+            )
+        return config.to_flags(ctl) + self._bootstrap_args() + list(cfg.controller_args)
 
     def _env(self) -> dict[str, str] | None:
         """The children's environment: ours, with tokens turned off when
@@ -247,33 +260,19 @@ class Supervisor:
         per = cfg.nodes_per_agent or (1 if cfg.sandbox == "process" else 105)
         jobs = []
         for a, first in enumerate(range(0, cfg.nodes, per)):
-            count = min(per, cfg.nodes - first)
+            agent = NodeAgentConfig(
+                nodes=min(per, cfg.nodes - first),
+                node_index_start=first,
+                sandbox=cfg.sandbox,
+                cpu_millis=cfg.node_cpu_millis,
+                memory_mib=cfg.node_memory_mib,
+                gpus=cfg.node_gpus,
+                start_delay_ms=cfg.start_delay_ms,
+                log_dir=str(self.log_dir / "instances"),
+            )
+            flags = ["--controller", caddr, *config.to_flags(agent)]
             jobs.append(
-                self.spawn(
-                    f"agent-{a}",
-                    self._serve_cmd(
-                        "nodeagent",
-                        f"agent-{a}",
-                        "--controller",
-                        caddr,
-                        "--nodes",
-                        str(count),
-                        "--node-index-start",
-                        str(first),
-                        "--sandbox",
-                        cfg.sandbox,
-                        "--cpu-millis",
-                        str(cfg.node_cpu_millis),
-                        "--memory-mib",
-                        str(cfg.node_memory_mib),
-                        "--gpus",
-                        str(cfg.node_gpus),
-                        "--start-delay-ms",
-                        str(cfg.start_delay_ms),
-                        "--log-dir",
-                        str(self.log_dir / "instances"),
-                    ),
-                )
+                self.spawn(f"agent-{a}", self._serve_cmd("nodeagent", f"agent-{a}", *flags))
             )
         await asyncio.gather(*jobs)
         if cfg.gateway_port >= 0:
@@ -287,8 +286,10 @@ class Supervisor:
 
     def _schedule_flags(self) -> list[str]:
         """Ablation switches of the Schedule instances."""
-        out = [] if self.cfg.probe_cache else ["--no-probe-cache"]
-        return out + ([] if self.cfg.exact_partition else ["--no-exact-partition"])
+        sched = ScheduleConfig(
+            probe_cache=self.cfg.probe_cache, exact_partition=self.cfg.exact_partition
+        )
+        return config.to_flags(sched)
 
     def _bootstrap_args(self) -> list[str]:
         """The controller's flag that makes the admin token valid (with
@@ -304,14 +305,7 @@ class Supervisor:
         if not cfg.ha:
             ctl = await self.spawn(
                 "controller",
-                self._serve_cmd(
-                    "controller",
-                    "controller-0",
-                    "--state",
-                    cfg.state,
-                    *self._bootstrap_args(),
-                    *self._controller_args(),
-                ),
+                self._serve_cmd("controller", "controller-0", *self._controller_args()),
             )
             return str(ctl.ready["address"])
         if cfg.state.startswith("memory"):
@@ -331,13 +325,7 @@ class Supervisor:
                 self.spawn(
                     f"controller-{i}",
                     self._serve_cmd(
-                        "controller",
-                        f"controller-{i}",
-                        "--state",
-                        cfg.state,
-                        "--ha",
-                        *self._bootstrap_args(),
-                        *self._controller_args(),
+                        "controller", f"controller-{i}", *self._controller_args(ha=True)
                     ),
                 )
                 for i in range(2)

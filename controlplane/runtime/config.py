@@ -22,6 +22,8 @@ from typing import Any, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from controlplane.runtime.validation import MAX_MESSAGE_BYTES
+
 C = TypeVar("C", bound="Config")
 
 
@@ -67,7 +69,7 @@ def _extra(info: Any) -> dict[str, Any]:
 
 
 def _annotation(cls: type[Config], name: str) -> Any:
-    return typing.get_type_hints(cls)[name]
+    return typing.get_type_hints(cls, include_extras=True)[name]
 
 
 def flag_of(cls: type[Config], name: str) -> str:
@@ -101,7 +103,8 @@ def _validator(cls: type[Config], name: str, item_type: Any) -> Any:
         try:
             return adapter.validate_python(text)
         except ValidationError as e:
-            raise argparse.ArgumentTypeError(e.errors()[0]["msg"]) from None
+            msg = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
+            raise argparse.ArgumentTypeError(msg) from None
 
     parse.__name__ = name  # argparse names the type in some messages
     return parse
@@ -174,14 +177,36 @@ def build(cls: type[C], **values: Any) -> C:
         raise ConfigError(f"{cls.__name__}: {msg}") from None
 
 
-#: The gRPC message size limit every server and channel sets, both ways.
-DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+def to_flags(cfg: Config) -> list[str]:
+    """The command line that gives ``cfg`` (fields at their default are
+    left out): for building another process's command from a config."""
+    cls, out = type(cfg), []
+    for name, info in cls.model_fields.items():
+        value = getattr(cfg, name)
+        if value == info.default:
+            continue
+        flag = flag_of(cls, name)
+        if isinstance(value, bool):
+            out.append(flag)  # a switch: given means the other value
+        elif isinstance(value, list):
+            for item in value:
+                out += [flag, str(item)]
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+#: The gRPC message size limit every server and channel sets, both ways
+#: (the controller bounds its largest answer below it: ``validation``).
+DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
 
 
 class RpcConfig(Config):
     """What every gRPC server and channel of a process takes: deadlines,
-    message size limits and the connection cache. (Transport credentials
-    and tokens belong here too; docs/security.md.)"""
+    message size limits and the connection cache (``rpc.ChannelPool.of``,
+    ``rpc.create_server``, ``host.serve``). Transport credentials and
+    tokens belong here too (docs/security.md); they are still given
+    beside it (``TlsConfig``, the token flags)."""
 
     connection_cache: bool = setting(
         True,

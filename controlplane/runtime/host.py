@@ -20,6 +20,7 @@ from typing import Any, Protocol, cast
 
 from controlplane.runtime import authz, controllers, loadreport, netaddr, rpc
 from controlplane.runtime.authn import AccessInterceptor
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.membership import KIND_NAMES
 from controlplane.runtime.metrics import serve_metrics, watch_gc
 from controlplane.runtime.tls import IdentityInterceptor, TlsConfig
@@ -204,6 +205,7 @@ async def serve(
     tls: TlsConfig | None = None,
     health_listen: str | None = None,
     standby: bool = False,
+    rpc_config: RpcConfig | None = None,
 ) -> None:
     """Serve component until a stop signal; see module docstring.
 
@@ -218,8 +220,11 @@ async def serve(
     (for probes without a certificate; see rpc.health_only_server).
     standby: register as a warm standby (kept out of every membership until
     a scale-out promotes it).
+    rpc_config: the server's message size limit, and the default pool's
+    settings (a given pool should be made from the same: ``ChannelPool.of``).
     """
-    pool = pool or rpc.ChannelPool(tls=tls)
+    rpc_config = rpc_config or RpcConfig()
+    pool = pool or rpc.ChannelPool.of(rpc_config, tls)
     # With TLS, callers are also checked by identity: internal RPCs accept
     # component certificates only (controlplane.runtime.authz).
     # A component with a public API checks bearer tokens too (its
@@ -232,7 +237,7 @@ async def serve(
             AccessInterceptor(auth) if auth is not None else IdentityInterceptor(authz.allowed)
         ]
     server, port, health_servicer = rpc.create_server(
-        listen, services, tls=tls, interceptors=guards
+        listen, services, tls=tls, interceptors=guards, config=rpc_config
     )
     listen_host, _ = netaddr.split_host_port(listen)
     address = netaddr.join_host_port(netaddr.advertised_host(listen_host, advertise_host), port)

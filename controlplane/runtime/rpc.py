@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
 from controlplane.runtime.validation import MAX_MESSAGE_BYTES
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Deadline applied to an outgoing RPC whose caller did not choose one.
-DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_S: float = RpcConfig.model_fields["deadline_s"].default
 
 # Message size limits, set explicitly in both directions on every server and
 # channel (gRPC's defaults differ by side: 4 MiB in, unlimited out), so a
@@ -53,6 +54,14 @@ _SERVER_OPTIONS = [
     *_SIZE_OPTIONS,
     ("grpc.so_reuseport", 0),
 ]
+
+
+def _sized(options: list[tuple[str, Any]], max_message_bytes: int) -> list[tuple[str, Any]]:
+    """options with the message size limits set to max_message_bytes."""
+    if max_message_bytes == MAX_MESSAGE_BYTES:
+        return options
+    sizes = {k for k, _ in _SIZE_OPTIONS}
+    return [(k, max_message_bytes if k in sizes else v) for k, v in options]
 
 
 class _ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
@@ -143,6 +152,7 @@ def create_server(
     services: Iterable[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]],
     tls: TlsConfig | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    config: RpcConfig | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build a grpc.aio server on listen (host:port, port 0 = any free port).
 
@@ -152,10 +162,13 @@ def create_server(
     tls: serve mutual TLS only (clients must present a certificate of its
     CA); None serves plaintext. interceptors run before Galaxy's own, so an
     authorization check (tls.IdentityInterceptor) comes before anything else.
+    config: the message size limit (the default ``RpcConfig``'s when None).
     Returns (server, bound port, health servicer); call ``await server.start()``.
     """
+    size = (config or RpcConfig()).max_message_bytes
     server = grpc.aio.server(
-        interceptors=[*interceptors, _ErrorAndMetricsInterceptor()], options=_SERVER_OPTIONS
+        interceptors=[*interceptors, _ErrorAndMetricsInterceptor()],
+        options=_sized(_SERVER_OPTIONS, size),
     )
     names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
     for add, servicer, name in services:
@@ -197,16 +210,19 @@ async def set_serving(health_servicer: Any, names: Iterable[str], serving: bool 
         await health_servicer.set(n, status)
 
 
-def insecure_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
+def insecure_channel(
+    address: str, tls: TlsConfig | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES
+) -> grpc.aio.Channel:
     """A new channel to address (host:port). Prefer ChannelPool.
 
     With tls the channel is mutual TLS: it trusts only tls.ca, presents
     tls.cert, and gRPC checks that the server's certificate covers the host
     of address (an IP literal against an IPAddress SAN), or tls.server_name.
     """
+    sized = _sized(_CHANNEL_OPTIONS, max_message_bytes)
     if tls is None:
-        return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-    options: list[tuple[str, Any]] = list(_CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(address, options=sized)
+    options: list[tuple[str, Any]] = list(sized)
     if tls.server_name:
         # The chain to our CA and the peer's identity still count; only
         # the name checked is fixed (see TlsConfig.server_name).
@@ -254,18 +270,25 @@ class ChannelPool:
         enabled: bool = True,
         timeout: float = DEFAULT_TIMEOUT_S,
         tls: TlsConfig | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.enabled = enabled
         self.timeout = timeout
         self.tls = tls
+        self.max_message_bytes = max_message_bytes
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[tuple[str, Any], Any] = {}
         self.channels_created = 0
 
+    @classmethod
+    def of(cls, config: RpcConfig, tls: TlsConfig | None = None) -> ChannelPool:
+        """The pool an ``RpcConfig`` describes (cache, deadline, size limit)."""
+        return cls(config.connection_cache, config.deadline_s, tls, config.max_message_bytes)
+
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = insecure_channel(address, self.tls)
+            ch = insecure_channel(address, self.tls, self.max_message_bytes)
             self._channels[address] = ch
             self.channels_created += 1
         return ch
@@ -284,7 +307,7 @@ class ChannelPool:
             yield s
             return
         self.channels_created += 1
-        ch = insecure_channel(address, self.tls)
+        ch = insecure_channel(address, self.tls, self.max_message_bytes)
         try:
             yield Deadlined(stub_cls(ch), self.timeout)
         finally:

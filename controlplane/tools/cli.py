@@ -29,8 +29,8 @@ from controlplane.launch.endpoints import default_run_dir, print_endpoints, read
 from controlplane.launch.restart import RestartPolicy
 from controlplane.launch.supervise import supervise
 from controlplane.launch.up import Supervisor, UpConfig, default_runtimes_dir
-from controlplane.runtime import authn, tlsfiles
-from controlplane.runtime.config import ConfigError
+from controlplane.runtime import authn, config, tlsfiles
+from controlplane.runtime.config import ConfigError, RpcConfig
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import serve_metrics
 from controlplane.tools.calls import (
@@ -206,6 +206,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         raise  # its own exit code (2)
     except ValueError as e:  # a flag's value, named in the message
         raise CliError(str(e)) from None
+    rpc_config = config.from_args(RpcConfig, args)
     await host.serve(
         component,
         instance_id=args.id,
@@ -214,7 +215,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         controller=args.controller or "",
         advertise_host=args.advertise_host,
         lifeline=args.lifeline,
-        pool=rpc.ChannelPool(enabled=not args.no_connection_cache, tls=args.tls),
+        pool=rpc.ChannelPool.of(rpc_config, tls=args.tls),
+        rpc_config=rpc_config,
         load_report_s=args.load_report_ms / 1000.0,
         tls=args.tls,
         health_listen=args.health_listen or None,
@@ -307,11 +309,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ablation: Schedule probes unless a cached probe answer fits (the G_n-CP step)",
     )
-    up.add_argument("--node-cpu-millis", type=int, default=4000)
-    up.add_argument("--node-memory-mib", type=int, default=8192)
-    up.add_argument("--node-gpus", type=int, default=0)
+    # Node sizes: the node agent's defaults (NodeAgentConfig, via UpConfig).
+    up.add_argument("--node-cpu-millis", type=int, default=UpConfig.node_cpu_millis)
+    up.add_argument("--node-memory-mib", type=int, default=UpConfig.node_memory_mib)
+    up.add_argument("--node-gpus", type=int, default=UpConfig.node_gpus)
     up.add_argument(
-        "--start-delay-ms", type=int, default=0, help="modelled cold start of emulated sandboxes"
+        "--start-delay-ms",
+        type=float,
+        default=UpConfig.start_delay_ms,
+        help="modelled cold start of emulated sandboxes",
     )
     sc = up.add_argument_group("control function autoscaling (docs/controller.md)")
     sc.add_argument(
@@ -395,11 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="register as a warm standby: the controller promotes it on a scale-out",
             )
-        sp.add_argument(
-            "--no-connection-cache",
-            action="store_true",
-            help="ablation: a new gRPC channel per call",
-        )
+        config.add_arguments(sp, RpcConfig)  # --no-connection-cache, deadline, sizes
         tlsfiles.add_arguments(sp)
         sp.add_argument(
             "--health-listen",

@@ -6,101 +6,137 @@ module only feeds them the router's numbers and turns their answers into
 actions the servicer carries out (start n instances; retire these ones).
 Retired instances leave the routing tables *before* they are deleted on their
 node, so no request is sent to an instance that is going away.
+
+``autoscale_step`` is one round for a set of functions, with no I/O and the
+time given: Dispatch's ``FunctionAutoscaling.tick`` and the simulator's
+``FunctionScaling.tick`` both call it, so the loop is written once.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
+from controlplane.runtime import config
 from controlplane.runtime.clock import Clock
+from controlplane.runtime.config import Config, setting
 from functions.dispatch.autoscaling.keepalive import make_keepalive
-from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
+from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig, ScaleDecision
 from functions.dispatch.policy import FunctionRouter
 from galaxy.v1 import common_pb2
+
+GROUP = "function autoscaling"
+
+
+class AutoscaleConfig(Config):
+    """The `galaxy serve dispatch` flags of function autoscaling (the
+    defaults of ``AutoscaleSettings``)."""
+
+    autoscale: bool = setting(
+        True,
+        "never scale instances down or to zero (min_scale still applies only when on)",
+        flag="--no-autoscale",
+        group=GROUP,
+    )
+    autoscale_tick_ms: int = setting(
+        2000, "autoscaler period, ms (as Knative's KPA)", ge=1, group=GROUP
+    )
+    stable_window_s: float = setting(
+        60.0, "KPA stable window; the panic window is a tenth of it", gt=0, group=GROUP
+    )
+    scale_to_zero_grace_s: float = setting(
+        30.0, "minimum idle time before the last instance goes", ge=0, group=GROUP
+    )
+    target_utilization: float = setting(
+        1.0, "fraction of a function's concurrency to aim for", gt=0, group=GROUP
+    )
+    keepalive: str = setting(
+        "fixed",
+        "keep-alive policy: fixed, or the hybrid histogram of 'Serverless in the Wild' (ATC'20)",
+        choices=("fixed", "hybrid"),
+        group=GROUP,
+    )
+    keepalive_s: float = setting(
+        0.0,
+        "idle time an instance is kept with --keepalive fixed (0: the KPA window and grace decide)",
+        ge=0,
+        group=GROUP,
+    )
+
+
+_DEFAULTS = AutoscaleConfig()
 
 
 @dataclass(frozen=True)
 class AutoscaleSettings:
     """Dispatch-wide autoscaling settings (per-function ones come from the spec)."""
 
-    enabled: bool = True
-    tick_s: float = 2.0
-    stable_window_s: float = 60.0
-    scale_to_zero_grace_s: float = 30.0
-    target_utilization: float = 1.0
-    keepalive: str = "fixed"
-    keepalive_s: float = 0.0
+    enabled: bool = _DEFAULTS.autoscale
+    tick_s: float = _DEFAULTS.autoscale_tick_ms / 1000.0
+    stable_window_s: float = _DEFAULTS.stable_window_s
+    scale_to_zero_grace_s: float = _DEFAULTS.scale_to_zero_grace_s
+    target_utilization: float = _DEFAULTS.target_utilization
+    keepalive: str = _DEFAULTS.keepalive
+    keepalive_s: float = _DEFAULTS.keepalive_s
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AutoscaleSettings:
         """From the `galaxy serve dispatch` flags (see add_arguments)."""
+        c = config.from_args(AutoscaleConfig, args)
         return cls(
-            enabled=not args.no_autoscale,
-            tick_s=args.autoscale_tick_ms / 1000.0,
-            stable_window_s=args.stable_window_s,
-            scale_to_zero_grace_s=args.scale_to_zero_grace_s,
-            target_utilization=args.target_utilization,
-            keepalive=args.keepalive,
-            keepalive_s=args.keepalive_s,
+            enabled=c.autoscale,
+            tick_s=c.autoscale_tick_ms / 1000.0,
+            stable_window_s=c.stable_window_s,
+            scale_to_zero_grace_s=c.scale_to_zero_grace_s,
+            target_utilization=c.target_utilization,
+            keepalive=c.keepalive,
+            keepalive_s=c.keepalive_s,
         )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Autoscaling flags of `galaxy serve dispatch`."""
-    p.add_argument(
-        "--no-autoscale",
-        action="store_true",
-        help="never scale instances down or to zero (min_scale still applies only when on)",
-    )
-    p.add_argument(
-        "--autoscale-tick-ms",
-        type=int,
-        default=2000,
-        help="autoscaler period (default 2000, as Knative's KPA)",
-    )
-    p.add_argument(
-        "--stable-window-s",
-        type=float,
-        default=60.0,
-        help="KPA stable window; the panic window is 10%% of it (default 60)",
-    )
-    p.add_argument(
-        "--scale-to-zero-grace-s",
-        type=float,
-        default=30.0,
-        help="minimum idle time before the last instance goes (default 30)",
-    )
-    p.add_argument(
-        "--target-utilization",
-        type=float,
-        default=1.0,
-        help="fraction of a function's concurrency to aim for (default 1.0)",
-    )
-    p.add_argument(
-        "--keepalive",
-        choices=["fixed", "hybrid"],
-        default="fixed",
-        help="keep-alive policy: fixed, or the hybrid histogram of "
-        "'Serverless in the Wild' (ATC'20)",
-    )
-    p.add_argument(
-        "--keepalive-s",
-        type=float,
-        default=0.0,
-        help="idle time an instance is kept with --keepalive fixed (default 0: "
-        "the KPA window and grace decide)",
-    )
+    """Autoscaling flags of `galaxy serve dispatch` (``AutoscaleConfig``)."""
+    config.add_arguments(p, AutoscaleConfig)
+
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass
-class Decision:
-    """What one tick asks for one function."""
+class Decision(Generic[K]):
+    """What one tick asks for one function (``scale``: the KPA's decision)."""
 
-    function: str
+    function: K
     start: int = 0
     retire: list[str] = field(default_factory=list)
-    reason: str = ""
+    scale: ScaleDecision | None = None
+
+    @property
+    def reason(self) -> str:
+        """Why, for logs (made only when asked: the simulator rarely does)."""
+        return self.scale.reason if self.scale is not None else ""
+
+
+def autoscale_step(
+    now: float,
+    routers: Iterable[tuple[K, FunctionRouter]],
+    scaler_of: Callable[[K], KpaAutoscaler | None],
+) -> Iterator[Decision[K]]:
+    """One autoscaling round: each function's autoscaler (``scaler_of``;
+    None skips the function this round) observes its router's concurrency
+    (in flight plus queued) and last activity, decides against the live and
+    starting instances, and names the idle instances to retire. A decision
+    is yielded for every function ticked, changes or not."""
+    for key, router in routers:
+        scaler = scaler_of(key)
+        if scaler is None:
+            continue
+        scaler.observe(now, float(router.load()), last_active=router.last_active or None)
+        d = scaler.decide(now, router.live_count(), router.pending)
+        retire = scaler.instances_to_remove(d, router.instances.values()) if d.to_remove else []
+        yield Decision(key, d.to_start, retire, d)
 
 
 class FunctionAutoscaling:
@@ -139,23 +175,17 @@ class FunctionAutoscaling:
         self,
         routers: dict[str, FunctionRouter],
         specs: dict[str, common_pb2.FunctionSpec],
-    ) -> list[Decision]:
-        """One autoscaling round over every routed function."""
+    ) -> list[Decision[str]]:
+        """One autoscaling round over every routed function (the decisions
+        that change something)."""
         for gone in set(self._scalers) - set(routers):
             del self._scalers[gone]  # deleted or handed over
         if not self.settings.enabled:
             return []
-        now = self.clock.now()
-        out: list[Decision] = []
-        for name, router in routers.items():
-            spec = specs.get(name)
-            if spec is None:
-                continue  # spec being refreshed; next tick
-            scaler = self._scaler(spec)
-            busy = sum(i.in_flight for i in router.instances.values()) + len(router.waiters)
-            scaler.observe(now, float(busy), last_active=router.last_active or None)
-            d = scaler.decide(now, router.live_count(), router.pending)
-            retire = scaler.instances_to_remove(d, list(router.instances.values()))
-            if d.to_start or retire:
-                out.append(Decision(name, d.to_start, retire, d.reason))
-        return out
+
+        def scaler_of(name: str) -> KpaAutoscaler | None:
+            spec = specs.get(name)  # None: spec being refreshed; next tick
+            return None if spec is None else self._scaler(spec)
+
+        step = autoscale_step(self.clock.now(), routers.items(), scaler_of)
+        return [d for d in step if d.start or d.retire]

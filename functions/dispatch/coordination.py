@@ -1,19 +1,22 @@
-"""Dispatch's coordination with the rest of the control plane: handing
-functions over to their new owner after a membership change, dropping the
-instances of a dead node, forgetting a deleted function, and listing what it
-routes. The servicer calls these with itself; the routing decisions stay in
-``FunctionRouter``.
+"""Dispatch's coordination with the rest of the control plane, as I/O:
+the servicer's side of ``ownership.Ownership``. Each event (a membership
+change, a dead node, a deleted function, a handed-over or exited instance,
+a restart) goes to the pure ``Ownership`` core, and the actions it returns
+are performed here, in order, with RPCs, store writes and futures. Also
+lists what this instance routes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from controlplane.runtime.errors import InvalidArgument, NotFound
 from controlplane.runtime.revisions import routing_key
-from functions.dispatch.policy import Grant, Instance, Waiter
+from functions.dispatch import ownership as own
+from functions.dispatch.policy import Grant, Waiter
 from galaxy.v1 import common_pb2, dispatch_pb2
 
 if TYPE_CHECKING:
@@ -30,94 +33,92 @@ class Moved(Exception):
         self.owner = owner
 
 
-def hand_over_moved(svc: DispatchServicer) -> None:
-    """Give functions this instance no longer owns to their new owners.
+def perform(svc: DispatchServicer, actions: Iterable[own.Action]) -> None:
+    """Carry out the core's actions, in the order given."""
+    for a in actions:
+        if isinstance(a, own.DropRoute):
+            svc.routers.pop(a.function, None)
+            if a.deleted:
+                svc._specs.pop(a.function, None)
+        elif isinstance(a, own.Unrouted):
+            svc._unrouted(a.function, a.instance.instance_id)
+        elif isinstance(a, own.SendInstances):
+            log.info(
+                "function %s moved to dispatch %s: handing over %d instances",
+                a.function,
+                a.owner.id,
+                len(a.instances),
+            )
+            svc._spawn(_send_instances(svc, a))
+        elif isinstance(a, own.ForwardWaiters):
+            _fail(a.waiters, Moved(a.owner))
+        elif isinstance(a, own.FailWaiters):
+            _fail(a.waiters, NotFound(a.reason))
+        elif isinstance(a, own.DeleteOnNode):
+            if a.instance.meta is not None:
+                svc._spawn(svc.peers.delete_on_node(a.instance.meta))
+        elif isinstance(a, own.ScaleUp):
+            router, spec = svc.routers.get(a.function), svc._specs.get(a.function)
+            if router is not None and spec is not None:
+                svc._trigger_scale_up(router, spec)
+        elif isinstance(a, own.Record):
+            key = f"/galaxy/instances/{a.function}/{a.instance_id}"
+            svc.record(key, None if a.value is None else a.value.SerializeToString())
 
-    Order matters: the routing state is taken and dropped at once, the
-    instances (with their reserved slots) are sent, and only then are
-    waiting and newly arriving requests forwarded. Forwarding first would
-    make the new owner cold-start an instance it is about to receive.
-    """
-    for name in list(svc.routers):
-        owner = svc._owner(name)
-        if owner is None:
-            continue
-        router = svc.routers.pop(name)
-        moved = router.handover()
-        waiters = router.fail_all()
-        for inst, _ in moved:
-            svc._remove(router, inst.instance_id)
-        log.info(
-            "function %s moved to dispatch %s: handing over %d instances",
-            name,
-            owner.id,
-            len(moved),
-        )
-        done = asyncio.Event()
-        svc._moving[name] = done
-        svc._spawn(hand_over(svc, name, owner, moved, waiters, done))
+
+def _fail(waiters: list[Waiter], err: Exception) -> None:
+    for w in waiters:
+        fut: asyncio.Future[Grant] = w.token
+        if not fut.done():
+            fut.set_exception(err)
 
 
-async def hand_over(
-    svc: DispatchServicer,
-    name: str,
-    owner: common_pb2.ControlInstance,
-    moved: list[tuple[Instance, list[str]]],
-    waiters: list[Waiter],
-    done: asyncio.Event,
-) -> None:
+async def _send_instances(svc: DispatchServicer, a: own.SendInstances[str, Any]) -> None:
     try:
         await asyncio.gather(
             *(
-                svc.peers.send_instance(owner, inst.meta, leases)
-                for inst, leases in moved
+                svc.peers.send_instance(a.owner, inst.meta, leases)
+                for inst, leases in a.instances
                 if inst.meta is not None
             )
         )
     finally:
-        if svc._moving.get(name) is done:
-            del svc._moving[name]
-        done.set()
-        for w in waiters:
-            fut: asyncio.Future[Grant] = w.token
-            if not fut.done():
-                fut.set_exception(Moved(owner))
+        # Only now may the held requests go: see ``ownership``.
+        perform(svc, svc.ownership.instances_sent(a.handover))
+
+
+def hand_over_moved(svc: DispatchServicer) -> None:
+    """Give functions this instance no longer owns to their new owners."""
+    perform(svc, svc.ownership.membership_changed(svc.routers, svc._owner))
+
+
+async def held(svc: DispatchServicer, function: str) -> common_pb2.ControlInstance:
+    """Wait while function is handed over; returns its new owner (bounded:
+    the handover RPCs have deadlines)."""
+    fut: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
+    svc.ownership.hold(function, fut)
+    try:
+        await fut
+    except Moved as moved:
+        return moved.owner
+    raise AssertionError("a held request is only ever forwarded")
 
 
 def node_dead(svc: DispatchServicer, node_id: str) -> None:
     """Stop routing to instances on a dead node; replace them for waiters."""
-    for router in svc.routers.values():
-        lost = [i for i, inst in router.instances.items() if inst.node_id == node_id]
-        for iid in lost:
-            svc._remove(router, iid)
-        if lost:
-            log.warning(
-                "node %s is dead: dropped %d instances of %s", node_id, len(lost), router.name
-            )
-            spec = svc._specs.get(router.name)
-            if spec is not None:
-                svc._trigger_scale_up(router, spec)
+    actions = svc.ownership.node_dead(svc.routers, node_id)
+    for a in actions:
+        if isinstance(a, own.ScaleUp):
+            lost = sum(isinstance(x, own.Unrouted) and x.function == a.function for x in actions)
+            log.warning("node %s is dead: dropped %d instances of %s", node_id, lost, a.function)
+    perform(svc, actions)
 
 
 def function_deleted(svc: DispatchServicer, name: str) -> None:
     """Forget a deleted function and its revisions; stop their instances."""
-    for routed in [n for n in svc.routers if n == name or routing_key(n) == name] or [name]:
-        _forget(svc, routed, name)
-
-
-def _forget(svc: DispatchServicer, routed: str, name: str) -> None:
-    svc._specs.pop(routed, None)
-    router = svc.routers.pop(routed, None)
-    if router is None:
-        return
-    for w in router.fail_all():
-        fut: asyncio.Future[Grant] = w.token
-        if not fut.done():
-            fut.set_exception(NotFound(f"function {name!r} was deleted"))
-    for inst in list(router.instances.values()):
-        svc._remove(router, inst.instance_id)
-        if inst.meta is not None:
-            svc._spawn(svc.peers.delete_on_node(inst.meta))
+    routed = [n for n in svc.routers if n == name or routing_key(n) == name] or [name]
+    reason = f"function {name!r} was deleted"
+    perform(svc, svc.ownership.function_deleted(svc.routers, routed, reason))
 
 
 async def recover(svc: DispatchServicer, records: list[common_pb2.InstanceInfo]) -> int:
@@ -128,14 +129,13 @@ async def recover(svc: DispatchServicer, records: list[common_pb2.InstanceInfo])
     was watching, so the node agents are the authority.
     """
     live, gone = await svc.peers.running(records)
-    for info in live:
-        svc._recovered.setdefault(info.function, []).append(info)
-        # Under this process's lease now: the old one expires with its writer.
-        svc.record(
-            f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString()
-        )
-    for info in gone:
-        svc.record(f"/galaxy/instances/{info.function}/{info.instance_id}", None)
+    perform(
+        svc,
+        svc.ownership.recover(
+            [(i.function, i.instance_id, i) for i in live],
+            [(i.function, i.instance_id) for i in gone],
+        ),
+    )
     return len(live)
 
 
@@ -154,19 +154,15 @@ async def mod_instance(
         if router is None:
             router = svc._router(await svc._spec(info.function))
         changed = svc._add(router, info, cold=False)
-        leases = [x for x in request.active_leases if x not in svc._released_unknown]
-        router.adopt_leases(info.instance_id, leases)
+        svc.ownership.adopt(router, info.instance_id, list(request.active_leases))
         return dispatch_pb2.ModInstanceReply(changed=changed)
     if request.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE:
         if router is None:
             return dispatch_pb2.ModInstanceReply(changed=False)
         log.info("instance %s removed: %s", info.instance_id, request.reason or "no reason")
-        changed = svc._remove(router, info.instance_id) is not None
-        # Waiters that counted on it may now need a new instance.
-        spec = svc._specs.get(info.function)
-        if changed and spec is not None:
-            svc._trigger_scale_up(router, spec)
-        return dispatch_pb2.ModInstanceReply(changed=changed)
+        actions = svc.ownership.instance_gone(info.function, router, info.instance_id)
+        perform(svc, actions)
+        return dispatch_pb2.ModInstanceReply(changed=bool(actions))
     raise InvalidArgument("op: must be OP_ADD or OP_REMOVE")
 
 

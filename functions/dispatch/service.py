@@ -12,7 +12,6 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch import coordination, revisions
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
+from functions.dispatch.ownership import Ownership
 from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
 from functions.dispatch.specs import SpecCache
@@ -44,8 +44,6 @@ DEADLINE_MARGIN_S = 0.05
 GRANT_MARGIN_S = 0.005
 # When the caller set no deadline, a queued request waits at most this long.
 MAX_WAIT_S = 60.0
-# Releases of unknown leases remembered for a late handover (see Release).
-RELEASED_UNKNOWN_MAX = 10_000
 RecordFn = Callable[[str, bytes | None], None]
 # Overload, where an operator looks for it: requests refused by reason, and
 # requests waiting for a slot now (bounded by --max-queue per function).
@@ -91,14 +89,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._instance_count = 0
-        # Functions being handed over to a new owner -> set when done.
-        self._moving: dict[str, asyncio.Event] = {}
-        # Instances recovered at start-up, by function, adopted when the
-        # function's router is created (its spec is needed first).
-        self._recovered: dict[str, list[common_pb2.InstanceInfo]] = {}
-        # Releases of leases this instance did not know (yet): a handover may
-        # deliver the lease after its release, which must then not count.
-        self._released_unknown: OrderedDict[str, None] = OrderedDict()
+        # Handovers, recovered instances, late releases: the protocol core.
+        self.ownership: Ownership[str, common_pb2.ControlInstance] = Ownership()
+        self._recovered = self.ownership.recovered
         self.ops: dict[str, int] = {"dispatch": 0, "scale_up": 0, "forwarded": 0}
 
     # -- helpers ----------------------------------------------------------
@@ -160,7 +153,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 lease_prefix=f"{self.instance_id}:",
             )
             self.routers[spec.name] = r
-            for info in self._recovered.pop(spec.name, []):
+            for info in self.ownership.take_recovered(spec.name):
                 self._add(r, info, cold=False)
         return r
 
@@ -221,9 +214,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                     self._spawn(self._forward_release(elsewhere, rel))
         owner = self._owner(request.function)
         if owner is not None and not request.forwarded:
-            moving = self._moving.get(request.function)
-            if moving is not None:
-                await moving.wait()  # bounded: the handover RPCs have deadlines
+            if self.ownership.handing_over(request.function):
+                owner = await coordination.held(self, request.function)
             return await self._forward(owner, request, context)
         start = time.perf_counter()
         self.ops["dispatch"] += 1
@@ -336,13 +328,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
 
     def _release(self, function: str, lease_id: str) -> bool:
         """Return a slot on a function this instance routes; False if unknown."""
-        router = self.routers.get(function)
-        known, grants = (False, []) if router is None else router.release(lease_id)
+        known, grants = self.ownership.release(self.routers.get(function), lease_id)
         self._wake(grants)
-        if not known:
-            self._released_unknown[lease_id] = None
-            while len(self._released_unknown) > RELEASED_UNKNOWN_MAX:
-                self._released_unknown.popitem(last=False)
         return known
 
     # -- scale-up ---------------------------------------------------------
@@ -409,10 +396,14 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
     def _remove(self, router: FunctionRouter, instance_id: str) -> Instance | None:
         inst = router.remove_instance(instance_id)
         if inst is not None:
-            self.record(f"/galaxy/instances/{router.name}/{instance_id}", None)
-            self._instance_count -= 1
-            metrics.INSTANCES.set(self._instance_count)
+            self._unrouted(router.name, instance_id)
         return inst
+
+    def _unrouted(self, function: str, instance_id: str) -> None:
+        """An instance left the routing tables: its record goes."""
+        self.record(f"/galaxy/instances/{function}/{instance_id}", None)
+        self._instance_count -= 1
+        metrics.INSTANCES.set(self._instance_count)
 
     async def recover(self, records: list[common_pb2.InstanceInfo]) -> int:
         """Adopt instances recorded by a previous incarnation that still run;
@@ -430,12 +421,12 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self, request: common_pb2.CoordinateRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.CoordinateReply:
         if request.HasField("membership") and self.membership.update(request.membership):
-            self._hand_over_moved()
+            coordination.hand_over_moved(self)
         for action in request.actions:
             if action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_DELETED:
-                self._function_deleted(action.function)
+                coordination.function_deleted(self, action.function)
             elif action.kind == common_pb2.CoordinateAction.KIND_NODE_DEAD:
-                self._node_dead(action.node_id)
+                coordination.node_dead(self, action.node_id)
             elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
                 try:
                     await revisions.holds_lapse(self, action.function)
@@ -458,15 +449,6 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self, request: dispatch_pb2.ListInstancesRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb2.ListInstancesReply:
         return coordination.list_instances(self, request)
-
-    def _hand_over_moved(self) -> None:
-        coordination.hand_over_moved(self)
-
-    def _node_dead(self, node_id: str) -> None:
-        coordination.node_dead(self, node_id)
-
-    def _function_deleted(self, name: str) -> None:
-        coordination.function_deleted(self, name)
 
     # -- housekeeping -----------------------------------------------------
 

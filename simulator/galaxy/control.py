@@ -21,6 +21,7 @@ from controlplane.controller.registry import ControlRegistry
 from controlplane.runtime.membership import MembershipView
 from functions.clustermgr.forwarding import HeartbeatForwarding
 from functions.clustermgr.policy import NodeRegistry, Updated
+from functions.dispatch.ownership import Ownership
 from functions.schedule.model import NodeInfo
 from functions.schedule.policy import PlacementPolicy
 from functions.schedule.service import node_info
@@ -52,9 +53,15 @@ class ControlInst:
 
 
 class DispatchInst(ControlInst):
-    """A Dispatch instance (its routers live in ``GalaxyModel.routers``)."""
+    """A Dispatch instance and its production protocol core (its routers
+    live in the model's ``Frontend``: one routing table, as a function has
+    one owner at a time)."""
 
     kind = "dispatch"
+
+    def __init__(self, iid: str, station: Station) -> None:
+        super().__init__(iid, station)
+        self.ownership: Ownership[int, DispatchInst] = Ownership()
 
 
 class ScheduleInst(ControlInst):
@@ -190,17 +197,27 @@ class ControlPlane:
         if len(live) <= 1:
             return
         iid = max(live, key=lambda i: int(i.rsplit("-", 1)[1]))
+        routed = self._routed_owners()  # while the leaving one is still known
         gone = live.pop(iid)
         self.rec.add(f"cpu_s.{kind}", gone.station.busy)
         self.registry.deregister(KINDS[kind], iid)
         self.rec.count(f"control_removed.{kind}")
         self.rec.control_instances(self.sim.now, kind, len(live))
-        self._apply(self.registry.membership())
+        self._apply(self.registry.membership(), routed)
 
     # -- membership -----------------------------------------------------------
 
-    def _apply(self, m: common_pb2.Membership) -> None:
+    def _routed_owners(self) -> dict[int, DispatchInst]:
+        """The Dispatch owner of every function that has a router."""
+        routers = self.m.front.routers
+        return {fn: self.dispatch_owner(fn) for fn, r in enumerate(routers) if r is not None}
+
+    def _apply(
+        self, m: common_pb2.Membership, routed: dict[int, DispatchInst] | None = None
+    ) -> None:
         """Every instance adopts membership m (as Coordinate pushes it)."""
+        if routed is None:
+            routed = self._routed_owners()
         self.view.update(m)
         self._df_cache = [None] * len(self._df_cache)
         self.dispatch_stations[:] = [None] * len(self._df_cache)
@@ -221,9 +238,10 @@ class ControlPlane:
                     self._modnode(self.sfs[c.new], rec.status, cmf.station)
             for nid in cmf.registry.not_mine(cmf.id):
                 cmf.registry.forget(nid)
-        # Functions whose owner changed move with their routing state: the
-        # router stays one object, and the new owner's station serves it
-        # from now on (Dispatch hands over instances and leases).
+        if routed:
+            # Functions whose owner changed are handed over by their
+            # previous owner's protocol core, as events.
+            self.m.handovers.repartition(routed)
 
     def _owns(self, sf_id: str, node_id: str) -> bool:
         return self._sf_owner_id(node_id) == sf_id

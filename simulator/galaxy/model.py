@@ -35,6 +35,7 @@ from functions.dispatch.policy import Instance
 from functions.schedule.config import ScheduleConfig
 from simulator.frontend import RoutedModel
 from simulator.galaxy.control import ControlPlane
+from simulator.galaxy.handover import Handovers
 from simulator.galaxy.placement import Placer, ScaleUp
 from simulator.system import Env
 
@@ -105,12 +106,14 @@ class GalaxyModel(RoutedModel):
     def __init__(self, env: Env, cfg: GalaxyConfig | None = None, **overrides: Any) -> None:
         self.cfg = replace(cfg or GalaxyConfig(), **overrides)
         super().__init__(env, owner=lambda fn: self.front.owner(fn))
+        self.handovers = Handovers(self)
         self.control = ControlPlane(self)
         self.placer = Placer(self)
         # The client computes the owner itself (rendezvous), so no forwarding
         # hop; a function's routing state lives on its current owner.
         self.front.owner = self.control.dispatch_station
         self.front.owners = self.control.dispatch_stations
+        self.front.on_unknown_release = self.release_unknown
 
     def start(self) -> None:
         self.control.start()
@@ -122,19 +125,32 @@ class GalaxyModel(RoutedModel):
 
     def start_instances(self, fn: int, n: int) -> None:
         """Dispatch starts n instances: each a Schedule request."""
-        self.front.router(fn).begin_scale_up(n)
+        router = self.front.router(fn)
+        router.begin_scale_up(n)
         df = self.control.dispatch_owner(fn)
         for _ in range(n):
-            self.placer.start(df, fn)
+            self.placer.start(df, fn).router = router
 
     def instance_ready(self, su: ScaleUp) -> None:
         """A started instance reached its Dispatch instance."""
         node = su.node
         assert node is not None
-        self.routable((su.fn, Instance(su.iid, node.address, node.id,
-                                       self.fns[su.fn].concurrency, meta=node)))  # fmt: skip
+        inst = Instance(su.iid, node.address, node.id, self.fns[su.fn].concurrency, meta=node)
+        if su.router is self.front.routers[su.fn]:
+            self.routable((su.fn, inst))
+        else:  # handed over while it started
+            self.handovers.late_instance(su.df, su.fn, inst)
 
     def scale_up_failed(self, su: ScaleUp) -> None:
         """No Schedule instance could place it."""
         self.rec.gave_up(su.asked)
-        self.front.failed(su.fn, "no_capacity")
+        if su.router is self.front.routers[su.fn]:
+            self.front.failed(su.fn, "no_capacity")
+        elif su.router is not None:  # handed over: its waiters went along
+            for _ in su.router.scale_up_failed():
+                self.rec.failed("no_capacity")
+
+    def release_unknown(self, fn: int, lease_id: str) -> None:
+        """A release reached fn's owner before the lease it releases (a
+        handover under way): its core remembers it."""
+        self.control.dispatch_owner(fn).ownership.release(None, lease_id)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from functions.dispatch.policy import FunctionRouter
 from functions.schedule.model import NodeInfo, Placement, ProbeNodes, Reservation, Target
 from simulator.cluster import SimNode
 
@@ -44,6 +45,7 @@ class ScaleUp:
         "pl",
         "probe_t0",
         "res",
+        "router",
         "sf",
         "t_begin",
         "targets",
@@ -69,6 +71,8 @@ class ScaleUp:
         self.probe_t0 = 0.0
         self.t_begin = 0.0
         self.decide = 0.0
+        #: the router that counted this start pending (Dispatch's ``_add``)
+        self.router: FunctionRouter | None = None
 
 
 class Placer:
@@ -102,12 +106,13 @@ class Placer:
 
     # -- Dispatch side --------------------------------------------------------
 
-    def start(self, df: DispatchInst, fn: int) -> None:
+    def start(self, df: DispatchInst, fn: int) -> ScaleUp:
         """Dispatch starts one instance of fn."""
         su = ScaleUp(df, fn, self.sim.now)
         su.cands = self.m.control.schedule_ranked(fn)[: 1 + self.m.cfg.max_spill]
         self.rec.asked(self.sim.now)
         self._send(su)
+        return su
 
     def _send(self, su: ScaleUp) -> None:
         if su.tries >= len(su.cands):

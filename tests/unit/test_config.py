@@ -124,3 +124,18 @@ def test_the_cli_reports_a_config_error_without_a_traceback() -> None:
     assert out.returncode == 2
     assert "--dead-after-ms must be at least --heartbeat-ms" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_to_flags_gives_back_the_same_config() -> None:
+    from controlplane.nodeagent.config import NodeAgentConfig
+
+    s = Sample(count=5, cache=False, verbose=True, mode="b", limit=2.5, item=["x", "y"])
+    flags = config.to_flags(s)
+    assert flags == ["--count", "5", "--no-cache", "--verbose", "--mode", "b", "--limit", "2.5",
+                     "--item", "x", "--item", "y"]  # fmt: skip
+    assert config.from_args(Sample, parser_for(Sample).parse_args(flags)) == s
+    assert config.to_flags(Sample()) == []  # defaults are left out
+    agent = NodeAgentConfig(nodes=3, node_index_start=6, sandbox="emulated", log_dir="/l")
+    back = config.from_args(NodeAgentConfig, parser_for(NodeAgentConfig).parse_args(
+        config.to_flags(agent)))  # fmt: skip
+    assert back == agent

@@ -1,0 +1,91 @@
+"""The node agent's configuration: the one place its defaults live (the
+flags of `galaxy serve nodeagent`, `galaxy up`'s agents and the in-process
+test cluster read them from here)."""
+
+from __future__ import annotations
+
+from pydantic import field_validator
+
+from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS
+from controlplane.nodeagent.sandbox import BACKENDS, DEFAULT_STARTUP_TIMEOUT_MS
+from controlplane.nodeagent.sandbox.cgroups import DEFAULT_MAX_PIDS
+from controlplane.runtime.config import Config, setting
+
+GROUP = "node agent"
+
+
+class NodeAgentConfig(Config):
+    """The nodes one agent process hosts, and how it runs their instances."""
+
+    nodes: int = setting(1, "nodes hosted by this agent", ge=1, group=GROUP)
+    node_prefix: str = setting("node", "node ids are PREFIX-INDEX", min_length=1, group=GROUP)
+    node_index_start: int = setting(
+        0,
+        "index of the first node, so several agent processes get distinct ids",
+        group=GROUP,
+    )
+    sandbox: str = setting(
+        "process", "sandbox backend", choices=tuple(sorted(BACKENDS)), group=GROUP
+    )
+    cpu_millis: int = setting(4000, "CPU per node, millicores", ge=0, group=GROUP)
+    memory_mib: int = setting(8192, "memory per node, MiB", ge=0, group=GROUP)
+    gpus: int = setting(0, "GPUs per node", ge=0, group=GROUP)
+    start_delay_ms: float = setting(0.0, "emulated sandbox: modelled cold-start delay", group=GROUP)
+    startup_timeout_ms: int = setting(
+        DEFAULT_STARTUP_TIMEOUT_MS,
+        "process sandbox: readiness timeout when the spec sets none",
+        group=GROUP,
+    )
+    heartbeat_ms: int = setting(
+        DEFAULT_HEARTBEAT_MS, "heartbeat interval unless ClusterMgr asks for another", group=GROUP
+    )
+    instance_user: str | None = setting(
+        None,
+        "process sandbox: run instances as this user (name or uid; needs a root agent "
+        "and util-linux setpriv), never as the agent's own (often root) user",
+        group=GROUP,
+    )
+    orphan_check_s: float = setting(
+        30.0,
+        "how often to ask the owning Dispatch instances which instances they route; "
+        "one unknown in 2 checks in a row is stopped (0 = never; docs/reliability.md)",
+        ge=0,
+        group=GROUP,
+    )
+    cgroups: str = setting(
+        "auto",
+        "process sandbox: each instance in its own cgroup with its spec's CPU and "
+        "memory as hard limits (auto: when cgroups can be made here, else a warning; "
+        "on: refuse to start without them)",
+        choices=("auto", "on", "off"),
+        group=GROUP,
+    )
+    instance_max_pids: int = setting(
+        DEFAULT_MAX_PIDS,
+        "process sandbox with cgroups: at most N processes and threads per instance "
+        "(pids.max; a fork loop then fails in the instance; 0 = no limit). Without the "
+        "pids controller --cgroups auto warns, on refuses",
+        group=GROUP,
+    )
+    instance_dir: str | None = setting(
+        None,
+        "process sandbox: each instance gets a private directory (mode 0700, owned by "
+        "--instance-user) under DIR as $HOME, $TMPDIR and, without a spec workdir, its cwd; "
+        "removed when it ends (default: $TMPDIR/galaxy-instances-UID)",
+        metavar="DIR",
+        group=GROUP,
+    )
+    log_dir: str | None = setting(
+        None,
+        "process sandbox: where instances' stdout/stderr go (default: a temp dir)",
+        group=GROUP,
+    )
+
+    @field_validator("instance_max_pids")
+    @classmethod
+    def _pids(cls, v: int) -> int:
+        # Checked when the config is made, not by the flag's parser: a bad
+        # value is the agent's ValueError naming the flag, as it always was.
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return v

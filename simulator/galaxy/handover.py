@@ -1,0 +1,140 @@
+"""Dispatch handovers in the Galaxy model, performed as events.
+
+When the membership changes, each function whose Dispatch owner changed is
+handed over by its previous owner's production protocol core
+(``functions.dispatch.ownership.Ownership``), and this module performs the
+actions it returns, as the servicer does with RPCs:
+
+- ``DropRoute``: the function's router leaves the routing table (and its
+  autoscaler goes with it: the new owner starts a new one).
+- ``SendInstances``: one ModInstance message per instance, with the leases
+  reserved on it: a hop to the new owner, its service time there, and the
+  reply's hop back. On arrival the new owner's router adds the instance
+  (serving its waiters) and ``adopt``\\ s the leases, except those already
+  released there (a release that overtook its lease).
+- once every reply is in, ``instances_sent`` gives ``ForwardWaiters``: each
+  request held by the old owner goes one hop to the new owner and is
+  dispatched there.
+
+An instance whose start the old owner asked for and that becomes ready after
+the handover is sent on the same way (without leases), as ``_add`` does.
+ModInstance has no calibrated cost of its own: it is charged as a Release
+(one map update on the receiving Dispatch instance).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from functions.dispatch import ownership as own
+from functions.dispatch.policy import FunctionRouter, Instance
+from simulator.system import Req
+
+if TYPE_CHECKING:
+    from simulator.galaxy.control import DispatchInst
+    from simulator.galaxy.model import GalaxyModel
+
+
+class Handovers:
+    """Performs the ``Ownership`` actions of the model's Dispatch instances."""
+
+    def __init__(self, model: GalaxyModel) -> None:
+        self.m = model
+        env = model.env
+        self.sim, self.net, self.rec = env.sim, env.net, env.rec
+        self.s_mod = env.op("dispatch.release")
+        self.s_dispatch = env.op("dispatch.dispatch")
+        #: (old owner's id, handover number) -> replies still outstanding
+        self._left: dict[tuple[str, int], int] = {}
+
+    def repartition(self, old_owners: dict[int, DispatchInst]) -> None:
+        """The membership changed: every routed function's previous owner
+        (``old_owners``) hands over what it no longer owns."""
+        by_old: dict[str, tuple[DispatchInst, dict[int, FunctionRouter]]] = {}
+        routers = self.m.front.routers
+        for fn, df in old_owners.items():
+            r = routers[fn]
+            if r is not None:
+                by_old.setdefault(df.id, (df, {}))[1][fn] = r
+        owner = self.m.control.dispatch_owner
+        for df, routed in by_old.values():
+
+            def owner_of(fn: int, df: DispatchInst = df) -> DispatchInst | None:
+                new = owner(fn)
+                return None if new is df else new
+
+            self.perform(df, df.ownership.membership_changed(routed, owner_of))
+
+    def perform(self, df: DispatchInst, actions: list[own.Action]) -> None:
+        """Carry out ``df``'s core's actions as events, in order."""
+        for a in actions:
+            if isinstance(a, own.DropRoute):
+                self.m.front.routers[a.function] = None
+                self.m.scaling.forget(a.function)
+                self.rec.count("handovers")
+            elif isinstance(a, own.SendInstances):
+                self._send(df, a)
+            elif isinstance(a, own.ForwardWaiters):
+                t = self.sim.now + self.net.hop()
+                for w in a.waiters:
+                    self.sim.stage(t, a.owner.station, self.s_dispatch(), self._forwarded, w.token)
+            # Unrouted: the simulator keeps no instance records.
+
+    def _send(self, df: DispatchInst, a: own.SendInstances[int, DispatchInst]) -> None:
+        if not a.instances:
+            self.perform(df, df.ownership.instances_sent(a.handover))
+            return
+        self._left[(df.id, a.handover)] = len(a.instances)
+        t = self.sim.now + self.net.hop()
+        for inst, leases in a.instances:
+            arg = (df, a, inst, leases)
+            self.sim.stage(t, a.owner.station, self.s_mod(), self._arrived, arg)
+
+    def _arrived(
+        self, x: tuple[DispatchInst, own.SendInstances[int, DispatchInst], Instance, list[str]]
+    ) -> None:
+        df, a, inst, leases = x
+        self.add(a.owner, a.function, inst, leases)
+        self.sim.at(self.sim.now + self.net.hop(), self._replied, (df, a.handover))
+
+    def _replied(self, x: tuple[DispatchInst, int]) -> None:
+        df, handover = x
+        key = (df.id, handover)
+        self._left[key] -= 1
+        if not self._left[key]:
+            del self._left[key]
+            self.perform(df, df.ownership.instances_sent(handover))
+
+    def add(self, owner: DispatchInst, fn: int, inst: Instance, leases: list[str]) -> None:
+        """ModInstance(OP_ADD) on ``owner``: a new routing entry for the
+        instance (as the servicer builds one from the message), then the
+        leases the previous owner reserved on it."""
+        router = self.m.front.router(fn)
+        if inst.instance_id in router.instances:
+            return
+        new = Instance(
+            inst.instance_id, inst.address, inst.node_id, inst.concurrency, meta=inst.meta
+        )
+        self.m.scaling.added(fn, new)
+        self.m.front.add(fn, new)
+        owner.ownership.adopt(router, inst.instance_id, leases)
+
+    def late_instance(self, df: DispatchInst, fn: int, inst: Instance) -> None:
+        """A start ``df`` asked for became ready after its router was
+        dropped: send it to the owner now, or stop it if ``df`` owns the
+        function but no longer routes it."""
+        owner = self.m.control.dispatch_owner(fn)
+        if owner is not df:
+            t = self.sim.now + self.net.hop()
+            self.sim.stage(t, owner.station, self.s_mod(), self._late, (owner, fn, inst))
+        elif self.m.front.routers[fn] is not None:
+            self.add(df, fn, inst, [])
+        else:
+            self.m.delete_on_node(inst.meta, inst.instance_id, self.m.a_delete())
+
+    def _late(self, x: tuple[DispatchInst, int, Instance]) -> None:
+        self.add(x[0], x[1], x[2], [])
+
+    def _forwarded(self, req: Any) -> None:
+        assert isinstance(req, Req)
+        self.m.front.redispatch(req)
