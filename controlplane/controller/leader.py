@@ -253,6 +253,8 @@ class ScaleLedger:
         self._versions: dict[str, int] = {}
         self._seq = 0
         self.term = 0
+        #: The action ids of the targets adopted, by kind ("" if none recorded).
+        self.adopted: dict[str, str] = {}
 
     def _key(self, kind: str) -> str:
         return f"{self.prefix}scale/{kind}"
@@ -263,6 +265,7 @@ class ScaleLedger:
         self.term = term
         out: dict[str, int] = {}
         self._versions = {}
+        self.adopted = {}
         for kv in await self.store.get_prefix(self.prefix + "scale/"):
             kind = kv.key.rsplit("/", 1)[-1]
             version, value = kv.version, kv.value
@@ -279,17 +282,21 @@ class ScaleLedger:
             after = await self.store.get(kv.key)
             if after is not None:
                 self._versions[kind] = after.version
-                out[kind] = int(json.loads(after.value)["desired"])
+                rec = json.loads(after.value)
+                out[kind] = int(rec["desired"])
+                self.adopted[kind] = str(rec.get("action", ""))
         return out
 
     async def commit(
-        self, kind: str, desired: int, *, code: str, reason: str, leader_id: str
+        self, kind: str, desired: int, *, code: str, reason: str, leader_id: str, action: str = ""
     ) -> None:
-        """Commit a new target for kind; raises ``Fenced`` if another leader
-        wrote since this one adopted."""
+        """Commit a new target for kind (decided as ``action``, an
+        ``actions.ActionId``); raises ``Fenced`` if another leader wrote
+        since this one adopted."""
         key = self._key(kind)
         expected = self._versions.get(kind, 0)
         rec = {
+            "action": action,
             "desired": desired,
             "term": self.term,
             "leader": leader_id,
@@ -307,6 +314,13 @@ class ScaleLedger:
         self._seq += 1
         log_key = f"{self.prefix}actions/{self.term:020d}-{self._seq:06d}-{kind}"
         await self.store.put(log_key, value)
+
+    async def still_mine(self, kind: str) -> bool:
+        """Whether kind's target is still the one this controller last
+        committed or adopted (read just before applying it: a new leader
+        that adopted meanwhile has rewritten it)."""
+        kv = await self.store.get(self._key(kind))
+        return kv is not None and kv.version == self._versions.get(kind)
 
     async def actions(self) -> list[dict[str, Any]]:
         """The applied-action log, oldest first."""

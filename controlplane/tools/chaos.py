@@ -72,6 +72,15 @@ def add_subparser(sub: Any) -> None:
     p.add_argument(
         "--hung-s", type=float, default=5.0, help="a request not answered within this is hung"
     )
+    p.add_argument(
+        "--autoscale-t-df",
+        type=float,
+        default=None,
+        metavar="T",
+        help="the controllers scale the control functions (local actuator), taking T "
+        "requests/s as one Dispatch instance's capacity: a T below the rate makes them "
+        "scale out during the run (so a leader's death meets scale actions)",
+    )
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--sandbox", choices=["emulated", "process"], default="emulated")
     p.add_argument("--functions", type=int, default=4)
@@ -201,6 +210,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             dispatch=2, schedule=2, clustermgr=2, nodes=args.nodes, sandbox=args.sandbox,
             run_dir=Path(tmp), tls=True, nodes_per_agent=1, ha=ha,
             state=etcd.url if etcd else "memory://",
+            autoscale_control=args.autoscale_t_df is not None,
+            controller_args=[] if args.autoscale_t_df is None
+            else ["--t-df", str(args.autoscale_t_df)],
         )  # fmt: skip
         sup = Supervisor(cfg)
         r: Run | None = None

@@ -27,7 +27,7 @@ from controlplane.runtime import spec as specs
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.membership import MembershipView
 from controlplane.sdk.client import GalaxyClient
-from controlplane.tools.chaos_checks import cluster_check, pending_writes
+from controlplane.tools.chaos_checks import cluster_check, pending_writes, scale_actions
 from statestore import StoreError, open_store
 
 ECHO = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
@@ -159,14 +159,18 @@ async def controller_leader(run: Run) -> Found:
     finally:
         await store.close()
     back = await _replaced(run, child.name, child.proc.pid)
+    acts = await scale_actions(run.etcd.url)
     return Found(
         child.name, took, back,
         # By design: the TTL after the victim's last keepalive (before the
         # kill) plus etcd's lease expiry sweep (every 500 ms).
         {"lease_ttl_s": DEFAULT_TTL_S, "takeover_bound_s": DEFAULT_TTL_S + 0.5,
-         "new_leader": new_leader},
-        goal=f"takeover within the lease TTL ({DEFAULT_TTL_S:.0f} s)",
-        goal_met=took is not None and took <= DEFAULT_TTL_S,
+         "new_leader": new_leader, **acts},
+        goal=f"takeover within the lease TTL ({DEFAULT_TTL_S:.0f} s); no scale action "
+        "applied twice",
+        goal_met=took is not None and took <= DEFAULT_TTL_S
+        and acts["scale_actions_applied_twice"] == 0
+        and acts["scale_actions_after_a_newer_term"] == 0,
     )  # fmt: skip
 
 

@@ -53,7 +53,10 @@ async def test_a_paused_leader_is_fenced_off_and_applies_nothing(etcd_server):
         e2.start()
         l1 = ScaleLedger(s1, prefix)
         await l1.adopt(e1.term, "c1")
-        await l1.commit("schedule", 2, code="overload", reason="test", leader_id="c1")
+        await l1.commit(
+            "schedule", 2, code="overload", reason="test", leader_id="c1", action=f"{e1.term}-1"
+        )
+        assert await l1.still_mine("schedule")
         # c1 "pauses": its keepalive stops, its lease expires, c2 takes over.
         t0 = time.monotonic()
         await e1.stop(resign=False)
@@ -63,6 +66,9 @@ async def test_a_paused_leader_is_fenced_off_and_applies_nothing(etcd_server):
         assert e2.term > e1.term
         l2 = ScaleLedger(s2, prefix)
         assert await l2.adopt(e2.term, "c2") == {"schedule": 2}
+        assert l2.adopted == {"schedule": f"{e1.term}-1"}  # c2 never applies it again
+        # c1, about to apply what it committed, finds the target taken over.
+        assert not await l1.still_mine("schedule") and await l2.still_mine("schedule")
         # c1 wakes up and tries to act on what it decided before: fenced.
         with pytest.raises(Fenced):
             await l1.commit("schedule", 3, code="overload", reason="stale", leader_id="c1")

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from controlplane.tools.chaos import Outcome, report
+from controlplane.tools.chaos_checks import scale_action_check
 from tests.etcd_server import require_etcd
 from tests.integration.upctl import REPO, pid_alive
 
@@ -31,6 +32,24 @@ def test_report_counts_failures_gaps_and_latency_around_the_fault() -> None:
     out.rows.append((4.0, 6.0, "HUNG"))
     rep = report(out, at_s=1.5, fault="dispatch", victim="dispatch-0", back=True, hung_s=5.0)
     assert rep["hung"] == 1 and rep["longest_gap_s"] == pytest.approx(6.97)
+
+
+def test_scale_action_check_finds_an_action_applied_twice() -> None:
+    def rec(action: str, term: int) -> dict[str, object]:
+        return {"action": action, "term": term, "desired": 3}
+
+    clean = [(10, rec("5-1", 5)), (12, rec("5-2", 5)), (20, rec("9-1", 9))]
+    assert scale_action_check(clean) == {
+        "scale_actions": 3, "scale_actions_applied_twice": 0,
+        "scale_actions_after_a_newer_term": 0,
+    }  # fmt: skip
+    # The same decision applied again by a new leader; then a deposed
+    # leader's action landing after its successor's (by store revision).
+    bad = [*clean, (25, rec("5-2", 5))]
+    got = scale_action_check(bad)
+    assert got["scale_actions_applied_twice"] == 1
+    assert got["scale_actions_after_a_newer_term"] == 1
+    assert scale_action_check([])["scale_actions"] == 0
 
 
 @pytest.mark.parametrize("fault", ["dispatch", "schedule"])
@@ -74,6 +93,7 @@ def test_kill_9_of_the_leading_controller_fails_over_within_the_lease_ttl(tmp_pa
     assert rep["detect_s"] is not None and rep["detect_s"] <= rep["takeover_bound_s"], rep
     assert (rep["requests"], rep["failed"], rep["hung"]) == (320, 0, 0), rep["errors"]
     assert rep["victim_back"] and rep["functions_after"] == rep["functions_before"]
+    assert rep["scale_actions_applied_twice"] == rep["scale_actions_after_a_newer_term"] == 0
 
 
 @pytest.mark.etcd
