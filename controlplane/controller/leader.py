@@ -297,6 +297,7 @@ class ScaleLedger:
         expected = self._versions.get(kind, 0)
         rec = {
             "action": action,
+            "kind": kind,
             "desired": desired,
             "term": self.term,
             "leader": leader_id,

@@ -25,7 +25,7 @@ from controlplane.nodeagent.sandbox.cgroups import (
     Cgroups,
     open_cgroups,
 )
-from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
+from controlplane.nodeagent.service import DEFAULT_MAX_STARTING, SERVICE_NAME, NodeAgentServicer
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.netaddr import split_host_port
 from controlplane.runtime.resources import Res
@@ -102,6 +102,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="process sandbox: each instance gets a private directory (mode 0700, owned by "
         "--instance-user) under DIR as $HOME, $TMPDIR and, without a spec workdir, its cwd; "
         "removed when it ends (default: $TMPDIR/galaxy-instances-UID)",
+    )
+    g.add_argument(
+        "--max-starting",
+        type=int,
+        default=DEFAULT_MAX_STARTING,
+        help="instances starting at once on this agent; beyond, CreateInstance answers "
+        f"RESOURCE_EXHAUSTED (default {DEFAULT_MAX_STARTING})",
     )
     g.add_argument(
         "--log-dir",
@@ -211,7 +218,7 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
         )
     cap = Res(args.cpu_millis, args.memory_mib, args.gpus)
     ids = node_ids(args.node_prefix, args.nodes, args.node_index_start)
-    servicer = NodeAgentServicer([(n, cap) for n in ids], backend)
+    servicer = NodeAgentServicer([(n, cap) for n in ids], backend, max_starting=args.max_starting)
     if args.orphan_check_s < 0:
         raise ValueError("--orphan-check-s must be >= 0")
     return NodeAgentComponent(

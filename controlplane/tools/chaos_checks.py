@@ -85,11 +85,18 @@ def scale_action_check(log: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
     }
 
 
-async def scale_actions(state_url: str) -> dict[str, int]:
-    """``scale_action_check`` of the action log in the run's etcd."""
+async def scale_actions(state_url: str) -> dict[str, Any]:
+    """``scale_action_check`` of the action log in the run's etcd, and the
+    log in brief ("ACTION KIND -> DESIRED (CODE, LEADER)", in order)."""
     store = open_store(state_url)
     try:
         kvs = await store.get_prefix(DEFAULT_PREFIX + "actions/")
     finally:
         await store.close()
-    return scale_action_check([(kv.version, json.loads(kv.value)) for kv in kvs])
+    log = sorted(((kv.version, json.loads(kv.value)) for kv in kvs), key=lambda x: x[0])
+    brief = [
+        f"{r.get('action', '?')} {r.get('kind', '?')} -> {r.get('desired')} ({r.get('code')}, "
+        f"{r.get('leader')})"
+        for _, r in log
+    ]
+    return {**scale_action_check(log), "scale_action_log": brief}
