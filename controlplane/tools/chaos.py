@@ -93,6 +93,8 @@ class Outcome:
     """Requests of one run: (start time, latency s, error or "")."""
 
     rows: list[tuple[float, float, str]] = field(default_factory=list)
+    #: The first message seen per error code (what a failure said).
+    samples: dict[str, str] = field(default_factory=dict)
 
 
 async def _load(
@@ -120,6 +122,7 @@ async def _load(
         except Exception as e:  # GalaxyError, or anything else the client lets out
             code = getattr(getattr(e, "code", None), "name", None) or type(e).__name__
             out.rows.append((start - t0, time.perf_counter() - p0, code))
+            out.samples.setdefault(code, str(e)[:300])
 
     i = 0
 
@@ -181,6 +184,7 @@ def report(
         "succeeded": len(ok),
         "failed": len(rows) - len(ok),
         "errors": errors,
+        "error_samples": dict(out.samples),
         "hung": sum(1 for r in rows if r[2] == HUNG or r[1] >= hung_s),
         "recover_s": round(max(failed_after) - at_s, 3) if failed_after else 0.0,
         "longest_gap_s": round(max(gaps, default=0.0), 3),

@@ -1,7 +1,8 @@
 """The fault suite: kill -9 of a control function under load loses no
 request (SDK failover, supervision), through `galaxy chaos` itself; the
-goals of the leading controller's death (--ha) and of an etcd outage, short
-versions; and the report's arithmetic (pure)."""
+goals of the leading controller's death (--ha), of an etcd outage, of a node
+agent stopped past the dead-node timeout and of a whole-control-plane
+restart, short versions; and the report's and checks' arithmetic (pure)."""
 
 from __future__ import annotations
 
@@ -68,10 +69,13 @@ def test_kill_9_under_load_loses_no_request(fault: str, tmp_path) -> None:
     assert r.returncode == 0
 
 
-def chaos(tmp_path, *flags: str) -> tuple[dict, subprocess.CompletedProcess[str]]:
-    """Run `galaxy chaos` with its own etcd (the binary the fixtures use)."""
+def chaos(
+    tmp_path, *flags: str, etcd: bool = True
+) -> tuple[dict, subprocess.CompletedProcess[str]]:
+    """Run `galaxy chaos` with its own etcd (the binary the fixtures use)
+    when the fault needs one."""
     out = tmp_path / "chaos.json"
-    env = {**os.environ, "GALAXY_ETCD_BINARY": require_etcd()}
+    env = {**os.environ, "GALAXY_ETCD_BINARY": require_etcd()} if etcd else None
     r = subprocess.run(
         [sys.executable, "-m", "controlplane.tools.cli", "chaos", "--rate", "40", "--nodes", "2",
          "--out", str(out), *flags],
@@ -109,4 +113,35 @@ def test_an_etcd_outage_refuses_deploys_and_leaves_warm_traffic_alone(tmp_path) 
     assert rep["write_behind_drained_after_s"] is not None  # the records landed
     # Before the fault: a function to cold-start in the outage; after the restart: a probe.
     assert rep["functions_after"] == rep["functions_before"] + rep["acknowledged_deploys"] == 6
+    assert rep["goal_met"] and r.returncode == 0
+
+
+def test_a_stopped_node_agent_is_detected_within_3_beats_and_leaks_nothing(tmp_path) -> None:
+    # Stopped for 4 s: past the dead-node timeout (3 heartbeats of 1 s).
+    rep, r = chaos(
+        tmp_path, "--fault", "sigstop-nodeagent", "--duration-s", "10", "--at-s", "3",
+        "--outage-s", "4", etcd=False,
+    )  # fmt: skip
+    assert rep["victim"].startswith("agent-"), r.stdout[-2000:]
+    # Declared dead at its last heartbeat + 3 heartbeats: within 3 of the
+    # stop (its last beat came before), plus the time to see it.
+    assert rep["detect_s"] is not None and rep["detect_s"] <= rep["detect_bound_s"], rep
+    assert 3.0 <= rep["silence_when_seen_dead_s"] <= rep["detect_bound_s"], rep
+    # Back after SIGCONT, with no duplicate instance and no leaked allocation.
+    assert rep["victim_back"] and rep["nodes_alive"] == 2, rep
+    assert rep["duplicate_instances"] == rep["leaked_instances"] == 0, rep
+    assert (rep["requests"], rep["failed"], rep["hung"]) == (400, 0, 0), rep["errors"]
+    assert rep["goal_met"] and r.returncode == 0
+
+
+@pytest.mark.etcd
+def test_a_restarted_control_plane_brings_everything_back(tmp_path) -> None:
+    rep, r = chaos(
+        tmp_path, "--fault", "restart", "--duration-s", "5", "--at-s", "2", "--functions", "2"
+    )
+    assert rep["victim"] == "control plane", r.stdout[-2000:]
+    assert rep["functions_after"] == rep["functions_before"] == 2, rep
+    assert rep["revisions_after"] == rep["revisions_before"] > 0, rep
+    assert rep["duplicate_instances"] == rep["leaked_instances"] == 0, rep
+    assert rep["nodes_alive"] == 2, rep
     assert rep["goal_met"] and r.returncode == 0
