@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,10 @@ class LeaderElector:
     """Campaigns for ``prefix + "leader"``; see the module docstring.
 
     on_change(leading) is called whenever this controller gains or loses
-    leadership.
+    leadership. prepare(), when given, is awaited once the key is won and
+    the term known, before this controller counts as leader (bounded by a
+    third of the TTL): a new leader loads its predecessor's state there, so
+    no call is answered and no scale decision taken from an empty view.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class LeaderElector:
         prefix: str = DEFAULT_PREFIX,
         ttl_s: float = DEFAULT_TTL_S,
         on_change: Callable[[bool], None] | None = None,
+        prepare: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if ttl_s < 1:
             raise ValueError("ttl_s must be >= 1 (etcd grants whole seconds)")
@@ -68,6 +72,7 @@ class LeaderElector:
         self.key = prefix + "leader"
         self.ttl_s = ttl_s
         self.on_change = on_change
+        self.prepare = prepare
         self._leader: LeaderInfo | None = None
         self._leader_known = asyncio.Event()
         self.term = 0
@@ -183,6 +188,14 @@ class LeaderElector:
         # The key is never written again while held, so its version stays
         # the term for everyone who reads it.
         self.term = kv.version
+        if self.prepare is not None:
+            # Not leader yet: calls meanwhile wait for a leader or get
+            # UNAVAILABLE, and retry. The validity still counts from before
+            # the win, so a slow prepare cannot stretch the lease.
+            try:
+                await asyncio.wait_for(self.prepare(), self.ttl_s / 3)
+            except Exception as e:  # leading from a partial view beats not leading
+                log.warning("preparing to lead (term %d) failed: %r", kv.version, e)
         self.lease = lease
         self._valid_until = sent + self.ttl_s * 0.9
         self.leader = LeaderInfo(self.me.id, self.me.address, self.term)

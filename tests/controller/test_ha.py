@@ -83,6 +83,31 @@ async def test_a_paused_leader_is_fenced_off_and_applies_nothing(etcd_server):
         await s2.close()
 
 
+async def test_a_new_leader_prepares_before_it_counts_as_leader(etcd_server):
+    prefix = f"/t-{uuid.uuid4().hex[:8]}/controller/"
+    store = open_store(etcd_server.url)
+    seen: list[tuple[bool, int, LeaderInfo | None]] = []
+    e: LeaderElector
+
+    async def prepare() -> None:
+        # What a call arriving now would see: not the leader yet, the term known.
+        seen.append((e.is_leader, e.term, e.leader))
+        await asyncio.sleep(0.2)  # a slow load of the predecessor's state
+        seen.append((e.is_leader, e.term, e.leader))
+
+    e = LeaderElector(store, LeaderInfo("c1", "h:1"), prefix=prefix, ttl_s=TTL_S, prepare=prepare)
+    try:
+        e.start()
+        await asyncio.wait_for(e.elected.wait(), 10)
+        assert e.is_leader and e.term > 0
+        assert seen == [(False, e.term, None), (False, e.term, None)]
+        assert e.leader == LeaderInfo("c1", "h:1", e.term)
+    finally:
+        await e.stop()
+        await store.delete_prefix(prefix)
+        await store.close()
+
+
 class ControllerProc:
     def __init__(self, cid: str, log_dir, *flags: str) -> None:
         self.id = cid
