@@ -101,6 +101,21 @@ def test_kill_9_of_the_leading_controller_fails_over_within_the_lease_ttl(tmp_pa
 
 
 @pytest.mark.etcd
+def test_a_takeover_with_scale_actions_fails_nothing_and_applies_none_twice(tmp_path) -> None:
+    # T = 10/s per Dispatch instance at 40/s: the leader scales out before
+    # the kill, and its instances (its children) die with it.
+    rep, r = chaos(
+        tmp_path, "--fault", "controller-leader", "--duration-s", "10", "--at-s", "5",
+        "--autoscale-t-df", "10",
+    )  # fmt: skip
+    assert rep["scale_actions"] >= 1, (rep["scale_action_log"], r.stdout[-2000:])
+    assert rep["scale_actions_applied_twice"] == rep["scale_actions_after_a_newer_term"] == 0
+    # The new leader answers no membership read before it has loaded its
+    # predecessor's (the SDK failed with FAILED_PRECONDITION when it did).
+    assert (rep["failed"], rep["hung"]) == (0, 0), rep["error_samples"]
+
+
+@pytest.mark.etcd
 def test_an_etcd_outage_refuses_deploys_and_leaves_warm_traffic_alone(tmp_path) -> None:
     rep, r = chaos(
         tmp_path, "--fault", "etcd", "--duration-s", "10", "--at-s", "3", "--outage-s", "4"
