@@ -106,11 +106,22 @@ def _child(sup: Supervisor, name: str) -> Any:
 
 
 async def _replaced(run: Run, name: str, old_pid: int, within_s: float = 20.0) -> bool:
+    return await _replaced_after(run, name, old_pid, within_s) is not None
+
+
+async def _replaced_after(
+    run: Run, name: str, old_pid: int, within_s: float = 20.0
+) -> float | None:
+    """Seconds from the fault until a new process of name was up (ready);
+    None if not within within_s."""
+
     async def new_pid() -> bool:
         c = _child(run.sup, name)
         return c is not None and c.proc.pid != old_pid and bool(c.ready)
 
-    return await _until(new_pid, within_s) is not None
+    if await _until(new_pid, within_s) is None:
+        return None
+    return _now() - run.fault_at
 
 
 async def kill(run: Run, kind: str) -> Found:
@@ -129,7 +140,11 @@ async def kill(run: Run, kind: str) -> Found:
         return child.proc.returncode is not None
 
     detect = await _until(exited, 10.0)
-    return Found(child.name, detect, await _replaced(run, child.name, child.proc.pid))
+    back_s = await _replaced_after(run, child.name, child.proc.pid)
+    # Up again = restarted and ready (serving); registered with the
+    # controller and repartitioned follows within a push.
+    extra = {} if back_s is None else {"replaced_s": round(back_s, 3)}
+    return Found(child.name, detect, back_s is not None, extra)
 
 
 async def controller_leader(run: Run) -> Found:
