@@ -320,7 +320,14 @@ class ScaleLedger:
         }
         value = json.dumps(rec).encode()
         if not await self.store.compare_and_swap(key, expected, value):
-            raise Fenced(f"scale target of {kind} was changed by another controller")
+            # A deposed leader may have created the key after this one
+            # adopted (adopt rewrites only the keys that existed): an older
+            # term's write is overwritten, which fences it off in turn,
+            # instead of fencing this leader off the kind for its whole term.
+            if not await self._reclaim(kind):
+                raise Fenced(f"scale target of {kind} was changed by another controller")
+            if not await self.store.compare_and_swap(key, self._versions[kind], value):
+                raise Fenced(f"scale target of {kind} was changed by another controller")
         kv = await self.store.get(key)
         if kv is None or kv.value != value:
             raise Fenced(f"scale target of {kind} was changed by another controller")
@@ -328,6 +335,23 @@ class ScaleLedger:
         self._seq += 1
         log_key = f"{self.prefix}actions/{self.term:020d}-{self._seq:06d}-{kind}"
         await self.store.put(log_key, value)
+
+    async def _reclaim(self, kind: str) -> bool:
+        """Whether kind's key, written since this leader last saw it, holds
+        an older term's record (or is gone): then its version is taken as
+        the one to replace."""
+        kv = await self.store.get(self._key(kind))
+        if kv is None:
+            self._versions[kind] = 0
+            return True
+        try:
+            term = int(json.loads(kv.value).get("term", 0))
+        except (ValueError, TypeError, AttributeError):
+            term = 0  # unreadable: not a newer leader's
+        if term >= self.term:
+            return False
+        self._versions[kind] = kv.version
+        return True
 
     async def still_mine(self, kind: str) -> bool:
         """Whether kind's target is still the one this controller last

@@ -108,6 +108,28 @@ async def test_a_new_leader_prepares_before_it_counts_as_leader(etcd_server):
         await store.close()
 
 
+async def test_a_deposed_leaders_late_first_commit_does_not_fence_the_new_one(etcd_server):
+    prefix = f"/t-{uuid.uuid4().hex[:8]}/controller/"
+    s1, s2 = open_store(etcd_server.url), open_store(etcd_server.url)
+    try:
+        old, new = ScaleLedger(s1, prefix), ScaleLedger(s2, prefix)
+        await old.adopt(5, "c1")
+        await new.adopt(9, "c2")  # no key yet: nothing rewritten
+        # The deposed leader, paused mid-tick, writes the kind's first target.
+        await old.commit("dispatch", 3, code="overload", reason="late", leader_id="c1")
+        # The new leader's commit overwrites the older term's record...
+        await new.commit("dispatch", 4, code="overload", reason="new", leader_id="c2")
+        assert not await old.still_mine("dispatch") and await new.still_mine("dispatch")
+        # ...and fences the old one off, not the other way round.
+        with pytest.raises(Fenced):
+            await old.commit("dispatch", 5, code="overload", reason="stale", leader_id="c1")
+        await new.commit("dispatch", 5, code="overload", reason="again", leader_id="c2")
+    finally:
+        await s1.delete_prefix(prefix)
+        await s1.close()
+        await s2.close()
+
+
 class ControllerProc:
     def __init__(self, cid: str, log_dir, *flags: str) -> None:
         self.id = cid
