@@ -55,6 +55,8 @@ class ActionRecord:
     outcome: str = "pending"
     duration_s: float = 0.0
     instance_ids: list[str] = field(default_factory=list)
+    #: Its ``ActionId`` as text (in the ledger, and the guard's key).
+    action: str = ""
 
     def to_proto(self) -> controller_pb2.ScalingDecision:
         """As the status message."""
@@ -86,3 +88,56 @@ class Timeouts:
     #: A member silent this long that does not answer a health check either
     #: is removed (it died without deregistering).
     member_silent_s: float = 5.0
+
+
+@dataclass(frozen=True, order=True)
+class ActionId:
+    """A scale action's identity: the term of the leader that decided it and
+    that leader's count of decisions. Ordered: a later term is newer
+    whatever its count (a new leader counts from 1 again)."""
+
+    term: int
+    seq: int
+
+    def __str__(self) -> str:
+        return f"{self.term}-{self.seq}"
+
+    @classmethod
+    def parse(cls, text: str) -> ActionId | None:
+        """The id written as ``str(id)``; None if text is not one."""
+        term, _, seq = text.partition("-")
+        if not (term.isdigit() and seq.isdigit()):
+            return None
+        return cls(int(term), int(seq))
+
+
+class AppliedActions:
+    """Which scale actions were applied, per kind: so none is applied twice.
+
+    Pure. An action is admitted once, and only if it is newer than every
+    action applied (or adopted from a predecessor) for its kind: the same
+    decision carried out again, or a deposed leader's older decision
+    arriving after a newer leader's, is refused.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, ActionId] = {}
+
+    def last(self, kind: str) -> ActionId | None:
+        """The newest action applied or adopted for kind."""
+        return self._last.get(kind)
+
+    def admit(self, kind: str, action: ActionId) -> bool:
+        """True (and recorded as applied) if action may be applied now."""
+        last = self._last.get(kind)
+        if last is not None and action <= last:
+            return False
+        self._last[kind] = action
+        return True
+
+    def adopt(self, kind: str, action: ActionId) -> None:
+        """A predecessor applied (or committed and the platform made real)
+        action: never apply it, or anything older, again."""
+        last = self._last.get(kind)
+        if last is None or action > last:
+            self._last[kind] = action

@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,10 @@ class LeaderElector:
     """Campaigns for ``prefix + "leader"``; see the module docstring.
 
     on_change(leading) is called whenever this controller gains or loses
-    leadership.
+    leadership. prepare(), when given, is awaited once the key is won and
+    the term known, before this controller counts as leader (bounded by a
+    third of the TTL): a new leader loads its predecessor's state there, so
+    no call is answered and no scale decision taken from an empty view.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class LeaderElector:
         prefix: str = DEFAULT_PREFIX,
         ttl_s: float = DEFAULT_TTL_S,
         on_change: Callable[[bool], None] | None = None,
+        prepare: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if ttl_s < 1:
             raise ValueError("ttl_s must be >= 1 (etcd grants whole seconds)")
@@ -68,6 +72,7 @@ class LeaderElector:
         self.key = prefix + "leader"
         self.ttl_s = ttl_s
         self.on_change = on_change
+        self.prepare = prepare
         self._leader: LeaderInfo | None = None
         self._leader_known = asyncio.Event()
         self.term = 0
@@ -183,6 +188,14 @@ class LeaderElector:
         # The key is never written again while held, so its version stays
         # the term for everyone who reads it.
         self.term = kv.version
+        if self.prepare is not None:
+            # Not leader yet: calls meanwhile wait for a leader or get
+            # UNAVAILABLE, and retry. The validity still counts from before
+            # the win, so a slow prepare cannot stretch the lease.
+            try:
+                await asyncio.wait_for(self.prepare(), self.ttl_s / 3)
+            except Exception as e:  # leading from a partial view beats not leading
+                log.warning("preparing to lead (term %d) failed: %r", kv.version, e)
         self.lease = lease
         self._valid_until = sent + self.ttl_s * 0.9
         self.leader = LeaderInfo(self.me.id, self.me.address, self.term)
@@ -253,6 +266,8 @@ class ScaleLedger:
         self._versions: dict[str, int] = {}
         self._seq = 0
         self.term = 0
+        #: The action ids of the targets adopted, by kind ("" if none recorded).
+        self.adopted: dict[str, str] = {}
 
     def _key(self, kind: str) -> str:
         return f"{self.prefix}scale/{kind}"
@@ -263,6 +278,7 @@ class ScaleLedger:
         self.term = term
         out: dict[str, int] = {}
         self._versions = {}
+        self.adopted = {}
         for kv in await self.store.get_prefix(self.prefix + "scale/"):
             kind = kv.key.rsplit("/", 1)[-1]
             version, value = kv.version, kv.value
@@ -279,17 +295,22 @@ class ScaleLedger:
             after = await self.store.get(kv.key)
             if after is not None:
                 self._versions[kind] = after.version
-                out[kind] = int(json.loads(after.value)["desired"])
+                rec = json.loads(after.value)
+                out[kind] = int(rec["desired"])
+                self.adopted[kind] = str(rec.get("action", ""))
         return out
 
     async def commit(
-        self, kind: str, desired: int, *, code: str, reason: str, leader_id: str
+        self, kind: str, desired: int, *, code: str, reason: str, leader_id: str, action: str = ""
     ) -> None:
-        """Commit a new target for kind; raises ``Fenced`` if another leader
-        wrote since this one adopted."""
+        """Commit a new target for kind (decided as ``action``, an
+        ``actions.ActionId``); raises ``Fenced`` if another leader wrote
+        since this one adopted."""
         key = self._key(kind)
         expected = self._versions.get(kind, 0)
         rec = {
+            "action": action,
+            "kind": kind,
             "desired": desired,
             "term": self.term,
             "leader": leader_id,
@@ -299,7 +320,14 @@ class ScaleLedger:
         }
         value = json.dumps(rec).encode()
         if not await self.store.compare_and_swap(key, expected, value):
-            raise Fenced(f"scale target of {kind} was changed by another controller")
+            # A deposed leader may have created the key after this one
+            # adopted (adopt rewrites only the keys that existed): an older
+            # term's write is overwritten, which fences it off in turn,
+            # instead of fencing this leader off the kind for its whole term.
+            if not await self._reclaim(kind):
+                raise Fenced(f"scale target of {kind} was changed by another controller")
+            if not await self.store.compare_and_swap(key, self._versions[kind], value):
+                raise Fenced(f"scale target of {kind} was changed by another controller")
         kv = await self.store.get(key)
         if kv is None or kv.value != value:
             raise Fenced(f"scale target of {kind} was changed by another controller")
@@ -307,6 +335,30 @@ class ScaleLedger:
         self._seq += 1
         log_key = f"{self.prefix}actions/{self.term:020d}-{self._seq:06d}-{kind}"
         await self.store.put(log_key, value)
+
+    async def _reclaim(self, kind: str) -> bool:
+        """Whether kind's key, written since this leader last saw it, holds
+        an older term's record (or is gone): then its version is taken as
+        the one to replace."""
+        kv = await self.store.get(self._key(kind))
+        if kv is None:
+            self._versions[kind] = 0
+            return True
+        try:
+            term = int(json.loads(kv.value).get("term", 0))
+        except (ValueError, TypeError, AttributeError):
+            term = 0  # unreadable: not a newer leader's
+        if term >= self.term:
+            return False
+        self._versions[kind] = kv.version
+        return True
+
+    async def still_mine(self, kind: str) -> bool:
+        """Whether kind's target is still the one this controller last
+        committed or adopted (read just before applying it: a new leader
+        that adopted meanwhile has rewritten it)."""
+        kv = await self.store.get(self._key(kind))
+        return kv is not None and kv.version == self._versions.get(kind)
 
     async def actions(self) -> list[dict[str, Any]]:
         """The applied-action log, oldest first."""

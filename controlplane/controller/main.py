@@ -176,6 +176,7 @@ class ControllerComponent:
                 prefix=c.ha_prefix,
                 ttl_s=c.ha_ttl_s,
                 on_change=self._leadership,
+                prepare=self._take_over,
             )
         el = self.elector
         self.reconciler = Reconciler(
@@ -241,14 +242,14 @@ class ControllerComponent:
         assert self.reconciler is not None
         if not leading:
             self.reconciler.deposed()
-            return
-        t = asyncio.ensure_future(self._take_over())
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
 
     async def _take_over(self) -> None:
         # A new leader starts from the membership and targets its
         # predecessor left in the store, above its predecessor's epochs.
+        # Awaited by the elector before this controller counts as leader:
+        # until then it answers no call (a membership read from the empty
+        # registry made the SDK fail with FAILED_PRECONDITION) and decides
+        # nothing (a decision before adopting could repeat the last one).
         assert self.servicer is not None and self.reconciler is not None and self.elector
         assert self.store is not None
         try:

@@ -27,7 +27,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from controlplane.controller import scalemetrics as sm
-from controlplane.controller.actions import ActionRecord, Changes, Timeouts
+from controlplane.controller.actions import (
+    ActionId,
+    ActionRecord,
+    AppliedActions,
+    Changes,
+    Timeouts,
+)
 from controlplane.controller.actuators.base import Actuator, ActuatorError
 from controlplane.controller.coordinator import Coordinator
 from controlplane.controller.leader import Fenced, ScaleLedger
@@ -97,6 +103,10 @@ class Reconciler:
         self._busy: dict[str, asyncio.Task[None]] = {}
         self._overload_since: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
+        #: Actions applied (or adopted from the previous leader), so that
+        #: none is applied twice; ids count decisions within a term.
+        self.applied = AppliedActions()
+        self._seq = 0
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -121,6 +131,12 @@ class Reconciler:
             return
         targets = await self.ledger.adopt(self.term(), self.leader_id)
         log.info("adopted scale targets %s (term %d)", targets, self.term())
+        for kind, text in self.ledger.adopted.items():
+            # The predecessor's actions are its own: never applied again
+            # here (an external platform's target is made real below by an
+            # absolute count, which is idempotent).
+            if (aid := ActionId.parse(text)) is not None:
+                self.applied.adopt(kind, aid)
         if not self.actuator.external or not targets:
             return
         now = self.clock.now()
@@ -204,7 +220,9 @@ class Reconciler:
         d, self.state = decide(ScalingContext(now, loads, self.config), self.state)
         if d is None:
             return None
-        rec = ActionRecord(d, time.time(), self.term())
+        self._seq += 1
+        aid = ActionId(self.term(), self._seq)
+        rec = ActionRecord(d, time.time(), self.term(), action=str(aid))
         if d.code == "overload":
             rec.detect_s = now - self._overload_since.get(d.kind, now)
         self.history.appendleft(rec)
@@ -216,8 +234,9 @@ class Reconciler:
         if self.ledger is not None:
             try:
                 await self.ledger.commit(
-                    d.kind, d.desired, code=d.code, reason=d.reason, leader_id=self.leader_id
-                )
+                    d.kind, d.desired, code=d.code, reason=d.reason, leader_id=self.leader_id,
+                    action=rec.action,
+                )  # fmt: skip
             except (Fenced, StoreError) as e:
                 rec.outcome = "fenced" if isinstance(e, Fenced) else f"failed: state store: {e}"
                 log.warning("scale %s not applied: %s", d.kind, e)
@@ -251,17 +270,34 @@ class Reconciler:
 
     # -- actions ------------------------------------------------------------
 
+    async def _may_apply(self, rec: ActionRecord) -> str:
+        """Why rec must not be applied ("" = it may): this controller no
+        longer leads, a newer leader has rewritten the target since it was
+        committed, or the action (or a newer one) was applied already."""
+        kind = rec.decision.kind
+        if not self.is_leader():
+            return "not the leader any more"
+        if self.ledger is not None and not await self.ledger.still_mine(kind):
+            return "fenced: another controller has taken the target over"
+        aid = ActionId.parse(rec.action)
+        if aid is None or not self.applied.admit(kind, aid):
+            return f"already applied (newest applied: {self.applied.last(kind)})"
+        return ""
+
     async def _apply(self, rec: ActionRecord) -> None:
         d = rec.decision
         start = self.clock.now()
         try:
+            why_not = await self._may_apply(rec)
+            if why_not:
+                raise ActuatorError(f"not applied: {why_not}")
             if d.delta > 0:
                 await self._scale_out(d, rec)
                 sm.SCALE_OUT_SECONDS.labels(d.kind).observe(self.clock.now() - start)
             else:
                 await self._scale_in(d, rec)
             rec.outcome = "done"
-        except (ActuatorError, TimeoutError) as e:
+        except (ActuatorError, TimeoutError, StoreError) as e:
             rec.outcome = f"failed: {e}"
             log.warning("scale %s %d -> %d failed: %s", d.kind, d.current, d.desired, e)
             # Let the policy decide afresh instead of waiting for the target.

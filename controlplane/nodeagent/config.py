@@ -9,6 +9,7 @@ from pydantic import field_validator
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS
 from controlplane.nodeagent.sandbox import BACKENDS, DEFAULT_STARTUP_TIMEOUT_MS
 from controlplane.nodeagent.sandbox.cgroups import DEFAULT_MAX_PIDS
+from controlplane.nodeagent.service import DEFAULT_MAX_STARTING
 from controlplane.runtime.config import Config, setting
 
 GROUP = "node agent"
@@ -78,6 +79,12 @@ class NodeAgentConfig(Config):
     log_dir: str | None = setting(
         None,
         "process sandbox: where instances' stdout/stderr go (default: a temp dir)",
+        group=GROUP,
+    )
+    max_starting: int = setting(
+        DEFAULT_MAX_STARTING,
+        "instances starting at once on this agent; beyond, CreateInstance answers "
+        "RESOURCE_EXHAUSTED",
         group=GROUP,
     )
 

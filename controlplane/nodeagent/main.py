@@ -127,7 +127,7 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
         )
     cap = Res(cfg.cpu_millis, cfg.memory_mib, cfg.gpus)
     ids = node_ids(cfg.node_prefix, cfg.nodes, cfg.node_index_start)
-    servicer = NodeAgentServicer([(n, cap) for n in ids], backend)
+    servicer = NodeAgentServicer([(n, cap) for n in ids], backend, max_starting=cfg.max_starting)
     return NodeAgentComponent(
         servicer, heartbeat_interval_ms=cfg.heartbeat_ms, orphan_check_s=cfg.orphan_check_s
     )

@@ -20,8 +20,14 @@ import grpc
 from controlplane.nodeagent.capacity import NodeCapacity, Res
 from controlplane.nodeagent.sandbox import Sandbox, SandboxBackend, describe_exit
 from controlplane.runtime import rpc
-from controlplane.runtime.errors import GalaxyError, InvalidArgument, NotFound, Unavailable
-from controlplane.runtime.metrics import INSTANCES
+from controlplane.runtime.errors import (
+    GalaxyError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from controlplane.runtime.metrics import INSTANCES, NODEAGENT_PENDING, NODEAGENT_REJECTED
 from controlplane.runtime.validation import short
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc, nodeagent_pb2, nodeagent_pb2_grpc
 
@@ -31,6 +37,8 @@ SERVICE_NAME = nodeagent_pb2.DESCRIPTOR.services_by_name["NodeAgent"].full_name
 
 # Deadline of the best-effort ModInstance sent when an instance exits.
 _NOTIFY_TIMEOUT_S = 5.0
+#: Instances starting at once on one agent (its whole pool) by default.
+DEFAULT_MAX_STARTING = 10_000
 
 
 @dataclass(eq=False)
@@ -89,6 +97,9 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
     notifications to Dispatch (``attach`` may supply it later). on_freed:
     called with a node id when an instance's capacity is freed there (the
     agent reports the node's status at once: see ``Registrar.report_soon``).
+    max_starting: instances starting at once over the pool; a new
+    CreateInstance beyond is refused with RESOURCE_EXHAUSTED (Schedule then
+    tries another node).
     """
 
     def __init__(
@@ -97,7 +108,12 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         backend: SandboxBackend,
         pool: rpc.ChannelPool | None = None,
         address: str = "",
+        max_starting: int = DEFAULT_MAX_STARTING,
     ) -> None:
+        if max_starting < 1:
+            raise ValueError("max_starting must be >= 1")
+        self.max_starting = max_starting
+        self.starting = 0
         self.backend = backend
         self.pool = pool
         self.nodes: dict[str, Node] = {}
@@ -140,14 +156,21 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         node = self.node(request.node_id)
         inst = node.instances.get(request.instance_id)
         if inst is None:
+            if self.starting >= self.max_starting:  # a retry below joins, never shed
+                NODEAGENT_REJECTED.labels("queue_full").inc()
+                raise ResourceExhausted(
+                    f"node agent has {self.starting} instances starting "
+                    f"(max_starting {self.max_starting}); try another node"
+                )
             req = Res.from_proto(request.function.resources)
             node.capacity.allocate(request.instance_id, req)  # ResourceExhausted if full
             inst = _Instance(request.instance_id, request.function, request.notify_address)
             node.instances[inst.instance_id] = inst
             node.seq += 1
             inst.start = asyncio.create_task(self._start(node, inst))
-            # Retrieve the outcome even if every caller has gone (deadline).
-            inst.start.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self.starting += 1
+            NODEAGENT_PENDING.inc()
+            inst.start.add_done_callback(self._started)
         elif inst.spec.name != request.function.name:
             raise InvalidArgument(
                 f"instance_id {inst.instance_id} is already used on node {node.node_id} "
@@ -232,6 +255,13 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         await asyncio.gather(*self._background, return_exceptions=True)
 
     # --- internals -----------------------------------------------------------
+
+    def _started(self, task: asyncio.Task[None]) -> None:
+        self.starting -= 1
+        NODEAGENT_PENDING.dec()
+        # Retrieve the outcome even if every caller has gone (deadline).
+        if not task.cancelled():
+            task.exception()
 
     def _validate(self, request: nodeagent_pb2.CreateInstanceRequest) -> None:
         if not request.instance_id:

@@ -153,3 +153,26 @@ SLOT_CACHE = Counter(
 HELD_SLOTS = Gauge(
     "galaxy_gateway_held_slots", "Leases the gateway holds idle for the next request"
 )
+
+
+# Overload of Schedule and the node agent, named like Dispatch's
+# (galaxy_dispatch_waiting, galaxy_dispatch_rejected_total): what waits now,
+# and what was refused with RESOURCE_EXHAUSTED because its queue was full.
+SCHEDULE_PENDING = Gauge(
+    "galaxy_schedule_pending",
+    "Placements in progress on this Schedule instance (bounded by --max-pending).",
+)
+SCHEDULE_REJECTED = Counter(
+    "galaxy_schedule_rejected_total",
+    "Schedule calls refused with RESOURCE_EXHAUSTED, by reason (queue_full).",
+    ["reason"],
+)
+NODEAGENT_PENDING = Gauge(
+    "galaxy_nodeagent_pending_creates",
+    "CreateInstance calls whose instance is still starting (bounded by --max-starting).",
+)
+NODEAGENT_REJECTED = Counter(
+    "galaxy_nodeagent_rejected_total",
+    "CreateInstance calls refused with RESOURCE_EXHAUSTED, by reason (queue_full).",
+    ["reason"],
+)

@@ -72,6 +72,15 @@ def add_subparser(sub: Any) -> None:
     p.add_argument(
         "--hung-s", type=float, default=5.0, help="a request not answered within this is hung"
     )
+    p.add_argument(
+        "--autoscale-t-df",
+        type=float,
+        default=None,
+        metavar="T",
+        help="the controllers scale the control functions (local actuator), taking T "
+        "requests/s as one Dispatch instance's capacity: a T below the rate makes them "
+        "scale out during the run (so a leader's death meets scale actions)",
+    )
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--sandbox", choices=["emulated", "process"], default="emulated")
     p.add_argument("--functions", type=int, default=4)
@@ -84,6 +93,8 @@ class Outcome:
     """Requests of one run: (start time, latency s, error or "")."""
 
     rows: list[tuple[float, float, str]] = field(default_factory=list)
+    #: The first message seen per error code (what a failure said).
+    samples: dict[str, str] = field(default_factory=dict)
 
 
 async def _load(
@@ -111,6 +122,7 @@ async def _load(
         except Exception as e:  # GalaxyError, or anything else the client lets out
             code = getattr(getattr(e, "code", None), "name", None) or type(e).__name__
             out.rows.append((start - t0, time.perf_counter() - p0, code))
+            out.samples.setdefault(code, str(e)[:300])
 
     i = 0
 
@@ -172,6 +184,7 @@ def report(
         "succeeded": len(ok),
         "failed": len(rows) - len(ok),
         "errors": errors,
+        "error_samples": dict(out.samples),
         "hung": sum(1 for r in rows if r[2] == HUNG or r[1] >= hung_s),
         "recover_s": round(max(failed_after) - at_s, 3) if failed_after else 0.0,
         "longest_gap_s": round(max(gaps, default=0.0), 3),
@@ -201,6 +214,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             dispatch=2, schedule=2, clustermgr=2, nodes=args.nodes, sandbox=args.sandbox,
             run_dir=Path(tmp), tls=True, nodes_per_agent=1, ha=ha,
             state=etcd.url if etcd else "memory://",
+            autoscale_control=args.autoscale_t_df is not None,
+            controller_args=[] if args.autoscale_t_df is None
+            else ["--t-df", str(args.autoscale_t_df)],
         )  # fmt: skip
         sup = Supervisor(cfg)
         r: Run | None = None

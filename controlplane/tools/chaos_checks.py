@@ -1,14 +1,19 @@
 """What `galaxy chaos` checks in a control plane after a fault: duplicate
-and leaked instances (GetClusterStatus) and the write-behind backlog (the
-components' /metrics)."""
+and leaked instances (GetClusterStatus), the write-behind backlog (the
+components' /metrics) and scale actions applied twice (the leaders' action
+log in etcd)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+from typing import Any
 
+from controlplane.controller.leader import DEFAULT_PREFIX
 from controlplane.launch.up import Supervisor
 from controlplane.sdk.client import GalaxyClient
+from statestore import open_store
 
 
 async def cluster_check(c: GalaxyClient) -> dict[str, int]:
@@ -55,3 +60,43 @@ async def pending_writes(sup: Supervisor) -> int:
             with contextlib.suppress(OSError, TimeoutError, ValueError):
                 total += await _metric(c.ready["metrics"], "galaxy_store_pending_writes")
     return int(total)
+
+
+def scale_action_check(log: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
+    """Whether any scale action was applied twice, from the leaders' action
+    log (``ScaleLedger``: (store revision, record) pairs). Pure. Twice
+    means an action id written more than once, or an action of an older
+    term written after one of a newer term (a deposed leader acting after
+    its successor took over)."""
+    seen: set[str] = set()
+    twice = stale = 0
+    newest = -1
+    for _, rec in sorted(log, key=lambda x: x[0]):
+        aid, term = str(rec.get("action", "")), int(rec.get("term", 0))
+        if aid:
+            twice += aid in seen
+            seen.add(aid)
+        stale += term < newest
+        newest = max(newest, term)
+    return {
+        "scale_actions": len(log),
+        "scale_actions_applied_twice": twice,
+        "scale_actions_after_a_newer_term": stale,
+    }
+
+
+async def scale_actions(state_url: str) -> dict[str, Any]:
+    """``scale_action_check`` of the action log in the run's etcd, and the
+    log in brief ("ACTION KIND -> DESIRED (CODE, LEADER)", in order)."""
+    store = open_store(state_url)
+    try:
+        kvs = await store.get_prefix(DEFAULT_PREFIX + "actions/")
+    finally:
+        await store.close()
+    log = sorted(((kv.version, json.loads(kv.value)) for kv in kvs), key=lambda x: x[0])
+    brief = [
+        f"{r.get('action', '?')} {r.get('kind', '?')} -> {r.get('desired')} ({r.get('code')}, "
+        f"{r.get('leader')})"
+        for _, r in log
+    ]
+    return {**scale_action_check(log), "scale_action_log": brief}

@@ -40,7 +40,7 @@ class ClusterMgrComponent:
         return [(clustermgr_pb2_grpc.add_ClusterMgrServicer_to_server, self.servicer, SERVICE_NAME)]
 
     async def start(self, ctx: HostContext) -> None:
-        """Adopt the instance id and pool; start the liveness loop."""
+        """Adopt the instance id and pool; arm the liveness timer."""
         self.servicer.bind(ctx.instance_id, ctx.pool)
         if self.recorder is not None:
             self.recorder.start()
@@ -59,7 +59,7 @@ class ClusterMgrComponent:
         }
 
     async def stop(self) -> None:
-        """Stop the liveness loop and pending ModNode sends."""
+        """Stop the liveness timer and pending ModNode sends."""
         await self.servicer.stop()
         if self.recorder is not None:
             await self.recorder.stop()

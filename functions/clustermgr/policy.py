@@ -10,6 +10,7 @@ can drive it directly.
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from controlplane.runtime.clock import Clock, MonotonicClock
@@ -82,7 +83,10 @@ class NodeRegistry:
     """Nodes known to one ClusterMgr instance.
 
     dead_after_s: silence after which a node is declared dead (default three
-    heartbeats of 1 s).
+    heartbeats of 1 s). A node is due (dead) at exactly its last beat +
+    dead_after_s; ``next_deadline()`` says when the next one falls due, so
+    a caller can wake then instead of sweeping periodically. The clock must
+    not go backward (the deadlines are kept in the order of the beats).
     """
 
     def __init__(self, *, dead_after_s: float = 3.0, clock: Clock | None = None) -> None:
@@ -92,6 +96,10 @@ class NodeRegistry:
         self.clock = clock or MonotonicClock()
         self.membership = MembershipView()
         self._nodes: dict[str, NodeRecord] = {}
+        # Alive nodes, oldest last beat first: every beat moves its node to
+        # the end, so the first one holds the earliest deadline (O(1) per
+        # beat and per look, where a scan would cost O(nodes) per beat).
+        self._by_beat: OrderedDict[str, None] = OrderedDict()
 
     # ----- reads -----------------------------------------------------------
 
@@ -105,6 +113,13 @@ class NodeRegistry:
 
     def __len__(self) -> int:
         return len(self._nodes)
+
+    def next_deadline(self) -> float | None:
+        """When the alive node silent the longest falls due (its last beat +
+        dead_after_s), on the registry's clock; None with no alive node."""
+        for nid in self._by_beat:
+            return self._nodes[nid].last_seen + self.dead_after_s
+        return None
 
     def owner(self, node_id: str) -> common_pb2.ControlInstance | None:
         """The Schedule instance that owns node_id under the membership."""
@@ -120,6 +135,7 @@ class NodeRegistry:
         rec = self._nodes.get(status.node_id)
         copy = common_pb2.NodeStatus()
         copy.CopyFrom(status)
+        self._beat(status.node_id)
         if rec is None:
             self._nodes[status.node_id] = NodeRecord(copy, now, True, self._owner_id(copy.node_id))
             return Registered.NEW
@@ -145,15 +161,25 @@ class NodeRegistry:
         rec.status = common_pb2.NodeStatus()
         rec.status.CopyFrom(status)
         rec.last_seen = self.clock.now()
+        self._beat(status.node_id)
         if not rec.alive:
             rec.alive = True
             return Updated.REVIVED
         return Updated.CHANGED if changed else Updated.SAME
 
     def dead_nodes(self, now: float | None = None) -> list[NodeRecord]:
-        """Alive nodes silent for longer than dead_after_s (not marked)."""
+        """Alive nodes due at ``now``: silent for dead_after_s or longer
+        (not marked), oldest beat first."""
         t = self.clock.now() if now is None else now
-        return [r for r in self._nodes.values() if r.alive and t - r.last_seen > self.dead_after_s]
+        due = []
+        for nid in self._by_beat:
+            r = self._nodes[nid]
+            # The same sum as next_deadline(): a wake-up at that deadline
+            # finds the node due, whatever the rounding.
+            if t < r.last_seen + self.dead_after_s:
+                break  # the rest beat later
+            due.append(r)
+        return due
 
     def mark_dead(self, now: float | None = None) -> list[NodeRecord]:
         """Declare ``dead_nodes(now)`` dead and return them. They stay listed
@@ -161,11 +187,18 @@ class NodeRegistry:
         dead = self.dead_nodes(now)
         for r in dead:
             r.alive = False
+            del self._by_beat[r.status.node_id]
         return dead
 
     def forget(self, node_id: str) -> NodeRecord | None:
         """Drop a node entirely; returns its record."""
+        self._by_beat.pop(node_id, None)
         return self._nodes.pop(node_id, None)
+
+    def _beat(self, node_id: str) -> None:
+        # Heard from now: the latest deadline of all (the clock only moves on).
+        self._by_beat[node_id] = None
+        self._by_beat.move_to_end(node_id)
 
     def set_membership(self, m: common_pb2.Membership) -> list[OwnerChange] | None:
         """Adopt a membership. Returns the nodes whose Schedule owner changed

@@ -11,7 +11,6 @@ of heartbeats.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -162,7 +161,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
     heartbeat_s: interval told to node agents. record: write-behind hook for
     node records (key ``/galaxy/nodes/<node_id>``, NodeStatus bytes; None =
     delete); it must not block. ``bind(id, pool)`` when they are known only
-    once the server is up; ``start()`` runs the liveness loop.
+    once the server is up; ``start()`` arms the liveness timer.
     """
 
     def __init__(
@@ -185,7 +184,11 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         self.node_updates = 0
         #: Which heartbeats go on to Schedule (shared with the simulator).
         self.forwarding = HeartbeatForwarding(heartbeat_s)
-        self._liveness: asyncio.Task[None] | None = None
+        #: The liveness timer: armed for the registry's next deadline (None:
+        #: not started, or no alive node to wait for).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # the deadline it is armed for (registry clock)
+        self._started = False
         self._background: set[asyncio.Task[None]] = set()
 
     def bind(self, clustermgr_id: str, pool: rpc.ChannelPool) -> None:
@@ -215,6 +218,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         self._tell_owner(rec, UPSERT)
         self._record(rec.status.node_id, rec.status)
         self._gauges()
+        self._arm()
         return self._reply()
 
     async def Update(
@@ -236,6 +240,8 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
             self._tell_owner(rec, UPSERT)
         if outcome is not Updated.SAME:
             self._record(rec.status.node_id, rec.status)
+        if outcome is Updated.REVIVED:
+            self._arm()
         return self._reply()
 
     async def Coordinate(
@@ -300,7 +306,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
 
     def check_liveness(self) -> list[str]:
         """Declare silent nodes dead: tell their owners (OP_REMOVE) and delete
-        their records. Returns their ids. Called by the liveness loop."""
+        their records. Returns their ids. Called by the liveness timer."""
         dead = self.registry.mark_dead()
         for rec in dead:
             nid, after = rec.status.node_id, self.registry.dead_after_s
@@ -313,32 +319,51 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         return [r.status.node_id for r in dead]
 
     async def start(self) -> None:
-        """Start the liveness loop."""
-        if self._liveness is None:
-            self._liveness = asyncio.create_task(self._liveness_loop())
+        """Start declaring nodes dead: a timer for the registry's next
+        deadline, so a node is declared dead as soon as it falls due (its
+        last beat + dead_after_s), not at the next round of a sweep."""
+        self._started = True
+        self._arm()
 
     async def stop(self) -> None:
-        """Stop the liveness loop and the outbox."""
-        if self._liveness is not None:
-            self._liveness.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._liveness
-            self._liveness = None
+        """Stop the liveness timer and the outbox."""
+        self._started = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for t in list(self._background):
             t.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.outbox.close()
 
-    async def _liveness_loop(self) -> None:
-        # Half the shorter of the two periods: a death is noticed at most
-        # that much after dead_after_s.
-        period = max(0.01, min(self.heartbeat_s, self.registry.dead_after_s) / 2)
-        while True:
-            await asyncio.sleep(period)  # a timer, not synchronisation
-            try:
-                self.check_liveness()
-            except Exception:  # the loop must survive a bug in one round
-                log.exception("liveness check failed")
+    def _arm(self) -> None:
+        """Arm the timer for the next deadline unless it fires by then. A
+        beat only moves deadlines later, so the timer is re-armed when it
+        fires (or when a node becomes alive, which may bring one earlier):
+        it wakes about once per dead_after_s - heartbeat, not per beat."""
+        if not self._started:
+            return
+        due = self.registry.next_deadline()
+        if due is None:
+            return  # nothing alive to wait for; a registration arms it
+        if self._timer is not None:
+            if self._timer_at <= due:
+                return
+            self._timer.cancel()
+        # The registry's clock and the loop's may differ (uvloop ticks in
+        # milliseconds): a delay, not an absolute time, carries over.
+        delay = max(0.0, due - self.registry.clock.now())
+        self._timer_at = due
+        self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        try:
+            self.check_liveness()
+        except Exception:  # the timer must survive a bug in one round
+            log.exception("liveness check failed")
+        finally:
+            self._arm()
 
     # ----- helpers -----------------------------------------------------------
 

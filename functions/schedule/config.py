@@ -32,6 +32,13 @@ class ScheduleConfig(Config):
         ge=1,
         le=32,
     )
+    max_pending: int = setting(
+        10_000,
+        "placements in progress at once; beyond, Schedule answers RESOURCE_EXHAUSTED "
+        "(Dispatch spills to the next instance)",
+        ge=1,
+        le=10_000_000,
+    )
     scoring: str = setting(
         "least_loaded",
         "placement scoring term (functions/schedule/scoring.py registry)",

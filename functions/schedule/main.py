@@ -24,11 +24,11 @@ class ScheduleComponent:
 
     kind = common_pb2.CONTROL_KIND_SCHEDULE
 
-    def __init__(self, policy: PlacementPolicy) -> None:
+    def __init__(self, policy: PlacementPolicy, *, max_pending: int = 10_000) -> None:
         self.policy = policy
         # The id and the host's pool are bound in start(); until then the
         # servicer holds a private pool it never uses.
-        self.servicer = ScheduleServicer(policy)
+        self.servicer = ScheduleServicer(policy, max_pending=max_pending)
 
     def services(self) -> list[tuple[Any, Any, str]]:
         """The Schedule service."""
@@ -78,4 +78,4 @@ def from_config(cfg: ScheduleConfig) -> ScheduleComponent:
         score=scoring.lookup(cfg.scoring),
         exact=cfg.exact_partition,
     )
-    return ScheduleComponent(policy)
+    return ScheduleComponent(policy, max_pending=cfg.max_pending)

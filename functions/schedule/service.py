@@ -22,7 +22,14 @@ from controlplane.runtime.errors import (
     Unavailable,
 )
 from controlplane.runtime.membership import MembershipView
-from controlplane.runtime.metrics import NODES, PROBE_ROUND_TRIP, PROBES, SCHEDULING_LATENCY
+from controlplane.runtime.metrics import (
+    NODES,
+    PROBE_ROUND_TRIP,
+    PROBES,
+    SCHEDULE_PENDING,
+    SCHEDULE_REJECTED,
+    SCHEDULING_LATENCY,
+)
 from controlplane.runtime.resources import Res
 from functions.schedule.model import ZERO, NodeInfo, NoFit, Placement, ProbeNodes, Target
 from functions.schedule.policy import PlacementPolicy
@@ -86,7 +93,9 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
     ``bind(schedule_id, pool)`` must be called before serving when the id and
     pool are only known once the server is up (see ``functions.schedule.main``).
     recent_results: how many successful replies are kept for idempotent
-    retries. probe_timeout_s: deadline of one Probe RPC.
+    retries. probe_timeout_s: deadline of one Probe RPC. max_pending:
+    placements in progress at once; a new one beyond is refused with
+    RESOURCE_EXHAUSTED (Dispatch then spills to the next Schedule instance).
     """
 
     def __init__(
@@ -98,7 +107,11 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
         clock: Clock | None = None,
         recent_results: int = 4096,
         probe_timeout_s: float = 2.0,
+        max_pending: int = 10_000,
     ) -> None:
+        if max_pending < 1:
+            raise ValueError("max_pending must be >= 1")
+        self.max_pending = max_pending
         self.policy = policy
         self.pool = pool or rpc.ChannelPool()
         self.clock = clock or MonotonicClock()
@@ -149,11 +162,18 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
             return done
         task = self._running.get(iid)
         if task is None:
+            if len(self._running) >= self.max_pending:  # a retry above joins, never shed
+                SCHEDULE_REJECTED.labels("queue_full").inc()
+                raise ResourceExhausted(
+                    f"schedule {self.schedule_id} has {len(self._running)} placements in "
+                    f"progress (max_pending {self.max_pending}); try another instance"
+                )
             # The placement runs as its own task: a caller that gives up
             # (deadline, cancel) must not abandon a half-made instance, and a
             # retry with the same id joins or reads the outcome.
             task = asyncio.create_task(self._place(request))
             self._running[iid] = task
+            SCHEDULE_PENDING.inc()
             task.add_done_callback(lambda t: self._finished(iid, t))
         return await asyncio.shield(task)
 
@@ -239,7 +259,8 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
             raise InvalidArgument("function.resources must be set")
 
     def _finished(self, iid: str, task: asyncio.Task[schedule_pb2.ScheduleReply]) -> None:
-        self._running.pop(iid, None)
+        if self._running.pop(iid, None) is not None:
+            SCHEDULE_PENDING.dec()
         if task.cancelled() or task.exception() is not None:
             return  # an error is not remembered: a retry places again
         self._recent[iid] = task.result()

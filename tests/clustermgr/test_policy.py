@@ -21,7 +21,9 @@ def status(nid: str, seq: int, cpu_used: int = 0) -> common_pb2.NodeStatus:
     )
 
 
-def membership(epoch: int, schedule: list[str], cmf: list[str] = ()) -> common_pb2.Membership:
+def membership(
+    epoch: int, schedule: list[str], cmf: tuple[str, ...] | list[str] = ()
+) -> common_pb2.Membership:
     inst = [common_pb2.ControlInstance(id=i, kind=SCHEDULE, address=f"{i}:1") for i in schedule]
     inst += [common_pb2.ControlInstance(id=i, kind=CLUSTERMGR, address=f"{i}:1") for i in cmf]
     return common_pb2.Membership(epoch=epoch, instances=inst)
@@ -119,3 +121,44 @@ def test_nodes_of_other_clustermgr_instances() -> None:
         f"n{i}" for i in range(50) if rendezvous.owner(f"n{i}", ["c-1", "c-2"]) == "c-2"
     }
     assert reg.not_mine("not-a-member") == []
+
+
+def test_a_node_is_due_exactly_dead_after_its_last_beat() -> None:
+    clock = ManualClock()
+    reg = NodeRegistry(dead_after_s=3.0, clock=clock)
+    assert reg.next_deadline() is None  # nothing alive: nothing to wake for
+    reg.register(status("a", 1))  # beats at t=0
+    assert reg.next_deadline() == 3.0
+    assert reg.dead_nodes(now=3.0 - 1e-9) == []
+    assert [r.status.node_id for r in reg.dead_nodes(now=3.0)] == ["a"]
+    assert reg.mark_dead(now=3.0 - 1e-9) == []
+    clock.set(3.0)
+    assert [r.status.node_id for r in reg.mark_dead()] == ["a"]
+    assert reg.next_deadline() is None  # dead nodes have no deadline
+
+
+def test_next_deadline_follows_the_oldest_beat() -> None:
+    clock = ManualClock()
+    reg = NodeRegistry(dead_after_s=3.0, clock=clock)
+    reg.register(status("a", 1))
+    clock.advance(0.5)
+    reg.register(status("b", 1))
+    clock.advance(0.5)
+    reg.register(status("c", 1))
+    assert reg.next_deadline() == 3.0  # a's
+    clock.advance(1.0)  # t = 2
+    reg.update(status("a", 2))  # a beats: b is now the oldest
+    assert reg.next_deadline() == 3.5
+    assert reg.update(status("b", 0)) is Updated.STALE  # reordered: no move
+    assert reg.next_deadline() == 3.5
+    assert reg.forget("b") is not None
+    assert reg.next_deadline() == 4.0  # c's
+    clock.set(4.0)
+    assert [r.status.node_id for r in reg.mark_dead()] == ["c"]
+    assert reg.next_deadline() == 5.0  # a's (beat at 2)
+    clock.set(4.5)
+    assert reg.update(status("c", 2)) is Updated.REVIVED  # back: a deadline again
+    assert reg.next_deadline() == 5.0
+    clock.set(5.0)
+    assert [r.status.node_id for r in reg.mark_dead()] == ["a"]
+    assert reg.next_deadline() == 7.5

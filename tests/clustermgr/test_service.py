@@ -4,6 +4,7 @@ receivers of ModNode: repartitioning, liveness, restarts, bad input."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -166,6 +167,39 @@ async def test_liveness_loop_runs_by_itself(env: Env) -> None:
     await asyncio.wait_for(env.deleted.wait(), 5.0)
     await env.cm.outbox.flush()
     assert env.partition("s-1") == set()
+
+
+async def test_a_silent_node_is_declared_dead_at_its_deadline(env: Env) -> None:
+    # Nodes fall silent at phases spread over what a periodic sweep's round
+    # would be (heartbeat / 2): a sweep would find some of them late by up
+    # to a round; a timer on each deadline finds every one on time.
+    dead_after, heartbeat, spacing = 0.4, 0.5, 0.05
+    declared: dict[str, float] = {}
+    all_dead = asyncio.Event()
+    names = [f"quiet-{i}" for i in range(6)]
+
+    def record(key: str, value: bytes | None) -> None:
+        if value is None:
+            declared[key.rsplit("/", 1)[1]] = time.monotonic()
+            if len(declared) == len(names):
+                all_dead.set()
+
+    env.record = record  # type: ignore[method-assign]
+    await env.start(MonotonicClock(), n_sched=1, dead_after_s=dead_after)
+    env.cm.heartbeat_s = heartbeat
+    await env.coordinate(1, ["s-1", "c-1"])
+    await env.cm.start()
+    for i, nid in enumerate(names):
+        await env.cmf.RegisterNode(status(nid, 1), timeout=5)  # its last beat
+        if i < len(names) - 1:
+            await asyncio.sleep(spacing)  # spreads the stimuli, not a sync
+    await asyncio.wait_for(all_dead.wait(), 5.0)
+    for nid in names:
+        rec = env.cm.registry.get(nid)
+        assert rec is not None and not rec.alive
+        late = declared[nid] - (rec.last_seen + dead_after)
+        # Never early; late only by the event loop's own latency.
+        assert 0.0 <= late < 0.1, (nid, late)
 
 
 async def test_restarted_agent_with_lower_seq_replaces_the_old_one(env: Env) -> None:

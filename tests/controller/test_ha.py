@@ -53,7 +53,10 @@ async def test_a_paused_leader_is_fenced_off_and_applies_nothing(etcd_server):
         e2.start()
         l1 = ScaleLedger(s1, prefix)
         await l1.adopt(e1.term, "c1")
-        await l1.commit("schedule", 2, code="overload", reason="test", leader_id="c1")
+        await l1.commit(
+            "schedule", 2, code="overload", reason="test", leader_id="c1", action=f"{e1.term}-1"
+        )
+        assert await l1.still_mine("schedule")
         # c1 "pauses": its keepalive stops, its lease expires, c2 takes over.
         t0 = time.monotonic()
         await e1.stop(resign=False)
@@ -63,6 +66,9 @@ async def test_a_paused_leader_is_fenced_off_and_applies_nothing(etcd_server):
         assert e2.term > e1.term
         l2 = ScaleLedger(s2, prefix)
         assert await l2.adopt(e2.term, "c2") == {"schedule": 2}
+        assert l2.adopted == {"schedule": f"{e1.term}-1"}  # c2 never applies it again
+        # c1, about to apply what it committed, finds the target taken over.
+        assert not await l1.still_mine("schedule") and await l2.still_mine("schedule")
         # c1 wakes up and tries to act on what it decided before: fenced.
         with pytest.raises(Fenced):
             await l1.commit("schedule", 3, code="overload", reason="stale", leader_id="c1")
@@ -72,6 +78,53 @@ async def test_a_paused_leader_is_fenced_off_and_applies_nothing(etcd_server):
     finally:
         await e2.stop()
         await e1.stop()
+        await s1.delete_prefix(prefix)
+        await s1.close()
+        await s2.close()
+
+
+async def test_a_new_leader_prepares_before_it_counts_as_leader(etcd_server):
+    prefix = f"/t-{uuid.uuid4().hex[:8]}/controller/"
+    store = open_store(etcd_server.url)
+    seen: list[tuple[bool, int, LeaderInfo | None]] = []
+    e: LeaderElector
+
+    async def prepare() -> None:
+        # What a call arriving now would see: not the leader yet, the term known.
+        seen.append((e.is_leader, e.term, e.leader))
+        await asyncio.sleep(0.2)  # a slow load of the predecessor's state
+        seen.append((e.is_leader, e.term, e.leader))
+
+    e = LeaderElector(store, LeaderInfo("c1", "h:1"), prefix=prefix, ttl_s=TTL_S, prepare=prepare)
+    try:
+        e.start()
+        await asyncio.wait_for(e.elected.wait(), 10)
+        assert e.is_leader and e.term > 0
+        assert seen == [(False, e.term, None), (False, e.term, None)]
+        assert e.leader == LeaderInfo("c1", "h:1", e.term)
+    finally:
+        await e.stop()
+        await store.delete_prefix(prefix)
+        await store.close()
+
+
+async def test_a_deposed_leaders_late_first_commit_does_not_fence_the_new_one(etcd_server):
+    prefix = f"/t-{uuid.uuid4().hex[:8]}/controller/"
+    s1, s2 = open_store(etcd_server.url), open_store(etcd_server.url)
+    try:
+        old, new = ScaleLedger(s1, prefix), ScaleLedger(s2, prefix)
+        await old.adopt(5, "c1")
+        await new.adopt(9, "c2")  # no key yet: nothing rewritten
+        # The deposed leader, paused mid-tick, writes the kind's first target.
+        await old.commit("dispatch", 3, code="overload", reason="late", leader_id="c1")
+        # The new leader's commit overwrites the older term's record...
+        await new.commit("dispatch", 4, code="overload", reason="new", leader_id="c2")
+        assert not await old.still_mine("dispatch") and await new.still_mine("dispatch")
+        # ...and fences the old one off, not the other way round.
+        with pytest.raises(Fenced):
+            await old.commit("dispatch", 5, code="overload", reason="stale", leader_id="c1")
+        await new.commit("dispatch", 5, code="overload", reason="again", leader_id="c2")
+    finally:
         await s1.delete_prefix(prefix)
         await s1.close()
         await s2.close()

@@ -1,7 +1,8 @@
 """The fault suite: kill -9 of a control function under load loses no
 request (SDK failover, supervision), through `galaxy chaos` itself; the
-goals of the leading controller's death (--ha) and of an etcd outage, short
-versions; and the report's arithmetic (pure)."""
+goals of the leading controller's death (--ha), of an etcd outage, of a node
+agent stopped past the dead-node timeout and of a whole-control-plane
+restart, short versions; and the report's and checks' arithmetic (pure)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import pytest
 
 from controlplane.tools.chaos import Outcome, report
+from controlplane.tools.chaos_checks import scale_action_check
 from tests.etcd_server import require_etcd
 from tests.integration.upctl import REPO, pid_alive
 
@@ -33,6 +35,24 @@ def test_report_counts_failures_gaps_and_latency_around_the_fault() -> None:
     assert rep["hung"] == 1 and rep["longest_gap_s"] == pytest.approx(6.97)
 
 
+def test_scale_action_check_finds_an_action_applied_twice() -> None:
+    def rec(action: str, term: int) -> dict[str, object]:
+        return {"action": action, "term": term, "desired": 3}
+
+    clean = [(10, rec("5-1", 5)), (12, rec("5-2", 5)), (20, rec("9-1", 9))]
+    assert scale_action_check(clean) == {
+        "scale_actions": 3, "scale_actions_applied_twice": 0,
+        "scale_actions_after_a_newer_term": 0,
+    }  # fmt: skip
+    # The same decision applied again by a new leader; then a deposed
+    # leader's action landing after its successor's (by store revision).
+    bad = [*clean, (25, rec("5-2", 5))]
+    got = scale_action_check(bad)
+    assert got["scale_actions_applied_twice"] == 1
+    assert got["scale_actions_after_a_newer_term"] == 1
+    assert scale_action_check([])["scale_actions"] == 0
+
+
 @pytest.mark.parametrize("fault", ["dispatch", "schedule"])
 def test_kill_9_under_load_loses_no_request(fault: str, tmp_path) -> None:
     out = tmp_path / "chaos.json"
@@ -49,10 +69,13 @@ def test_kill_9_under_load_loses_no_request(fault: str, tmp_path) -> None:
     assert r.returncode == 0
 
 
-def chaos(tmp_path, *flags: str) -> tuple[dict, subprocess.CompletedProcess[str]]:
-    """Run `galaxy chaos` with its own etcd (the binary the fixtures use)."""
+def chaos(
+    tmp_path, *flags: str, etcd: bool = True
+) -> tuple[dict, subprocess.CompletedProcess[str]]:
+    """Run `galaxy chaos` with its own etcd (the binary the fixtures use)
+    when the fault needs one."""
     out = tmp_path / "chaos.json"
-    env = {**os.environ, "GALAXY_ETCD_BINARY": require_etcd()}
+    env = {**os.environ, "GALAXY_ETCD_BINARY": require_etcd()} if etcd else None
     r = subprocess.run(
         [sys.executable, "-m", "controlplane.tools.cli", "chaos", "--rate", "40", "--nodes", "2",
          "--out", str(out), *flags],
@@ -74,6 +97,22 @@ def test_kill_9_of_the_leading_controller_fails_over_within_the_lease_ttl(tmp_pa
     assert rep["detect_s"] is not None and rep["detect_s"] <= rep["takeover_bound_s"], rep
     assert (rep["requests"], rep["failed"], rep["hung"]) == (320, 0, 0), rep["errors"]
     assert rep["victim_back"] and rep["functions_after"] == rep["functions_before"]
+    assert rep["scale_actions_applied_twice"] == rep["scale_actions_after_a_newer_term"] == 0
+
+
+@pytest.mark.etcd
+def test_a_takeover_with_scale_actions_fails_nothing_and_applies_none_twice(tmp_path) -> None:
+    # T = 10/s per Dispatch instance at 40/s: the leader scales out before
+    # the kill, and its instances (its children) die with it.
+    rep, r = chaos(
+        tmp_path, "--fault", "controller-leader", "--duration-s", "10", "--at-s", "5",
+        "--autoscale-t-df", "10",
+    )  # fmt: skip
+    assert rep["scale_actions"] >= 1, (rep["scale_action_log"], r.stdout[-2000:])
+    assert rep["scale_actions_applied_twice"] == rep["scale_actions_after_a_newer_term"] == 0
+    # The new leader answers no membership read before it has loaded its
+    # predecessor's (the SDK failed with FAILED_PRECONDITION when it did).
+    assert (rep["failed"], rep["hung"]) == (0, 0), rep["error_samples"]
 
 
 @pytest.mark.etcd
@@ -89,4 +128,35 @@ def test_an_etcd_outage_refuses_deploys_and_leaves_warm_traffic_alone(tmp_path) 
     assert rep["write_behind_drained_after_s"] is not None  # the records landed
     # Before the fault: a function to cold-start in the outage; after the restart: a probe.
     assert rep["functions_after"] == rep["functions_before"] + rep["acknowledged_deploys"] == 6
+    assert rep["goal_met"] and r.returncode == 0
+
+
+def test_a_stopped_node_agent_is_detected_within_3_beats_and_leaks_nothing(tmp_path) -> None:
+    # Stopped for 4 s: past the dead-node timeout (3 heartbeats of 1 s).
+    rep, r = chaos(
+        tmp_path, "--fault", "sigstop-nodeagent", "--duration-s", "10", "--at-s", "3",
+        "--outage-s", "4", etcd=False,
+    )  # fmt: skip
+    assert rep["victim"].startswith("agent-"), r.stdout[-2000:]
+    # Declared dead at its last heartbeat + 3 heartbeats: within 3 of the
+    # stop (its last beat came before), plus the time to see it.
+    assert rep["detect_s"] is not None and rep["detect_s"] <= rep["detect_bound_s"], rep
+    assert 3.0 <= rep["silence_when_seen_dead_s"] <= rep["detect_bound_s"], rep
+    # Back after SIGCONT, with no duplicate instance and no leaked allocation.
+    assert rep["victim_back"] and rep["nodes_alive"] == 2, rep
+    assert rep["duplicate_instances"] == rep["leaked_instances"] == 0, rep
+    assert (rep["requests"], rep["failed"], rep["hung"]) == (400, 0, 0), rep["errors"]
+    assert rep["goal_met"] and r.returncode == 0
+
+
+@pytest.mark.etcd
+def test_a_restarted_control_plane_brings_everything_back(tmp_path) -> None:
+    rep, r = chaos(
+        tmp_path, "--fault", "restart", "--duration-s", "5", "--at-s", "2", "--functions", "2"
+    )
+    assert rep["victim"] == "control plane", r.stdout[-2000:]
+    assert rep["functions_after"] == rep["functions_before"] == 2, rep
+    assert rep["revisions_after"] == rep["revisions_before"] > 0, rep
+    assert rep["duplicate_instances"] == rep["leaked_instances"] == 0, rep
+    assert rep["nodes_alive"] == 2, rep
     assert rep["goal_met"] and r.returncode == 0

@@ -295,3 +295,50 @@ async def test_emulated_pool_of_50_nodes(make_agent):
         )
     )
     assert (await probe(agent, "pool-49")).allocated.cpu_millis == 1000
+
+
+async def test_a_full_start_queue_sheds_with_resource_exhausted(make_agent):
+    from prometheus_client import REGISTRY
+
+    def shed() -> float:
+        labels = {"reason": "queue_full"}
+        return REGISTRY.get_sample_value("galaxy_nodeagent_rejected_total", labels) or 0.0
+
+    # Starts that take long: they stay in the queue for the whole test.
+    agent = await make_agent([("n-0", CAP), ("n-1", CAP)], EmulatedBackend(start_delay_ms=60_000))
+    agent.servicer.max_starting = 2
+    small = common_pb2.FunctionSpec(name="f", resources=common_pb2.Resources(cpu_millis=10))
+    calls = [
+        asyncio.ensure_future(agent.stub.CreateInstance(create(n, i, small), timeout=30))
+        for n, i in (("n-0", "a"), ("n-1", "b"))
+    ]
+    try:
+        await eventually(lambda: agent.servicer.starting == 2, what="two starts queued")
+        before = shed()
+        details = await expect_code(
+            agent.stub.CreateInstance(create("n-0", "c", small), timeout=5),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        )
+        assert "2 instances starting (max_starting 2)" in details
+        assert shed() == before + 1
+        assert (await probe(agent, "n-0")).instances == 1  # nothing allocated for c
+        # A retry of a queued start joins it: not shed (it just waits).
+        await expect_code(
+            agent.stub.CreateInstance(create("n-0", "a", small), timeout=0.2),
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        )
+        assert shed() == before + 1
+        # Room again once a start leaves the queue.
+        await agent.stub.DeleteInstance(
+            nodeagent_pb2.DeleteInstanceRequest(node_id="n-1", instance_id="b"), timeout=5
+        )
+        await eventually(lambda: agent.servicer.starting == 1, what="b out of the queue")
+        await expect_code(
+            agent.stub.CreateInstance(create("n-1", "d", small), timeout=0.2),
+            grpc.StatusCode.DEADLINE_EXCEEDED,  # accepted, starting
+        )
+        assert agent.servicer.starting == 2 and shed() == before + 1
+    finally:
+        for c in calls:
+            c.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)

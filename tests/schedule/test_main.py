@@ -56,5 +56,5 @@ async def test_clustermgr_flags_and_component() -> None:
     assert c.servicer.clustermgr_id == "c-7" and c.servicer.outbox.pool is pool
     c.on_membership(common_pb2.Membership(epoch=2))
     assert c.registry.membership.epoch == 2
-    await c.stop()  # cancels the liveness loop
-    assert c.servicer._liveness is None
+    await c.stop()  # cancels the liveness timer
+    assert c.servicer._timer is None and not c.servicer._started

@@ -34,6 +34,7 @@ from galaxy.v1 import (
     schedule_pb2,
     schedule_pb2_grpc,
 )
+from tests.cluster import eventually
 
 NODES = {"small": Res(1000, 4096, 0), "big": Res(4000, 4096, 0), "gpu": Res(1000, 4096, 1)}
 
@@ -350,3 +351,36 @@ async def test_exact_partition_places_without_probes_until_a_refusal(make_stack)
     nxt = await st.sf.Schedule(req("next", spec(cpu=50, mem=10)), timeout=5)
     assert nxt.probes == 1  # "big" is asked before it is used again
     assert st.policy.stats.probes == 1 and st.policy.stats.rejections == 1
+
+
+async def test_a_full_placement_queue_sheds_with_resource_exhausted(make_stack) -> None:
+    def shed() -> float:
+        labels = {"reason": "queue_full"}
+        return REGISTRY.get_sample_value("galaxy_schedule_rejected_total", labels) or 0.0
+
+    def pending() -> float:
+        return REGISTRY.get_sample_value("galaxy_schedule_pending") or 0.0
+
+    st = await make_stack()
+    st.sched.max_pending = 1
+    backend = st.agent.backend
+    assert isinstance(backend, EmulatedBackend)
+    backend.start_delay_s = 60.0  # the placement waits on a start that lasts
+    first = asyncio.ensure_future(st.sf.Schedule(req("slow", spec()), timeout=30))
+    try:
+        await eventually(lambda: st.sched.running == 1, what="the placement in progress")
+        before, queued = shed(), pending()
+        assert queued >= 1
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await st.sf.Schedule(req("next", spec()), timeout=5)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "1 placements in progress (max_pending 1)" in e.value.details()
+        assert shed() == before + 1 and pending() == queued
+        # A retry of the placement in progress joins it: not shed.
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await st.sf.Schedule(req("slow", spec()), timeout=0.2)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert shed() == before + 1
+    finally:
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
