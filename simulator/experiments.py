@@ -38,6 +38,7 @@ PRESET_SYSTEM = {
     "G_n": "Gn",
     "G_n-C": "Gn-C",
     "G_n-CP": "Gn-CP",
+    "G_n-CPE": "Gn-CPE",
     "Galaxy": "galaxy",
 }
 
@@ -116,7 +117,7 @@ def plan_config(plan: ex.Plan, base: SimConfig) -> tuple[SimConfig, str | None]:
             preset = PRESET_SYSTEM[str(v)]
         elif k in _GALAXY_KEYS:
             params = {**cfg.params}
-            for s in ("galaxy", "G1", "Gn", "Gn-C", "Gn-CP"):
+            for s in ("galaxy", "G1", "Gn", "Gn-C", "Gn-CP", "Gn-CPE"):
                 if s == "G1" and _GALAXY_KEYS[k] == "instances":
                     continue  # G_1 is one instance by definition
                 params[s] = {**params.get(s, {}), _GALAXY_KEYS[k]: v}

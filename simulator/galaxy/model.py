@@ -19,9 +19,11 @@ service times (``Calibration``) in between.
 
 Variants (``VARIANTS``): G1 = one instance of each control function, no
 caches; Gn = n instances, no caches; Gn-C = Gn plus the connection cache;
-Gn-CP = Gn-C plus the probe cache; galaxy = Gn-CP plus exact partitions
+Gn-CP = Gn-C plus the probe cache; Gn-CPE = Gn-CP plus exact partitions
 (no probe unless a node's view is in doubt; frees reported at once), and
-the controller scaling control functions on SRPS.
+the controller scaling control functions on SRPS; galaxy = Gn-CPE plus
+capacity credits (``simulator.galaxy.credits``: a scale-up that fits a
+slice Schedule lent its Dispatch instance goes to the node agent directly).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.policy import Instance
+from controlplane.runtime.resources import Res
 from functions.schedule.config import ScheduleConfig
 from simulator.frontend import RoutedModel
 from simulator.galaxy.control import ControlPlane
@@ -68,6 +71,17 @@ class GalaxyConfig:
     controller_scaling: bool = True
     report_s: float = 1.0
     max_instances: int = 64
+    #: capacity credits (``simulator.galaxy.credits``): Schedule lends
+    #: Dispatch slices of node capacity, and a scale-up that fits one goes
+    #: to the node agent directly (production defaults: ``ScheduleConfig``,
+    #: ``DispatchConfig``)
+    credits: bool = _SCHEDULE.credits and _DISPATCH.credits
+    credit_slice: Res = _SCHEDULE.credit_slice
+    credit_ttl_s: float = _SCHEDULE.credit_ttl_ms / 1000.0
+    credit_grace_s: float = _SCHEDULE.credit_grace_ms / 1000.0
+    credit_target: int = _DISPATCH.credit_target
+    credit_renew_s: float = _DISPATCH.credit_renew_ms / 1000.0
+    credit_idle_s: float = _DISPATCH.credit_idle_ms / 1000.0
 
     def params(self) -> dict[str, Any]:
         """For reports."""
@@ -81,12 +95,19 @@ VARIANTS: dict[str, GalaxyConfig] = {
         probe_cache=False,
         controller_scaling=False,
         exact=False,
+        credits=False,
     ),
     "Gn": GalaxyConfig(
-        connection_cache=False, probe_cache=False, controller_scaling=False, exact=False
+        connection_cache=False,
+        probe_cache=False,
+        controller_scaling=False,
+        exact=False,
+        credits=False,
     ),
-    "Gn-C": GalaxyConfig(probe_cache=False, controller_scaling=False, exact=False),
-    "Gn-CP": GalaxyConfig(controller_scaling=False, exact=False),
+    "Gn-C": GalaxyConfig(probe_cache=False, controller_scaling=False, exact=False, credits=False),
+    "Gn-CP": GalaxyConfig(controller_scaling=False, exact=False, credits=False),
+    #: Gn-CP + exact partitions + the controller (the full system before credits)
+    "Gn-CPE": GalaxyConfig(credits=False),
     "galaxy": GalaxyConfig(),
 }
 
@@ -108,6 +129,8 @@ class GalaxyModel(RoutedModel):
 
     def start(self) -> None:
         self.control.start()
+        if self.placer.credits is not None:
+            self.sim.every(self.cfg.report_s, self.placer.credits.tick)
         super().start()
 
     def finish(self) -> None:
