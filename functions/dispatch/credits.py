@@ -170,13 +170,15 @@ class CreditWallet:
         """Grantors to sync with now (none with an exchange in flight):
         ``home`` (where new credits are asked; default: the last one named)
         when more are wanted, and with ``upkeep`` (the periodic call) those
-        with reports or returns pending. (A report need not hurry: until it
-        arrives the hold still counts the instance.)"""
+        with returns pending. Use reports go with the next exchange with
+        their grantor, at the latest with the credit's return: until then
+        the hold still counts the instance (an over-estimate of what is
+        used, never an under-estimate), so they need not cost a message."""
         home = self.home = home or self.home
         self._retire_old(self.clock.now())
         out = []
         if upkeep:
-            out = sorted(g for g in {*self._used, *self._returns} if g not in self._syncing)
+            out = sorted(g for g in self._returns if g not in self._syncing)
         if home and home not in self._syncing and home not in out and self._want() > 0:
             out.append(home)
         return out
