@@ -28,8 +28,9 @@ class DispatchConfig(RecordsConfig):
 
     credits: bool = setting(
         True,
-        "use capacity credits: ask Schedule instances for small slices of node capacity and "
-        "create instances that fit one directly on the node (functions/dispatch/credits.py)",
+        "capacity credits: ask Schedule instances for small slices of node capacity and create "
+        "instances that fit one directly on the node (functions/dispatch/credits.py). "
+        "Off (--no-credits): every start goes through Schedule",
     )
     credit_target: int = setting(
         4, "credits held while scale-ups happen (the bound on what is delegated)", ge=0, le=64

@@ -186,9 +186,7 @@ class CreditWallet:
     def begin_sync(self, grantor: str) -> SyncRequest:
         """The request for one exchange (reports and returns leave the
         wallet; new credits are asked when ``grantor`` is ``home``)."""
-        req = SyncRequest(
-            grantor, self._used.pop(grantor, []), self._returns.pop(grantor, []), 0
-        )
+        req = SyncRequest(grantor, self._used.pop(grantor, []), self._returns.pop(grantor, []), 0)
         if grantor == self.home:
             req.want = self._want()
         self._syncing[grantor] = req.want

@@ -35,8 +35,9 @@ class ScheduleConfig(Config):
     )
     credits: bool = setting(
         True,
-        "grant capacity credits: lend Dispatch instances small slices of nodes' free capacity "
-        "(functions/schedule/credits.py) so a scale-up that fits one skips the Schedule hop",
+        "capacity credits: lend Dispatch instances small slices of nodes' free capacity "
+        "(functions/schedule/credits.py), so a start that fits one skips the Schedule hop. "
+        "Off (--no-credits): grant none",
     )
     credit_cpu_millis: int = setting(1000, "CPU of one credit's slice, millicores", ge=1)
     credit_memory_mib: int = setting(2048, "memory of one credit's slice, MiB", ge=1)

@@ -31,9 +31,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from controlplane.runtime.resources import Res
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.policy import Instance
-from controlplane.runtime.resources import Res
 from functions.schedule.config import ScheduleConfig
 from simulator.frontend import RoutedModel
 from simulator.galaxy.control import ControlPlane
