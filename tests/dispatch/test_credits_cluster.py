@@ -140,8 +140,13 @@ async def test_unused_credits_go_back_and_the_view_is_exact(parts: Parts) -> Non
     await eventually(lambda: len(p.sched.credits) == 0, 10, "credits returned")
     assert p.peers.credits.credits() == []
     assert p.sched.credits.stats["used"] == 1 and p.sched.credits.stats["returned"] >= 1
-    for nid, node in p.agent.nodes.items():
-        left = node.capacity.capacity - node.capacity.allocated
-        await eventually(lambda nid=nid, left=left: p.sched.policy.free(nid) == left, 5, nid)
+
+    def exact() -> bool:
+        return all(
+            p.sched.policy.free(nid) == n.capacity.capacity - n.capacity.allocated
+            for nid, n in p.agent.nodes.items()
+        )
+
+    await eventually(exact, 5, "Schedule's view equals the agent's ledger")
     await p.client.release(a)
     await p.client.release(b)
