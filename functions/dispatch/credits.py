@@ -83,8 +83,11 @@ class CreditWallet:
 
     target: credits to hold while scale-ups happen (the bound on what this
     instance holds). renew_s: a credit this close to its expiry is not used
-    and goes back (the next sync asks for a fresh one). idle_s: with no
-    scale-up for this long, credits go back and none are asked for.
+    and goes back (the next sync asks for a fresh one); the periodic upkeep
+    (``due`` with ``upkeep``) replaces credits already within twice that, so
+    with an upkeep period <= renew_s a busy holder never finds all of its
+    credits expired at once. idle_s: with no scale-up for this long,
+    credits go back and none are asked for.
     """
 
     def __init__(
@@ -126,7 +129,7 @@ class CreditWallet:
         Either way, a refill becomes due."""
         now = self.clock.now()
         self._last_scale_up = now
-        self._retire_old(now)
+        self._retire_old(now, self.renew_s)
         best: Credit | None = None
         for c in list(self._credits.values()):
             if c.retired:
@@ -175,7 +178,7 @@ class CreditWallet:
         the hold still counts the instance (an over-estimate of what is
         used, never an under-estimate), so they need not cost a message."""
         home = self.home = home or self.home
-        self._retire_old(self.clock.now())
+        self._retire_old(self.clock.now(), 2 * self.renew_s if upkeep else self.renew_s)
         out = []
         if upkeep:
             out = sorted(g for g in self._returns if g not in self._syncing)
@@ -227,11 +230,11 @@ class CreditWallet:
         live = sum(1 for c in self._credits.values() if not c.retired)
         return max(0, self.target - live - sum(self._syncing.values()))
 
-    def _retire_old(self, now: float) -> None:
-        """Retire credits near expiry, and all of an idle holder's."""
+    def _retire_old(self, now: float, ahead: float) -> None:
+        """Retire credits within ``ahead`` of expiry, and all of an idle holder's."""
         idle = now - self._last_scale_up > self.idle_s
         for c in list(self._credits.values()):
-            if not c.retired and (idle or c.expires_at - now <= self.renew_s):
+            if not c.retired and (idle or c.expires_at - now <= ahead):
                 c.retired = True
                 self._finish(c)
 

@@ -187,10 +187,7 @@ class Peers:
         background."""
         wallet = self.credits
         assert wallet is not None
-        view = self.view
-        if view is not None and view.epoch != self._epoch:
-            self._epoch = view.epoch
-            wallet.drop(lambda c: _owner_id(view, c.node_id) == c.grantor)
+        self._follow_membership(wallet)
         for s in schedulers:
             self._grantors[s.id] = s.address
         use = wallet.take(Res.from_proto(spec.resources))
@@ -230,7 +227,18 @@ class Peers:
         """Periodic: give back credits near expiry or of an idle instance
         (with the reports of what was made from them)."""
         if self.credits is not None:
+            if self._follow_membership(self.credits):
+                self._sync("", upkeep=False)  # a busy holder refills at once
             self._sync("", upkeep=True)
+
+    def _follow_membership(self, wallet: CreditWallet) -> int:
+        """After a membership change, drop the credits whose grantor no
+        longer owns their node (the new owner knows nothing of them)."""
+        view = self.view
+        if view is None or view.epoch == self._epoch:
+            return 0
+        self._epoch = view.epoch
+        return wallet.drop(lambda c: _owner_id(view, c.node_id) == c.grantor)
 
     def _sync(self, home: str, upkeep: bool) -> None:
         wallet = self.credits

@@ -62,9 +62,13 @@ def on_membership(cp: ControlPlane) -> None:
             sf.ledger.retain()
             for holder in sf.ledger.holders() - cp.dfs.keys():
                 sf.ledger.drop_holder(holder)  # a Dispatch instance that left
+    path = cp.m.placer.credits if hasattr(cp.m, "placer") else None
     for df in cp.dfs.values():
-        if df.wallet is not None:
-            df.wallet.drop(lambda c: cp._sf_owner_id(c.node_id) == c.grantor)
+        if df.wallet is not None and df.wallet.drop(
+            lambda c: cp._sf_owner_id(c.node_id) == c.grantor
+        ):
+            if path is not None:  # a busy holder refills at once
+                path.sync(df, "", cp.sim.now, upkeep=False)
 
 
 class CreditPath:

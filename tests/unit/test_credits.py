@@ -224,6 +224,21 @@ def test_credits_near_expiry_or_of_an_idle_holder_go_back() -> None:
     assert req.returned == [("b", False)] and req.want == 0
 
 
+def test_upkeep_replaces_credits_before_a_take_would_find_them_expired() -> None:
+    clock = ManualClock()
+    w = wallet(clock, target=1)
+    w.take(SMALL)
+    fill(w, grant("a", ttl=5.0))
+    clock.advance(3.5)  # within 2 x renew_s: upkeep renews, a take still uses it
+    assert w.due(upkeep=False) == []
+    assert w.due() == ["s1"]
+    req = w.begin_sync("s1")
+    assert req.returned == [("a", False)] and req.want == 1
+    w.end_sync(req, [grant("b", "n1", ttl=5.0)])
+    use = w.take(SMALL)
+    assert use is not None and use.credit.credit_id == "b"
+
+
 def test_membership_change_and_a_lost_grantor_drop_credits() -> None:
     clock = ManualClock()
     w = wallet(clock)
