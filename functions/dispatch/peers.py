@@ -190,7 +190,10 @@ class Peers:
         self._follow_membership(wallet)
         for s in schedulers:
             self._grantors[s.id] = s.address
+        t0 = time.perf_counter()
         use = wallet.take(Res.from_proto(spec.resources))
+        if use is not None:  # the placement decision, made here
+            metrics.SCHEDULING_LATENCY.observe(time.perf_counter() - t0)
         self._sync(schedulers[0].id if schedulers else "", upkeep=False)
         if use is None:
             return None

@@ -152,9 +152,7 @@ class CreditLedger:
         # refuses what does not fit; a report larger than the hold confirms
         # what is left.)
         part = u.need if u.need.fits_in(hold.need) else hold.need
-        hold.need = (hold.need - part).clamped()
-        used = Reservation(0, hold.node_id, hold.address, part, Placement(part, 0.0), hold.node)
-        self.policy.confirm(used, u.node_seq)
+        self.policy.confirm(_split(hold, part), u.node_seq)
         self.stats["used"] += 1
 
     def _return(self, holder: str, cid: str, refused: bool) -> None:
@@ -180,14 +178,19 @@ class CreditLedger:
         now = self.clock.now()
         out: list[Grant] = []
         for _ in range(n):
-            pl = self.policy.begin(self.slice)
+            # Packing: a credit goes only to a node that keeps another slice
+            # free beside it (Schedule's own placements still find room), and
+            # is at most a quarter of its node.
+            pl = self.policy.begin(self.slice + self.slice)
             pl.excluded.update(mine)
             step = self.policy.advance(pl)
-            if not isinstance(step, Reservation):
-                # A node in doubt (to probe) or no room for a whole slice:
-                # grant no more; the holder places through Schedule.
+            if not isinstance(step, Reservation) or not _small_enough(self.slice, step):
+                # A node in doubt (to probe), no room for two slices, or
+                # nodes too small for credits: grant no more; the holder
+                # places through Schedule.
                 self.policy.cancel(pl)
                 break
+            self.policy.abort(_split(step, self.slice))  # hold one slice
             cid = f"{self.policy.schedule_id}/{next(self._serial)}"
             self._credits[cid] = _Credit(holder, step, now + self.ttl_s + self.grace_s, step.need)
             mine.add(step.node_id)
@@ -224,3 +227,17 @@ class CreditLedger:
             self.policy.abort(self._credits.pop(cid).hold)
         self.stats["dropped"] += len(gone)
         return len(gone)
+
+
+def _split(hold: Reservation, part: Res) -> Reservation:
+    """Cut ``part`` off a held reservation: a new held reservation of that
+    size on the same node (the policy counts both in flight, as the one
+    before), to be confirmed or aborted on its own."""
+    hold.need = (hold.need - part).clamped()
+    return Reservation(0, hold.node_id, hold.address, part, Placement(part, 0.0), hold.node)
+
+
+def _small_enough(slice: Res, r: Reservation) -> bool:
+    """At most a quarter of the node's capacity (in every resource it has)."""
+    cap = r.node.info.capacity
+    return 4 * slice.cpu_millis <= cap.cpu_millis and 4 * slice.memory_mib <= cap.memory_mib

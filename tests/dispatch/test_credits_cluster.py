@@ -33,14 +33,14 @@ class Parts:
 
 @pytest.fixture
 async def parts(request: pytest.FixtureRequest) -> AsyncIterator[Parts]:
-    """One of each, two 1000m nodes, 300m credit slices; a function of
+    """One of each, two 1000m nodes, 250m credit slices (a quarter of a node); a function of
     100m instances, concurrency 1. Extra Dispatch flags: indirect parameter."""
     extra: list[str] = list(getattr(request, "param", []))
     c = InProcessCluster()
     try:
         await c.add("controller", "controller")
         await c.add("clustermgr", "clustermgr-0", "--heartbeat-ms", "100")
-        await c.add("schedule", "schedule-0", "--credit-cpu-millis", "300")
+        await c.add("schedule", "schedule-0", "--credit-cpu-millis", "250")
         await c.add("dispatch", "d-0", "--no-autoscale", *extra)
         await c.add(
             "nodeagent", "agent-0", "--nodes", "2", "--sandbox", "emulated",

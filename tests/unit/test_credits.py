@@ -118,11 +118,22 @@ def test_membership_change_drops_credits_on_nodes_that_left() -> None:
     assert len(led) == 1 and led.drop_holder("d1") == 1 and len(led) == 0
 
 
-def test_no_grant_when_no_node_has_a_whole_slice() -> None:
+def test_no_grant_unless_a_node_keeps_a_slice_free_beside_it() -> None:
     clock = ManualClock()
     p = policy(clock, nodes=1)
-    p.upsert(NodeInfo("n0", "agent-0", CAP, Res(3500, 0), 2, 1))
+    p.upsert(NodeInfo("n0", "agent-0", CAP, Res(2500, 0), 2, 1))  # 1.5 slices free
     assert ledger(clock, p).sync("d1", want=1) == []
+    p.upsert(NodeInfo("n0", "agent-0", CAP, Res(2000, 0), 3, 1))  # 2 slices free
+    assert len(ledger(clock, p).sync("d1", want=1)) == 1
+    assert p.free("n0") == CAP - Res(2000, 0) - SLICE
+
+
+def test_no_credit_larger_than_a_quarter_of_its_node() -> None:
+    clock = ManualClock()
+    p = PlacementPolicy("s1", clock=clock, rng=random.Random(7))
+    p.upsert(NodeInfo("n0", "agent-0", Res(2000, 8192), Res(), 1, 0))
+    assert ledger(clock, p).sync("d1", want=1) == []
+    assert p.free("n0") == Res(2000, 8192)  # nothing left held
 
 
 # ----- use side -----------------------------------------------------------------
@@ -262,7 +273,7 @@ def test_credits_never_over_commit_a_node_and_the_view_is_exact_afterwards() -> 
     once everything is reported and returned Schedule's view equals the
     agent's allocation."""
     clock = ManualClock()
-    cap = Res(2000, 4096)
+    cap = CAP
     p = PlacementPolicy("s1", clock=clock, rng=random.Random(1))
     p.upsert(NodeInfo("n0", "agent-0", cap, Res(), 1, 0))
     agent = NodeCapacity(cap, "n0")
@@ -286,7 +297,7 @@ def test_credits_never_over_commit_a_node_and_the_view_is_exact_afterwards() -> 
         made += 1
         w.settled(use, seq)
     # Schedule places the rest of the node meanwhile, from its view.
-    pl = p.begin(Res(1000, 1024))
+    pl = p.begin(Res(3000, 1024))
     step = p.advance(pl)
     assert isinstance(step, Reservation)
     agent.allocate("s", step.need)
