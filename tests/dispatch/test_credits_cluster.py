@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import pytest
 
 from controlplane.runtime.resources import Res
 from controlplane.sdk.client import GalaxyClient
-from galaxy.v1 import common_pb2
+from galaxy.v1 import common_pb2, schedule_pb2, schedule_pb2_grpc
 from tests.cluster import InProcessCluster, eventually
 from tests.runtimes import deploy
 
@@ -150,3 +151,28 @@ async def test_unused_credits_go_back_and_the_view_is_exact(parts: Parts) -> Non
     await eventually(exact, 5, "Schedule's view equals the agent's ledger")
     await p.client.release(a)
     await p.client.release(b)
+
+
+async def test_grant_credits_names_the_bad_field(parts: Parts) -> None:
+    addr = parts.cluster.parts["schedule-0"].address
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stub = schedule_pb2_grpc.ScheduleStub(ch)
+        bad = [
+            (schedule_pb2.GrantCreditsRequest(want=1), "holder must be set"),
+            (
+                schedule_pb2.GrantCreditsRequest(
+                    holder="d-0", returned=[schedule_pb2.CreditReturn()]
+                ),
+                "returned[0].credit_id must be set",
+            ),
+        ]
+        for req, msg in bad:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.GrantCredits(req, timeout=5)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert msg in (e.value.details() or "")
+        ok = await stub.GrantCredits(
+            schedule_pb2.GrantCreditsRequest(holder="x", want=2), timeout=5
+        )
+        assert ok.schedule_id == "schedule-0" and len(ok.credits) == 2
+        assert all(c.ttl_ms > 0 and c.resources.cpu_millis == 250 for c in ok.credits)
