@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane.runtime.clock import Clock, MonotonicClock
+from controlplane.runtime.credits import Grant, Use
 from controlplane.runtime.resources import Res
-from functions.schedule.credits import Grant, Use
 
 
 @dataclass

@@ -15,6 +15,7 @@ import time
 import grpc
 
 from controlplane.runtime import controllers, metrics, rpc
+from controlplane.runtime.credits import Grant
 from controlplane.runtime.errors import (
     FailedPrecondition,
     GalaxyError,
@@ -26,7 +27,6 @@ from controlplane.runtime.resources import Res
 from controlplane.runtime.validation import short
 from functions.dispatch.config import DEFAULTS
 from functions.dispatch.credits import CreditWallet, SyncRequest
-from functions.schedule.credits import Grant
 from galaxy.v1 import (
     common_pb2,
     dispatch_pb2,

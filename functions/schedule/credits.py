@@ -32,32 +32,12 @@ import itertools
 from dataclasses import dataclass, field
 
 from controlplane.runtime.clock import Clock, MonotonicClock
+from controlplane.runtime.credits import Grant, Use
 from controlplane.runtime.resources import Res
 from functions.schedule.model import Placement, Reservation
 from functions.schedule.policy import PlacementPolicy
 
-
-@dataclass(frozen=True)
-class Grant:
-    """A credit as sent to its holder: create instances needing at most
-    ``resources`` in total on ``node_id`` (its agent at ``address``) within
-    ``ttl_s`` of receipt."""
-
-    credit_id: str
-    node_id: str
-    address: str
-    resources: Res
-    ttl_s: float
-
-
-@dataclass(frozen=True)
-class Use:
-    """A holder's report: an instance needing ``need`` was created from the
-    credit; ``node_seq`` is the node's status seq when it became ready."""
-
-    credit_id: str
-    need: Res
-    node_seq: int = 0
+__all__ = ["CreditLedger", "Grant", "Use"]
 
 
 @dataclass
