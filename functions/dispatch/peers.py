@@ -76,11 +76,14 @@ class Peers:
         #: longer owns their node are dropped when it changes)
         self.view: MembershipView | None = None
         self._epoch = -1
-        #: Schedule RPCs sent, and instances created from credits
+        #: Schedule RPCs sent, instances created from credits, GrantCredits calls
         self.schedule_calls = 0
         self.credit_creates = 0
-        # Schedule instances' addresses by id (credits name their grantor).
+        self.credit_exchanges = 0
+        # Schedule instances' addresses by id (credits name their grantor),
+        # and those that grant none (started with --no-credits): not asked.
         self._grantors: dict[str, str] = {}
+        self._no_credits: set[str] = set()
         #: this Dispatch instance's own address (node agents notify it)
         self.address = ""
         # Unreachable reports in flight, by instance id (one at a time each).
@@ -194,7 +197,9 @@ class Peers:
         use = wallet.take(Res.from_proto(spec.resources))
         if use is not None:  # the placement decision, made here
             metrics.SCHEDULING_LATENCY.observe(time.perf_counter() - t0)
-        self._sync(schedulers[0].id if schedulers else "", upkeep=False)
+        home = schedulers[0].id if schedulers else ""
+        if home not in self._no_credits:
+            self._sync(home, upkeep=False)
         if use is None:
             return None
         startup = spec.startup_timeout_ms / 1000.0 if spec.startup_timeout_ms else 60.0
@@ -275,6 +280,7 @@ class Peers:
         try:
             if not address:
                 raise LookupError(f"schedule {req.grantor} is not in the membership")
+            self.credit_exchanges += 1
             async with self.pool.stub(address, schedule_pb2_grpc.ScheduleStub) as s:
                 reply = await s.GrantCredits(msg, timeout=CREDIT_TIMEOUT_S)
             grants = [
@@ -285,6 +291,12 @@ class Peers:
         except (grpc.aio.AioRpcError, LookupError) as e:
             # Its holds go with it (or expire): drop its credits.
             log.info("credits of schedule %s dropped: %s", req.grantor, e)
+            if isinstance(e, grpc.aio.AioRpcError) and (
+                e.code() == grpc.StatusCode.FAILED_PRECONDITION
+            ):
+                self._no_credits.add(req.grantor)  # credits off there: ask no more
+                if wallet.home == req.grantor:
+                    wallet.home = ""
         finally:
             wallet.end_sync(req, grants)
 

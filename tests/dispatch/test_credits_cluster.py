@@ -35,13 +35,16 @@ class Parts:
 @pytest.fixture
 async def parts(request: pytest.FixtureRequest) -> AsyncIterator[Parts]:
     """One of each, two 1000m nodes, 250m credit slices (a quarter of a node); a function of
-    100m instances, concurrency 1. Extra Dispatch flags: indirect parameter."""
-    extra: list[str] = list(getattr(request, "param", []))
+    100m instances, concurrency 1. Extra flags: indirect parameter, a list
+    (Dispatch's) or {"dispatch": [...], "schedule": [...]}."""
+    param = getattr(request, "param", [])
+    extra: list[str] = list(param.get("dispatch", [])) if isinstance(param, dict) else list(param)
+    s_extra: list[str] = list(param.get("schedule", [])) if isinstance(param, dict) else []
     c = InProcessCluster()
     try:
         await c.add("controller", "controller")
         await c.add("clustermgr", "clustermgr-0", "--heartbeat-ms", "100")
-        await c.add("schedule", "schedule-0", "--credit-cpu-millis", "250")
+        await c.add("schedule", "schedule-0", "--credit-cpu-millis", "250", *s_extra)
         await c.add("dispatch", "d-0", "--no-autoscale", *extra)
         await c.add(
             "nodeagent", "agent-0", "--nodes", "2", "--sandbox", "emulated",
@@ -176,3 +179,15 @@ async def test_grant_credits_names_the_bad_field(parts: Parts) -> None:
         )
         assert ok.schedule_id == "schedule-0" and len(ok.credits) == 2
         assert all(c.ttl_ms > 0 and c.resources.cpu_millis == 250 for c in ok.credits)
+
+
+@pytest.mark.parametrize("parts", [{"schedule": ["--no-credits"]}], indirect=True)
+async def test_a_schedule_without_credits_is_asked_once(parts: Parts) -> None:
+    p = parts
+    held = [await p.client.dispatch("f") for _ in range(3)]
+    assert p.peers.schedule_calls == 3 and p.peers.credit_creates == 0
+    assert p.sched.credits is None and p.peers.credits.credits() == []
+    assert p.peers.credits.stats["misses"] == 3 and p.peers.credits.stats["granted"] == 0
+    assert p.peers.credit_exchanges == 1  # refused once, then not asked again
+    for h in held:
+        await p.client.release(h)
