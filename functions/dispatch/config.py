@@ -41,6 +41,13 @@ class DispatchConfig(RecordsConfig):
     credit_idle_ms: float = setting(
         60_000.0, "with no scale-up for this long, credits are returned, ms", gt=0
     )
+    credit_max_starting: int = setting(
+        0,
+        "instances being created from one credit at once (0: no bound); more go to other "
+        "credits or to Schedule, so a burst does not queue behind one node's sandbox starts",
+        ge=0,
+        le=1024,
+    )
 
 
 #: The defaults, for code that takes them one by one.

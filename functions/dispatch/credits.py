@@ -87,7 +87,10 @@ class CreditWallet:
     (``due`` with ``upkeep``) replaces credits already within twice that, so
     with an upkeep period <= renew_s a busy holder never finds all of its
     credits expired at once. idle_s: with no scale-up for this long,
-    credits go back and none are asked for.
+    credits go back and none are asked for. max_starting: instances being
+    created from one credit at once (0: no bound); a burst beyond that goes
+    to other credits or to Schedule, so it does not queue behind one node's
+    sandbox starts.
     """
 
     def __init__(
@@ -96,11 +99,15 @@ class CreditWallet:
         target: int = 4,
         renew_s: float = 1.0,
         idle_s: float = 60.0,
+        max_starting: int = 0,
         clock: Clock | None = None,
     ) -> None:
         if target < 0:
             raise ValueError("target must be >= 0")
+        if max_starting < 0:
+            raise ValueError("max_starting must be >= 0")
         self.target = target
+        self.max_starting = max_starting
         self.renew_s = renew_s
         self.idle_s = idle_s
         self.clock = clock or MonotonicClock()
@@ -124,9 +131,10 @@ class CreditWallet:
     # ----- the scale-up path ------------------------------------------------------
 
     def take(self, need: Res) -> CreditUse | None:
-        """A credit that fits ``need`` (the one with the most left: spreads a
-        burst over nodes), with ``need`` taken from it; None on a miss.
-        Either way, a refill becomes due."""
+        """A credit that fits ``need`` (the one with the fewest starts in
+        flight, then the most left: spreads a burst over nodes), with
+        ``need`` taken from it; None on a miss. Either way, a refill becomes
+        due."""
         now = self.clock.now()
         self._last_scale_up = now
         self._retire_old(now, self.renew_s)
@@ -139,7 +147,13 @@ class CreditWallet:
                 # refill asks for a whole slice instead.
                 c.retired = True
                 self._finish(c)
-            elif best is None or _room(c.left) > _room(best.left):
+            elif self.max_starting and c.creating >= self.max_starting:
+                continue  # its node has enough starts queued from here
+            elif (
+                best is None
+                or c.creating < best.creating
+                or (c.creating == best.creating and _room(c.left) > _room(best.left))
+            ):
                 best = c
         if best is None:
             self.stats["misses"] += 1

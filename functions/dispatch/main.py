@@ -59,6 +59,7 @@ class DispatchComponent:
                 target=cfg.credit_target,
                 renew_s=cfg.credit_renew_ms / 1000.0,
                 idle_s=cfg.credit_idle_ms / 1000.0,
+                max_starting=cfg.credit_max_starting,
             )
             peers.view = self.servicer.membership
         self._housekeeping: asyncio.Task[None] | None = None

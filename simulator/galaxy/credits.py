@@ -38,7 +38,7 @@ def make_wallet(cp: ControlPlane) -> CreditWallet | None:
         return None
     return CreditWallet(
         target=c.credit_target, renew_s=c.credit_renew_s, idle_s=c.credit_idle_s,
-        clock=cp.sim.clock,
+        max_starting=c.credit_max_starting, clock=cp.sim.clock,
     )  # fmt: skip
 
 

@@ -82,6 +82,7 @@ class GalaxyConfig:
     credit_target: int = _DISPATCH.credit_target
     credit_renew_s: float = _DISPATCH.credit_renew_ms / 1000.0
     credit_idle_s: float = _DISPATCH.credit_idle_ms / 1000.0
+    credit_max_starting: int = _DISPATCH.credit_max_starting
 
     def params(self) -> dict[str, Any]:
         """For reports."""
