@@ -187,6 +187,30 @@ def test_take_spreads_over_credits_and_never_uses_one_twice_beyond_its_slice() -
         assert total.fits_in(SLICE)
 
 
+def test_a_burst_goes_to_the_credit_with_the_fewest_starts_in_flight() -> None:
+    clock = ManualClock()
+    w = wallet(clock, target=2)
+    w.take(SMALL)
+    fill(w, grant("a"), grant("b", "n1"))
+    first = w.take(Res(100, 64))
+    assert first is not None
+    second = w.take(Res(100, 64))  # the other credit, though the first has less left
+    assert second is not None and second.node_id != first.node_id
+    w.settled(first, 2)
+    third = w.take(Res(100, 64))
+    assert third is not None and third.node_id == first.node_id  # none in flight there now
+
+
+def test_a_bound_on_starts_in_flight_per_credit_sends_the_rest_elsewhere() -> None:
+    clock = ManualClock()
+    w = CreditWallet(target=1, max_starting=2, clock=clock)
+    w.home = "s1"
+    w.take(SMALL)
+    fill(w, grant("a"))
+    assert w.take(Res(100, 64)) is not None and w.take(Res(100, 64)) is not None
+    assert w.take(Res(100, 64)) is None  # two in flight on that node: Schedule places it
+
+
 def test_a_spent_credit_goes_back_with_its_uses_and_is_refilled() -> None:
     clock = ManualClock()
     w = wallet(clock, target=1)
