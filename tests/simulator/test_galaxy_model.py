@@ -31,10 +31,9 @@ CALLED = [
 ]
 
 
-@pytest.fixture
-def counts(monkeypatch):
-    seen: dict[str, int] = {}
-    for cls, name in CALLED:
+def count_calls(monkeypatch, seen, methods):
+    """Wrap each (class, method name) so that its calls are counted in seen."""
+    for cls, name in methods:
         orig = getattr(cls, name)
 
         def wrap(orig=orig, key=f"{cls.__name__}.{name}"):
@@ -46,6 +45,12 @@ def counts(monkeypatch):
             return f
 
         monkeypatch.setattr(cls, name, wrap())
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    seen: dict[str, int] = {}
+    count_calls(monkeypatch, seen, CALLED)
     for mod, name in ((rendezvous, "owner"), (scaling, "decide")):
         orig = getattr(mod, name)
 
@@ -103,18 +108,7 @@ def test_credit_path_drives_the_production_wallet_and_ledger(monkeypatch, cal):
     from functions.schedule.credits import CreditLedger
 
     seen: dict[str, int] = {}
-    for cls, name in ((CreditWallet, "take"), (CreditLedger, "sync")):
-        orig = getattr(cls, name)
-
-        def wrap(orig=orig, key=f"{cls.__name__}.{name}"):
-            @functools.wraps(orig)
-            def f(*a, **k):
-                seen[key] = seen.get(key, 0) + 1
-                return orig(*a, **k)
-
-            return f
-
-        monkeypatch.setattr(cls, name, wrap())
+    count_calls(monkeypatch, seen, ((CreditWallet, "take"), (CreditLedger, "sync")))
     w = wl.poisson(100.0, 20.0, n_functions=8, mean_duration_s=0.5, seed=2)
     r = run_one("galaxy", w, SimConfig(nodes=40, seed=2), cal)
     n = r["counts"]
