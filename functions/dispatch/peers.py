@@ -195,8 +195,7 @@ class Peers:
             self._grantors[s.id] = s.address
         t0 = time.perf_counter()
         use = wallet.take(Res.from_proto(spec.resources))
-        if use is not None:  # the placement decision, made here
-            metrics.SCHEDULING_LATENCY.observe(time.perf_counter() - t0)
+        decided = time.perf_counter() - t0  # the placement decision, made here
         home = schedulers[0].id if schedulers else ""
         if home not in self._no_credits:
             self._sync(home, upkeep=False)
@@ -225,6 +224,8 @@ class Peers:
                 f"({e.code().name}: {e.details()}), retryable"
             ) from None
         wallet.settled(use, reply.node_seq)
+        # Observed once created, as Schedule observes its placements.
+        metrics.SCHEDULING_LATENCY.observe(decided)
         self.credit_creates += 1
         info: common_pb2.InstanceInfo = reply.instance
         info.node_id = info.node_id or use.node_id
