@@ -68,7 +68,9 @@ def bench_doc(nodes: int, quick: bool) -> dict[str, Any]:
     ]  # fmt: skip
     return {
         "name": "calibrate",
-        "control_plane": {"nodes": nodes, "start_delay_ms": 0, "n": 1},
+        # The per-op costs of the Schedule path: credits off (with them most
+        # placements would skip Schedule and its per-placement CPU).
+        "control_plane": {"nodes": nodes, "start_delay_ms": 0, "n": 1, "credits": False},
         "load": {"seed": 1, "echo_requests": 1000, "echo_max_s": 1.0},
         "parameters": [{"name": "preset", "value": ["Galaxy"]}],
         "scenarios": scen,

@@ -9,8 +9,9 @@ a folder in the Azure 2019 format, or an experiment file (YAML, the
 Plan parameters map onto the simulation: ``nodes``, ``seed``,
 ``keep_alive_s``, ``create_parallelism``; ``instances`` /
 ``schedule_instances`` (Galaxy's n), ``probe_cache``, ``connection_cache``,
-``d``; ``preset`` (G_1, G_n, G_n-C, Galaxy); and ``SYSTEM.KEY`` for any
-model parameter (e.g. ``knative.scheduler_pods_per_s``).
+``d``, ``credits``; ``preset`` (G_1, G_n, G_n-C, G_n-CP, G_n-CPE, Galaxy);
+and ``SYSTEM.KEY`` for any model parameter (e.g.
+``knative.scheduler_pods_per_s``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ _GALAXY_KEYS = {
     "probe_cache": "probe_cache",
     "connection_cache": "connection_cache",
     "d": "d",
+    "credits": "credits",
 }
 _TOP_KEYS = ("nodes", "seed", "keep_alive_s", "create_parallelism")
 PRESET_SYSTEM = {
@@ -38,6 +40,7 @@ PRESET_SYSTEM = {
     "G_n": "Gn",
     "G_n-C": "Gn-C",
     "G_n-CP": "Gn-CP",
+    "G_n-CPE": "Gn-CPE",
     "Galaxy": "galaxy",
 }
 
@@ -116,7 +119,7 @@ def plan_config(plan: ex.Plan, base: SimConfig) -> tuple[SimConfig, str | None]:
             preset = PRESET_SYSTEM[str(v)]
         elif k in _GALAXY_KEYS:
             params = {**cfg.params}
-            for s in ("galaxy", "G1", "Gn", "Gn-C", "Gn-CP"):
+            for s in PRESET_SYSTEM.values():
                 if s == "G1" and _GALAXY_KEYS[k] == "instances":
                     continue  # G_1 is one instance by definition
                 params[s] = {**params.get(s, {}), _GALAXY_KEYS[k]: v}

@@ -150,7 +150,7 @@ def ablation(cal: Calibration, seed: int, quick: bool, log: Log, progress: bool)
          "probe wait s", "control CPU ms/placement", "overhead vs previous"],
     )  # fmt: skip
     prev = None
-    for v in ["G1", "Gn", "Gn-C", "Gn-CP", "galaxy"]:
+    for v in ["G1", "Gn", "Gn-C", "Gn-CP", "Gn-CPE", "galaxy"]:
         c = replace(cfg, params={v: {"controller_scaling": False}})
         r = sec.runs[v] = _run(v, v, w, c, cal, log, progress)
         sl, n = r["scheduling_latency_s"], r["counts"]

@@ -46,6 +46,8 @@ CP_DEFAULTS: dict[str, Any] = {
     "state": "memory",
     "connection_cache": True,
     "probe_cache": True,
+    # capacity credits (Schedule lends, Dispatch creates directly): the A/B switch
+    "credits": True,
     "start_delay_ms": 0,
     "node_cpu_millis": 4000,
     "node_memory_mib": 8192,
@@ -187,6 +189,7 @@ def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
         run_dir=run_dir,
         connection_cache=bool(cp["connection_cache"]),
         probe_cache=bool(cp["probe_cache"]),
+        credits=bool(cp["credits"]),
         node_cpu_millis=cp["node_cpu_millis"],
         node_memory_mib=cp["node_memory_mib"],
         start_delay_ms=cp["start_delay_ms"],

@@ -126,7 +126,10 @@ def summarize_plan(
     cold_wait = [v for v, c in zip(wait, cold, strict=True) if c]
     n_cold = len(cold_lat)
     dur = res["duration_s"]
-    sched = ps.histogram_delta(scr["s0"], scr["s1"], SCHED_HIST)
+    # Placements from capacity credits are decided (and timed) in Dispatch.
+    sched = ps.histogram_delta(scr["s0"], scr["s1"], SCHED_HIST) + ps.histogram_delta(
+        scr["d0"], scr["d1"], SCHED_HIST
+    )
     scale_up = ps.histogram_delta(scr["d0"], scr["d1"], COLD_HIST)
     tput = {
         "duration_s": dur,

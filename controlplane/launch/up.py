@@ -58,6 +58,8 @@ class UpConfig:
     probe_cache: bool = True
     #: Schedule trusts its exact view of its partition (off: the G_n-CP step)
     exact_partition: bool = True
+    #: capacity credits (Schedule lends, Dispatch uses); False: --no-credits to both
+    credits: bool = True
     #: each node's capacity and the emulated cold start (``NodeAgentConfig``)
     node_cpu_millis: int = _AGENT.cpu_millis
     node_memory_mib: int = _AGENT.memory_mib
@@ -152,7 +154,7 @@ class Supervisor:
             # TLS: the controller gives its own choice to the instances it starts.
             common = [] if cfg.connection_cache else ["--no-connection-cache"]
             per_kind = {
-                "dispatch": ["--state", cfg.state],
+                "dispatch": ["--state", cfg.state, *self._credit_flags()],
                 "clustermgr": ["--state", cfg.state],
                 "schedule": self._schedule_flags(),
             }
@@ -255,6 +257,8 @@ class Supervisor:
                     extra += self._schedule_flags()
                 if kind in ("dispatch", "clustermgr"):
                     extra += ["--state", cfg.state]
+                if kind == "dispatch":
+                    extra += self._credit_flags()
                 jobs.append(self.spawn(f"{kind}-{i}", self._serve_cmd(kind, f"{kind}-{i}", *extra)))
         await asyncio.gather(*jobs)
         per = cfg.nodes_per_agent or (1 if cfg.sandbox == "process" else 105)
@@ -287,9 +291,15 @@ class Supervisor:
     def _schedule_flags(self) -> list[str]:
         """Ablation switches of the Schedule instances."""
         sched = ScheduleConfig(
-            probe_cache=self.cfg.probe_cache, exact_partition=self.cfg.exact_partition
+            probe_cache=self.cfg.probe_cache,
+            exact_partition=self.cfg.exact_partition,
+            credits=self.cfg.credits,
         )
         return config.to_flags(sched)
+
+    def _credit_flags(self) -> list[str]:
+        """Capacity credits off (Schedule and Dispatch take the same flag)."""
+        return [] if self.cfg.credits else ["--no-credits"]
 
     def _bootstrap_args(self) -> list[str]:
         """The controller's flag that makes the admin token valid (with

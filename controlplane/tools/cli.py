@@ -84,6 +84,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         connection_cache=not args.no_connection_cache,
         probe_cache=not args.no_probe_cache,
         exact_partition=not args.no_exact_partition,
+        credits=not args.no_credits,
         node_cpu_millis=args.node_cpu_millis,
         node_memory_mib=args.node_memory_mib,
         node_gpus=args.node_gpus,
@@ -308,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-exact-partition",
         action="store_true",
         help="ablation: Schedule probes unless a cached probe answer fits (the G_n-CP step)",
+    )
+    up.add_argument(
+        "--no-credits",
+        action="store_true",
+        help="ablation: no capacity credits (every start goes through Schedule)",
     )
     # Node sizes: the node agent's defaults (NodeAgentConfig, via UpConfig).
     up.add_argument("--node-cpu-millis", type=int, default=UpConfig.node_cpu_millis)

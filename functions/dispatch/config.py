@@ -26,6 +26,29 @@ class DispatchConfig(RecordsConfig):
         2, "Schedule instances tried after the owner when it has no room", ge=0, le=64
     )
 
+    credits: bool = setting(
+        True,
+        "capacity credits: ask Schedule instances for small slices of node capacity and create "
+        "instances that fit one directly on the node (functions/dispatch/credits.py). "
+        "Off (--no-credits): every start goes through Schedule",
+    )
+    credit_target: int = setting(
+        4, "credits held while scale-ups happen (the bound on what is delegated)", ge=0, le=64
+    )
+    credit_renew_ms: float = setting(
+        1_000.0, "a credit this close to its expiry is returned and replaced, ms", ge=0
+    )
+    credit_idle_ms: float = setting(
+        60_000.0, "with no scale-up for this long, credits are returned, ms", gt=0
+    )
+    credit_max_starting: int = setting(
+        0,
+        "instances being created from one credit at once (0: no bound); more go to other "
+        "credits or to Schedule, so a burst does not queue behind one node's sandbox starts",
+        ge=0,
+        le=1024,
+    )
+
 
 #: The defaults, for code that takes them one by one.
 DEFAULTS = DispatchConfig()

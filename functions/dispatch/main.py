@@ -13,6 +13,7 @@ from controlplane.runtime.host import HostContext
 from controlplane.runtime.rpc import ChannelPool
 from functions.dispatch import autoscale
 from functions.dispatch.config import DispatchConfig
+from functions.dispatch.credits import CreditWallet
 from functions.dispatch.service import DispatchServicer
 from galaxy.v1 import common_pb2, controller_pb2, dispatch_pb2_grpc
 from statestore import StoreError
@@ -52,6 +53,15 @@ class DispatchComponent:
             record=self.recorder,
             autoscale=autoscale.AutoscaleSettings.from_args(args),
         )
+        if cfg.credits:  # scale-ups that fit a credit skip Schedule (peers.py)
+            peers = self.servicer.peers
+            peers.credits = CreditWallet(
+                target=cfg.credit_target,
+                renew_s=cfg.credit_renew_ms / 1000.0,
+                idle_s=cfg.credit_idle_ms / 1000.0,
+                max_starting=cfg.credit_max_starting,
+            )
+            peers.view = self.servicer.membership
         self._housekeeping: asyncio.Task[None] | None = None
         # Tokens are verified against the controller's records, cached.
         self.authenticator = (
@@ -109,6 +119,7 @@ class DispatchComponent:
             await asyncio.sleep(min(tick, 1.0))
             if loop.time() >= next_expire:
                 self.servicer.expire_leases()
+                self.servicer.peers.credit_upkeep()
                 next_expire = loop.time() + 1.0
             try:
                 self.servicer.autoscale_tick()
@@ -139,6 +150,7 @@ class DispatchComponent:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeping
         await self.servicer.close()
+        await self.servicer.peers.close()
         await self.recorder.stop()
 
 

@@ -1,5 +1,7 @@
 """Dispatch's calls to other components: placing instances through Schedule
-(with spill), deleting them on node agents, handing them to another Dispatch
+(with spill) or directly from a capacity credit (``functions.dispatch.credits``
+decides; this module makes the CreateInstance and GrantCredits calls),
+deleting them on node agents, handing them to another Dispatch
 instance, checking which still run. I/O only; the routing state stays in the
 servicer and its FunctionRouter policies.
 """
@@ -13,14 +15,18 @@ import time
 import grpc
 
 from controlplane.runtime import controllers, metrics, rpc
+from controlplane.runtime.credits import Grant
 from controlplane.runtime.errors import (
     FailedPrecondition,
     GalaxyError,
     ResourceExhausted,
     Unavailable,
 )
+from controlplane.runtime.membership import MembershipView
+from controlplane.runtime.resources import Res
 from controlplane.runtime.validation import short
 from functions.dispatch.config import DEFAULTS
+from functions.dispatch.credits import CreditWallet, SyncRequest
 from galaxy.v1 import (
     common_pb2,
     dispatch_pb2,
@@ -36,6 +42,14 @@ log = logging.getLogger(__name__)
 # Slack on top of a function's startup timeout for the Schedule call, which
 # answers only when the instance is ready.
 SCHEDULE_SLACK_S = 5.0
+# Deadline of a GrantCredits exchange (off the critical path).
+CREDIT_TIMEOUT_S = 2.0
+SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
+
+
+def _owner_id(view: MembershipView, node_id: str) -> str:
+    o = view.owner(SCHEDULE, node_id)
+    return o.id if o is not None else ""
 
 
 #: Outcomes of a Schedule call after which the next Schedule instance is
@@ -47,11 +61,29 @@ class Peers:
     """Outbound RPCs of one Dispatch instance."""
 
     def __init__(
-        self, instance_id: str, pool: rpc.ChannelPool, max_spill: int = DEFAULTS.max_spill
+        self,
+        instance_id: str,
+        pool: rpc.ChannelPool,
+        max_spill: int = DEFAULTS.max_spill,
+        credits: CreditWallet | None = None,
     ) -> None:
         self.instance_id = instance_id
         self.pool = pool
         self.max_spill = max_spill
+        #: capacity credits (None: every start goes through Schedule)
+        self.credits = credits
+        #: the membership the servicer keeps (credits whose grantor no
+        #: longer owns their node are dropped when it changes)
+        self.view: MembershipView | None = None
+        self._epoch = -1
+        #: Schedule RPCs sent, instances created from credits, GrantCredits calls
+        self.schedule_calls = 0
+        self.credit_creates = 0
+        self.credit_exchanges = 0
+        # Schedule instances' addresses by id (credits name their grantor),
+        # and those that grant none (started with --no-credits): not asked.
+        self._grantors: dict[str, str] = {}
+        self._no_credits: set[str] = set()
         #: this Dispatch instance's own address (node agents notify it)
         self.address = ""
         # Unreachable reports in flight, by instance id (one at a time each).
@@ -97,6 +129,11 @@ class Peers:
         every partition tried said the spec can never fit.
         """
         start = time.perf_counter()
+        if self.credits is not None:
+            made = await self._from_credit(spec, instance_id, schedulers)
+            if made is not None:
+                metrics.COLD_START_LATENCY.observe(time.perf_counter() - start)
+                return made
         req = schedule_pb2.ScheduleRequest(
             instance_id=instance_id, function=spec, notify_address=self.address
         )
@@ -109,6 +146,7 @@ class Peers:
             code = grpc.StatusCode.UNAVAILABLE
         timeout = spec.startup_timeout_ms / 1000.0 + SCHEDULE_SLACK_S
         for sched in candidates:
+            self.schedule_calls += 1
             try:
                 async with self.pool.stub(sched.address, schedule_pb2_grpc.ScheduleStub) as s:
                     reply = await s.Schedule(req, timeout=timeout)
@@ -137,6 +175,138 @@ class Peers:
         else:
             err = Unavailable(msg + "; retry later")
         raise err
+
+    # ----- capacity credits --------------------------------------------------
+
+    async def _from_credit(
+        self,
+        spec: common_pb2.FunctionSpec,
+        instance_id: str,
+        schedulers: list[common_pb2.ControlInstance],
+    ) -> common_pb2.InstanceInfo | None:
+        """Create the instance from a credit that fits (the agent checks its
+        capacity); None when there is none or the agent refused, and the
+        start goes through Schedule. A refill is asked either way, in the
+        background."""
+        wallet = self.credits
+        assert wallet is not None
+        self._follow_membership(wallet)
+        for s in schedulers:
+            self._grantors[s.id] = s.address
+        t0 = time.perf_counter()
+        use = wallet.take(Res.from_proto(spec.resources))
+        decided = time.perf_counter() - t0  # the placement decision, made here
+        home = schedulers[0].id if schedulers else ""
+        if home not in self._no_credits:
+            self._sync(home, upkeep=False)
+        if use is None:
+            return None
+        startup = spec.startup_timeout_ms / 1000.0 if spec.startup_timeout_ms else 60.0
+        req = nodeagent_pb2.CreateInstanceRequest(
+            node_id=use.node_id, instance_id=instance_id, function=spec,
+            notify_address=self.address,
+        )  # fmt: skip
+        try:
+            async with self.pool.stub(use.address, nodeagent_pb2_grpc.NodeAgentStub) as s:
+                reply = await s.CreateInstance(req, timeout=startup + SCHEDULE_SLACK_S)
+        except grpc.aio.AioRpcError as e:
+            refused = e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
+            wallet.settled(use, None, refused=refused)
+            if refused or e.code() == grpc.StatusCode.UNAVAILABLE:
+                log.info("credit on %s not usable for %s: %s", use.node_id, instance_id, e.code())
+                return None  # not created there: Schedule places it
+            if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise FailedPrecondition(
+                    f"node agent refused the function: {e.details()}"
+                ) from None
+            raise Unavailable(
+                f"creating instance {instance_id} on node {use.node_id} failed "
+                f"({e.code().name}: {e.details()}), retryable"
+            ) from None
+        wallet.settled(use, reply.node_seq)
+        # Observed once created, as Schedule observes its placements.
+        metrics.SCHEDULING_LATENCY.observe(decided)
+        self.credit_creates += 1
+        info: common_pb2.InstanceInfo = reply.instance
+        info.node_id = info.node_id or use.node_id
+        info.node_address = info.node_address or use.address
+        return info
+
+    def credit_upkeep(self) -> None:
+        """Periodic: give back credits near expiry or of an idle instance
+        (with the reports of what was made from them)."""
+        if self.credits is not None:
+            if self._follow_membership(self.credits):
+                self._sync("", upkeep=False)  # a busy holder refills at once
+            self._sync("", upkeep=True)
+
+    def _follow_membership(self, wallet: CreditWallet) -> int:
+        """After a membership change, drop the credits whose grantor no
+        longer owns their node (the new owner knows nothing of them)."""
+        view = self.view
+        if view is None or view.epoch == self._epoch:
+            return 0
+        self._epoch = view.epoch
+        return wallet.drop(lambda c: _owner_id(view, c.node_id) == c.grantor)
+
+    def _sync(self, home: str, upkeep: bool) -> None:
+        wallet = self.credits
+        assert wallet is not None
+        for g in wallet.due(home, upkeep=upkeep):
+            req = wallet.begin_sync(g)
+            task = asyncio.create_task(self._exchange(req))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _exchange(self, req: SyncRequest) -> None:
+        """One GrantCredits call (never awaited by a scale-up)."""
+        wallet = self.credits
+        assert wallet is not None
+        grants: list[Grant] | None = None
+        msg = schedule_pb2.GrantCreditsRequest(
+            holder=self.instance_id,
+            used=[
+                schedule_pb2.CreditUse(
+                    credit_id=u.credit_id, resources=u.need.to_proto(), node_seq=u.node_seq
+                )
+                for u in req.used
+            ],
+            returned=[
+                schedule_pb2.CreditReturn(credit_id=cid, refused=refused)
+                for cid, refused in req.returned
+            ],
+            want=req.want,
+        )
+        address = self._grantors.get(req.grantor, "")
+        try:
+            if not address:
+                raise LookupError(f"schedule {req.grantor} is not in the membership")
+            self.credit_exchanges += 1
+            async with self.pool.stub(address, schedule_pb2_grpc.ScheduleStub) as s:
+                reply = await s.GrantCredits(msg, timeout=CREDIT_TIMEOUT_S)
+            grants = [
+                Grant(c.credit_id, c.node_id, c.node_address, Res.from_proto(c.resources),
+                      c.ttl_ms / 1000.0)
+                for c in reply.credits
+            ]  # fmt: skip
+        except (grpc.aio.AioRpcError, LookupError) as e:
+            # Its holds go with it (or expire): drop its credits.
+            log.info("credits of schedule %s dropped: %s", req.grantor, e)
+            if isinstance(e, grpc.aio.AioRpcError) and (
+                e.code() == grpc.StatusCode.FAILED_PRECONDITION
+            ):
+                self._no_credits.add(req.grantor)  # credits off there: ask no more
+                if wallet.home == req.grantor:
+                    wallet.home = ""
+        finally:
+            wallet.end_sync(req, grants)
+
+    async def close(self) -> None:
+        """Cancel background calls (credit exchanges, reports)."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def delete_on_node(self, info: common_pb2.InstanceInfo) -> None:
         """Stop an instance on its node (best effort, logged)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import field_validator
 
 from controlplane.runtime.config import Config, setting
+from controlplane.runtime.resources import Res
 
 
 class ScheduleConfig(Config):
@@ -39,6 +40,21 @@ class ScheduleConfig(Config):
         ge=1,
         le=10_000_000,
     )
+    credits: bool = setting(
+        True,
+        "capacity credits: lend Dispatch instances small slices of nodes' free capacity "
+        "(functions/schedule/credits.py), so a start that fits one skips the Schedule hop. "
+        "Off (--no-credits): grant none",
+    )
+    credit_cpu_millis: int = setting(1000, "CPU of one credit's slice, millicores", ge=1)
+    credit_memory_mib: int = setting(2048, "memory of one credit's slice, MiB", ge=1)
+    credit_ttl_ms: float = setting(30_000.0, "how long a holder may use a credit, ms", gt=0)
+    credit_grace_ms: float = setting(
+        2_000.0, "how long a credit's hold outlives its holder's use of it (late reports), ms", ge=0
+    )
+    credits_per_holder: int = setting(
+        4, "credits one Dispatch instance may hold from this instance at once", ge=0, le=64
+    )
     scoring: str = setting(
         "least_loaded",
         "placement scoring term (functions/schedule/scoring.py registry)",
@@ -51,6 +67,11 @@ class ScheduleConfig(Config):
 
         lookup(v)
         return v
+
+    @property
+    def credit_slice(self) -> Res:
+        """The resources of one credit."""
+        return Res(self.credit_cpu_millis, self.credit_memory_mib)
 
     @property
     def probe_ttl_s(self) -> float:

@@ -9,6 +9,7 @@ from controlplane.runtime import config
 from controlplane.runtime.host import HostContext
 from functions.schedule import scoring
 from functions.schedule.config import ScheduleConfig
+from functions.schedule.credits import CreditLedger
 from functions.schedule.policy import PlacementPolicy
 from functions.schedule.service import SERVICE_NAME, ScheduleServicer
 from galaxy.v1 import common_pb2, schedule_pb2_grpc
@@ -24,11 +25,17 @@ class ScheduleComponent:
 
     kind = common_pb2.CONTROL_KIND_SCHEDULE
 
-    def __init__(self, policy: PlacementPolicy, *, max_pending: int = 10_000) -> None:
+    def __init__(
+        self,
+        policy: PlacementPolicy,
+        credits: CreditLedger | None = None,
+        *,
+        max_pending: int = 10_000,
+    ) -> None:
         self.policy = policy
         # The id and the host's pool are bound in start(); until then the
         # servicer holds a private pool it never uses.
-        self.servicer = ScheduleServicer(policy, max_pending=max_pending)
+        self.servicer = ScheduleServicer(policy, credits=credits, max_pending=max_pending)
 
     def services(self) -> list[tuple[Any, Any, str]]:
         """The Schedule service."""
@@ -78,4 +85,13 @@ def from_config(cfg: ScheduleConfig) -> ScheduleComponent:
         score=scoring.lookup(cfg.scoring),
         exact=cfg.exact_partition,
     )
-    return ScheduleComponent(policy, max_pending=cfg.max_pending)
+    credits = None
+    if cfg.credits:
+        credits = CreditLedger(
+            policy,
+            slice=cfg.credit_slice,
+            ttl_s=cfg.credit_ttl_ms / 1000.0,
+            grace_s=cfg.credit_grace_ms / 1000.0,
+            max_per_holder=cfg.credits_per_holder,
+        )
+    return ScheduleComponent(policy, credits, max_pending=cfg.max_pending)

@@ -31,6 +31,7 @@ from controlplane.runtime.metrics import (
     SCHEDULING_LATENCY,
 )
 from controlplane.runtime.resources import Res
+from functions.schedule.credits import CreditLedger, Use
 from functions.schedule.model import ZERO, NodeInfo, NoFit, Placement, ProbeNodes, Target
 from functions.schedule.policy import PlacementPolicy
 from galaxy.v1 import (
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = schedule_pb2.DESCRIPTOR.services_by_name["Schedule"].full_name
 SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
+DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 UPSERT = schedule_pb2.ModNodeRequest.OP_UPSERT
 REMOVE = schedule_pb2.ModNodeRequest.OP_REMOVE
 
@@ -107,12 +109,15 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
         clock: Clock | None = None,
         recent_results: int = 4096,
         probe_timeout_s: float = 2.0,
+        credits: CreditLedger | None = None,
         max_pending: int = 10_000,
     ) -> None:
         if max_pending < 1:
             raise ValueError("max_pending must be >= 1")
         self.max_pending = max_pending
         self.policy = policy
+        #: capacity credits lent to Dispatch instances (None: off)
+        self.credits = credits
         self.pool = pool or rpc.ChannelPool()
         self.clock = clock or MonotonicClock()
         self.membership = MembershipView()
@@ -208,7 +213,10 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
     def _apply_mod(self, request: schedule_pb2.ModNodeRequest) -> bool:
         node = request.node
         if request.op == REMOVE:
-            return self.policy.remove(node.node_id)
+            gone = self.policy.remove(node.node_id)
+            if gone and self.credits is not None:
+                self.credits.retain()  # a dead node's credits die with it
+            return gone
         # ClusterMgr may route with a membership older or newer than ours;
         # holding a node we do not own would let two instances place on it.
         return self._owns(node.node_id) and self.policy.upsert(node_info(node))
@@ -227,6 +235,39 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
             schedule_id=self.schedule_id, nodes=[node_status(n) for n in self.policy.nodes()]
         )
 
+    async def GrantCredits(
+        self, request: schedule_pb2.GrantCreditsRequest, context: grpc.aio.ServicerContext
+    ) -> schedule_pb2.GrantCreditsReply:
+        if self.credits is None:
+            raise FailedPrecondition(
+                f"schedule {self.schedule_id} grants no capacity credits "
+                "(started with --no-credits)"
+            )
+        if not request.holder:
+            raise InvalidArgument("holder must be set (the Dispatch instance's id)")
+        for i, u in enumerate(request.used):
+            if not u.credit_id:
+                raise InvalidArgument(f"used[{i}].credit_id must be set")
+        for i, r in enumerate(request.returned):
+            if not r.credit_id:
+                raise InvalidArgument(f"returned[{i}].credit_id must be set")
+        used = [Use(u.credit_id, Res.from_proto(u.resources), u.node_seq) for u in request.used]
+        returned = [(r.credit_id, r.refused) for r in request.returned]
+        grants = self.credits.sync(request.holder, used, returned, request.want)
+        return schedule_pb2.GrantCreditsReply(
+            schedule_id=self.schedule_id,
+            credits=[
+                schedule_pb2.Credit(
+                    credit_id=g.credit_id,
+                    node_id=g.node_id,
+                    node_address=g.address,
+                    resources=g.resources.to_proto(),
+                    ttl_ms=int(g.ttl_s * 1000),
+                )
+                for g in grants
+            ],
+        )
+
     # ----- membership --------------------------------------------------------
 
     def apply_membership(self, m: common_pb2.Membership) -> list[str]:
@@ -235,6 +276,13 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
         if not self.membership.update(m):
             return []
         dropped = self.policy.retain(self._owns)
+        if self.credits is not None:
+            # Credits on nodes that moved away, and of Dispatch instances
+            # that left: their holds go.
+            self.credits.retain()
+            holders = {i.id for i in self.membership.instances(DISPATCH)}
+            for h in (self.credits.holders() - holders) if holders else set():
+                self.credits.drop_holder(h)
         if dropped:
             log.info("schedule %s: %d nodes left the partition", self.schedule_id, len(dropped))
         NODES.labels("schedule_partition").set(len(self.policy))

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from galaxy.v1 import common_pb2 as galaxy_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18galaxy/v1/schedule.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"i\n\x0fScheduleRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12)\n\x08\x66unction\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.FunctionSpec\x12\x16\n\x0enotify_address\x18\x03 \x01(\t\"v\n\rScheduleReply\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12\x0e\n\x06probes\x18\x03 \x01(\r\x12\x15\n\rscheduling_ms\x18\x04 \x01(\x01\"\x97\x01\n\x0eModNodeRequest\x12(\n\x02op\x18\x01 \x01(\x0e\x32\x1c.galaxy.v1.ModNodeRequest.Op\x12#\n\x04node\x18\x02 \x01(\x0b\x32\x15.galaxy.v1.NodeStatus\"6\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\r\n\tOP_UPSERT\x10\x01\x12\r\n\tOP_REMOVE\x10\x02\"\x1f\n\x0cModNodeReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\"=\n\x0fModNodesRequest\x12*\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x19.galaxy.v1.ModNodeRequest\" \n\rModNodesReply\x12\x0f\n\x07\x63hanged\x18\x01 \x03(\x08\"\x12\n\x10ListNodesRequest\"K\n\x0eListNodesReply\x12\x13\n\x0bschedule_id\x18\x01 \x01(\t\x12$\n\x05nodes\x18\x02 \x03(\x0b\x32\x15.galaxy.v1.NodeStatus2\xda\x02\n\x08Schedule\x12@\n\x08Schedule\x12\x1a.galaxy.v1.ScheduleRequest\x1a\x18.galaxy.v1.ScheduleReply\x12=\n\x07ModNode\x12\x19.galaxy.v1.ModNodeRequest\x1a\x17.galaxy.v1.ModNodeReply\x12@\n\x08ModNodes\x12\x1a.galaxy.v1.ModNodesRequest\x1a\x18.galaxy.v1.ModNodesReply\x12\x46\n\nCoordinate\x12\x1c.galaxy.v1.CoordinateRequest\x1a\x1a.galaxy.v1.CoordinateReply\x12\x43\n\tListNodes\x12\x1b.galaxy.v1.ListNodesRequest\x1a\x19.galaxy.v1.ListNodesReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18galaxy/v1/schedule.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"i\n\x0fScheduleRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12)\n\x08\x66unction\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.FunctionSpec\x12\x16\n\x0enotify_address\x18\x03 \x01(\t\"v\n\rScheduleReply\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x13\n\x0bschedule_id\x18\x02 \x01(\t\x12\x0e\n\x06probes\x18\x03 \x01(\r\x12\x15\n\rscheduling_ms\x18\x04 \x01(\x01\"\x97\x01\n\x0eModNodeRequest\x12(\n\x02op\x18\x01 \x01(\x0e\x32\x1c.galaxy.v1.ModNodeRequest.Op\x12#\n\x04node\x18\x02 \x01(\x0b\x32\x15.galaxy.v1.NodeStatus\"6\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\r\n\tOP_UPSERT\x10\x01\x12\r\n\tOP_REMOVE\x10\x02\"\x1f\n\x0cModNodeReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\"=\n\x0fModNodesRequest\x12*\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x19.galaxy.v1.ModNodeRequest\" \n\rModNodesReply\x12\x0f\n\x07\x63hanged\x18\x01 \x03(\x08\"\x12\n\x10ListNodesRequest\"K\n\x0eListNodesReply\x12\x13\n\x0bschedule_id\x18\x01 \x01(\t\x12$\n\x05nodes\x18\x02 \x03(\x0b\x32\x15.galaxy.v1.NodeStatus\"Y\n\tCreditUse\x12\x11\n\tcredit_id\x18\x01 \x01(\t\x12\'\n\tresources\x18\x02 \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\x10\n\x08node_seq\x18\x03 \x01(\x04\"2\n\x0c\x43reditReturn\x12\x11\n\tcredit_id\x18\x01 \x01(\t\x12\x0f\n\x07refused\x18\x02 \x01(\x08\"{\n\x06\x43redit\x12\x11\n\tcredit_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x14\n\x0cnode_address\x18\x03 \x01(\t\x12\'\n\tresources\x18\x04 \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\x0e\n\x06ttl_ms\x18\x05 \x01(\r\"\x82\x01\n\x13GrantCreditsRequest\x12\x0e\n\x06holder\x18\x01 \x01(\t\x12\"\n\x04used\x18\x02 \x03(\x0b\x32\x14.galaxy.v1.CreditUse\x12)\n\x08returned\x18\x03 \x03(\x0b\x32\x17.galaxy.v1.CreditReturn\x12\x0c\n\x04want\x18\x04 \x01(\r\"L\n\x11GrantCreditsReply\x12\x13\n\x0bschedule_id\x18\x01 \x01(\t\x12\"\n\x07\x63redits\x18\x02 \x03(\x0b\x32\x11.galaxy.v1.Credit2\xa8\x03\n\x08Schedule\x12@\n\x08Schedule\x12\x1a.galaxy.v1.ScheduleRequest\x1a\x18.galaxy.v1.ScheduleReply\x12=\n\x07ModNode\x12\x19.galaxy.v1.ModNodeRequest\x1a\x17.galaxy.v1.ModNodeReply\x12@\n\x08ModNodes\x12\x1a.galaxy.v1.ModNodesRequest\x1a\x18.galaxy.v1.ModNodesReply\x12\x46\n\nCoordinate\x12\x1c.galaxy.v1.CoordinateRequest\x1a\x1a.galaxy.v1.CoordinateReply\x12\x43\n\tListNodes\x12\x1b.galaxy.v1.ListNodesRequest\x1a\x19.galaxy.v1.ListNodesReply\x12L\n\x0cGrantCredits\x12\x1e.galaxy.v1.GrantCreditsRequest\x1a\x1c.galaxy.v1.GrantCreditsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,6 +50,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTNODESREQUEST']._serialized_end=592
   _globals['_LISTNODESREPLY']._serialized_start=594
   _globals['_LISTNODESREPLY']._serialized_end=669
-  _globals['_SCHEDULE']._serialized_start=672
-  _globals['_SCHEDULE']._serialized_end=1018
+  _globals['_CREDITUSE']._serialized_start=671
+  _globals['_CREDITUSE']._serialized_end=760
+  _globals['_CREDITRETURN']._serialized_start=762
+  _globals['_CREDITRETURN']._serialized_end=812
+  _globals['_CREDIT']._serialized_start=814
+  _globals['_CREDIT']._serialized_end=937
+  _globals['_GRANTCREDITSREQUEST']._serialized_start=940
+  _globals['_GRANTCREDITSREQUEST']._serialized_end=1070
+  _globals['_GRANTCREDITSREPLY']._serialized_start=1072
+  _globals['_GRANTCREDITSREPLY']._serialized_end=1148
+  _globals['_SCHEDULE']._serialized_start=1151
+  _globals['_SCHEDULE']._serialized_end=1575
 # @@protoc_insertion_point(module_scope)

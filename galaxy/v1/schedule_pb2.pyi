@@ -75,3 +75,55 @@ class ListNodesReply(_message.Message):
     schedule_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[_common_pb2.NodeStatus]
     def __init__(self, schedule_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[_common_pb2.NodeStatus, _Mapping]]] = ...) -> None: ...
+
+class CreditUse(_message.Message):
+    __slots__ = ("credit_id", "resources", "node_seq")
+    CREDIT_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    NODE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    credit_id: str
+    resources: _common_pb2.Resources
+    node_seq: int
+    def __init__(self, credit_id: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., node_seq: _Optional[int] = ...) -> None: ...
+
+class CreditReturn(_message.Message):
+    __slots__ = ("credit_id", "refused")
+    CREDIT_ID_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    credit_id: str
+    refused: bool
+    def __init__(self, credit_id: _Optional[str] = ..., refused: _Optional[bool] = ...) -> None: ...
+
+class Credit(_message.Message):
+    __slots__ = ("credit_id", "node_id", "node_address", "resources", "ttl_ms")
+    CREDIT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    credit_id: str
+    node_id: str
+    node_address: str
+    resources: _common_pb2.Resources
+    ttl_ms: int
+    def __init__(self, credit_id: _Optional[str] = ..., node_id: _Optional[str] = ..., node_address: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class GrantCreditsRequest(_message.Message):
+    __slots__ = ("holder", "used", "returned", "want")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    RETURNED_FIELD_NUMBER: _ClassVar[int]
+    WANT_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    used: _containers.RepeatedCompositeFieldContainer[CreditUse]
+    returned: _containers.RepeatedCompositeFieldContainer[CreditReturn]
+    want: int
+    def __init__(self, holder: _Optional[str] = ..., used: _Optional[_Iterable[_Union[CreditUse, _Mapping]]] = ..., returned: _Optional[_Iterable[_Union[CreditReturn, _Mapping]]] = ..., want: _Optional[int] = ...) -> None: ...
+
+class GrantCreditsReply(_message.Message):
+    __slots__ = ("schedule_id", "credits")
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    schedule_id: str
+    credits: _containers.RepeatedCompositeFieldContainer[Credit]
+    def __init__(self, schedule_id: _Optional[str] = ..., credits: _Optional[_Iterable[_Union[Credit, _Mapping]]] = ...) -> None: ...

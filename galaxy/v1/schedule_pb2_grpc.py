@@ -60,6 +60,11 @@ class ScheduleStub:
                 request_serializer=galaxy_dot_v1_dot_schedule__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_schedule__pb2.ListNodesReply.FromString,
                 _registered_method=True)
+        self.GrantCredits = channel.unary_unary(
+                '/galaxy.v1.Schedule/GrantCredits',
+                request_serializer=galaxy_dot_v1_dot_schedule__pb2.GrantCreditsRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_schedule__pb2.GrantCreditsReply.FromString,
+                _registered_method=True)
 
 
 class ScheduleServicer:
@@ -106,6 +111,18 @@ class ScheduleServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GrantCredits(self, request, context):
+        """Internal: capacity credits (two-level scheduling, after Mesos's resource
+        offers). A Dispatch instance reports the instances it created from its
+        credits, returns credits, and asks for up to `want` new ones: slices of
+        a node's free capacity it may allocate itself (CreateInstance on that
+        node's agent, which still checks its own capacity) until they expire.
+        Errors: INVALID_ARGUMENT naming the field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ScheduleServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -133,6 +150,11 @@ def add_ScheduleServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=galaxy_dot_v1_dot_schedule__pb2.ListNodesRequest.FromString,
                     response_serializer=galaxy_dot_v1_dot_schedule__pb2.ListNodesReply.SerializeToString,
+            ),
+            'GrantCredits': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantCredits,
+                    request_deserializer=galaxy_dot_v1_dot_schedule__pb2.GrantCreditsRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_schedule__pb2.GrantCreditsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +292,33 @@ class Schedule:
             '/galaxy.v1.Schedule/ListNodes',
             galaxy_dot_v1_dot_schedule__pb2.ListNodesRequest.SerializeToString,
             galaxy_dot_v1_dot_schedule__pb2.ListNodesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GrantCredits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Schedule/GrantCredits',
+            galaxy_dot_v1_dot_schedule__pb2.GrantCreditsRequest.SerializeToString,
+            galaxy_dot_v1_dot_schedule__pb2.GrantCreditsReply.FromString,
             options,
             channel_credentials,
             insecure,

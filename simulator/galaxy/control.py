@@ -28,9 +28,12 @@ from functions.schedule.service import node_info
 from galaxy.v1 import common_pb2
 from simulator.cluster import SimNode
 from simulator.engine import Station
+from simulator.galaxy import credits
 from simulator.galaxy.scaling import make_control_scaling
 
 if TYPE_CHECKING:
+    from functions.dispatch.credits import CreditWallet
+    from functions.schedule.credits import CreditLedger
     from simulator.galaxy.model import GalaxyModel
 
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
@@ -58,6 +61,8 @@ class DispatchInst(ControlInst):
     one owner at a time)."""
 
     kind = "dispatch"
+    #: its capacity credits (``simulator.galaxy.credits``; None: off)
+    wallet: CreditWallet | None = None
 
     def __init__(self, iid: str, station: Station) -> None:
         super().__init__(iid, station)
@@ -74,6 +79,8 @@ class ScheduleInst(ControlInst):
         self.policy = policy
         #: it takes placements once it has filled its node table
         self.ready_at = 0.0
+        #: the credits it lent (``simulator.galaxy.credits``; None: off)
+        self.ledger: CreditLedger | None = None
 
 
 class ClusterMgrInst(ControlInst):
@@ -153,11 +160,15 @@ class ControlPlane:
                 rng=random.Random(self._rng.random()),
                 exact=self.cfg.exact,
             )
-            return ScheduleInst(iid, st, pol)
+            sf = ScheduleInst(iid, st, pol)
+            sf.ledger = credits.make_ledger(self, sf)
+            return sf
         if kind == "clustermgr":
             reg = NodeRegistry(dead_after_s=3 * self.cfg.heartbeat_s, clock=self.sim.clock)
             return ClusterMgrInst(iid, st, reg, self.cfg.heartbeat_s)
-        return DispatchInst(iid, st)
+        df = DispatchInst(iid, st)
+        df.wallet = credits.make_wallet(self)
+        return df
 
     def _register(self, inst: ControlInst) -> None:
         self.insts[inst.kind][inst.id] = inst
@@ -238,6 +249,9 @@ class ControlPlane:
                     self._modnode(self.sfs[c.new], rec.status, cmf.station)
             for nid in cmf.registry.not_mine(cmf.id):
                 cmf.registry.forget(nid)
+        # Credits on partitions that moved are dropped (both sides), as the
+        # servicers do on a membership change.
+        credits.on_membership(self)
         if routed:
             # Functions whose owner changed are handed over by their
             # previous owner's protocol core, as events.

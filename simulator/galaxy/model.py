@@ -19,9 +19,11 @@ service times (``Calibration``) in between.
 
 Variants (``VARIANTS``): G1 = one instance of each control function, no
 caches; Gn = n instances, no caches; Gn-C = Gn plus the connection cache;
-Gn-CP = Gn-C plus the probe cache; galaxy = Gn-CP plus exact partitions
+Gn-CP = Gn-C plus the probe cache; Gn-CPE = Gn-CP plus exact partitions
 (no probe unless a node's view is in doubt; frees reported at once), and
-the controller scaling control functions on SRPS.
+the controller scaling control functions on SRPS; galaxy = Gn-CPE plus
+capacity credits (``simulator.galaxy.credits``: a scale-up that fits a
+slice Schedule lent its Dispatch instance goes to the node agent directly).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from controlplane.runtime import loadreport as _REPORT
+from controlplane.runtime.resources import Res
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.policy import Instance
 from functions.schedule.config import ScheduleConfig
@@ -75,6 +78,18 @@ class GalaxyConfig:
     #: warm standby instances kept per kind (``--standby-instances``): a
     #: scale-out promotes one with no process start, and a replacement starts
     standby: int = 0
+    #: capacity credits (``simulator.galaxy.credits``): Schedule lends
+    #: Dispatch slices of node capacity, and a scale-up that fits one goes
+    #: to the node agent directly (production defaults: ``ScheduleConfig``,
+    #: ``DispatchConfig``)
+    credits: bool = _SCHEDULE.credits and _DISPATCH.credits
+    credit_slice: Res = _SCHEDULE.credit_slice
+    credit_ttl_s: float = _SCHEDULE.credit_ttl_ms / 1000.0
+    credit_grace_s: float = _SCHEDULE.credit_grace_ms / 1000.0
+    credit_target: int = _DISPATCH.credit_target
+    credit_renew_s: float = _DISPATCH.credit_renew_ms / 1000.0
+    credit_idle_s: float = _DISPATCH.credit_idle_ms / 1000.0
+    credit_max_starting: int = _DISPATCH.credit_max_starting
 
     def params(self) -> dict[str, Any]:
         """For reports."""
@@ -88,12 +103,19 @@ VARIANTS: dict[str, GalaxyConfig] = {
         probe_cache=False,
         controller_scaling=False,
         exact=False,
+        credits=False,
     ),
     "Gn": GalaxyConfig(
-        connection_cache=False, probe_cache=False, controller_scaling=False, exact=False
+        connection_cache=False,
+        probe_cache=False,
+        controller_scaling=False,
+        exact=False,
+        credits=False,
     ),
-    "Gn-C": GalaxyConfig(probe_cache=False, controller_scaling=False, exact=False),
-    "Gn-CP": GalaxyConfig(controller_scaling=False, exact=False),
+    "Gn-C": GalaxyConfig(probe_cache=False, controller_scaling=False, exact=False, credits=False),
+    "Gn-CP": GalaxyConfig(controller_scaling=False, exact=False, credits=False),
+    #: Gn-CP + exact partitions + the controller (the full system before credits)
+    "Gn-CPE": GalaxyConfig(credits=False),
     "galaxy": GalaxyConfig(),
 }
 
@@ -117,6 +139,8 @@ class GalaxyModel(RoutedModel):
 
     def start(self) -> None:
         self.control.start()
+        if self.placer.credits is not None:
+            self.sim.every(self.cfg.report_s, self.placer.credits.tick)
         super().start()
 
     def finish(self) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from functions.dispatch.policy import FunctionRouter
 from functions.schedule.model import NodeInfo, Placement, ProbeNodes, Reservation, Target
 from simulator.cluster import SimNode
+from simulator.galaxy.credits import CreditPath
 
 if TYPE_CHECKING:
     from simulator.galaxy.control import DispatchInst, ScheduleInst
@@ -97,6 +98,8 @@ class Placer:
         # Bound once: each placement schedules them.
         self._on_begin, self._on_probed = self._begin, self._probed
         self._on_create, self._on_confirmed = self._create, self._confirmed
+        #: capacity credits: scale-ups that fit one skip Schedule
+        self.credits = CreditPath(self) if cfg.credits else None
 
     def _call(self) -> float:
         """Network time of an RPC's request leg (a new connection first
@@ -111,6 +114,8 @@ class Placer:
         su = ScaleUp(df, fn, self.sim.now)
         su.cands = self.m.control.schedule_ranked(fn)[: 1 + self.m.cfg.max_spill]
         self.rec.asked(self.sim.now)
+        if self.credits is not None and self.credits.start(su):
+            return su
         self._send(su)
         return su
 

@@ -19,9 +19,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def test_schedule_scales_out_on_a_burst_and_back_in(tmp_path):
+    # Without capacity credits: with them, most cold starts skip Schedule (a
+    # credit places them), so its SRPS is the credit exchanges only and the
+    # burst does not load it; this test is about scaling Schedule on SRPS.
     g = GalaxyUp(
         tmp_path,
-        "--nodes", "210", "--sandbox", "emulated", "--autoscale-control",
+        "--nodes", "210", "--sandbox", "emulated", "--autoscale-control", "--no-credits",
         "--t-sf", "25", "--max-instances", "schedule=3", "--scale-in-cooldown-s", "2",
     )  # fmt: skip
     g.start(timeout=120)

@@ -31,10 +31,9 @@ CALLED = [
 ]
 
 
-@pytest.fixture
-def counts(monkeypatch):
-    seen: dict[str, int] = {}
-    for cls, name in CALLED:
+def count_calls(monkeypatch, seen, methods):
+    """Wrap each (class, method name) so that its calls are counted in seen."""
+    for cls, name in methods:
         orig = getattr(cls, name)
 
         def wrap(orig=orig, key=f"{cls.__name__}.{name}"):
@@ -46,6 +45,12 @@ def counts(monkeypatch):
             return f
 
         monkeypatch.setattr(cls, name, wrap())
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    seen: dict[str, int] = {}
+    count_calls(monkeypatch, seen, CALLED)
     for mod, name in ((rendezvous, "owner"), (scaling, "decide")):
         orig = getattr(mod, name)
 
@@ -62,7 +67,9 @@ def counts(monkeypatch):
 
 def test_galaxy_model_calls_the_production_policies(counts, cal):
     w = wl.poisson(100.0, 20.0, n_functions=8, mean_duration_s=0.5, seed=2)
-    r = run_one("galaxy", w, SimConfig(nodes=40, seed=2), cal)
+    # Without credits every placement goes through Schedule's policy (the
+    # credit path is checked below).
+    r = run_one("Gn-CPE", w, SimConfig(nodes=40, seed=2), cal)
     n = r["counts"]
     # One routing decision per request (all were served: no warmup, no backlog).
     assert counts["FunctionRouter.acquire"] == r["dispatch_latency_s"]["count"]
@@ -85,12 +92,35 @@ def test_probe_cache_switch_reaches_the_policy(cal):
     cfg = SimConfig(nodes=40, seed=3)
     on = run_one("Gn-CP", w, cfg, cal)["counts"]
     off = run_one("Gn-C", w, cfg, cal)["counts"]
-    exact = run_one("galaxy", w, cfg, cal)["counts"]
+    exact = run_one("Gn-CPE", w, cfg, cal)["counts"]
     assert off["probes"] == pytest.approx(2 * off["placements"], rel=0.02)  # d = 2, always
     assert on["probes"] < 0.6 * off["probes"]
     # Exact partitions: no probe unless a node agent refused a reservation.
     assert exact["placements"] > 0
     assert exact.get("probes", 0) <= 2 * exact.get("rejections", 0) < 0.1 * on["probes"]
+
+
+def test_credit_path_drives_the_production_wallet_and_ledger(monkeypatch, cal):
+    """Full Galaxy: every scale-up asks the Dispatch instance's
+    ``CreditWallet``; hits skip Schedule; the Schedule instances'
+    ``CreditLedger`` grants and takes reports; a node never over-commits."""
+    from functions.dispatch.credits import CreditWallet
+    from functions.schedule.credits import CreditLedger
+
+    seen: dict[str, int] = {}
+    count_calls(monkeypatch, seen, ((CreditWallet, "take"), (CreditLedger, "sync")))
+    w = wl.poisson(100.0, 20.0, n_functions=8, mean_duration_s=0.5, seed=2)
+    r = run_one("galaxy", w, SimConfig(nodes=40, seed=2), cal)
+    n = r["counts"]
+    assert seen["CreditWallet.take"] == n["scale_ups"] == n["credit_hits"] + n["credit_misses"]
+    assert n["credit_hits"] > 0.8 * n["scale_ups"]  # credits serve most starts
+    # Every exchange sent reaches a ledger (but those in flight at the end).
+    assert seen["CreditLedger.sync"] > 0
+    assert 0 <= n["credit_syncs"] - seen["CreditLedger.sync"] <= 4
+    assert n["instances_started"] == n["scale_ups"]
+    # Off: no credit path at all.
+    off = run_one("Gn-CPE", w, SimConfig(nodes=40, seed=2), cal)["counts"]
+    assert "credit_hits" not in off and off["instances_started"] == n["instances_started"]
 
 
 def test_ablation_variants_order_scheduling_latency(cal):

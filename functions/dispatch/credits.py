@@ -1,0 +1,263 @@
+"""Capacity credits, the use side: what one Dispatch instance holds. Pure: no I/O.
+
+A Schedule instance lends a Dispatch instance small slices of nodes' free
+capacity (``functions.schedule.credits``; after Mesos's resource offers and
+Omega's optimistic shared state). With a credit that fits, a scale-up asks
+the node agent directly (CreateInstance) and skips the Dispatch -> Schedule
+hop; the agent still checks its own capacity, and a refusal falls back to
+Schedule. The wallet decides; the caller (the servicer's ``Peers``, or the
+simulator) performs the calls:
+
+    use = wallet.take(need)                   # None: place through Schedule
+    ... CreateInstance on use.node_id at use.address ...
+    wallet.settled(use, node_seq)             # created (or refused / failed)
+    for grantor in wallet.due(home, upkeep=False):  # the refill, off the critical path
+        req = wallet.begin_sync(grantor)      # reports, returns, want
+        grants = <GrantCredits RPC>(req)
+        wallet.end_sync(req, grants)          # (None if the call failed)
+
+Refills are asked right after a credit is used (and after a miss), never
+awaited by a scale-up; credits near their expiry and credits of an idle
+holder go back; a membership change drops credits whose grantor no longer
+owns their node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controlplane.runtime.clock import Clock, MonotonicClock
+from controlplane.runtime.credits import Grant, Use
+from controlplane.runtime.resources import Res
+
+
+@dataclass
+class Credit:
+    """A credit held: what is left of its slice, until ``expires_at``."""
+
+    grantor: str  # the Schedule instance's id
+    credit_id: str
+    node_id: str
+    address: str
+    left: Res
+    expires_at: float
+    last_used: float
+    #: instances being created from it (a return waits for them)
+    creating: int = 0
+    #: no further use: goes back to the grantor once nothing is creating
+    retired: bool = False
+    refused: bool = False
+
+
+@dataclass(frozen=True)
+class CreditUse:
+    """One scale-up served from a credit: create the instance there."""
+
+    credit: Credit
+    need: Res
+
+    @property
+    def node_id(self) -> str:
+        """The node to create the instance on."""
+        return self.credit.node_id
+
+    @property
+    def address(self) -> str:
+        """Its node agent's address."""
+        return self.credit.address
+
+
+@dataclass
+class SyncRequest:
+    """One GrantCredits exchange with a grantor."""
+
+    grantor: str
+    used: list[Use] = field(default_factory=list)
+    returned: list[tuple[str, bool]] = field(default_factory=list)
+    want: int = 0
+
+
+class CreditWallet:
+    """The credits of one Dispatch instance (see the module docstring).
+
+    target: credits to hold while scale-ups happen (the bound on what this
+    instance holds). renew_s: a credit this close to its expiry is not used
+    and goes back (the next sync asks for a fresh one); the periodic upkeep
+    (``due`` with ``upkeep``) replaces credits already within twice that, so
+    with an upkeep period <= renew_s a busy holder never finds all of its
+    credits expired at once. idle_s: with no scale-up for this long,
+    credits go back and none are asked for. max_starting: instances being
+    created from one credit at once (0: no bound); a burst beyond that goes
+    to other credits or to Schedule, so it does not queue behind one node's
+    sandbox starts.
+    """
+
+    def __init__(
+        self,
+        *,
+        target: int = 4,
+        renew_s: float = 1.0,
+        idle_s: float = 60.0,
+        max_starting: int = 0,
+        clock: Clock | None = None,
+    ) -> None:
+        if target < 0:
+            raise ValueError("target must be >= 0")
+        if max_starting < 0:
+            raise ValueError("max_starting must be >= 0")
+        self.target = target
+        self.max_starting = max_starting
+        self.renew_s = renew_s
+        self.idle_s = idle_s
+        self.clock = clock or MonotonicClock()
+        self._credits: dict[str, Credit] = {}
+        self._used: dict[str, list[Use]] = {}
+        self._returns: dict[str, list[tuple[str, bool]]] = {}
+        #: grantors with an exchange in flight, and credits asked in them
+        self._syncing: dict[str, int] = {}
+        self._last_scale_up = float("-inf")
+        #: where new credits are asked when the caller names no one
+        self.home = ""
+        #: counters: hits, misses, refused, failed, granted, returned, dropped
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("hits", "misses", "refused", "failed", "granted", "returned", "dropped"), 0
+        )
+
+    def credits(self) -> list[Credit]:
+        """The credits held now (retired ones included until returned)."""
+        return list(self._credits.values())
+
+    # ----- the scale-up path ------------------------------------------------------
+
+    def take(self, need: Res) -> CreditUse | None:
+        """A credit that fits ``need`` (the one with the fewest starts in
+        flight, then the most left: spreads a burst over nodes), with
+        ``need`` taken from it; None on a miss. Either way, a refill becomes
+        due."""
+        now = self.clock.now()
+        self._last_scale_up = now
+        self._retire_old(now, self.renew_s)
+        best: Credit | None = None
+        for c in list(self._credits.values()):
+            if c.retired:
+                continue
+            if not need.fits_in(c.left):
+                # Spent (for starts of this size): back it goes, and the
+                # refill asks for a whole slice instead.
+                c.retired = True
+                self._finish(c)
+            elif self.max_starting and c.creating >= self.max_starting:
+                continue  # its node has enough starts queued from here
+            elif (
+                best is None
+                or c.creating < best.creating
+                or (c.creating == best.creating and _room(c.left) > _room(best.left))
+            ):
+                best = c
+        if best is None:
+            self.stats["misses"] += 1
+            return None
+        best.left = best.left - need
+        best.creating += 1
+        best.last_used = now
+        if not need.fits_in(best.left):
+            best.retired = True  # spent: returned once its start is settled
+        self.stats["hits"] += 1
+        return CreditUse(best, need)
+
+    def settled(self, use: CreditUse, node_seq: int | None, refused: bool = False) -> None:
+        """The CreateInstance of ``use`` finished: created (``node_seq`` is
+        the node's seq when ready), refused by the agent (``refused``: it is
+        full; the credit goes back marked so), or failed otherwise
+        (``node_seq`` None: the credit goes back, its node may be down)."""
+        c = use.credit
+        c.creating -= 1
+        if node_seq is not None and not refused:
+            self._used.setdefault(c.grantor, []).append(Use(c.credit_id, use.need, node_seq))
+        else:
+            self.stats["refused" if refused else "failed"] += 1
+            c.retired = True
+            c.refused = c.refused or refused
+        self._finish(c)
+
+    # ----- exchanges with grantors --------------------------------------------------
+
+    def due(self, home: str = "", *, upkeep: bool = True) -> list[str]:
+        """Grantors to sync with now (none with an exchange in flight):
+        ``home`` (where new credits are asked; default: the last one named)
+        when more are wanted, and with ``upkeep`` (the periodic call) those
+        with returns pending. Use reports go with the next exchange with
+        their grantor, at the latest with the credit's return: until then
+        the hold still counts the instance (an over-estimate of what is
+        used, never an under-estimate), so they need not cost a message."""
+        home = self.home = home or self.home
+        self._retire_old(self.clock.now(), 2 * self.renew_s if upkeep else self.renew_s)
+        out = []
+        if upkeep:
+            out = sorted(g for g in self._returns if g not in self._syncing)
+        if home and home not in self._syncing and home not in out and self._want() > 0:
+            out.append(home)
+        return out
+
+    def begin_sync(self, grantor: str) -> SyncRequest:
+        """The request for one exchange (reports and returns leave the
+        wallet; new credits are asked when ``grantor`` is ``home``)."""
+        req = SyncRequest(grantor, self._used.pop(grantor, []), self._returns.pop(grantor, []), 0)
+        if grantor == self.home:
+            req.want = self._want()
+        self._syncing[grantor] = req.want
+        return req
+
+    def end_sync(self, req: SyncRequest, grants: list[Grant] | None) -> None:
+        """The exchange's answer (None: the call failed -- the grantor may be
+        gone, and with it the holds of its credits: drop them)."""
+        self._syncing.pop(req.grantor, None)
+        if grants is None:
+            self.drop(lambda c: c.grantor != req.grantor)
+            return
+        now = self.clock.now()
+        for g in grants:
+            self._credits[g.credit_id] = Credit(
+                req.grantor, g.credit_id, g.node_id, g.address, g.resources,
+                now + g.ttl_s, now,
+            )  # fmt: skip
+        self.stats["granted"] += len(grants)
+
+    def drop(self, keep: Callable[[Credit], bool]) -> int:
+        """Forget credits for which ``keep`` is false (e.g. their grantor no
+        longer owns their node after a membership change: the new owner does
+        not know of them). Nothing is returned for them: their grantor
+        dropped the hold already, or will at expiry."""
+        gone = [cid for cid, c in self._credits.items() if not keep(c)]
+        for cid in gone:
+            c = self._credits.pop(cid)
+            c.retired = True
+        self.stats["dropped"] += len(gone)
+        return len(gone)
+
+    # ----- internals --------------------------------------------------------------
+
+    def _want(self) -> int:
+        if self.clock.now() - self._last_scale_up > self.idle_s:
+            return 0  # idle: hold nothing
+        live = sum(1 for c in self._credits.values() if not c.retired)
+        return max(0, self.target - live - sum(self._syncing.values()))
+
+    def _retire_old(self, now: float, ahead: float) -> None:
+        """Retire credits within ``ahead`` of expiry, and all of an idle holder's."""
+        idle = now - self._last_scale_up > self.idle_s
+        for c in list(self._credits.values()):
+            if not c.retired and (idle or c.expires_at - now <= ahead):
+                c.retired = True
+                self._finish(c)
+
+    def _finish(self, c: Credit) -> None:
+        if c.retired and c.creating == 0 and self._credits.pop(c.credit_id, None) is not None:
+            self._returns.setdefault(c.grantor, []).append((c.credit_id, c.refused))
+            self.stats["returned"] += 1
+
+
+def _room(r: Res) -> int:
+    # Tightest of the resources a credit is made of, for "most left".
+    return min(r.cpu_millis, r.memory_mib)

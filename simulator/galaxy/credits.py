@@ -1,0 +1,176 @@
+"""Capacity credits in the Galaxy model: Dispatch -> node agent directly.
+
+Each Dispatch instance holds a production ``CreditWallet`` and each Schedule
+instance a production ``CreditLedger`` (over its ``PlacementPolicy``); this
+module only moves their messages, with the same costs as the model's other
+messages:
+
+- a scale-up asks the wallet (``take``: the policy work of a decision,
+  ``schedule.decide``, on Dispatch); on a hit, the decision is made there
+  (scheduling latency ends), and Dispatch sends CreateInstance to the node's
+  agent (Dispatch's client half of a call, ``dispatch.scale_up``, each way,
+  as for its Schedule call); the agent allocates or refuses
+  (``NodeCapacity``), a refusal going back to the normal Schedule path;
+- after every take (and on a periodic upkeep tick), due exchanges with
+  Schedule instances (``GrantCredits``: reports, returns, the refill) run
+  off the critical path: a unary call's client CPU each way on Dispatch
+  (``schedule.probe``: the echo's client CPU per call) and a Schedule RPC's
+  server CPU (``schedule.schedule``) plus one decision per credit asked on
+  Schedule.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from functions.dispatch.credits import CreditUse, CreditWallet, SyncRequest
+from functions.schedule.credits import CreditLedger, Grant
+
+if TYPE_CHECKING:
+    from simulator.galaxy.control import ControlPlane, DispatchInst, ScheduleInst
+    from simulator.galaxy.placement import Placer, ScaleUp
+
+
+def make_wallet(cp: ControlPlane) -> CreditWallet | None:
+    """A Dispatch instance's wallet (None with credits off)."""
+    c = cp.cfg
+    if not c.credits:
+        return None
+    return CreditWallet(
+        target=c.credit_target, renew_s=c.credit_renew_s, idle_s=c.credit_idle_s,
+        max_starting=c.credit_max_starting, clock=cp.sim.clock,
+    )  # fmt: skip
+
+
+def make_ledger(cp: ControlPlane, sf: ScheduleInst) -> CreditLedger | None:
+    """A Schedule instance's ledger over its policy (None with credits off)."""
+    c = cp.cfg
+    if not c.credits:
+        return None
+    return CreditLedger(
+        sf.policy, slice=c.credit_slice, ttl_s=c.credit_ttl_s, grace_s=c.credit_grace_s,
+        max_per_holder=c.credit_target, clock=cp.sim.clock,
+    )  # fmt: skip
+
+
+def on_membership(cp: ControlPlane) -> None:
+    """After a membership change: Schedule instances drop credits on nodes
+    that left their partition; Dispatch instances drop credits whose
+    grantor no longer owns the node (as the servicers do)."""
+    for sf in cp.sfs.values():
+        if sf.ledger is not None:
+            sf.ledger.retain()
+            for holder in sf.ledger.holders() - cp.dfs.keys():
+                sf.ledger.drop_holder(holder)  # a Dispatch instance that left
+    path = cp.m.placer.credits if hasattr(cp.m, "placer") else None
+    for df in cp.dfs.values():
+        if df.wallet is not None and df.wallet.drop(
+            lambda c: cp._sf_owner_id(c.node_id) == c.grantor
+        ):
+            if path is not None:  # a busy holder refills at once
+                path.sync(df, "", cp.sim.now, upkeep=False)
+
+
+class CreditPath:
+    """The credit half of the scale-up path (see the module docstring)."""
+
+    def __init__(self, placer: Placer) -> None:
+        self.p = placer
+        self.m = placer.m
+        env = self.m.env
+        self.sim, self.net, self.rec = placer.sim, placer.net, placer.rec
+        self.s_call = env.op("schedule.probe", 0.5)
+        self._on_create, self._on_ready = self._create, self._ready
+
+    def start(self, su: ScaleUp) -> bool:
+        """Serve su from a credit if one fits (True), else leave it to Schedule."""
+        df, p = su.df, self.p
+        wallet = df.wallet
+        assert wallet is not None
+        use = wallet.take(self.m.needs[su.fn])
+        home = su.cands[0].id if su.cands else ""
+        now = self.sim.now
+        t = df.station.finish(now, p.s_decide())
+        self.sync(df, home, t, upkeep=False)
+        if use is None:
+            self.rec.count("credit_misses")
+            return False
+        self.rec.count("credit_hits")
+        self.rec.scheduled(su.asked, t)
+        su.iid = self.m.new_id(su.fn)
+        node = su.node = p.by_id[use.node_id]
+        t = df.station.then(t, p.s_scale_up() + p.connect) + p._call()
+        self.sim.stage(t, node.agent, p.a_create(), self._on_create, (su, use))
+        return True
+
+    def _create(self, a: tuple[ScaleUp, CreditUse]) -> None:
+        su, use = a
+        node = su.node
+        assert node is not None
+        if not self.m.env.cluster.allocate(node, su.iid, use.need):
+            self.rec.count("credit_refused")
+            t = self.sim.now + self.net.hop()
+            self.sim.reply(t, su.df.station, self.p.s_scale_up(), self._refused, a)
+            return
+        t = node.creator.finish(self.sim.now, self.m.fns[su.fn].cold_start_s)
+        self.sim.at(t, self._on_ready, a)
+
+    def _refused(self, a: tuple[ScaleUp, CreditUse]) -> None:
+        su, use = a
+        assert su.df.wallet is not None
+        su.df.wallet.settled(use, None, refused=True)
+        su.node = None
+        self.sync(su.df, "", self.sim.now, upkeep=False)
+        self.p._send(su)  # the normal path: Schedule places it
+
+    def _ready(self, a: tuple[ScaleUp, CreditUse]) -> None:
+        su, use = a
+        assert su.node is not None
+        seq = self.m.env.cluster.ready(su.node, su.iid)
+        self.rec.started(self.sim.now)
+        t = self.sim.now + self.net.hop()
+        self.sim.reply(t, su.df.station, self.p.s_scale_up(), self._created, (su, use, seq))
+
+    def _created(self, a: tuple[ScaleUp, CreditUse, int]) -> None:
+        su, use, seq = a
+        assert su.df.wallet is not None
+        # The report goes with the next exchange (a refill, or the upkeep
+        # tick): until then the hold still counts the instance.
+        su.df.wallet.settled(use, seq)
+        self.m.instance_ready(su)
+
+    # -- GrantCredits exchanges -------------------------------------------------
+
+    def sync(self, df: DispatchInst, home: str, t: float, upkeep: bool = True) -> None:
+        """Start the exchanges due (the caller's process is free at t)."""
+        wallet = df.wallet
+        assert wallet is not None
+        for g in wallet.due(home, upkeep=upkeep):
+            req = wallet.begin_sync(g)
+            sf = self.m.control.sfs.get(g)
+            if sf is None or sf.ledger is None:  # the grantor is gone
+                wallet.end_sync(req, None)
+                continue
+            self.rec.count("credit_syncs")
+            t = df.station.then(t, self.s_call()) + self.p._call()
+            service = self.p.s_schedule() + sum(self.p.s_decide() for _ in range(req.want))
+            self.sim.stage(t, sf.station, service, self._granted, (df, sf, req))
+
+    def _granted(self, a: tuple[DispatchInst, ScheduleInst, SyncRequest]) -> None:
+        df, sf, req = a
+        assert sf.ledger is not None
+        grants = sf.ledger.sync(df.id, req.used, req.returned, req.want)
+        t = self.sim.now + self.net.hop()
+        self.sim.reply(t, df.station, self.s_call(), self._synced, (df, req, grants))
+
+    def _synced(self, a: tuple[DispatchInst, SyncRequest, list[Grant]]) -> None:
+        df, req, grants = a
+        assert df.wallet is not None
+        alive = req.grantor in self.m.control.sfs
+        df.wallet.end_sync(req, grants if alive else None)
+
+    def tick(self) -> None:
+        """Periodic upkeep: return credits of idle or soon-expiring holders."""
+        for df in list(self.m.control.dfs.values()):
+            if df.wallet is not None and df.wallet.credits():
+                self.sync(df, "", self.sim.now)
