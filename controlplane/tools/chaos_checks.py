@@ -85,6 +85,25 @@ def scale_action_check(log: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
     }
 
 
+def epoch_check(samples: list[tuple[str, int]]) -> dict[str, Any]:
+    """Whether a membership epoch went backwards, from (source, epoch)
+    samples in the order they were taken, each source on its own (pure).
+    0 is "no membership yet" (a client before its first answer) and is not
+    a step back from anything."""
+    last: dict[str, int] = {}
+    back: list[str] = []
+    for source, epoch in samples:
+        prev = last.get(source, 0)
+        if epoch < prev:
+            back.append(f"{source}: {prev} -> {epoch}")
+        last[source] = max(prev, epoch)
+    return {
+        "epoch_samples": len(samples),
+        "epochs_backwards": len(back),
+        "epochs_backwards_first": back[:5],
+    }
+
+
 async def scale_actions(state_url: str) -> dict[str, Any]:
     """``scale_action_check`` of the action log in the run's etcd, and the
     log in brief ("ACTION KIND -> DESIRED (CODE, LEADER)", in order)."""

@@ -56,6 +56,8 @@ class Run:
     watcher: asyncio.Task[str | None] | None = None
     #: When the fault happened (loop time), set by the fault.
     fault_at: float = 0.0
+    #: Instances of the delete-many fault's function (--instances).
+    instances: int = 5000
 
     def supervise(self) -> None:
         """Restart dead children of ``sup`` from now on."""
