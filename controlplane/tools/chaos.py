@@ -32,7 +32,13 @@ from controlplane.launch.up import Supervisor, UpConfig
 from controlplane.runtime import spec as specs
 from controlplane.sdk.client import GalaxyClient
 from controlplane.tools.chaos_faults import ECHO, NEEDS_HA, Found, Run
-from controlplane.tools.chaos_more import FAULTS, NEEDS_ETCD, config_for, fault
+from controlplane.tools.chaos_more import (
+    FAULTS,
+    NEEDS_ETCD,
+    ORPHAN_CHECK_S,
+    config_for,
+    fault,
+)
 from controlplane.tools.common import CliError
 
 #: Outage of the etcd fault and stop of the SIGSTOP fault unless --outage-s.
@@ -82,6 +88,13 @@ def add_subparser(sub: Any) -> None:
         type=int,
         default=5000,
         help="delete-many: instances of the function deleted (its min_scale)",
+    )
+    p.add_argument(
+        "--orphan-check-s",
+        type=float,
+        default=ORPHAN_CHECK_S,
+        help="delete-many: the node agents' orphan check period; the goal's grace period "
+        "is 3 of them",
     )
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--sandbox", choices=["emulated", "process"], default="emulated")
@@ -220,7 +233,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             controller_args=[] if args.autoscale_t_df is None
             else ["--t-df", str(args.autoscale_t_df)],
         )  # fmt: skip
-        more = config_for(args.fault, args.instances, args.nodes)
+        more = config_for(args.fault, args.instances, args.nodes, args.orphan_check_s)
         more["controller_args"] = cfg.controller_args + more.get("controller_args", [])
         cfg = dataclasses.replace(cfg, **more)
         sup = Supervisor(cfg)
@@ -234,7 +247,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             async with GalaxyClient(
                 ep["controller"], timeout=10, tls=sup.client_tls(), token=sup.client_token()
             ) as c:
-                r = Run(cfg, sup, c, etcd, outage_s, instances=args.instances)
+                r = Run(
+                    cfg, sup, c, etcd, outage_s, instances=args.instances,
+                    orphan_check_s=args.orphan_check_s,
+                )  # fmt: skip
                 r.supervise()
                 names = [f"chaos-{i}" for i in range(args.functions)]
                 for n in names:

@@ -36,11 +36,12 @@ from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 
 #: delete-many: how often each node agent asks the owning Dispatch which
-#: instances it routes (its --orphan-check-s); an instance unknown to its
-#: owner is stopped after 2 checks and at least one period of life, so
-#: within 3 periods: the grace period the goal counts.
+#: instances it routes (its --orphan-check-s; `galaxy chaos
+#: --orphan-check-s`). An instance unknown to its owner is stopped after 2
+#: checks and at least one period of life, so within GRACE_CHECKS periods:
+#: the grace period the goal counts.
 ORPHAN_CHECK_S = 10.0
-GRACE_S = 3 * ORPHAN_CHECK_S
+GRACE_CHECKS = 3
 #: delete-many: CPU millicores and MiB of each of its instances.
 MANY_CPU_MILLIS = 1
 MANY_MEMORY_MIB = 1
@@ -48,7 +49,9 @@ MANY_MEMORY_MIB = 1
 STEP_S = 30.0
 
 
-def config_for(fault: str, instances: int, nodes: int) -> dict[str, Any]:
+def config_for(
+    fault: str, instances: int, nodes: int, orphan_check_s: float = ORPHAN_CHECK_S
+) -> dict[str, Any]:
     """UpConfig fields a fault needs beyond the run's (pure): room for
     ``instances`` more on ``nodes`` nodes, the controller's limits raised
     to let one function have them, and the orphan check period."""
@@ -63,7 +66,7 @@ def config_for(fault: str, instances: int, nodes: int) -> dict[str, Any]:
             "--max-instances-per-function", str(max(instances, 1000)),
             "--max-reserved-instances", str(max(instances, 5000)),
         ],
-        "extra": {"nodeagent": ["--orphan-check-s", str(ORPHAN_CHECK_S)]},
+        "extra": {"nodeagent": ["--orphan-check-s", str(orphan_check_s)]},
     }  # fmt: skip
 
 
@@ -177,6 +180,7 @@ async def delete_many(run: Run) -> Found:
     until they all run, delete it, and count what the node agents still run
     of it until none, and at the end of the grace period."""
     n = run.instances
+    grace_s = GRACE_CHECKS * run.orphan_check_s
     spec = specs.load_file(ECHO)
     spec.name, spec.min_scale, spec.max_scale = "chaos-many", n, n
     spec.resources.cpu_millis, spec.resources.memory_mib = MANY_CPU_MILLIS, MANY_MEMORY_MIB
@@ -207,8 +211,8 @@ async def delete_many(run: Run) -> Found:
             left_at.append((_now() - run.fault_at, await _count(pool, run, spec.name)))
             return left_at[-1][1] == 0
 
-        zero = await _until(none_left, GRACE_S)
-        await asyncio.sleep(max(0.0, run.fault_at + GRACE_S - _now()))  # the grace period
+        zero = await _until(none_left, grace_s)
+        await asyncio.sleep(max(0.0, run.fault_at + grace_s - _now()))  # the grace period
         left = await _count(pool, run, spec.name)
     finally:
         await pool.close()
@@ -218,10 +222,12 @@ async def delete_many(run: Run) -> Found:
          "running_after_s": None if started is None else round(started, 2),
          "deploy_to_delete_s": round(run.fault_at - t0, 2),
          "left_first_look": left_at[0][1] if left_at else None,
+         # (seconds after the delete, instances left), about 10 looks.
+         "left_curve": [(round(t, 1), k) for t, k in left_at[:: max(1, len(left_at) // 10)]],
          "zero_left_after_s": None if zero is None else round(zero, 3),
-         "grace_s": GRACE_S, "left_after_grace": left},
+         "grace_s": grace_s, "left_after_grace": left},
         goal=f"all {n} instances running, then 0 left on the nodes "
-        f"{GRACE_S:.0f} s (3 orphan checks) after the delete",
+        f"{grace_s:g} s ({GRACE_CHECKS} orphan checks) after the delete",
         goal_met=peak >= n and left == 0,
     )  # fmt: skip
 
