@@ -51,15 +51,21 @@ async def _metric(address: str, name: str) -> float:
     return 0.0
 
 
+async def metric_sum(sup: Supervisor, prefixes: tuple[str, ...], name: str) -> int:
+    """An unlabelled metric summed over the running children whose names
+    start with one of prefixes (one that does not answer counts 0)."""
+    total = 0.0
+    for c in list(sup.children):
+        if c.name.startswith(prefixes) and c.ready.get("metrics"):
+            with contextlib.suppress(OSError, TimeoutError, ValueError):
+                total += await _metric(c.ready["metrics"], name)
+    return int(total)
+
+
 async def pending_writes(sup: Supervisor) -> int:
     """Records queued for the store and not yet written, over the
     components that write behind (Dispatch, ClusterMgr)."""
-    total = 0.0
-    for c in list(sup.children):
-        if c.name.startswith(("dispatch-", "clustermgr-")) and c.ready.get("metrics"):
-            with contextlib.suppress(OSError, TimeoutError, ValueError):
-                total += await _metric(c.ready["metrics"], "galaxy_store_pending_writes")
-    return int(total)
+    return await metric_sum(sup, ("dispatch-", "clustermgr-"), "galaxy_store_pending_writes")
 
 
 def scale_action_check(log: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:

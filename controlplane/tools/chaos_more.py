@@ -29,7 +29,7 @@ from controlplane.runtime import spec as specs
 from controlplane.runtime.revisions import routing_key
 from controlplane.sdk.client import GalaxyClient
 from controlplane.tools import chaos_faults
-from controlplane.tools.chaos_checks import epoch_check
+from controlplane.tools.chaos_checks import epoch_check, metric_sum
 from controlplane.tools.chaos_faults import ECHO, POLL_S, Found, Run, _child, _now, _until
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 
@@ -214,6 +214,9 @@ async def delete_many(run: Run) -> Found:
         zero = await _until(none_left, grace_s)
         await asyncio.sleep(max(0.0, run.fault_at + grace_s - _now()))  # the grace period
         left = await _count(pool, run, spec.name)
+        # Of those gone, how many the node agents' orphan checks stopped
+        # (the rest Dispatch deleted).
+        reaped = await metric_sum(run.sup, ("agent-",), "galaxy_orphan_instances_reaped_total")
     finally:
         await pool.close()
     return Found(
@@ -225,7 +228,7 @@ async def delete_many(run: Run) -> Found:
          # (seconds after the delete, instances left), about 10 looks.
          "left_curve": [(round(t, 1), k) for t, k in left_at[:: max(1, len(left_at) // 10)]],
          "zero_left_after_s": None if zero is None else round(zero, 3),
-         "grace_s": grace_s, "left_after_grace": left},
+         "grace_s": grace_s, "left_after_grace": left, "reaped_by_orphan_checks": reaped},
         goal=f"all {n} instances running, then 0 left on the nodes "
         f"{grace_s:g} s ({GRACE_CHECKS} orphan checks) after the delete",
         goal_met=peak >= n and left == 0,
