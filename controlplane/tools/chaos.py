@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import statistics
@@ -30,13 +31,12 @@ from controlplane.launch.etcd import LocalEtcd
 from controlplane.launch.up import Supervisor, UpConfig
 from controlplane.runtime import spec as specs
 from controlplane.sdk.client import GalaxyClient
-from controlplane.tools.chaos_faults import (
-    ECHO,
+from controlplane.tools.chaos_faults import ECHO, NEEDS_HA, Found, Run
+from controlplane.tools.chaos_more import (
     FAULTS,
     NEEDS_ETCD,
-    NEEDS_HA,
-    Found,
-    Run,
+    ORPHAN_CHECK_S,
+    config_for,
     fault,
 )
 from controlplane.tools.common import CliError
@@ -57,7 +57,9 @@ def add_subparser(sub: Any) -> None:
         default="dispatch",
         help="a kind to kill -9 (dispatch, schedule, clustermgr, agent, controller); "
         "controller-leader (kill -9 the leader, implies --ha); sigstop-nodeagent; etcd "
-        "(stopped --outage-s); restart (the whole control plane, on the same etcd); none",
+        "(stopped --outage-s); restart (the whole control plane, on the same etcd); "
+        "controller-then-dispatch (kill -9 the controller, then a Dispatch: epochs never go "
+        "backwards); delete-many (delete a function of --instances instances); none",
     )
     p.add_argument("--rate", type=float, default=100.0, help="requests per second")
     p.add_argument("--duration-s", type=float, default=20.0, help="length of the load")
@@ -80,6 +82,19 @@ def add_subparser(sub: Any) -> None:
         help="the controllers scale the control functions (local actuator), taking T "
         "requests/s as one Dispatch instance's capacity: a T below the rate makes them "
         "scale out during the run (so a leader's death meets scale actions)",
+    )
+    p.add_argument(
+        "--instances",
+        type=int,
+        default=5000,
+        help="delete-many: instances of the function deleted (its min_scale)",
+    )
+    p.add_argument(
+        "--orphan-check-s",
+        type=float,
+        default=ORPHAN_CHECK_S,
+        help="delete-many: the node agents' orphan check period; the goal's grace period "
+        "is 3 of them",
     )
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--sandbox", choices=["emulated", "process"], default="emulated")
@@ -218,6 +233,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             controller_args=[] if args.autoscale_t_df is None
             else ["--t-df", str(args.autoscale_t_df)],
         )  # fmt: skip
+        more = config_for(args.fault, args.instances, args.nodes, args.orphan_check_s)
+        more["controller_args"] = cfg.controller_args + more.get("controller_args", [])
+        cfg = dataclasses.replace(cfg, **more)
         sup = Supervisor(cfg)
         r: Run | None = None
         rep: dict[str, Any] = {}
@@ -229,7 +247,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             async with GalaxyClient(
                 ep["controller"], timeout=10, tls=sup.client_tls(), token=sup.client_token()
             ) as c:
-                r = Run(cfg, sup, c, etcd, outage_s)
+                r = Run(
+                    cfg, sup, c, etcd, outage_s, instances=args.instances,
+                    orphan_check_s=args.orphan_check_s,
+                )  # fmt: skip
                 r.supervise()
                 names = [f"chaos-{i}" for i in range(args.functions)]
                 for n in names:

@@ -51,15 +51,21 @@ async def _metric(address: str, name: str) -> float:
     return 0.0
 
 
+async def metric_sum(sup: Supervisor, prefixes: tuple[str, ...], name: str) -> int:
+    """An unlabelled metric summed over the running children whose names
+    start with one of prefixes (one that does not answer counts 0)."""
+    total = 0.0
+    for c in list(sup.children):
+        if c.name.startswith(prefixes) and c.ready.get("metrics"):
+            with contextlib.suppress(OSError, TimeoutError, ValueError):
+                total += await _metric(c.ready["metrics"], name)
+    return int(total)
+
+
 async def pending_writes(sup: Supervisor) -> int:
     """Records queued for the store and not yet written, over the
     components that write behind (Dispatch, ClusterMgr)."""
-    total = 0.0
-    for c in list(sup.children):
-        if c.name.startswith(("dispatch-", "clustermgr-")) and c.ready.get("metrics"):
-            with contextlib.suppress(OSError, TimeoutError, ValueError):
-                total += await _metric(c.ready["metrics"], "galaxy_store_pending_writes")
-    return int(total)
+    return await metric_sum(sup, ("dispatch-", "clustermgr-"), "galaxy_store_pending_writes")
 
 
 def scale_action_check(log: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
@@ -82,6 +88,25 @@ def scale_action_check(log: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
         "scale_actions": len(log),
         "scale_actions_applied_twice": twice,
         "scale_actions_after_a_newer_term": stale,
+    }
+
+
+def epoch_check(samples: list[tuple[str, int]]) -> dict[str, Any]:
+    """Whether a membership epoch went backwards, from (source, epoch)
+    samples in the order they were taken, each source on its own (pure).
+    0 is "no membership yet" (a client before its first answer) and is not
+    a step back from anything."""
+    last: dict[str, int] = {}
+    back: list[str] = []
+    for source, epoch in samples:
+        prev = last.get(source, 0)
+        if epoch < prev:
+            back.append(f"{source}: {prev} -> {epoch}")
+        last[source] = max(prev, epoch)
+    return {
+        "epoch_samples": len(samples),
+        "epochs_backwards": len(back),
+        "epochs_backwards_first": back[:5],
     }
 
 

@@ -56,6 +56,9 @@ class Run:
     watcher: asyncio.Task[str | None] | None = None
     #: When the fault happened (loop time), set by the fault.
     fault_at: float = 0.0
+    #: delete-many: instances of its function, and the node agents' orphan check period.
+    instances: int = 5000
+    orphan_check_s: float = 10.0
 
     def supervise(self) -> None:
         """Restart dead children of ``sup`` from now on."""

@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from controlplane.tools.chaos import Outcome, report
-from controlplane.tools.chaos_checks import scale_action_check
+from controlplane.tools.chaos_checks import epoch_check, scale_action_check
+from controlplane.tools.chaos_more import config_for
 from tests.etcd_server import require_etcd
 from tests.integration.upctl import REPO, pid_alive
 
@@ -51,6 +52,27 @@ def test_scale_action_check_finds_an_action_applied_twice() -> None:
     assert got["scale_actions_applied_twice"] == 1
     assert got["scale_actions_after_a_newer_term"] == 1
     assert scale_action_check([])["scale_actions"] == 0
+
+
+def test_epoch_check_finds_an_epoch_going_backwards_per_source() -> None:
+    # A client's 0 before its first answer, and sources interleaved: fine.
+    ok = [("client", 0), ("controller", 5), ("client", 5), ("controller", 7), ("client", 7)]
+    assert epoch_check(ok)["epochs_backwards"] == 0
+    # A restarted controller numbering from 1 again (the bug).
+    got = epoch_check([*ok, ("controller", 1), ("client", 7), ("controller", 2)])
+    assert got["epochs_backwards"] == 2, got
+    assert got["epochs_backwards_first"] == ["controller: 7 -> 1", "controller: 7 -> 2"]
+
+
+def test_delete_many_gets_room_and_limits_for_its_instances() -> None:
+    assert config_for("dispatch", 5000, 4) == {}
+    cfg = config_for("delete-many", 5000, 4, orphan_check_s=2.0)
+    # 1,250 instances a node of 1 millicore and 1 MiB each, twice over, on
+    # top of the default node; the controller lets one function have 5,000.
+    assert (cfg["node_cpu_millis"], cfg["node_memory_mib"]) == (4000 + 2500, 8192 + 2500)
+    args = cfg["controller_args"]
+    assert args[args.index("--max-instances-per-function") + 1] == "5000"
+    assert cfg["extra"] == {"nodeagent": ["--orphan-check-s", "2.0"]}
 
 
 @pytest.mark.parametrize("fault", ["dispatch", "schedule"])
@@ -159,4 +181,35 @@ def test_a_restarted_control_plane_brings_everything_back(tmp_path) -> None:
     assert rep["revisions_after"] == rep["revisions_before"] > 0, rep
     assert rep["duplicate_instances"] == rep["leaked_instances"] == 0, rep
     assert rep["nodes_alive"] == 2, rep
+    assert rep["goal_met"] and r.returncode == 0
+
+
+@pytest.mark.etcd
+def test_a_restarted_controller_then_a_dispatch_kill_fails_nothing_and_keeps_epochs(
+    tmp_path,
+) -> None:
+    rep, r = chaos(
+        tmp_path, "--fault", "controller-then-dispatch", "--duration-s", "6", "--at-s", "2"
+    )
+    assert rep["victim"] == "controller, then dispatch-0", r.stdout[-2000:] + r.stderr[-2000:]
+    assert rep["controller_serving_s"] is not None and rep["victim_back"], rep
+    assert rep["repartitioned_after_dispatch_kill_s"] is not None, rep
+    # The restarted controller's epoch is above its predecessor's, and no
+    # sample (controller or client) ever went back.
+    assert rep["epoch_end"] > rep["epoch_after_controller_restart"] > rep["epoch_before"]
+    assert rep["epoch_samples"] > 10 and rep["epochs_backwards"] == 0, rep
+    assert (rep["failed"], rep["hung"]) == (0, 0), rep["error_samples"]
+    assert rep["functions_after"] == rep["functions_before"] == 4
+    assert rep["goal_met"] and r.returncode == 0
+
+
+def test_deleting_a_function_of_many_instances_leaves_none_on_the_nodes(tmp_path) -> None:
+    rep, r = chaos(
+        tmp_path, "--fault", "delete-many", "--instances", "200", "--orphan-check-s", "1",
+        "--duration-s", "4", "--at-s", "2", etcd=False,
+    )  # fmt: skip
+    assert rep["instances_running_before_delete"] == 200, r.stdout[-2000:] + r.stderr[-2000:]
+    assert rep["left_first_look"] > 0  # counted while they were being deleted
+    assert rep["zero_left_after_s"] is not None and rep["left_after_grace"] == 0, rep
+    assert (rep["failed"], rep["hung"]) == (0, 0), rep["error_samples"]
     assert rep["goal_met"] and r.returncode == 0
