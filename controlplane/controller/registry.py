@@ -125,9 +125,8 @@ class ControlRegistry:
         READY, as a new registration would), oldest standby first; returns
         them. One new epoch for all of them."""
         now = self.clock.now()
-        picked = sorted(
-            (m for m in self.members(kind, State.STANDBY)), key=lambda m: m.registered_at
-        )[: max(0, n)]
+        standbys = self.members(kind, State.STANDBY)
+        picked = sorted(standbys, key=lambda m: m.registered_at)[: max(0, n)]
         for m in picked:
             m.state = self._joining(kind)
             m.ready_since = now

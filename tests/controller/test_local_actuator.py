@@ -29,6 +29,18 @@ def alive(pid: int) -> bool:
         return f.read().split(") ", 1)[1][0] != "Z"
 
 
+async def _teardown(reporter, act, ctl, sched) -> None:
+    """Stop the stand-in's reporter, the actuator's processes, the controller
+    and the stand-in, in that order."""
+    if reporter is not None:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
+    await act.close()
+    await ctl.stop()
+    await sched.stop(None)
+
+
 def ready(ctl: Controller, iid: str) -> bool:
     m = ctl.registry.get(S, iid)
     return m is not None and m.state is State.READY
@@ -104,13 +116,7 @@ async def test_reconciler_scales_out_on_overload_and_back_in_after_drain(tmp_pat
             assert last.decision.code == "underload" and last.outcome == "done"
             assert [i.id for i in ctl.registry.membership(S).instances] == ["s-0"]
     finally:
-        if reporter is not None:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
-        await act.close()
-        await ctl.stop()
-        await sched.stop(None)
+        await _teardown(reporter, act, ctl, sched)
 
 
 async def test_a_killed_instance_is_reported_lost_at_once_and_a_stopped_one_is_not(tmp_path):
@@ -187,10 +193,4 @@ async def test_a_scale_out_promotes_a_warm_standby_and_starts_its_replacement(tm
             )
             assert set(act.children) == {sb, standbys()[0]}
     finally:
-        if reporter is not None:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
-        await act.close()
-        await ctl.stop()
-        await sched.stop(None)
+        await _teardown(reporter, act, ctl, sched)
