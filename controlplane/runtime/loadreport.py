@@ -112,6 +112,20 @@ def report_due(since_report_s: float, interval_s: float, cores: float) -> bool:
     return since_report_s >= interval_s - 1e-9 or cores >= SATURATED_CPU
 
 
+class CpuMeter:
+    """Busy cores of a process between two reads of its CPU counter (pure:
+    the caller passes the counter, in ms, and the time)."""
+
+    def __init__(self, cpu_ms: int, now: float) -> None:
+        self._at = (cpu_ms, now)
+
+    def read(self, cpu_ms: int, now: float) -> float:
+        """Busy cores since the last read (or construction)."""
+        last_cpu, last_at = self._at
+        self._at = (cpu_ms, now)
+        return (cpu_ms - last_cpu) / 1000.0 / max(now - last_at, 1e-6)
+
+
 class LoadReporter:
     """Sends a ``LoadReport`` for one instance every ``interval_s``; it checks
     its process's CPU every ``burst_interval_s`` and reports at once when the
@@ -159,7 +173,7 @@ class LoadReporter:
         self.sent = 0
         self._prev = self._counters()
         self._prev_at = self.clock.now()
-        self._cpu_at = (self._prev[CPU_KEY], self._prev_at)
+        self._meter = CpuMeter(self._prev[CPU_KEY], self._prev_at)
         self._task: asyncio.Task[None] | None = None
 
     def _counters(self) -> dict[str, int]:
@@ -214,10 +228,8 @@ class LoadReporter:
     def due(self) -> bool:
         """Whether a report is due now (interval passed, or saturated since
         the last check)."""
-        now, cpu = self.clock.now(), self.cpu_ms()
-        last_cpu, last_at = self._cpu_at
-        self._cpu_at = (cpu, now)
-        cores = (cpu - last_cpu) / 1000.0 / max(now - last_at, 1e-6)
+        now = self.clock.now()
+        cores = self._meter.read(self.cpu_ms(), now)
         return report_due(now - self._prev_at, self.interval_s, cores)
 
     async def _run(self) -> None:

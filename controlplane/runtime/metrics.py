@@ -176,3 +176,16 @@ NODEAGENT_REJECTED = Counter(
     "CreateInstance calls refused with RESOURCE_EXHAUSTED, by reason (queue_full).",
     ["reason"],
 )
+
+
+# Capacity credits of a Dispatch instance (functions/dispatch/credits.py):
+# what it holds, and what happened to the starts that asked its wallet.
+DISPATCH_CREDITS_HELD = Gauge(
+    "galaxy_dispatch_credits_held", "Capacity credits this Dispatch instance holds."
+)
+DISPATCH_CREDIT_EVENTS = Counter(
+    "galaxy_dispatch_credit_events_total",
+    "Credit outcomes of this Dispatch instance: hits (a start created from a credit), misses "
+    "(none fitted: the start went through Schedule), refused, failed, granted, returned, dropped.",
+    ["event"],
+)

@@ -89,6 +89,8 @@ class Peers:
         # Unreachable reports in flight, by instance id (one at a time each).
         self._reporting: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # The wallet's counters at the last metrics update.
+        self._credit_stats: dict[str, int] = {}
 
     def report_unreachable(self, controller: str, inst: common_pb2.ControlInstance) -> None:
         """Tell the controller inst did not answer (in the background, once
@@ -239,6 +241,15 @@ class Peers:
             if self._follow_membership(self.credits):
                 self._sync("", upkeep=False)  # a busy holder refills at once
             self._sync("", upkeep=True)
+            self._credit_metrics(self.credits)
+
+    def _credit_metrics(self, wallet: CreditWallet) -> None:
+        metrics.DISPATCH_CREDITS_HELD.set(len(wallet.credits()))
+        for event, n in wallet.stats.items():
+            new = n - self._credit_stats.get(event, 0)
+            if new > 0:
+                metrics.DISPATCH_CREDIT_EVENTS.labels(event).inc(new)
+        self._credit_stats = dict(wallet.stats)
 
     def _follow_membership(self, wallet: CreditWallet) -> int:
         """After a membership change, drop the credits whose grantor no

@@ -10,7 +10,7 @@ from controlplane.controller.actuators.base import NoActuator
 from controlplane.controller.registry import State
 from controlplane.runtime import rpc
 from controlplane.runtime.clock import ManualClock
-from controlplane.runtime.loadreport import CPU_KEY, LoadReporter, rates, report_due
+from controlplane.runtime.loadreport import CPU_KEY, CpuMeter, LoadReporter, rates, report_due
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from tests.controller.conftest import Controller
 
@@ -125,6 +125,13 @@ async def test_report_to_an_unreachable_controller_is_not_fatal():
         assert await r.report_once() is None
     finally:
         await pool.close()
+
+
+def test_cpu_meter_gives_busy_cores_between_reads():
+    m = CpuMeter(1_000, 10.0)
+    assert m.read(1_250, 10.5) == pytest.approx(0.5)
+    assert m.read(1_750, 10.75) == pytest.approx(2.0)  # two cores busy
+    assert m.read(1_750, 10.75) == 0.0  # no time passed: no division by zero
 
 
 def test_a_report_is_due_at_the_interval_or_at_once_when_saturated():

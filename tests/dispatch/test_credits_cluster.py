@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from controlplane.runtime.resources import Res
 from controlplane.sdk.client import GalaxyClient
@@ -71,12 +72,17 @@ async def parts(request: pytest.FixtureRequest) -> AsyncIterator[Parts]:
         await c.close()
 
 
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def live_credits(p: Parts) -> int:
     return sum(1 for cr in p.peers.credits.credits() if not cr.retired)
 
 
 async def test_a_cold_start_from_a_credit_makes_no_schedule_call(parts: Parts) -> None:
     p = parts
+    hits = _sample("galaxy_dispatch_credit_events_total", event="hits")
     first = await p.client.dispatch("f")  # no credit yet: through Schedule
     assert p.peers.schedule_calls == 1 and p.peers.credit_creates == 0
     await eventually(lambda: live_credits(p) > 0, what="a refill after the miss")
@@ -85,6 +91,10 @@ async def test_a_cold_start_from_a_credit_makes_no_schedule_call(parts: Parts) -
     assert second.instance_id != first.instance_id
     assert p.peers.schedule_calls == 1 and p.sched.arrivals == arrivals
     assert p.peers.credit_creates == 1
+    # What an operator sees (the upkeep brings the metrics up to date).
+    p.peers.credit_upkeep()
+    assert _sample("galaxy_dispatch_credit_events_total", event="hits") == hits + 1
+    assert _sample("galaxy_dispatch_credits_held") == len(p.peers.credits.credits())
     credit_nodes = {cr.node_id for cr in p.peers.credits.credits()}
     assert second.node_id in credit_nodes
     # Schedule counts it (the credit's hold), so its view never overstates.
