@@ -55,6 +55,8 @@ class Recorder:
         self.live: list[tuple[float, int]] = []
         self.first_scale_up = math.inf
         self.last_started = 0.0
+        #: when each instance became ready (for the rate of the bulk of a burst)
+        self._start_times = array("d")
         #: extra latency samples by name (e.g. Schedule's own decision time)
         self.extra: dict[str, array] = {}
         #: called with the time a client gets its slot (closed-loop drivers)
@@ -135,6 +137,7 @@ class Recorder:
         """An instance became ready."""
         self._started[self._bin(t)] += 1
         self.counts["instances_started"] += 1
+        self._start_times.append(t)
         if t > self.last_started:  # max(last_started, t), written out
             self.last_started = t
 
@@ -153,6 +156,17 @@ class Recorder:
     def add(self, key: str, value: float) -> None:
         """Add to a named total (seconds of probing, of control CPU, ...)."""
         self.sums[key] += value
+
+    def _rate_99(self) -> float:
+        """Instances started per second from the first scale-up to the start
+        by which 99% of them had started."""
+        n = len(self._start_times)
+        if not n:
+            return 0.0
+        k = math.ceil(0.99 * n)
+        t99 = float(np.partition(np.frombuffer(self._start_times, dtype=np.float64), k - 1)[k - 1])
+        span = t99 - self.first_scale_up
+        return k / span if span > 0 else 0.0
 
     def control_instances(self, t: float, kind: str, n: int) -> None:
         """The number of control instances of a kind changed to n at t."""
@@ -200,6 +214,10 @@ class Recorder:
                 # Instances started over the time from the first scale-up to
                 # the last start: the scale-up rate a burst actually got.
                 "scale_up_rate_per_s": started / burst if burst > 0 else 0.0,
+                # The same over the first 99% of the starts: a few starts
+                # long after a burst (the function autoscaler's next round)
+                # do not stretch the burst's duration.
+                "scale_up_rate_99_per_s": self._rate_99(),
             },
             "counts": dict(sorted(self.counts.items())),
             "sums": {k: round(v, 9) for k, v in sorted(self.sums.items())},

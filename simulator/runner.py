@@ -62,6 +62,10 @@ def run_one(
     model.start()
     env.sim.run(end, _counted(workload.batches(), env.rec), model.request, bar)
     model.finish()
+    # The CPU of every process of the system (control plane and request
+    # routing; node agents and sandboxes are alike in every design): the
+    # denominator of throughput per control-plane core.
+    env.rec.add("cpu_s.platform", sum(st.busy for st in env.stations))
     wall = time.perf_counter() - t0
     out = env.rec.summary(env.sim.now)
     out["system"] = system

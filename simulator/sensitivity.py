@@ -67,7 +67,7 @@ def sensitivity(
     fw = flood(1000 if quick else 4000, 20000.0, FLOOD_FUNCTIONS, 30.0, seed=seed, **SMALL)
     g_burst = _run("bursty galaxy", "galaxy", w, cfg, cal, log, progress)
     g_flood = _run("flood galaxy", "galaxy", fw, cfg, cal, log, progress)
-    g99, grate = _p99(g_burst), g_flood["throughput"]["scale_up_rate_per_s"]
+    g99, grate = _p99(g_burst), g_flood["throughput"]["scale_up_rate_99_per_s"]
     sec = Section(
         f"Assumed constants x0.5 and x2 (bursty {dur:.0f} s and a flood, 210 nodes); "
         f"Galaxy: sched p99 {_ms(g99)} ms, {grate:.0f} scale-ups/s",
@@ -84,7 +84,7 @@ def sensitivity(
             label = f"{system} {param}={value}"
             b = _run(f"bursty {label}", system, w, c, cal, log, progress)
             f = _run(f"flood {label}", system, fw, c, cal, log, progress)
-            b99, rate = _p99(b), f["throughput"]["scale_up_rate_per_s"]
+            b99, rate = _p99(b), f["throughput"]["scale_up_rate_99_per_s"]
             lower, faster = g99 < b99, grate > rate
             held += lower and faster
             sec.runs[f"{label} bursty"], sec.runs[f"{label} flood"] = b, f

@@ -88,6 +88,9 @@ class Env:
             host=self.host,
         )
         self.rec = Recorder(workload.duration_s, workload.warmup_s)
+        #: every process of the system under test (``station``): its
+        #: control plane and request routing, not node agents or sandboxes
+        self.stations: list[Station] = []
         self.event_loops = cfg.host_event_loops and self.host is not None
         if self.event_loops:
             for agent in self.cluster.agents:
@@ -96,6 +99,7 @@ class Env:
     def station(self, name: str, c: int = 1) -> Station:
         """A process of this run (on the shared host when there is one)."""
         st = Station(name, c=c, host=self.host)
+        self.stations.append(st)
         if self.event_loops:
             st.loop = EventLoop(self.sim, st, *self.cfg.host_loop_steps)
         return st

@@ -14,6 +14,12 @@ than the home one costs a cross-SGS round trip.
 
 Scale-ups are triggered like Galaxy's (``FunctionRouter`` coalescing) and
 scale-down is the production KPA with Galaxy's defaults.
+
+Costs: an SGS pays a Schedule call's server CPU per placement and, like
+Galaxy's Schedule and the Sparrow-like scheduler, the client side of the
+CreateInstance call it makes (``schedule.create``), half on sending and
+half on the reply, which it must handle before the instance takes
+requests (it routes the application's requests itself).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import heapq
 from dataclasses import dataclass, replace
 from typing import Any
 
+from functions.dispatch.policy import Instance
 from simulator.cluster import SimNode
 from simulator.frontend import RoutedModel
 from simulator.system import Env
@@ -73,6 +80,7 @@ class AtollModel(RoutedModel):
         self._rr = [0] * len(self.fns)
         self._extending: set[int] = set()
         self.s_place = env.op("schedule.schedule")
+        self.s_create = env.op("schedule.create", 0.5)
         self.rec.control_instances(0.0, "load_balancer", 1)
         self.rec.control_instances(0.0, "sgs_extra_assignments", 0)
 
@@ -116,7 +124,18 @@ class AtollModel(RoutedModel):
         self.rec.scheduled(ask.asked, self.sim.now)
         iid = self.new_id(ask.fn)
         self.env.cluster.allocate(best, iid, need)
-        self.create_on(best, ask.fn, iid, self.sim.now + self.net.hop())
+        t = self.sgs[i].finish(self.sim.now, self.s_create())
+        self.create_on(best, ask.fn, iid, t + self.net.hop())
+
+    def ready(self, a: tuple[SimNode, int, str]) -> None:
+        """The instance is up: the CreateInstance reply reaches the SGS
+        that owns its node (the one that placed it), which then routes to it."""
+        node, fn, iid = a
+        self.rec.started(self.sim.now)
+        inst = Instance(iid, node.address, node.id, self.fns[fn].concurrency, meta=node)
+        sgs = self.sgs[node.index % len(self.sgs)]
+        t = self.sim.now + self.net.hop()
+        self.sim.reply(t, sgs, self.s_create(), self.routable, (fn, inst))
 
     def _node_changed(self, node: SimNode) -> None:
         heapq.heappush(

@@ -63,3 +63,26 @@ def test_atoll_load_balancer_sees_every_request_and_pools_scale_out(cal):
     # requests: the application gets more SGSs, up to the whole cluster (320).
     assert n["sgs_scale_outs"] > 0 and n["placements"] == 320
     assert len(env.rec.dispatch) == 320
+
+
+def test_atoll_sgs_pays_its_createinstance_calls_like_every_placer(cal):
+    """Each placement costs the SGS that made it both halves of its
+    CreateInstance call (as Galaxy's Schedule pays them), the reply before
+    the instance takes requests."""
+    w = wl.flood(200, 50.0, 200, 20.0, seed=5, **SMALL)
+    env = Env(SimConfig(nodes=40), cal, w, 1)
+    m = AtollModel(env)
+    calls = {"create": 0}
+    draw = m.s_create
+
+    def counted() -> float:
+        calls["create"] += 1
+        return draw()
+
+    m.s_create = counted
+    m.start()
+    env.sim.run(w.duration_s, w.batches(), m.request)
+    placed = env.rec.counts["placements"]
+    assert placed == 200 == env.rec.counts["instances_started"]
+    assert calls["create"] == 2 * placed  # the send and the reply
+    assert len(env.rec.dispatch) == 200  # every request served once routable
