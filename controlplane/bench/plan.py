@@ -5,7 +5,7 @@ section 4) with two optional top-level blocks for what is not swept:
 
     control_plane: {nodes: 210, dispatch: 1, schedule: 1, clustermgr: 1,
                     state: memory, connection_cache: true, probe_cache: true,
-                    start_delay_ms: 0, heartbeat_ms: 1000}
+                    start_delay_ms: 0, heartbeat_ms: 1000, gc_tuning: true}
     load: {seed: 1, echo_requests: 4000, concurrency: 16, timeout_s: 10}
 
 Parameters may sweep any control_plane key (``dispatch_instances`` etc. are
@@ -53,6 +53,9 @@ CP_DEFAULTS: dict[str, Any] = {
     "node_memory_mib": 8192,
     # Node heartbeat interval (ClusterMgr tells agents); 1000 is the default.
     "heartbeat_ms": 1000,
+    # Every process freezes its start-up heap and uses larger GC thresholds
+    # (controlplane.runtime.gctune); false runs the interpreter's defaults.
+    "gc_tuning": True,
     "n": 2,
 }
 _ALIASES = {f"{k}_instances": k for k in ("dispatch", "schedule", "clustermgr")}
@@ -194,10 +197,16 @@ def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
         node_memory_mib=cp["node_memory_mib"],
         start_delay_ms=cp["start_delay_ms"],
         extra={
-            kind: ["--heartbeat-ms", str(int(cp["heartbeat_ms"]))]
-            for kind in ("clustermgr", "nodeagent")
+            kind: (["--heartbeat-ms", str(int(cp["heartbeat_ms"]))] if kind in _BEATING else [])
+            + ([] if cp["gc_tuning"] else ["--no-gc-freeze", "--gc-threshold0", "0"])
+            for kind in _SERVED
         },
     )
+
+
+# The kinds `galaxy up` serves, and those that take --heartbeat-ms.
+_SERVED = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent")
+_BEATING = ("clustermgr", "nodeagent")
 
 
 @dataclass(frozen=True)

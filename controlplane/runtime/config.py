@@ -196,6 +196,10 @@ def to_flags(cfg: Config) -> list[str]:
     return out
 
 
+#: Tuned thresholds of the garbage collector (Python's are 700, 10, 10):
+#: measured in docs/benchmarks.md, session 20.
+GC_THRESHOLDS = (10_000, 20, 20)
+
 #: The gRPC message size limit every server and channel sets, both ways
 #: (the controller bounds its largest answer below it: ``validation``).
 DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
@@ -222,4 +226,42 @@ class RpcConfig(Config):
         "largest gRPC message sent or received, bytes",
         ge=1024,
         flag="--max-message-bytes",
+    )
+
+
+class GcConfig(Config):
+    """How a server process keeps Python's cycle collector out of its tail
+    latency (``controlplane.runtime.gctune``, applied by ``host.serve`` once
+    the process is ready). A full collection walks every tracked object of
+    the heap (the modules of grpc, protobuf and pydantic make that hundreds
+    of thousands) and stops the process while it does: tens of milliseconds
+    on a busy core, a tail that every request in flight pays. Freezing what
+    start-up made keeps full collections to what was made since; larger
+    thresholds make young collections rarer (docs/benchmarks.md, session 20)."""
+
+    gc_freeze: bool = setting(
+        True,
+        "freeze the start-up heap (gc.freeze) once the process is ready, so that "
+        "collections never walk it (off: the interpreter's default behaviour)",
+        flag="--no-gc-freeze",
+        group="garbage collector",
+    )
+    gc_threshold0: int = setting(
+        GC_THRESHOLDS[0],
+        "allocations (minus frees) of tracked objects between young collections; "
+        "0 = leave the interpreter's thresholds alone",
+        ge=0,
+        group="garbage collector",
+    )
+    gc_threshold1: int = setting(
+        GC_THRESHOLDS[1],
+        "young collections between middle-generation collections",
+        ge=1,
+        group="garbage collector",
+    )
+    gc_threshold2: int = setting(
+        GC_THRESHOLDS[2],
+        "middle-generation collections between full collections",
+        ge=1,
+        group="garbage collector",
     )
