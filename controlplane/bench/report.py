@@ -173,6 +173,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"{m['nproc']} cores; what is left of them went to other work on the machine.\n"
         )
     out += _gc_section(plans)
+    out += _wait_section(plans)
     errs = [(p["label"], p["errors_by_code"]) for p in plans if p["errors_by_code"]]
     if errs:
         out.append("## Errors by status code\n")
@@ -219,6 +220,22 @@ def _gc_section(plans: list[dict[str, Any]]) -> list[str]:
         return []
     head = ["plan", "processes", "pauses", "total ms", "full", "full total ms", "longest <= ms"]
     return ["## Garbage-collector pauses (measured phase)\n", _table(head, rows)]
+
+
+def _wait_section(plans: list[dict[str, Any]]) -> list[str]:
+    """The share of the measured phase each process's event loop was ready
+    to run but waited for a CPU (/proc/PID/schedstat): CPU contention."""
+    waits = [p for p in plans if p.get("run_queue_wait")]
+    if not waits:
+        return []
+    names = sorted({k for p in waits for k in p["run_queue_wait"]})
+    rows = [[p["label"], *(_f(p["run_queue_wait"].get(k), 3) for k in names)] for p in waits]
+    return [
+        "## Waiting for a CPU (share of the measured phase; event-loop thread)\n",
+        _table(["plan", *names], rows),
+        "A request that arrives while its process waits for a CPU waits as long; "
+        "on 2 cores this is where other work on the machine enters the tail.\n",
+    ]
 
 
 def write_plots(r: dict[str, Any], samples: dict[str, Any], out: Path) -> list[Path]:

@@ -38,5 +38,5 @@ def tune(cfg: GcConfig) -> GcState:
         gc.collect()
         gc.freeze()
     state = GcState(frozen=gc.get_freeze_count(), thresholds=gc.get_threshold())
-    log.debug("gc: %d objects frozen, thresholds %s", state.frozen, state.thresholds)
+    log.info("gc: %d objects frozen, thresholds %s", state.frozen, state.thresholds)
     return state
