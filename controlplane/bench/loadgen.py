@@ -36,6 +36,7 @@ import grpc
 from controlplane.bench.echo import METHOD as ECHO_METHOD
 from controlplane.runtime import gctune
 from controlplane.runtime.config import GcConfig
+from controlplane.runtime.errors import GalaxyError
 
 MEASURING = "LOADGEN_MEASURING"
 MEASURED = "LOADGEN_MEASURED"
@@ -102,6 +103,15 @@ async def _until(due: float) -> float:
     return now
 
 
+# A failed call: the raw echo raises gRPC's error, the SDK its typed one.
+_FAILED = (grpc.aio.AioRpcError, GalaxyError)
+
+
+def _code(e: grpc.aio.AioRpcError | GalaxyError) -> str:
+    """The status code name of a failed call."""
+    return e.code.name if isinstance(e, GalaxyError) else e.code().name
+
+
 def _start(due: float, now: float) -> float:
     """When an open-loop request's latency starts: its intended send time
     (a late generator's wait counts: no coordinated omission), or its actual
@@ -155,9 +165,9 @@ class LoadGen:
                 addr = None
             else:
                 addr = await self._client.dispatch(self.job.functions[fn])
-        except grpc.aio.AioRpcError as e:
+        except _FAILED as e:
             if measured:
-                rec.errors[e.code().name] += 1
+                rec.errors[_code(e)] += 1
                 rec.rpcs += 1
                 rec.end = max(rec.end, time.perf_counter())
             return
@@ -184,8 +194,8 @@ class LoadGen:
         # Dispatch to the same owner, so it costs no RPC of its own then.
         try:
             deferred = await self._client.release(addr, defer=True)
-        except grpc.aio.AioRpcError as e:
-            self.rec.release_errors[e.code().name] += 1
+        except _FAILED as e:
+            self.rec.release_errors[_code(e)] += 1
             deferred = False
         if measured and not deferred:
             self.rec.rpcs += 1
@@ -223,8 +233,8 @@ class LoadGen:
             async with sem:
                 try:
                     addr = await self._client.dispatch(self.job.functions[fn])
-                except grpc.aio.AioRpcError as e:
-                    self.rec.prime_errors[e.code().name] += 1
+                except _FAILED as e:
+                    self.rec.prime_errors[_code(e)] += 1
                     return
                 if hold < 0:
                     self.held.append(addr)
@@ -240,11 +250,23 @@ class LoadGen:
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter() + 0.05
         tasks: set[asyncio.Task[None]] = set()
+        failed: list[BaseException] = []
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                failed.append(task.exception())  # type: ignore[arg-type]
+
+        async def settle() -> None:
+            await asyncio.gather(*tasks)
+            if failed:
+                raise failed[0]  # a bug in the generator, not a failed call
+
         for i, (t, fn, hold) in enumerate(self.job.requests):
             due = t0 + t
             now = await _until(due)
             if now - t0 > self.job.max_duration_s:
-                await asyncio.gather(*tasks)
+                await settle()
                 return len(self.job.requests) - i
             measured = self._mark(i, due)
             if measured:
@@ -253,8 +275,8 @@ class LoadGen:
             # made would grow the heap that full collections walk.
             task = loop.create_task(self._one(fn, hold, _start(due, now), measured, due))
             tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        await asyncio.gather(*tasks)
+            task.add_done_callback(done)
+        await settle()
         return 0
 
     async def run_closed(self) -> int:

@@ -56,6 +56,9 @@ CP_DEFAULTS: dict[str, Any] = {
     # Every process freezes its start-up heap and uses larger GC thresholds
     # (controlplane.runtime.gctune); false runs the interpreter's defaults.
     "gc_tuning": True,
+    # With gc_tuning: the young-generation threshold every process uses
+    # (None: GcConfig's default; 0: the interpreter's own thresholds).
+    "gc_threshold0": None,
     "n": 2,
 }
 _ALIASES = {f"{k}_instances": k for k in ("dispatch", "schedule", "clustermgr")}
@@ -174,6 +177,9 @@ def control_plane_config(bf: BenchFile, params: dict[str, Any]) -> dict[str, Any
     for k in ("dispatch", "schedule", "clustermgr", "nodes"):
         if not isinstance(cp[k], int) or cp[k] < 1:
             raise BenchFileError(f"{k}: must be a whole number >= 1, got {cp[k]!r}")
+    t0 = cp["gc_threshold0"]
+    if t0 is not None and (not isinstance(t0, int) or isinstance(t0, bool) or t0 < 0):
+        raise BenchFileError(f"gc_threshold0: a whole number >= 0, got {t0!r}")
     if not (cp["state"] in ("memory", "etcd") or str(cp["state"]).startswith("etcd://")):
         raise BenchFileError(f"state: memory, etcd or etcd://host:port, got {cp['state']!r}")
     return cp
@@ -198,10 +204,18 @@ def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
         start_delay_ms=cp["start_delay_ms"],
         extra={
             kind: (["--heartbeat-ms", str(int(cp["heartbeat_ms"]))] if kind in _BEATING else [])
-            + ([] if cp["gc_tuning"] else ["--no-gc-freeze", "--gc-threshold0", "0"])
+            + _gc_flags(cp)
             for kind in _SERVED
         },
     )
+
+
+def _gc_flags(cp: dict[str, Any]) -> list[str]:
+    """The garbage-collector flags of every served process (``GcConfig``)."""
+    if not cp["gc_tuning"]:
+        return ["--no-gc-freeze", "--gc-threshold0", "0"]
+    t0 = cp["gc_threshold0"]
+    return [] if t0 is None else ["--gc-threshold0", str(t0)]
 
 
 # The kinds `galaxy up` serves, and those that take --heartbeat-ms.

@@ -196,9 +196,12 @@ def to_flags(cfg: Config) -> list[str]:
     return out
 
 
-#: Tuned thresholds of the garbage collector (Python's are 700, 10, 10):
-#: measured in docs/benchmarks.md, session 20.
-GC_THRESHOLDS = (10_000, 20, 20)
+#: Thresholds of the garbage collector: Python's own, measured best for the
+#: tail. Every gRPC call leaves a few objects in reference cycles, so a young
+#: collection frees about as many objects as its threshold: 0.4 ms of CPU at
+#: 700, 1.0 ms at 2,000, 9 ms (up to 20) at 10,000, for the same total
+#: (docs/benchmarks.md, session 20). Freezing is what shortens full ones.
+GC_THRESHOLDS = (700, 10, 10)
 
 #: The gRPC message size limit every server and channel sets, both ways
 #: (the controller bounds its largest answer below it: ``validation``).
@@ -236,8 +239,9 @@ class GcConfig(Config):
     the heap (the modules of grpc, protobuf and pydantic make that hundreds
     of thousands) and stops the process while it does: tens of milliseconds
     on a busy core, a tail that every request in flight pays. Freezing what
-    start-up made keeps full collections to what was made since; larger
-    thresholds make young collections rarer (docs/benchmarks.md, session 20)."""
+    start-up made keeps full collections to what was made since. The
+    thresholds are there to be measured (docs/benchmarks.md, session 20):
+    larger ones made young collections rarer but each one longer."""
 
     gc_freeze: bool = setting(
         True,

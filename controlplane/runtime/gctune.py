@@ -6,8 +6,8 @@ starts with hundreds of thousands of them (grpc, protobuf, pydantic and our
 own modules), none of which will ever be garbage. ``tune`` runs once the
 process is ready: it collects what start-up left behind, then freezes the
 survivors (``gc.freeze``: moved to a permanent generation that collections
-skip), and sets larger thresholds so that young collections are rarer.
-What is made later (routers, instances, channels) is still collected.
+skip), and sets the configured thresholds. What is made later (routers,
+instances, channels) is still collected.
 """
 
 from __future__ import annotations

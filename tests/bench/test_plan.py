@@ -66,6 +66,17 @@ def test_gc_tuning_off_reaches_every_process():
     assert all(up.extra[k] == off for k in ("controller", "dispatch", "schedule"))
 
 
+def test_gc_threshold_sweep():
+    bf = pl.parse(doc(parameters=[{"name": "gc_threshold0", "value": [700]}]), Path("x.yaml"))
+    cp = pl.control_plane_config(bf, next(bf.experiment.plans()).params)
+    assert pl.up_config(cp, Path("/tmp/x"), "memory://").extra["dispatch"] == [
+        "--gc-threshold0",
+        "700",
+    ]
+    with pytest.raises(pl.BenchFileError, match="gc_threshold0"):
+        pl.parse(doc(control_plane={"gc_threshold0": -5}), Path("x.yaml"))
+
+
 @pytest.mark.parametrize(
     ("over", "match"),
     [
