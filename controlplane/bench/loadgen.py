@@ -34,6 +34,9 @@ from typing import Any
 import grpc
 
 from controlplane.bench.echo import METHOD as ECHO_METHOD
+from controlplane.runtime import gctune
+from controlplane.runtime.config import GcConfig
+from controlplane.runtime.errors import GalaxyError
 
 MEASURING = "LOADGEN_MEASURING"
 MEASURED = "LOADGEN_MEASURED"
@@ -84,16 +87,36 @@ class _Rec:
 
 
 async def _until(due: float) -> float:
-    """Sleep until perf_counter() >= due; returns the time then.
+    """Sleep until about ``due`` (perf_counter time); returns the time then.
 
-    uvloop's timers have millisecond resolution and may fire early, and a
-    request sent before its due time would understate its latency: sleep
-    to within a millisecond, then yield to the loop until the time has come.
+    One timer, no busy wait: uvloop's timers have millisecond resolution and
+    may fire up to about a millisecond early. Spinning on ``sleep(0)`` until
+    the exact time cost the generator ~0.3 cores at 400 requests/s, taken
+    from the servers it measures on a 2-core machine (docs/benchmarks.md,
+    session 20). A request that goes out early is timed from its actual
+    send instead (``_start``), so its latency is never understated.
     """
-    while (now := time.perf_counter()) < due:
-        left = due - now
-        await asyncio.sleep(left - 0.001 if left > 0.002 else 0)
+    now = time.perf_counter()
+    if due > now:
+        await asyncio.sleep(due - now)
+        now = time.perf_counter()
     return now
+
+
+# A failed call: the raw echo raises gRPC's error, the SDK its typed one.
+_FAILED = (grpc.aio.AioRpcError, GalaxyError)
+
+
+def _code(e: grpc.aio.AioRpcError | GalaxyError) -> str:
+    """The status code name of a failed call."""
+    return e.code.name if isinstance(e, GalaxyError) else e.code().name
+
+
+def _start(due: float, now: float) -> float:
+    """When an open-loop request's latency starts: its intended send time
+    (a late generator's wait counts: no coordinated omission), or its actual
+    send if the timer fired early (never from before the send)."""
+    return min(due, now)
 
 
 class LoadGen:
@@ -130,7 +153,11 @@ class LoadGen:
 
     # -- one request ------------------------------------------------------
 
-    async def _one(self, fn: int, hold: float, start: float, measured: bool) -> None:
+    async def _one(
+        self, fn: int, hold: float, start: float, measured: bool, due: float | None = None
+    ) -> None:
+        """One request; its latency runs from ``start``; ``due``: its place
+        in the schedule (default ``start``)."""
         rec = self.rec
         try:
             if self._echo is not None:
@@ -138,16 +165,16 @@ class LoadGen:
                 addr = None
             else:
                 addr = await self._client.dispatch(self.job.functions[fn])
-        except grpc.aio.AioRpcError as e:
+        except _FAILED as e:
             if measured:
-                rec.errors[e.code().name] += 1
+                rec.errors[_code(e)] += 1
                 rec.rpcs += 1
                 rec.end = max(rec.end, time.perf_counter())
             return
         done = time.perf_counter()
         if measured:
             assert rec.start is not None
-            rec.t_ms.append((start - rec.start) * 1000.0)
+            rec.t_ms.append(((start if due is None else due) - rec.start) * 1000.0)
             rec.lat_ms.append((done - start) * 1000.0)
             rec.cold.append(int(bool(addr is not None and addr.cold_start)))
             rec.wait_ms.append(addr.wait_ms if addr is not None else 0.0)
@@ -167,8 +194,8 @@ class LoadGen:
         # Dispatch to the same owner, so it costs no RPC of its own then.
         try:
             deferred = await self._client.release(addr, defer=True)
-        except grpc.aio.AioRpcError as e:
-            self.rec.release_errors[e.code().name] += 1
+        except _FAILED as e:
+            self.rec.release_errors[_code(e)] += 1
             deferred = False
         if measured and not deferred:
             self.rec.rpcs += 1
@@ -206,8 +233,8 @@ class LoadGen:
             async with sem:
                 try:
                     addr = await self._client.dispatch(self.job.functions[fn])
-                except grpc.aio.AioRpcError as e:
-                    self.rec.prime_errors[e.code().name] += 1
+                except _FAILED as e:
+                    self.rec.prime_errors[_code(e)] += 1
                     return
                 if hold < 0:
                     self.held.append(addr)
@@ -222,18 +249,34 @@ class LoadGen:
         # iteration's cached millisecond tick, too coarse for latencies.
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter() + 0.05
-        tasks: list[asyncio.Task[None]] = []
+        tasks: set[asyncio.Task[None]] = set()
+        failed: list[BaseException] = []
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                failed.append(task.exception())  # type: ignore[arg-type]
+
+        async def settle() -> None:
+            await asyncio.gather(*tasks)
+            if failed:
+                raise failed[0]  # a bug in the generator, not a failed call
+
         for i, (t, fn, hold) in enumerate(self.job.requests):
             due = t0 + t
             now = await _until(due)
             if now - t0 > self.job.max_duration_s:
-                await asyncio.gather(*tasks)
+                await settle()
                 return len(self.job.requests) - i
             measured = self._mark(i, due)
             if measured:
-                self.rec.lag_ms.append((now - due) * 1000.0)
-            tasks.append(loop.create_task(self._one(fn, hold, due, measured)))
-        await asyncio.gather(*tasks)
+                self.rec.lag_ms.append(max(0.0, now - due) * 1000.0)
+            # Only the requests in flight are kept: a list of every task
+            # made would grow the heap that full collections walk.
+            task = loop.create_task(self._one(fn, hold, _start(due, now), measured, due))
+            tasks.add(task)
+            task.add_done_callback(done)
+        await settle()
         return 0
 
     async def run_closed(self) -> int:
@@ -296,10 +339,16 @@ class LoadGen:
         }
 
 
-async def run(job: Job) -> dict[str, Any]:
-    """Run a job end to end; returns the result JSON."""
+async def run(job: Job, tune_gc: bool = False) -> dict[str, Any]:
+    """Run a job end to end; returns the result JSON. tune_gc: freeze the
+    heap and raise the GC thresholds once primed (in a process of its own)."""
     async with LoadGen(job) as g:
         await g.prime()
+        if tune_gc:
+            # The generator's own collections would add to the latencies it
+            # measures: freeze what connecting and priming made, as every
+            # server does once ready.
+            gctune.tune(GcConfig())
         not_sent = await (g.run_open() if job.mode == "open" else g.run_closed())
         g.rec.cpu_end = time.process_time()
         print(MEASURED, flush=True)
@@ -318,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     from controlplane.runtime.host import install_uvloop
 
     install_uvloop()
-    result = asyncio.run(run(job))
+    result = asyncio.run(run(job, tune_gc=True))
     with open(args.out, "w") as f:
         json.dump(result, f)
     return 0

@@ -5,7 +5,7 @@ section 4) with two optional top-level blocks for what is not swept:
 
     control_plane: {nodes: 210, dispatch: 1, schedule: 1, clustermgr: 1,
                     state: memory, connection_cache: true, probe_cache: true,
-                    start_delay_ms: 0, heartbeat_ms: 1000}
+                    start_delay_ms: 0, heartbeat_ms: 1000, gc_tuning: true}
     load: {seed: 1, echo_requests: 4000, concurrency: 16, timeout_s: 10}
 
 Parameters may sweep any control_plane key (``dispatch_instances`` etc. are
@@ -53,6 +53,12 @@ CP_DEFAULTS: dict[str, Any] = {
     "node_memory_mib": 8192,
     # Node heartbeat interval (ClusterMgr tells agents); 1000 is the default.
     "heartbeat_ms": 1000,
+    # Every process freezes its start-up heap and uses larger GC thresholds
+    # (controlplane.runtime.gctune); false runs the interpreter's defaults.
+    "gc_tuning": True,
+    # With gc_tuning: the young-generation threshold every process uses
+    # (None: GcConfig's default; 0: the interpreter's own thresholds).
+    "gc_threshold0": None,
     "n": 2,
 }
 _ALIASES = {f"{k}_instances": k for k in ("dispatch", "schedule", "clustermgr")}
@@ -171,6 +177,9 @@ def control_plane_config(bf: BenchFile, params: dict[str, Any]) -> dict[str, Any
     for k in ("dispatch", "schedule", "clustermgr", "nodes"):
         if not isinstance(cp[k], int) or cp[k] < 1:
             raise BenchFileError(f"{k}: must be a whole number >= 1, got {cp[k]!r}")
+    t0 = cp["gc_threshold0"]
+    if t0 is not None and (not isinstance(t0, int) or isinstance(t0, bool) or t0 < 0):
+        raise BenchFileError(f"gc_threshold0: a whole number >= 0, got {t0!r}")
     if not (cp["state"] in ("memory", "etcd") or str(cp["state"]).startswith("etcd://")):
         raise BenchFileError(f"state: memory, etcd or etcd://host:port, got {cp['state']!r}")
     return cp
@@ -194,10 +203,24 @@ def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
         node_memory_mib=cp["node_memory_mib"],
         start_delay_ms=cp["start_delay_ms"],
         extra={
-            kind: ["--heartbeat-ms", str(int(cp["heartbeat_ms"]))]
-            for kind in ("clustermgr", "nodeagent")
+            kind: (["--heartbeat-ms", str(int(cp["heartbeat_ms"]))] if kind in _BEATING else [])
+            + _gc_flags(cp)
+            for kind in _SERVED
         },
     )
+
+
+def _gc_flags(cp: dict[str, Any]) -> list[str]:
+    """The garbage-collector flags of every served process (``GcConfig``)."""
+    if not cp["gc_tuning"]:
+        return ["--no-gc-freeze", "--gc-threshold0", "0"]
+    t0 = cp["gc_threshold0"]
+    return [] if t0 is None else ["--gc-threshold0", str(t0)]
+
+
+# The kinds `galaxy up` serves, and those that take --heartbeat-ms.
+_SERVED = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent")
+_BEATING = ("clustermgr", "nodeagent")
 
 
 @dataclass(frozen=True)

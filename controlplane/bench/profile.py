@@ -56,15 +56,17 @@ def machine_cpu() -> dict[str, float]:
     return {"busy": busy / _TICKS, "steal": v[7] / _TICKS, "at": time.monotonic()}
 
 
-def runnable_seconds(pid: int) -> float | None:
-    """Seconds a process has been runnable so far -- running or waiting in a
-    run queue for a CPU (/proc/PID/schedstat) -- or None if it is gone."""
+def schedstat(pid: int) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but waiting in a run queue) of a
+    process's main thread so far (/proc/PID/schedstat), or None if it is
+    gone. The main thread runs the event loop: its wait is time a request
+    that had work to do waited for a CPU."""
     try:
         with open(f"/proc/{pid}/schedstat") as f:
             run_ns, wait_ns = f.read().split()[:2]
     except (OSError, ValueError):
         return None
-    return (int(run_ns) + int(wait_ns)) / 1e9
+    return int(run_ns) / 1e9, int(wait_ns) / 1e9
 
 
 def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:

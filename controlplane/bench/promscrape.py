@@ -81,25 +81,39 @@ class Scrape:
     counters: dict[str, float] = field(default_factory=dict)
 
 
+def _labelled(name: str, labels: dict[str, str]) -> str:
+    """``name{k=v,...}`` (sorted; ``le`` left out), or name without labels."""
+    inner = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "le")
+    return f"{name}{{{inner}}}" if inner else name
+
+
 def parse(text: str) -> Scrape:
-    """Histograms (by name, labels summed) and counters (by name+labels)."""
+    """Histograms (by name, labels summed; and by ``name{labels}`` for a
+    labelled one, e.g. ``galaxy_gc_pause_seconds{generation=2}``) and
+    counters (by name+labels)."""
     out = Scrape()
     for fam in text_string_to_metric_families(text):
         if fam.type == "histogram":
-            h = out.histograms.setdefault(fam.name, Histogram())
+            total = out.histograms.setdefault(fam.name, Histogram())
             for s in fam.samples:
-                if s.name.endswith("_bucket"):
-                    le = float(s.labels["le"])
-                    h.buckets[le] = h.buckets.get(le, 0.0) + s.value
-                elif s.name.endswith("_sum"):
-                    h.sum += s.value
-                elif s.name.endswith("_count"):
-                    h.count += s.value
+                key = _labelled(fam.name, s.labels)
+                hs = (
+                    [total]
+                    if key == fam.name
+                    else [total, out.histograms.setdefault(key, Histogram())]
+                )
+                for h in hs:
+                    if s.name.endswith("_bucket"):
+                        le = float(s.labels["le"])
+                        h.buckets[le] = h.buckets.get(le, 0.0) + s.value
+                    elif s.name.endswith("_sum"):
+                        h.sum += s.value
+                    elif s.name.endswith("_count"):
+                        h.count += s.value
         elif fam.type == "counter":
             for s in fam.samples:
                 if s.name.endswith("_total"):
-                    labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                    key = f"{s.name}{{{labels}}}" if labels else s.name
+                    key = _labelled(s.name, s.labels)
                     out.counters[key] = out.counters.get(key, 0.0) + s.value
     return out
 

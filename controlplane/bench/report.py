@@ -17,6 +17,7 @@ LATENCIES = (
     ("scheduling", "scheduling: Schedule request to placement (histogram)"),
     ("scale_up_in_dispatch", "scale-up trigger to ready in Dispatch (histogram)"),
     ("send_lag", "load generator lateness (open loop)"),
+    ("dispatch_handler", "Dispatch's handler alone (histogram, 0.1-10 ms buckets)"),
 )
 
 
@@ -171,6 +172,8 @@ def markdown(r: dict[str, Any]) -> str:
             "Summed per kind of process. The machine has "
             f"{m['nproc']} cores; what is left of them went to other work on the machine.\n"
         )
+    out += _gc_section(plans)
+    out += _wait_section(plans)
     errs = [(p["label"], p["errors_by_code"]) for p in plans if p["errors_by_code"]]
     if errs:
         out.append("## Errors by status code\n")
@@ -193,6 +196,46 @@ def markdown(r: dict[str, Any]) -> str:
     for name in r.get("plots", []):
         out.append(f"![{name}]({name})\n")
     return "\n".join(out) + "\n"
+
+
+def _gc_section(plans: list[dict[str, Any]]) -> list[str]:
+    """Garbage-collector pauses over the measured phase, by role: all
+    collections, and the full (generation 2) ones that make a tail."""
+    rows = []
+    for p in plans:
+        for role, g in p.get("gc_pauses", {}).items():
+            full = g.get("full", {})
+            rows.append(
+                [
+                    p["label"],
+                    role,
+                    _f(g["count"], 0),
+                    _f(g["sum_s"] * 1000.0),
+                    _f(full.get("count"), 0),
+                    _f(full.get("sum_s", math.nan) * 1000.0),
+                    _f(full.get("max_bucket_s", math.nan) * 1000.0),
+                ]
+            )
+    if not rows:
+        return []
+    head = ["plan", "processes", "pauses", "total ms", "full", "full total ms", "longest <= ms"]
+    return ["## Garbage-collector pauses (measured phase)\n", _table(head, rows)]
+
+
+def _wait_section(plans: list[dict[str, Any]]) -> list[str]:
+    """The share of the measured phase each process's event loop was ready
+    to run but waited for a CPU (/proc/PID/schedstat): CPU contention."""
+    waits = [p for p in plans if p.get("run_queue_wait")]
+    if not waits:
+        return []
+    names = sorted({k for p in waits for k in p["run_queue_wait"]})
+    rows = [[p["label"], *(_f(p["run_queue_wait"].get(k), 3) for k in names)] for p in waits]
+    return [
+        "## Waiting for a CPU (share of the measured phase; event-loop thread)\n",
+        _table(["plan", *names], rows),
+        "A request that arrives while its process waits for a CPU waits as long; "
+        "on 2 cores this is where other work on the machine enters the tail.\n",
+    ]
 
 
 def write_plots(r: dict[str, Any], samples: dict[str, Any], out: Path) -> list[Path]:

@@ -215,7 +215,7 @@ async def _run_plan(
     profilers = prof.Profilers(opts.out / "profiles" / prefix) if opts.profile else None
     cpu: list[dict[str, float]] = []
     machine: list[dict[str, float]] = []
-    runnable: list[float] = []
+    runnable: list[dict[str, tuple[float, float]]] = []
     load_before = os.getloadavg()[0]
 
     async def on_line(line: str, loadgen_pid: int) -> None:
@@ -223,7 +223,7 @@ async def _run_plan(
             # Warmup is over: what the control plane did so far is not counted.
             cpu.append(prof.cpu_snapshot(pids))
             machine.append(prof.machine_cpu())
-            runnable.append(_runnable({**pids, "load_generator": loadgen_pid}))
+            runnable.append(_schedstats({**pids, "load_generator": loadgen_pid}))
             scr["s0"], scr["d0"] = await ps.scrape_all(sched), await ps.scrape_all(disp)
             scr["o0"] = await ps.scrape_all(others)
             if profilers is not None:
@@ -232,7 +232,7 @@ async def _run_plan(
         else:
             cpu.append(prof.cpu_snapshot(pids))
             machine.append(prof.machine_cpu())
-            runnable.append(_runnable({**pids, "load_generator": loadgen_pid}))
+            runnable.append(_schedstats({**pids, "load_generator": loadgen_pid}))
             scr["s1"], scr["d1"] = await ps.scrape_all(sched), await ps.scrape_all(disp)
             scr["o1"] = await ps.scrape_all(others)
 
@@ -262,8 +262,13 @@ async def _run_plan(
         out["machine_cores"] = sm.machine_cores(machine[0], machine[-1], out["cpu_cores"])
         wall = machine[-1].get("at", 0.0) - machine[0].get("at", 0.0)
         if len(runnable) >= 2 and wall > 0:
+            a, b = runnable[0], runnable[-1]
+            both = [k for k in b if k in a]
             # Our processes runnable on average (running or waiting for a CPU).
-            out["machine_cores"]["ours_runnable"] = (runnable[-1] - runnable[0]) / wall
+            out["machine_cores"]["ours_runnable"] = sum(sum(b[k]) - sum(a[k]) for k in both) / wall
+            # Share of the wall time each event loop had work but no CPU:
+            # a request arriving then waits that long before it is read.
+            out["run_queue_wait"] = {k: (b[k][1] - a[k][1]) / wall for k in both}
     e = out["baseline"]["echo"]
     e["cpu_cores"] = {k: (echo_a[1][k] + echo_b[1][k]) / 2 for k in echo_a[1]}
     e["requests_per_s_before"] = sm.div(echo_a[0]["ok"], echo_a[0]["duration_s"])
@@ -274,9 +279,9 @@ async def _run_plan(
     return out
 
 
-def _runnable(pids: dict[str, int]) -> float:
-    """Seconds our processes have been runnable so far, summed."""
-    return sum(v for pid in pids.values() if (v := prof.runnable_seconds(pid)) is not None)
+def _schedstats(pids: dict[str, int]) -> dict[str, tuple[float, float]]:
+    """(on CPU, waiting for one) seconds so far of each named process."""
+    return {k: v for k, pid in pids.items() if (v := prof.schedstat(pid)) is not None}
 
 
 async def _echo(

@@ -14,6 +14,7 @@ SCHED_HIST = "galaxy_scheduling_latency_seconds"
 PROBE_HIST = "galaxy_probe_round_trip_seconds"
 COLD_HIST = "galaxy_cold_start_latency_seconds"
 GC_HIST = "galaxy_gc_pause_seconds"
+DISPATCH_HANDLER_HIST = "galaxy_rpc_latency_seconds{method=Dispatch/Dispatch}"
 
 
 def merge_runs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -98,12 +99,29 @@ def gc_pauses(scr: dict[str, list[ps.Scrape]]) -> dict[str, dict[str, Any]]:
         if a not in scr or b not in scr:
             continue
         h = ps.histogram_delta(scr[a], scr[b], GC_HIST)
+        full = ps.histogram_delta(scr[a], scr[b], GC_HIST + "{generation=2}")
         out[role] = {
             "count": h.count,
             "sum_s": h.sum,
             "buckets": {repr(k): v for k, v in sorted(h.buckets.items())},
+            # Full collections (generation 2): the long pauses, which
+            # freezing the start-up heap is meant to shorten.
+            "full": {
+                "count": full.count,
+                "sum_s": full.sum,
+                "max_bucket_s": _top_bucket(full),
+            },
         }
     return out
+
+
+def _top_bucket(h: ps.Histogram) -> float:
+    """The longest observation's bucket: the smallest upper bound whose
+    cumulative count holds them all (inf: beyond the last finite one);
+    NaN for an empty histogram."""
+    if h.count <= 0:
+        return math.nan
+    return min((b for b, c in h.buckets.items() if c >= h.count), default=math.nan)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -179,6 +197,11 @@ def summarize_plan(
             "probe_round_trip": ps.histogram_delta(scr["s0"], scr["s1"], PROBE_HIST).summary_ms(),
             "scale_up_in_dispatch": scale_up.summary_ms(),
             "send_lag": ex.summarize(res["lag_ms"]),
+            # Dispatch's own handler time (its interceptor's histogram): what
+            # of the client's warm latency is spent inside the servicer.
+            "dispatch_handler": ps.histogram_delta(
+                scr["d0"], scr["d1"], DISPATCH_HANDLER_HIST
+            ).summary_ms(),
         },
         "throughput": tput,
         "baseline": {

@@ -15,7 +15,8 @@ from aiohttp import web
 
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.proxy import Proxy
-from controlplane.runtime import authn, config, netaddr
+from controlplane.runtime import authn, config, gctune, netaddr
+from controlplane.runtime.config import GcConfig
 from controlplane.runtime.host import READY_PREFIX, watch_lifeline
 from controlplane.runtime.metrics import serve_metrics, watch_gc
 from controlplane.runtime.tls import TlsConfig
@@ -109,6 +110,8 @@ async def run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop_event.set)
     if args.lifeline:
         watch_lifeline(stop_event)
+    # As every `galaxy serve` process once ready (controlplane.runtime.gctune).
+    gctune.tune(config.from_args(GcConfig, args))
     ready = {"kind": "gateway", "id": args.id, "address": address, "http": address,
              "metrics": metrics, "pid": os.getpid()}  # fmt: skip
     print(READY_PREFIX + json.dumps(ready), flush=True)

@@ -196,6 +196,13 @@ def to_flags(cfg: Config) -> list[str]:
     return out
 
 
+#: Thresholds of the garbage collector: Python's own, measured best for the
+#: tail. Every gRPC call leaves a few objects in reference cycles, so a young
+#: collection frees about as many objects as its threshold: 0.4 ms of CPU at
+#: 700, 1.0 ms at 2,000, 9 ms (up to 20) at 10,000, for the same total
+#: (docs/benchmarks.md, session 20). Freezing is what shortens full ones.
+GC_THRESHOLDS = (700, 10, 10)
+
 #: The gRPC message size limit every server and channel sets, both ways
 #: (the controller bounds its largest answer below it: ``validation``).
 DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
@@ -222,4 +229,43 @@ class RpcConfig(Config):
         "largest gRPC message sent or received, bytes",
         ge=1024,
         flag="--max-message-bytes",
+    )
+
+
+class GcConfig(Config):
+    """How a server process keeps Python's cycle collector out of its tail
+    latency (``controlplane.runtime.gctune``, applied by ``host.serve`` once
+    the process is ready). A full collection walks every tracked object of
+    the heap (the modules of grpc, protobuf and pydantic make that hundreds
+    of thousands) and stops the process while it does: tens of milliseconds
+    on a busy core, a tail that every request in flight pays. Freezing what
+    start-up made keeps full collections to what was made since. The
+    thresholds are there to be measured (docs/benchmarks.md, session 20):
+    larger ones made young collections rarer but each one longer."""
+
+    gc_freeze: bool = setting(
+        True,
+        "freeze the start-up heap (gc.freeze) once the process is ready, so that "
+        "collections never walk it (off: the interpreter's default behaviour)",
+        flag="--no-gc-freeze",
+        group="garbage collector",
+    )
+    gc_threshold0: int = setting(
+        GC_THRESHOLDS[0],
+        "allocations (minus frees) of tracked objects between young collections; "
+        "0 = leave the interpreter's thresholds alone",
+        ge=0,
+        group="garbage collector",
+    )
+    gc_threshold1: int = setting(
+        GC_THRESHOLDS[1],
+        "young collections between middle-generation collections",
+        ge=1,
+        group="garbage collector",
+    )
+    gc_threshold2: int = setting(
+        GC_THRESHOLDS[2],
+        "middle-generation collections between full collections",
+        ge=1,
+        group="garbage collector",
     )

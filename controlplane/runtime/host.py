@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from controlplane.runtime import authz, controllers, loadreport, netaddr, rpc
+from controlplane.runtime import authz, controllers, gctune, loadreport, netaddr, rpc
 from controlplane.runtime.authn import AccessInterceptor
-from controlplane.runtime.config import RpcConfig
+from controlplane.runtime.config import GcConfig, RpcConfig
 from controlplane.runtime.membership import KIND_NAMES
 from controlplane.runtime.metrics import serve_metrics, watch_gc
 from controlplane.runtime.tls import IdentityInterceptor, TlsConfig
@@ -206,6 +206,7 @@ async def serve(
     health_listen: str | None = None,
     standby: bool = False,
     rpc_config: RpcConfig | None = None,
+    gc_config: GcConfig | None = None,
 ) -> None:
     """Serve component until a stop signal; see module docstring.
 
@@ -222,6 +223,8 @@ async def serve(
     a scale-out promotes it).
     rpc_config: the server's message size limit, and the default pool's
     settings (a given pool should be made from the same: ``ChannelPool.of``).
+    gc_config: tune the garbage collector once ready (``gctune``); None
+    leaves it alone (a component run in a process that is not its own).
     """
     rpc_config = rpc_config or RpcConfig()
     pool = pool or rpc.ChannelPool.of(rpc_config, tls)
@@ -270,6 +273,9 @@ async def serve(
                 reporter = _load_reporter(component, ctx, load_report_s)
                 reporter.start()
         names = [s[2] for s in component.services()]
+        if gc_config is not None:
+            # Start-up is over: what exists now lives as long as the process.
+            gctune.tune(gc_config)
         await rpc.set_serving(health_servicer, names)
         ready = {
             "kind": kind_name,

@@ -30,7 +30,7 @@ from controlplane.launch.restart import RestartPolicy
 from controlplane.launch.supervise import supervise
 from controlplane.launch.up import Supervisor, UpConfig, default_runtimes_dir
 from controlplane.runtime import authn, config, tlsfiles
-from controlplane.runtime.config import ConfigError, RpcConfig
+from controlplane.runtime.config import ConfigError, GcConfig, RpcConfig
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import serve_metrics
 from controlplane.tools.calls import (
@@ -218,6 +218,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         lifeline=args.lifeline,
         pool=rpc.ChannelPool.of(rpc_config, tls=args.tls),
         rpc_config=rpc_config,
+        gc_config=config.from_args(GcConfig, args),
         load_report_s=args.load_report_ms / 1000.0,
         tls=args.tls,
         health_listen=args.health_listen or None,
@@ -408,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
                 help="register as a warm standby: the controller promotes it on a scale-out",
             )
         config.add_arguments(sp, RpcConfig)  # --no-connection-cache, deadline, sizes
+        config.add_arguments(sp, GcConfig)  # --no-gc-freeze, thresholds
         tlsfiles.add_arguments(sp)
         sp.add_argument(
             "--health-listen",

@@ -132,6 +132,11 @@ class FunctionRouter:
     _by_request: OrderedDict[str, Grant] = field(
         default_factory=OrderedDict, init=False, repr=False, compare=False
     )
+    #: lease id -> the request id remembered with it, so that a release
+    #: forgets the request at once: stale grants left for the bound to push
+    #: out made every warm request a Grant that lived on (10,000 per
+    #: function), walked by every full garbage collection (session 20)
+    _request_of: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
     #: how long a held lease may take new requests (0: no holds), and when
     #: the last hold granted stops doing so; holds are closed while a
     #: routing change waits for them (a count: changes may overlap)
@@ -166,8 +171,16 @@ class FunctionRouter:
         if not request_id:
             return
         self._by_request[request_id] = grant
+        self._request_of[grant.lease_id] = request_id
         if len(self._by_request) > REQUEST_IDS_MAX:
-            self._by_request.popitem(last=False)
+            _, old = self._by_request.popitem(last=False)
+            self._request_of.pop(old.lease_id, None)
+
+    def _forget_request(self, lease_id: str) -> None:
+        """The lease is gone: a retry of its request is a new request."""
+        rid = self._request_of.pop(lease_id, None)
+        if rid is not None:
+            self._by_request.pop(rid, None)
 
     def acquire(self) -> Grant | None:
         """A slot on the least-loaded instance with room, if any (warm path).
@@ -226,6 +239,7 @@ class FunctionRouter:
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             return False, []
+        self._forget_request(lease_id)
         inst = self.instances.get(lease[0])  # its instance
         if inst is not None and inst.in_flight > 0:
             n = inst.in_flight = inst.in_flight - 1
@@ -319,6 +333,7 @@ class FunctionRouter:
             self._in_flight -= inst.in_flight
             for lid in [lid for lid, (iid, _) in self.leases.items() if iid == instance_id]:
                 del self.leases[lid]
+                self._forget_request(lid)
         return inst
 
     def drain(self, instance_id: str) -> bool:

@@ -46,8 +46,15 @@ async def test_open_loop_measures_from_the_intended_send_time(echo):
     assert min(r["lag_ms"]) >= 0  # never sent before its time
 
 
-async def test_open_loop_never_sends_early(echo):
-    # Sub-millisecond gaps: uvloop's millisecond timers would fire early.
+def test_latency_starts_at_the_due_time_or_the_earlier_send():
+    # Late (1.002 > 1.0): from the due time, so the generator's own wait
+    # counts. Early (a millisecond timer fired first): from the send.
+    assert loadgen._start(due=1.0, now=1.002) == 1.0
+    assert loadgen._start(due=1.0, now=0.9995) == 0.9995
+
+
+async def test_open_loop_never_times_from_before_the_send(echo):
+    # Sub-millisecond gaps: uvloop's millisecond timers fire early.
     reqs = [(i * 0.0003, 0, 0.0) for i in range(300)]
     job = loadgen.Job(target="echo", address=echo.address, mode="open", requests=reqs)
     r = await loadgen.run(job)

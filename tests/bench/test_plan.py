@@ -54,6 +54,27 @@ def test_aliases_groups_and_load_overrides():
     up = pl.up_config(cp, Path("/tmp/x"), "memory://")
     assert up.sandbox == "emulated" and up.schedule == 3 and not up.probe_cache
     assert up.extra["nodeagent"] == ["--heartbeat-ms", "1000"]
+    assert up.extra["dispatch"] == []  # the garbage collector is tuned by default
+
+
+def test_gc_tuning_off_reaches_every_process():
+    bf = pl.parse(doc(control_plane={"gc_tuning": False}), Path("x.yaml"))
+    cp = pl.control_plane_config(bf, next(bf.experiment.plans()).params)
+    up = pl.up_config(cp, Path("/tmp/x"), "memory://")
+    off = ["--no-gc-freeze", "--gc-threshold0", "0"]
+    assert up.extra["clustermgr"] == ["--heartbeat-ms", "1000", *off]
+    assert all(up.extra[k] == off for k in ("controller", "dispatch", "schedule"))
+
+
+def test_gc_threshold_sweep():
+    bf = pl.parse(doc(parameters=[{"name": "gc_threshold0", "value": [700]}]), Path("x.yaml"))
+    cp = pl.control_plane_config(bf, next(bf.experiment.plans()).params)
+    assert pl.up_config(cp, Path("/tmp/x"), "memory://").extra["dispatch"] == [
+        "--gc-threshold0",
+        "700",
+    ]
+    with pytest.raises(pl.BenchFileError, match="gc_threshold0"):
+        pl.parse(doc(control_plane={"gc_threshold0": -5}), Path("x.yaml"))
 
 
 @pytest.mark.parametrize(

@@ -38,3 +38,19 @@ def test_empty_and_overflow():
     assert math.isnan(ps.Histogram().quantile(0.99))
     h = ps.Histogram({0.01: 0, math.inf: 5}, 1.0, 5)
     assert h.quantile(0.99) == 0.01  # beyond the last finite bucket: its bound
+
+
+def test_labelled_histograms_are_kept_apart_and_summed():
+    lines = ["# HELP galaxy_gc_pause_seconds g", "# TYPE galaxy_gc_pause_seconds histogram"]
+    for gen, n, fast, total in (("0", 90, 90, 0.009), ("2", 10, 0, 0.05)):
+        lines += [
+            f'galaxy_gc_pause_seconds_bucket{{generation="{gen}",le="0.001"}} {fast}',
+            f'galaxy_gc_pause_seconds_bucket{{generation="{gen}",le="0.01"}} {n}',
+            f'galaxy_gc_pause_seconds_bucket{{generation="{gen}",le="+Inf"}} {n}',
+            f'galaxy_gc_pause_seconds_count{{generation="{gen}"}} {n}',
+            f'galaxy_gc_pause_seconds_sum{{generation="{gen}"}} {total}',
+        ]
+    scr = ps.parse("\n".join(lines) + "\n")
+    assert scr.histograms["galaxy_gc_pause_seconds"].count == 100
+    full = scr.histograms["galaxy_gc_pause_seconds{generation=2}"]
+    assert (full.count, full.sum, full.buckets[0.001]) == (10, 0.05, 0)

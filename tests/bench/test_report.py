@@ -3,7 +3,8 @@
 import json
 import math
 
-from controlplane.bench import report
+from controlplane.bench import promscrape as ps
+from controlplane.bench import report, summary
 from tests.bench import fakes
 
 
@@ -45,3 +46,31 @@ def test_write_all(tmp_path):
 
 def _reject(name):
     raise AssertionError(f"non-standard JSON constant {name}")
+
+
+def _gc_scrape(young: int, full: int) -> ps.Scrape:
+    lines = ["# TYPE galaxy_gc_pause_seconds histogram"]
+    for gen, n, le in (("0", young, "0.0005"), ("2", full, "0.025")):
+        lines += [
+            f'galaxy_gc_pause_seconds_bucket{{generation="{gen}",le="{le}"}} {n}',
+            f'galaxy_gc_pause_seconds_bucket{{generation="{gen}",le="+Inf"}} {n}',
+            f'galaxy_gc_pause_seconds_count{{generation="{gen}"}} {n}',
+            f'galaxy_gc_pause_seconds_sum{{generation="{gen}"}} {n * float(le) / 2}',
+        ]
+    return ps.parse("\n".join(lines) + "\n")
+
+
+def test_gc_pauses_and_cpu_waits_are_reported():
+    p = fakes.plan_result()
+    scr = {"d0": [_gc_scrape(10, 1)], "d1": [_gc_scrape(60, 3)]}
+    p["gc_pauses"] = summary.gc_pauses(scr)
+    full = p["gc_pauses"]["dispatch"]["full"]
+    assert full["count"] == 2 and full["max_bucket_s"] == 0.025
+    assert math.isclose(full["sum_s"], 0.025)
+    assert p["gc_pauses"]["dispatch"]["count"] == 52
+    p["run_queue_wait"] = {"dispatch-0": 0.25, "load_generator": 0.125}
+    res = fakes.results(1)
+    res["plans"] = [p]
+    md = report.markdown(res)
+    assert "## Garbage-collector pauses" in md and "| dispatch | 52 |" in md
+    assert "## Waiting for a CPU" in md and "| 0.250 | 0.125 |" in md

@@ -41,3 +41,20 @@ def test_the_memory_of_request_ids_is_bounded(monkeypatch) -> None:  # type: ign
         r.remember(f"req-{i}", g)
     assert r.granted_for("req-0") is None and r.granted_for("req-1") is None
     assert r.granted_for("req-4") == g
+
+
+def test_a_release_forgets_its_request_at_once() -> None:
+    # Every warm request is remembered; kept until the bound pushed it out,
+    # its grant lived on in the heap that full garbage collections walk.
+    r, _ = _router()
+    for i in range(100):
+        g = r.acquire()
+        assert g is not None
+        r.remember(f"req-{i}", g)
+        r.release(g.lease_id)
+    assert len(r._by_request) == 0 and len(r._request_of) == 0
+    g = r.acquire()
+    assert g is not None
+    r.remember("req-kept", g)
+    r.remove_instance("i0")  # its leases go, and their requests with them
+    assert len(r._by_request) == 0 and r.granted_for("req-kept") is None
