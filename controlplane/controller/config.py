@@ -163,6 +163,13 @@ class ControllerConfig(Config):
     ha: bool = setting(False, "elect a leader among controllers (needs etcd state)", group=HA)
     ha_prefix: str = setting(DEFAULT_PREFIX, "key prefix of election and targets", group=HA)
     ha_ttl_s: float = setting(DEFAULT_TTL_S, "leader lease TTL, seconds", group=HA)
+    bootstrap_token_file: str | None = setting(
+        None,
+        "a file holding an admin token (`galaxy tokens generate`) that this controller "
+        "makes valid at start, so the first admin can get in (default "
+        "$GALAXY_BOOTSTRAP_TOKEN_FILE; `galaxy up` writes RUN_DIR/token)",
+        env="GALAXY_BOOTSTRAP_TOKEN_FILE",
+    )
 
     def quotas(self) -> dict[str, Quota]:
         """``--namespace-quota`` items by namespace."""

@@ -23,7 +23,7 @@ from controlplane.runtime.authn import AccessInterceptor
 from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.membership import KIND_NAMES
 from controlplane.runtime.metrics import serve_metrics, watch_gc
-from controlplane.runtime.tls import IdentityInterceptor, TlsConfig
+from controlplane.runtime.tls import IdentityInterceptor
 from galaxy.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,6 @@ async def serve(
     stop: asyncio.Event | None = None,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
     load_report_s: float = loadreport.DEFAULT_INTERVAL_S,
-    tls: TlsConfig | None = None,
     health_listen: str | None = None,
     standby: bool = False,
     rpc_config: RpcConfig | None = None,
@@ -214,17 +213,18 @@ async def serve(
     ready record instead of it being printed. Signal handlers are installed
     only when no stop event is given. A registered component reports its
     load every load_report_s seconds (0 = never; see controlplane.runtime.loadreport).
-    tls: serve mutual TLS and check callers' identities; a given pool must
-    be made with the same tls (the default pool is). None serves plaintext.
     health_listen: also serve grpc.health.v1 alone, in plaintext, there
     (for probes without a certificate; see rpc.health_only_server).
     standby: register as a warm standby (kept out of every membership until
     a scale-out promotes it).
-    rpc_config: the server's message size limit, and the default pool's
-    settings (a given pool should be made from the same: ``ChannelPool.of``).
+    rpc_config: the server's message size limit and credentials, and the
+    default pool's settings (a given pool should be made from the same:
+    ``ChannelPool.of``). With ``rpc_config.tls`` the server is mutual TLS
+    and checks callers' identities; without, it serves plaintext.
     """
     rpc_config = rpc_config or RpcConfig()
-    pool = pool or rpc.ChannelPool.of(rpc_config, tls)
+    tls = rpc_config.tls
+    pool = pool or rpc.ChannelPool.of(rpc_config)
     # With TLS, callers are also checked by identity: internal RPCs accept
     # component certificates only (controlplane.runtime.authz).
     # A component with a public API checks bearer tokens too (its
@@ -237,7 +237,7 @@ async def serve(
             AccessInterceptor(auth) if auth is not None else IdentityInterceptor(authz.allowed)
         ]
     server, port, health_servicer = rpc.create_server(
-        listen, services, tls=tls, interceptors=guards, config=rpc_config
+        listen, services, config=rpc_config, interceptors=guards
     )
     listen_host, _ = netaddr.split_host_port(listen)
     address = netaddr.join_host_port(netaddr.advertised_host(listen_host, advertise_host), port)

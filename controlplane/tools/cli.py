@@ -29,7 +29,7 @@ from controlplane.launch.endpoints import default_run_dir, print_endpoints, read
 from controlplane.launch.restart import RestartPolicy
 from controlplane.launch.supervise import supervise
 from controlplane.launch.up import Supervisor, UpConfig, default_runtimes_dir
-from controlplane.runtime import authn, config, tlsfiles
+from controlplane.runtime import config, tlsfiles
 from controlplane.runtime.config import ConfigError, RpcConfig
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import serve_metrics
@@ -189,14 +189,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     if args.kind != "controller" and not args.controller:
         raise CliError("--controller HOST:PORT is required")
     try:
-        args.tls = tlsfiles.component_tls(
-            args.kind, args.tls_dir, args.insecure, args.tls_server_name
-        )
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    try:
-        if hasattr(args, "auth"):
-            authn.enabled(args)  # tokens need TLS: refused here, in one line
+        # Credentials loaded; tokens without TLS refused here, in one line.
+        args.rpc = rpc_config = tlsfiles.resolve(config.from_args(RpcConfig, args), args.kind)
     except ValueError as e:
         raise CliError(str(e)) from None
     if args.kind == "gateway":  # HTTP, not a gRPC component
@@ -207,7 +201,6 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         raise  # its own exit code (2)
     except ValueError as e:  # a flag's value, named in the message
         raise CliError(str(e)) from None
-    rpc_config = config.from_args(RpcConfig, args)
     await host.serve(
         component,
         instance_id=args.id,
@@ -216,10 +209,9 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         controller=args.controller or "",
         advertise_host=args.advertise_host,
         lifeline=args.lifeline,
-        pool=rpc.ChannelPool.of(rpc_config, tls=args.tls),
+        pool=rpc.ChannelPool.of(rpc_config),
         rpc_config=rpc_config,
         load_report_s=args.load_report_ms / 1000.0,
-        tls=args.tls,
         health_listen=args.health_listen or None,
         standby=getattr(args, "standby", False),
     )
@@ -407,8 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="register as a warm standby: the controller promotes it on a scale-out",
             )
-        config.add_arguments(sp, RpcConfig)  # --no-connection-cache, deadline, sizes
-        tlsfiles.add_arguments(sp)
+        # --no-connection-cache, deadline, sizes, --tls-dir, --insecure ...
+        config.add_arguments(sp, RpcConfig, config.COMMON_RPC_FLAGS)
         sp.add_argument(
             "--health-listen",
             default="",
