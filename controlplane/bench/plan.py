@@ -178,7 +178,7 @@ def control_plane_config(bf: BenchFile, params: dict[str, Any]) -> dict[str, Any
 
 def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
     """UpConfig for a control plane config (emulated sandboxes)."""
-    return UpConfig(
+    return UpConfig.for_tool(
         dispatch=cp["dispatch"],
         schedule=cp["schedule"],
         clustermgr=cp["clustermgr"],

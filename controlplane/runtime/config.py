@@ -19,6 +19,7 @@ when the parser is built (a config made in code never reads it); one with
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import types
 import typing
@@ -76,6 +77,19 @@ def setting(
 def _extra(info: Any) -> dict[str, Any]:
     e = info.json_schema_extra
     return e if isinstance(e, dict) else {}
+
+
+def same_as(cls: type[Config], name: str, **changes: Any) -> Any:
+    """Field ``name`` of ``cls`` (default, help, rules) as a field of another
+    config, with ``changes`` to its ``flag``, ``group`` or ``help``: a
+    setting two commands share (`galaxy up` passing it on to `galaxy serve
+    controller`) keeps one default and one rule. The other config declares
+    the same type."""
+    info = copy.copy(cls.model_fields[name])
+    if "help" in changes:
+        info.description = changes.pop("help")
+    info.json_schema_extra = {**_extra(info), **changes}
+    return info
 
 
 def _annotation(cls: type[Config], name: str) -> Any:
@@ -172,10 +186,11 @@ def _optional_inner(ann: Any) -> Any:
     return ann
 
 
-def from_args(cls: type[C], args: argparse.Namespace) -> C:
+def from_args(cls: type[C], args: argparse.Namespace, **more: Any) -> C:
     """The config of ``cls`` from parsed flags (fields not on the namespace
-    keep their defaults; a repeatable flag never given keeps its default)."""
-    values = {}
+    keep their defaults; a repeatable flag never given keeps its default),
+    and ``more`` (fields that are no flag of this parser)."""
+    values = dict(more)
     for name in flag_fields(cls):
         if not hasattr(args, name):
             continue
