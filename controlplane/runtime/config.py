@@ -159,7 +159,9 @@ def add_arguments(
         kw: dict[str, Any] = {"dest": name, "help": help_text}
         if extra.get("metavar"):
             kw["metavar"] = extra["metavar"]
-        if ann is bool:
+        if info.is_required():  # no default: the flag must be given
+            kw.update(required=True, type=_validator(cls, name, _optional_inner(ann)))
+        elif ann is bool:
             kw["action"] = "store_false" if info.default is True else "store_true"
             kw["default"] = info.default
         elif get_origin(ann) is list:
@@ -224,7 +226,7 @@ def to_flags(cfg: Config) -> list[str]:
     for name in flag_fields(cls):
         info = cls.model_fields[name]
         value = getattr(cfg, name)
-        if value == info.default:
+        if not info.is_required() and value == info.default:
             continue
         flag = flag_of(cls, name)
         if isinstance(value, bool):
