@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator
 
 from controlplane.controller.actions import Timeouts
+from controlplane.controller.coordinator import WARM_TIMEOUT_S
 from controlplane.controller.leader import DEFAULT_PREFIX, DEFAULT_TTL_S
 from controlplane.controller.scaling import KINDS, ScalingConfig
 from controlplane.runtime import validation
@@ -138,7 +139,7 @@ class ControllerConfig(Config):
     member_timeout_s: float = setting(
         _TIMEOUTS.member_silent_s, "silent instance removed", group=SCALING
     )
-    warm_timeout_s: float = setting(5.0, "", group=SCALING)
+    warm_timeout_s: float = setting(WARM_TIMEOUT_S, "", group=SCALING)
     instance_args: list[KindValue] = setting(
         [], "local actuator: KIND='FLAGS' appended to `galaxy serve KIND`", group=SCALING
     )

@@ -20,7 +20,7 @@ from typing import Any, Protocol, cast
 
 from controlplane.runtime import authz, controllers, loadreport, netaddr, rpc
 from controlplane.runtime.authn import AccessInterceptor
-from controlplane.runtime.config import RpcConfig
+from controlplane.runtime.config import Config, RpcConfig, setting
 from controlplane.runtime.membership import KIND_NAMES
 from controlplane.runtime.metrics import serve_metrics, watch_gc
 from controlplane.runtime.tls import IdentityInterceptor
@@ -29,6 +29,48 @@ from galaxy.v1 import common_pb2
 log = logging.getLogger(__name__)
 
 READY_PREFIX = "GALAXY_READY "
+
+
+class ServeConfig(Config):
+    """The process flags every `galaxy serve KIND` has (``RpcConfig`` adds
+    the RPC ones, each kind its own config): where it listens, whom it
+    registers with, how it is supervised."""
+
+    id: str | None = setting(
+        None, "instance id (stable across restarts is best; default KIND-RANDOM)"
+    )
+    listen: str = setting("127.0.0.1:0", "gRPC host:port (0 = any)")
+    metrics_listen: str = setting("127.0.0.1:0", "Prometheus host:port ('' = off)")
+    advertise_host: str | None = setting(
+        None, "host others use to reach this process (default: listen host)"
+    )
+    controller: str | None = setting(
+        None,
+        "controller host:port, or several comma-separated (HA: any one that is up; "
+        "default $GALAXY_CONTROLLER)",
+        env="GALAXY_CONTROLLER",
+    )
+    lifeline: bool = setting(False, "exit when stdin closes (used by `galaxy up`)")
+    standby: bool = setting(
+        False, "register as a warm standby: the controller promotes it on a scale-out"
+    )
+    health_listen: str = setting(
+        "",
+        "also serve grpc.health.v1 alone in plaintext on host:port, for probes "
+        "that cannot present a certificate (Kubernetes gRPC probes; '' = off)",
+    )
+    load_report_ms: float = setting(
+        loadreport.DEFAULT_INTERVAL_S * 1000.0,
+        "load report period of a control function (0 = off)",
+        ge=0,
+    )
+
+
+#: ``ServeConfig`` flags before the ``RpcConfig`` ones, and after (the
+#: order of `galaxy serve KIND --help`); ``standby`` only the control
+#: functions have.
+SERVE_FLAGS_FIRST = ("id", "listen", "metrics_listen", "advertise_host", "controller", "lifeline")
+SERVE_FLAGS_LAST = ("health_listen", "load_report_ms")
 
 
 @dataclass

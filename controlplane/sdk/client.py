@@ -71,8 +71,7 @@ class InvokeResult:
         return self.body.decode("utf-8", "replace")
 
 
-#: The SDK's default timeout, seconds: longer than a component's RPC
-#: deadline (``RpcConfig.deadline_s``), as one call may wait for a cold start.
+#: The SDK's default timeout, s (a call may wait for a cold start).
 TIMEOUT_S = 30.0
 
 
@@ -82,21 +81,11 @@ class GalaxyClient:
     controller: the controller's host:port, or several (a list, or
     comma-separated: `galaxy up --ha`); a controller that is UNAVAILABLE is
     passed over for the next (``controlplane.runtime.controllers``).
-
-    rpc: what its channels take (``RpcConfig``): ``deadline_s`` is the
-    client's timeout (of each RPC, and of a whole call with its retries),
-    ``tls`` mutual TLS with a client certificate of the cluster's CA
-    (``controlplane.runtime.tlsfiles.client_tls``; None for a plaintext
-    control plane, `galaxy up --insecure`), ``token`` the bearer token sent
-    with every call (``glx_...``; `galaxy up` writes RUN_DIR/token, and
-    ``controlplane.runtime.credentials.client_token`` finds it; None sends
-    none: a cluster without tokens, or a component's own certificate), and
-    the connection cache and message size limit.
-
-    timeout, tls, token: shorthand for ``rpc=RpcConfig(deadline_s=timeout,
-    tls=tls, token=token)`` (the SDK's timeout defaults to ``TIMEOUT_S``);
-    give either these or ``rpc``.
-    """
+    rpc: ``deadline_s``, the timeout of each RPC and of a call with its
+    retries; ``tls``, a client certificate of the cluster's CA
+    (``tlsfiles.client_tls``; None: plaintext); ``token``, sent with every
+    call (``credentials.client_token``; None: none). Or give timeout
+    (default ``TIMEOUT_S``), tls and token, which make that RpcConfig."""
 
     def __init__(
         self,
@@ -111,12 +100,10 @@ class GalaxyClient:
         self.controllers = controllers.split(controller)
         if not self.controllers:
             raise ValueError("no controller address given")
-        if rpc is None:
-            rpc = RpcConfig(
-                deadline_s=TIMEOUT_S if timeout is None else timeout, tls=tls, token=token
-            )
-        elif (timeout, tls, token) != (None, None, None):
+        if rpc is not None and (timeout, tls, token) != (None, None, None):
             raise ValueError("GalaxyClient: give timeout, tls and token inside rpc, not beside it")
+        timeout = TIMEOUT_S if timeout is None else timeout
+        rpc = rpc or RpcConfig(deadline_s=timeout, tls=tls, token=token)
         self._md = authn.token_metadata(rpc.token)
         self.timeout = rpc.deadline_s
         self.pool = ChannelPool(rpc)
@@ -484,26 +471,14 @@ def _emulated_body(addr: dispatch_pb2.InstanceAddr, data: bytes) -> bytes:
 class SyncGalaxyClient:
     """Blocking wrapper of GalaxyClient for scripts (one private event loop)."""
 
-    def __init__(
-        self,
-        controller: str | Sequence[str],
-        timeout: float | None = None,
-        tls: TlsConfig | None = None,
-        token: str | None = None,
-        rpc: RpcConfig | None = None,
-    ) -> None:
+    def __init__(self, controller: str | Sequence[str], **kwargs: Any) -> None:
+        """controller and kwargs: as ``GalaxyClient``'s."""
         self._runner = asyncio.Runner()
-        self._client = self._runner.run(self._make(controller, timeout, tls, token, rpc))
+        self._client = self._runner.run(self._make(controller, kwargs))
 
     @staticmethod
-    async def _make(
-        controller: str | Sequence[str],
-        timeout_s: float | None,
-        tls: TlsConfig | None,
-        token: str | None,
-        rpc: RpcConfig | None,
-    ) -> GalaxyClient:
-        return GalaxyClient(controller, timeout_s, tls=tls, token=token, rpc=rpc)
+    async def _make(controller: str | Sequence[str], kwargs: dict[str, Any]) -> GalaxyClient:
+        return GalaxyClient(controller, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._client, name)

@@ -33,6 +33,7 @@ from controlplane.launch.upconfig import UpConfig
 from controlplane.runtime import config, tlsfiles
 from controlplane.runtime.config import ConfigError, RpcConfig
 from controlplane.runtime.errors import GalaxyError
+from controlplane.runtime.host import SERVE_FLAGS_FIRST, SERVE_FLAGS_LAST, ServeConfig
 from controlplane.runtime.metrics import serve_metrics
 from controlplane.tools.calls import (
     cmd_delete,
@@ -160,19 +161,20 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         raise  # its own exit code (2)
     except ValueError as e:  # a flag's value, named in the message
         raise CliError(str(e)) from None
+    proc = config.from_args(host.ServeConfig, args)
     await host.serve(
         component,
-        instance_id=args.id,
-        listen=args.listen,
-        metrics_listen=args.metrics_listen or None,
-        controller=args.controller or "",
-        advertise_host=args.advertise_host,
-        lifeline=args.lifeline,
+        instance_id=proc.id or args.id,
+        listen=proc.listen,
+        metrics_listen=proc.metrics_listen or None,
+        controller=proc.controller or "",
+        advertise_host=proc.advertise_host,
+        lifeline=proc.lifeline,
         pool=rpc.ChannelPool.of(rpc_config),
         rpc_config=rpc_config,
-        load_report_s=args.load_report_ms / 1000.0,
-        health_listen=args.health_listen or None,
-        standby=getattr(args, "standby", False),
+        load_report_s=proc.load_report_ms / 1000.0,
+        health_listen=proc.health_listen or None,
+        standby=proc.standby,
     )
     return 0
 
@@ -222,48 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = serve.add_subparsers(dest="kind", required=True)
     for kind in SERVE_KINDS:
         sp = ssub.add_parser(kind, help=f"run a {kind}")
-        sp.add_argument(
-            "--id",
-            default=f"{kind}-{uuid.uuid4().hex[:6]}",
-            help="instance id (stable across restarts is best)",
-        )
-        sp.add_argument("--listen", default="127.0.0.1:0", help="gRPC host:port (0 = any)")
-        sp.add_argument(
-            "--metrics-listen", default="127.0.0.1:0", help="Prometheus host:port ('' = off)"
-        )
-        sp.add_argument(
-            "--advertise-host",
-            default=None,
-            help="host others use to reach this process (default: listen host)",
-        )
-        sp.add_argument(
-            "--controller",
-            default=os.environ.get("GALAXY_CONTROLLER"),
-            help="controller host:port, or several comma-separated (HA: any one that is up)",
-        )
-        sp.add_argument(
-            "--lifeline", action="store_true", help="exit when stdin closes (used by `galaxy up`)"
-        )
-        if kind in ("dispatch", "schedule", "clustermgr"):
-            sp.add_argument(
-                "--standby",
-                action="store_true",
-                help="register as a warm standby: the controller promotes it on a scale-out",
-            )
+        standby = ("standby",) if kind in ("dispatch", "schedule", "clustermgr") else ()
+        config.add_arguments(sp, ServeConfig, SERVE_FLAGS_FIRST + standby)
+        sp.set_defaults(id=f"{kind}-{uuid.uuid4().hex[:6]}")
         # --no-connection-cache, deadline, sizes, --tls-dir, --insecure ...
         config.add_arguments(sp, RpcConfig, config.COMMON_RPC_FLAGS)
-        sp.add_argument(
-            "--health-listen",
-            default="",
-            help="also serve grpc.health.v1 alone in plaintext on host:port, for probes "
-            "that cannot present a certificate (Kubernetes gRPC probes; '' = off)",
-        )
-        sp.add_argument(
-            "--load-report-ms",
-            type=float,
-            default=1000.0,
-            help="load report period of a control function (0 = off; default 1000)",
-        )
+        config.add_arguments(sp, ServeConfig, SERVE_FLAGS_LAST)
         _component_module(kind).add_arguments(sp)
         sp.set_defaults(func=cmd_serve)
 
