@@ -89,17 +89,7 @@ class Supervisor:
         started here, and never removes those (the minimum of each kind is
         what `galaxy up` starts)."""
         cfg = self.cfg
-        ctl = ControllerConfig(
-            state=cfg.state,
-            ha=ha,
-            t_df=cfg.t_df,
-            t_sf=cfg.t_sf,
-            t_cmf=cfg.t_cmf,
-            calibration=cfg.calibration,
-            max_instances=cfg.max_instances,
-            scale_in_cooldown_s=cfg.scale_in_cooldown_s,
-            standby_instances=cfg.standby,
-        )
+        ctl = ControllerConfig(state=cfg.state, ha=ha, **cfg.controller_settings())
         if cfg.autoscale_control:
             # TLS: the controller gives its own choice to the instances it starts.
             common = [] if cfg.connection_cache else ["--no-connection-cache"]

@@ -45,6 +45,15 @@ _AGENT = NodeAgentConfig.model_fields
 TOOL_DEFAULTS: dict[str, Any] = {"gateway_port": -1, "tls": False}
 
 
+#: ``UpConfig`` fields that are ``ControllerConfig``'s (up's name: the
+#: controller's), handed on to `galaxy serve controller`.
+TO_CONTROLLER = {
+    **{f: f for f in ("t_df", "t_sf", "t_cmf", "calibration", "max_instances")},
+    "scale_in_cooldown_s": "scale_in_cooldown_s",
+    "standby": "standby_instances",
+}
+
+
 def _agent(name: str, **changes: Any) -> Any:
     """A node agent setting, outside the node agent's flag group."""
     return same_as(NodeAgentConfig, name, group=None, **changes)
@@ -181,6 +190,10 @@ class UpConfig(Config):
     def tokens(self) -> bool:
         """Bearer tokens on (with TLS)."""
         return self.auth == "tokens"
+
+    def controller_settings(self) -> dict[str, Any]:
+        """The ``ControllerConfig`` fields `galaxy up` passes on, by name."""
+        return {ctl: getattr(self, up) for up, ctl in TO_CONTROLLER.items()}
 
     @property
     def control_cpu_limits(self) -> dict[str, float]:
