@@ -24,8 +24,10 @@ from controlplane.launch.endpoints import ENDPOINTS_FILE
 from controlplane.launch.upconfig import UpConfig
 from controlplane.nodeagent.config import NodeAgentConfig
 from controlplane.runtime import config, credentials, netaddr, procs, tls, tlsfiles
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import READY_PREFIX, serve_command
 from controlplane.runtime.tls import TlsConfig
+from functions.dispatch.config import DispatchConfig
 from functions.schedule.config import ScheduleConfig
 
 log = logging.getLogger(__name__)
@@ -78,9 +80,7 @@ class Supervisor:
 
     def _serve_cmd(self, kind: str, instance_id: str, *extra: str) -> list[str]:
         cmd = serve_command(kind, instance_id, self.cfg.host, *tlsfiles.flags(self.tls_dir))
-        if not self.cfg.connection_cache:
-            cmd.append("--no-connection-cache")
-        return cmd + list(extra) + self.cfg.extra.get(kind, [])
+        return cmd + self._rpc_flags() + list(extra) + self.cfg.extra.get(kind, [])
 
     def _controller_args(self, ha: bool = False) -> list[str]:
         """The controller's flags (``ControllerConfig``, with the scaling
@@ -92,7 +92,7 @@ class Supervisor:
         ctl = ControllerConfig(state=cfg.state, ha=ha, **cfg.controller_settings())
         if cfg.autoscale_control:
             # TLS: the controller gives its own choice to the instances it starts.
-            common = [] if cfg.connection_cache else ["--no-connection-cache"]
+            common = self._rpc_flags()
             per_kind = {
                 "dispatch": ["--state", cfg.state, *self._credit_flags()],
                 "clustermgr": ["--state", cfg.state],
@@ -112,7 +112,9 @@ class Supervisor:
                 instance_args=instance_args,
                 min_instances=mins,
             )
-        return config.to_flags(ctl) + self._bootstrap_args() + list(cfg.controller_args)
+        if self.token_file is not None:  # makes the admin token valid
+            ctl = ctl.replace(bootstrap_token_file=str(self.token_file))
+        return config.to_flags(ctl) + list(cfg.controller_args)
 
     def _env(self) -> dict[str, str] | None:
         """The children's environment: ours, with tokens turned off when
@@ -239,14 +241,11 @@ class Supervisor:
 
     def _credit_flags(self) -> list[str]:
         """Capacity credits off (Schedule and Dispatch take the same flag)."""
-        return [] if self.cfg.credits else ["--no-credits"]
+        return config.to_flags(DispatchConfig(credits=self.cfg.credits))
 
-    def _bootstrap_args(self) -> list[str]:
-        """The controller's flag that makes the admin token valid (with
-        tokens on)."""
-        if self.token_file is None:
-            return []
-        return ["--bootstrap-token-file", str(self.token_file)]
+    def _rpc_flags(self) -> list[str]:
+        """The connection cache switch every component takes (``RpcConfig``)."""
+        return config.to_flags(RpcConfig(connection_cache=self.cfg.connection_cache))
 
     async def _start_controllers(self) -> str:
         """The controller, or with ``ha`` two of them (and etcd if needed);

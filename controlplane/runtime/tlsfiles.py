@@ -9,7 +9,7 @@ import logging
 import os
 from pathlib import Path
 
-from controlplane.runtime.config import RpcConfig
+from controlplane.runtime.config import RpcConfig, to_flags
 from controlplane.runtime.tls import ADMIN, TlsConfig
 
 log = logging.getLogger(__name__)
@@ -77,4 +77,5 @@ def client_tls(tls_dir: str | os.PathLike[str] | None) -> TlsConfig | None:
 
 def flags(tls_dir: str | os.PathLike[str] | None) -> list[str]:
     """`galaxy serve` flags for a child: --tls-dir DIR, or --insecure."""
-    return ["--tls-dir", str(tls_dir)] if tls_dir else ["--insecure"]
+    rpc = RpcConfig(tls_dir=str(tls_dir)) if tls_dir else RpcConfig(insecure=True)
+    return to_flags(rpc)
