@@ -18,6 +18,9 @@ import argparse
 import sys
 from typing import Any
 
+from controlplane.runtime import config
+from simulator.cliconfig import FidelityConfig, SimCalibrateConfig, SimulateConfig
+
 
 def _needs_extra(command: str, error: ModuleNotFoundError) -> int:
     """Exit 2 with the extra to install when ``error`` is an optional package
@@ -42,7 +45,7 @@ async def cmd_simulate(args: argparse.Namespace) -> int:
         return _needs_extra("simulate", e)
 
     try:
-        return commands.simulate(args)
+        return commands.simulate(config.from_args(SimulateConfig, args))
     except (commands.UsageError, SpecError, TraceError, CalibrationError) as e:
         print(f"galaxy simulate: {e}", file=sys.stderr)
         return 2
@@ -55,7 +58,7 @@ async def cmd_fidelity(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as e:
         return _needs_extra("simulate-fidelity", e)
 
-    return await fidelity.main(args)
+    return await fidelity.main(config.from_args(FidelityConfig, args))
 
 
 async def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -65,83 +68,26 @@ async def cmd_calibrate(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as e:
         return _needs_extra("simulate-calibrate", e)
 
-    return await calibrate.main(args)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=1, help="seed of every random stream (1)")
-    p.add_argument(
-        "--calibration", default=None, help="calibration JSON (default: the shipped one)"
-    )
+    return await calibrate.main(config.from_args(SimCalibrateConfig, args))
 
 
 def add_subparser(sub: Any) -> None:
-    """Register simulate, simulate-fidelity and simulate-calibrate."""
+    """Register simulate, simulate-fidelity and simulate-calibrate (flags
+    from ``simulator.cliconfig``)."""
     p = sub.add_parser("simulate", help="discrete-event simulation of Galaxy and baselines")
-    p.add_argument("--nodes", type=int, default=210, help="worker nodes (210)")
-    p.add_argument(
-        "--workload",
-        help="azure2019[:minutes=N], azure2021, llm2023, poisson:rate=R,duration=S, "
-        "gamma:rate=R,shape=K, bursty:duration=S, or an experiment file (.yaml)",
-    )
-    p.add_argument(
-        "--systems",
-        default="galaxy,knative,sparrow,ray,atoll",
-        help="comma list of galaxy, G1, Gn, Gn-C, knative, sparrow, ray, atoll",
-    )
-    p.add_argument(
-        "--experiment",
-        help="run a documented experiment: overall, scalability, ablation, cluster-size, "
-        "sensitivity",
-    )
-    p.add_argument("--quick", action="store_true", help="a smaller version of --experiment")
-    p.add_argument("--out", required=True, help="directory for report.md, results.json, PNGs")
-    p.add_argument("--network", default="datacenter", help="datacenter (default) or loopback")
-    p.add_argument(
-        "--keep-alive", type=float, default=0.0, help="fixed keep-alive seconds (0: KPA grace)"
-    )
-    p.add_argument("--until", type=float, default=None, help="stop at this simulated time (s)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _common(p)
+    config.add_arguments(p, SimulateConfig)
     p.set_defaults(func=cmd_simulate)
 
     f = sub.add_parser(
         "simulate-fidelity",
         help="run one scenario simulated and on a real emulated cluster; compare",
     )
-    f.add_argument("--nodes", type=int, default=210)
-    f.add_argument("--out", required=True, help="directory for fidelity.json and report.md")
-    f.add_argument(
-        "--real",
-        default=None,
-        help="reuse a real-cluster result (fidelity.json) instead of starting a cluster",
-    )
-    f.add_argument(
-        "--quick",
-        action="store_true",
-        help="fewer requests: a smoke test of the command, too few samples to judge p99",
-    )
-    f.add_argument(
-        "--repeat",
-        type=int,
-        default=3,
-        help="real runs; each metric's median sim/real ratio is judged (3)",
-    )
-    f.add_argument("--seed", type=int, default=1, help="seed of every random stream (1)")
-    f.add_argument(
-        "--calibration",
-        default="measure",
-        help="'measure' (default: calibrate on this machine just before the real run), "
-        "'shipped' (the calibration shipped with the package), or a calibration JSON",
-    )
+    config.add_arguments(f, FidelityConfig)
     f.set_defaults(func=cmd_fidelity)
 
     c = sub.add_parser(
         "simulate-calibrate",
         help="measure the simulator's per-operation service times against the real services",
     )
-    c.add_argument("--out", required=True, help="calibration JSON to write")
-    c.add_argument("--nodes", type=int, default=210)
-    c.add_argument("--quick", action="store_true", help="fewer requests (less precise)")
-    c.add_argument("--repeat", type=int, default=3, help="bench runs; each op's median is kept (3)")
+    config.add_arguments(c, SimCalibrateConfig)
     c.set_defaults(func=cmd_calibrate)

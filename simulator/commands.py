@@ -25,8 +25,6 @@ from simulator.studies import STUDIES as _STUDIES
 from simulator.studies import Section
 from simulator.system import SimConfig
 
-DEFAULT_SYSTEMS = "galaxy,knative,sparrow,ray,atoll"
-
 
 class UsageError(ValueError):
     """A bad command line; printed without a traceback."""

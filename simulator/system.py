@@ -15,6 +15,7 @@ from typing import Any
 from controlplane.runtime.resources import Res
 from functions.dispatch.policy import FunctionRouter
 from simulator.calibration import Calibration
+from simulator.cliconfig import DEFAULT_NODES
 from simulator.cluster import DEFAULT_NODE, Cluster, SimNode
 from simulator.engine import Sim, Station
 from simulator.host import Host
@@ -28,7 +29,7 @@ from simulator.workload import FunctionDef, Workload
 class SimConfig:
     """Settings shared by all systems of one run."""
 
-    nodes: int = 210
+    nodes: int = DEFAULT_NODES
     node_res: Res = DEFAULT_NODE
     network: NetworkConfig = field(default_factory=NetworkConfig)
     seed: int = 1

@@ -30,46 +30,26 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from controlplane.bench import experiment as ex
 from controlplane.bench import trace as tr
+from controlplane.bench.planconfig import (
+    LOAD_BLOCK,
+    ControlPlanePlan,
+    LoadSettings,
+    defaults,
+    first_error,
+)
 from controlplane.launch.up import UpConfig
 from controlplane.runtime import servingruntime, validation
 from galaxy.v1 import common_pb2
 
-CP_DEFAULTS: dict[str, Any] = {
-    "dispatch": 1,
-    "schedule": 1,
-    "clustermgr": 1,
-    "nodes": 210,
-    "nodes_per_agent": 0,
-    "state": "memory",
-    "connection_cache": True,
-    "probe_cache": True,
-    # capacity credits (Schedule lends, Dispatch creates directly): the A/B switch
-    "credits": True,
-    "start_delay_ms": 0,
-    "node_cpu_millis": 4000,
-    "node_memory_mib": 8192,
-    # Node heartbeat interval (ClusterMgr tells agents); 1000 is the default.
-    "heartbeat_ms": 1000,
-    # Every process freezes its start-up heap and uses larger GC thresholds
-    # (controlplane.runtime.gctune); false runs the interpreter's defaults.
-    "gc_tuning": True,
-    # With gc_tuning: the young-generation threshold every process uses
-    # (None: GcConfig's default; 0: the interpreter's own thresholds).
-    "gc_threshold0": None,
-    "n": 2,
-}
+#: The ``control_plane`` block's defaults (``ControlPlanePlan``).
+CP_DEFAULTS: dict[str, Any] = defaults(ControlPlanePlan)
 _ALIASES = {f"{k}_instances": k for k in ("dispatch", "schedule", "clustermgr")}
-LOAD_DEFAULTS: dict[str, Any] = {
-    "seed": 1,
-    "echo_requests": 4000,
-    "echo_max_s": 3.0,
-    "concurrency": 16,
-    "timeout_s": 10.0,
-    "max_duration_s": 120.0,
-}
+#: The ``load`` block's defaults (``LoadSettings``).
+LOAD_DEFAULTS: dict[str, Any] = defaults(LoadSettings, LOAD_BLOCK)
 LOAD_PARAMS = ("concurrency", "cold_fraction", "arrival_rate", "mode")
 PRESETS = ("G_1", "G_n", "G_n-C", "Galaxy")
 # Every bench function names the emulated runtime (servingruntime.emulated):
@@ -121,6 +101,9 @@ def parse(doc: Any, path: Path) -> BenchFile:
     if unknown:
         raise BenchFileError(f"control_plane.{unknown[0]}: unknown key")
     load = {**LOAD_DEFAULTS, **_block(doc, "load")}
+    unknown = sorted(set(load) - set(LoadSettings.model_fields))
+    if unknown:
+        raise BenchFileError(f"load.{unknown[0]}: unknown key")
     bf = BenchFile(path, exp, cp, load, traces)
     for plan in exp.plans():  # fail on a bad parameter before starting anything
         control_plane_config(bf, plan.params)
@@ -182,12 +165,16 @@ def control_plane_config(bf: BenchFile, params: dict[str, Any]) -> dict[str, Any
         raise BenchFileError(f"gc_threshold0: a whole number >= 0, got {t0!r}")
     if not (cp["state"] in ("memory", "etcd") or str(cp["state"]).startswith("etcd://")):
         raise BenchFileError(f"state: memory, etcd or etcd://host:port, got {cp['state']!r}")
-    return cp
+    try:
+        return ControlPlanePlan(**cp).model_dump()
+    except ValidationError as e:
+        field, msg = first_error(e)
+        raise BenchFileError(f"control_plane.{field}: {msg}") from None
 
 
 def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
     """UpConfig for a control plane config (emulated sandboxes)."""
-    return UpConfig(
+    return UpConfig.for_tool(
         dispatch=cp["dispatch"],
         schedule=cp["schedule"],
         clustermgr=cp["clustermgr"],
@@ -223,29 +210,11 @@ _SERVED = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent")
 _BEATING = ("clustermgr", "nodeagent")
 
 
-@dataclass(frozen=True)
-class LoadSettings:
-    """How one plan drives load (scenario keys, overridden by parameters)."""
-
-    mode: str = "open"
-    concurrency: int = 16
-    cold_fraction: float = 0.0
-    arrival_rate: float = 10.0
-    timeout_s: float = 10.0
-    max_duration_s: float = 120.0
-    cold_functions: int = 256
-    warm_functions: int = 32
-    warm_concurrency: int = 1000
-    warm_hold_ms: float = 0.0
-    rate_of: tuple[str, float] | None = None
-
-
 def load_settings(bf: BenchFile, plan: ex.Plan) -> LoadSettings:
     """Resolve a plan's load settings."""
     sc = plan.scenario
     x = {**bf.load, **sc.extra}
-    known = {*LoadSettings.__dataclass_fields__, "seed", "echo_requests", "echo_max_s"}
-    bad = sorted(set(sc.extra) - known)
+    bad = sorted(set(sc.extra) - set(LoadSettings.model_fields))
     if bad:
         raise BenchFileError(f"scenario {sc.name}: unknown key {bad[0]!r}")
     rate_of = None
@@ -254,21 +223,16 @@ def load_settings(bf: BenchFile, plan: ex.Plan) -> LoadSettings:
         if not isinstance(ro, dict) or "scenario" not in ro:
             raise BenchFileError(f"scenario {sc.name}.rate_of: needs 'scenario' and 'fraction'")
         rate_of = (str(ro["scenario"]), float(ro.get("fraction", 0.5)))
-    s = LoadSettings(
-        mode=str(x.get("mode", "open")),
-        concurrency=int(x["concurrency"]),
-        cold_fraction=sc.cold_fraction,
-        arrival_rate=sc.profile.arrival_rate,
-        timeout_s=float(x["timeout_s"]),
-        max_duration_s=float(x["max_duration_s"]),
-        cold_functions=int(x.get("cold_functions", 256)),
-        warm_functions=int(x.get("warm_functions", 32)),
-        warm_concurrency=int(x.get("warm_concurrency", 1000)),
-        warm_hold_ms=float(x.get("warm_hold_ms", 0.0)),
-        rate_of=rate_of,
+    values = {k: v for k, v in x.items() if k != "rate_of"}
+    values.update(
+        cold_fraction=sc.cold_fraction, arrival_rate=sc.profile.arrival_rate, rate_of=rate_of
     )
-    over = {k: plan.params[k] for k in LOAD_PARAMS if k in plan.params}
-    s = replace(s, **over)
+    values.update({k: plan.params[k] for k in LOAD_PARAMS if k in plan.params})
+    try:
+        s = LoadSettings(**values)
+    except ValidationError as e:
+        field, msg = first_error(e)
+        raise BenchFileError(f"scenario {sc.name}.{field}: {msg}") from None
     if s.mode not in ("open", "closed"):
         raise BenchFileError(f"scenario {sc.name}.mode: open or closed, got {s.mode!r}")
     return s

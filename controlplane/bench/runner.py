@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,7 @@ async def _run_plan(
         ref = by_name.get(ref_name)
         if ref is None:
             raise RuntimeError(f"rate_of: scenario {ref_name!r} has no result in this config")
-        s = replace(s, arrival_rate=max(1.0, frac * ref["throughput"]["requests_per_s"]))
+        s = s.replace(arrival_rate=max(1.0, frac * ref["throughput"]["requests_per_s"]))
     wl = pl.build_workload(bf, plan, s, prefix, opts.data_dir)
     endpoints = sup.endpoints()
     await _deploy(endpoints["controller"], wl)

@@ -39,10 +39,12 @@ from controlplane.sdk.client import GalaxyClient
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
 MODES = {
-    "plain": UpConfig(nodes=1, tls=False, extra={"nodeagent": ["--cgroups", "off"]}),
-    "cgroups": UpConfig(nodes=1, tls=False, extra={"nodeagent": ["--cgroups", "on"]}),
-    "mtls": UpConfig(nodes=1, tls=True, tokens=False, extra={"nodeagent": ["--cgroups", "on"]}),
-    "mtls+tokens": UpConfig(nodes=1, tls=True, extra={"nodeagent": ["--cgroups", "on"]}),
+    "plain": UpConfig.for_tool(nodes=1, extra={"nodeagent": ["--cgroups", "off"]}),
+    "cgroups": UpConfig.for_tool(nodes=1, extra={"nodeagent": ["--cgroups", "on"]}),
+    "mtls": UpConfig.for_tool(
+        nodes=1, tls=True, auth="none", extra={"nodeagent": ["--cgroups", "on"]}
+    ),
+    "mtls+tokens": UpConfig.for_tool(nodes=1, tls=True, extra={"nodeagent": ["--cgroups", "on"]}),
 }
 
 
@@ -90,8 +92,7 @@ async def measure(warm: int, rounds: int, colds: int) -> dict[str, object]:
     echo_lat: list[float] = []
     try:
         for mode, cfg in MODES.items():
-            cfg.run_dir = base / mode
-            sups[mode] = sup = Supervisor(cfg)
+            sups[mode] = sup = Supervisor(cfg.replace(run_dir=base / mode))
             ep = await sup.start()
             await sup.wait_nodes_registered()
             clients[mode] = c = GalaxyClient(

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator
 
 from controlplane.controller.actions import Timeouts
+from controlplane.controller.coordinator import WARM_TIMEOUT_S
 from controlplane.controller.leader import DEFAULT_PREFIX, DEFAULT_TTL_S
 from controlplane.controller.scaling import KINDS, ScalingConfig
 from controlplane.runtime import validation
@@ -138,7 +139,7 @@ class ControllerConfig(Config):
     member_timeout_s: float = setting(
         _TIMEOUTS.member_silent_s, "silent instance removed", group=SCALING
     )
-    warm_timeout_s: float = setting(5.0, "", group=SCALING)
+    warm_timeout_s: float = setting(WARM_TIMEOUT_S, "", group=SCALING)
     instance_args: list[KindValue] = setting(
         [], "local actuator: KIND='FLAGS' appended to `galaxy serve KIND`", group=SCALING
     )
@@ -163,6 +164,13 @@ class ControllerConfig(Config):
     ha: bool = setting(False, "elect a leader among controllers (needs etcd state)", group=HA)
     ha_prefix: str = setting(DEFAULT_PREFIX, "key prefix of election and targets", group=HA)
     ha_ttl_s: float = setting(DEFAULT_TTL_S, "leader lease TTL, seconds", group=HA)
+    bootstrap_token_file: str | None = setting(
+        None,
+        "a file holding an admin token (`galaxy tokens generate`) that this controller "
+        "makes valid at start, so the first admin can get in (default "
+        "$GALAXY_BOOTSTRAP_TOKEN_FILE; `galaxy up` writes RUN_DIR/token)",
+        env="GALAXY_BOOTSTRAP_TOKEN_FILE",
+    )
 
     def quotas(self) -> dict[str, Quota]:
         """``--namespace-quota`` items by namespace."""

@@ -47,6 +47,10 @@ from galaxy.v1 import (
 )
 from statestore import StateStore, StoreError
 
+#: How long a new instance may take to become warm (``ControllerConfig``'s
+#: ``--warm-timeout-s`` default).
+WARM_TIMEOUT_S = 5.0
+
 log = logging.getLogger(__name__)
 
 COORDINATE_STUBS: dict[int, Any] = {
@@ -89,7 +93,7 @@ class Coordinator:
         *,
         timeout_s: float = 2.0,
         retry_s: float = 0.5,
-        warm_timeout_s: float = 5.0,
+        warm_timeout_s: float = WARM_TIMEOUT_S,
         store: StateStore | None = None,
         prefix: str = "",
     ) -> None:

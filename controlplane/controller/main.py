@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import shlex
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from controlplane.controller.scaling import KINDS, KindLimits, ScalingConfig
 from controlplane.controller.service import ControllerServicer
 from controlplane.controller.tokens_store import TokenStore
 from controlplane.runtime import access, authn, config
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.membership import KIND_BY_NAME
 from controlplane.runtime.quotas import NamespaceQuotas
@@ -37,16 +37,10 @@ log = logging.getLogger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Controller flags (common ones are added by the CLI): one per
-    ``ControllerConfig`` field, the token flags and the bootstrap token."""
+    ``ControllerConfig`` field (the bootstrap token's among them) and
+    ``RpcConfig``'s token flags."""
     config.add_arguments(p, ControllerConfig)
-    authn.add_arguments(p)
-    p.add_argument(
-        "--bootstrap-token-file",
-        default=os.environ.get("GALAXY_BOOTSTRAP_TOKEN_FILE"),
-        help="a file holding an admin token (`galaxy tokens generate`) that this controller "
-        "makes valid at start, so the first admin can get in (default "
-        "$GALAXY_BOOTSTRAP_TOKEN_FILE; `galaxy up` writes RUN_DIR/token)",
-    )
+    config.add_arguments(p, RpcConfig, config.TOKEN_FLAGS)
 
 
 def _config(args: argparse.Namespace | ControllerConfig) -> ControllerConfig:
@@ -94,6 +88,7 @@ def make_actuator(c: ControllerConfig, args: argparse.Namespace) -> Actuator:
             verify_ssl=not c.k8s_insecure,
         )
     if c.actuator == "local":
+        rpc = config.rpc_of(args)
         from controlplane.controller.actuators.local import LocalProcessActuator
 
         extra: dict[str, list[str]] = {}
@@ -108,7 +103,7 @@ def make_actuator(c: ControllerConfig, args: argparse.Namespace) -> Actuator:
             standby={k: int(n) for k, n in pairs(c.standby_instances).items()},
             # Instances serve as this controller does: its TLS directory (each
             # kind's own certificate there), or plaintext.
-            tls_dir=None if getattr(args, "insecure", False) else getattr(args, "tls_dir", None),
+            tls_dir=None if rpc.insecure else rpc.tls_dir,
         )
     return NoActuator()
 
@@ -198,9 +193,10 @@ class ControllerComponent:
             ),
         )
         self.tokens = TokenStore(self.store)
+        rpc = config.rpc_of(a)
         self.authenticator = (
-            authn.Authenticator(self.tokens.lookup, access.TokenCache(ttl_s=a.token_cache_s))
-            if authn.enabled(a)
+            authn.Authenticator(self.tokens.lookup, access.TokenCache(ttl_s=rpc.token_cache_s))
+            if rpc.tokens_enabled()
             else None
         )
         self.servicer = ControllerServicer(
@@ -227,8 +223,8 @@ class ControllerComponent:
         assert self.servicer is not None and self.reconciler is not None
         self.servicer.pool = ctx.pool
         self.servicer.address = ctx.address
-        if self.args.bootstrap_token_file and self.tokens is not None:
-            await self.tokens.bootstrap(Path(self.args.bootstrap_token_file))
+        if self.cfg.bootstrap_token_file and self.tokens is not None:
+            await self.tokens.bootstrap(Path(self.cfg.bootstrap_token_file))
         self.actuator.on_lost = self._instance_lost
         await self.actuator.start(ctx.address)
         self.servicer.start()

@@ -15,11 +15,10 @@ from aiohttp import web
 
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.proxy import Proxy
-from controlplane.runtime import authn, config, gctune, netaddr
-from controlplane.runtime.config import GcConfig
+from controlplane.runtime import config, gctune, netaddr
+from controlplane.runtime.config import GcConfig, RpcConfig
 from controlplane.runtime.host import READY_PREFIX, watch_lifeline
 from controlplane.runtime.metrics import serve_metrics, watch_gc
-from controlplane.runtime.tls import TlsConfig
 from controlplane.sdk.client import GalaxyClient
 
 log = logging.getLogger(__name__)
@@ -28,7 +27,7 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Gateway flags (common ones are added by the CLI), from ``GatewayConfig``."""
     config.add_arguments(p, GatewayConfig)
-    authn.add_auth_flag(p)
+    config.add_arguments(p, RpcConfig, ["auth"])
 
 
 def make_app(proxy: Proxy, cfg: GatewayConfig) -> web.Application:
@@ -59,15 +58,17 @@ async def start(
     controller: str,
     host: str,
     port: int,
-    tls: TlsConfig | None = None,
+    rpc: RpcConfig | None = None,
     require_token: bool = False,
 ) -> tuple[web.AppRunner, Proxy, str]:
     """Start serving on host:port (0: any free port); returns the runner,
-    the proxy and the bound address. tls: the gateway's certificate for its
-    gRPC calls to the control plane (mutual TLS). require_token: every
-    request but health checks needs a bearer token, passed on to the control
-    plane, which judges it (401 without one)."""
-    client = GalaxyClient(controller, timeout=cfg.request_timeout_s, tls=tls)
+    the proxy and the bound address. rpc: what the gateway's channels to the
+    control plane take (its certificate: ``rpc.tls``; the connection cache,
+    size limits); their deadline is ``cfg.request_timeout_s``.
+    require_token: every request but health checks needs a bearer token,
+    passed on to the control plane, which judges it (401 without one)."""
+    rpc = (rpc or RpcConfig()).replace(deadline_s=cfg.request_timeout_s)
+    client = GalaxyClient(controller, rpc=rpc)
     proxy = Proxy(client, cfg, require_token=require_token)
     ssl_context = https_context(cfg)
     runner = web.AppRunner(make_app(proxy, cfg), access_log=None, handle_signals=False)
@@ -88,10 +89,11 @@ async def stop(runner: web.AppRunner, proxy: Proxy) -> None:
 async def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT or the lifeline closes."""
     cfg = config.from_args(GatewayConfig, args)
+    rpc = config.rpc_of(args)
     host, port = netaddr.split_host_port(args.listen)
     try:
         runner, proxy, bound = await start(
-            cfg, args.controller, host, port, args.tls, require_token=authn.enabled(args)
+            cfg, args.controller, host, port, rpc, require_token=rpc.tokens_enabled()
         )
     except ValueError as e:
         print(f"galaxy: {e}", file=sys.stderr)

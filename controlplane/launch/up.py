@@ -20,78 +20,19 @@ from typing import Any
 
 from controlplane.controller.config import ControllerConfig
 from controlplane.launch import etcd
-from controlplane.launch.endpoints import ENDPOINTS_FILE, default_run_dir
+from controlplane.launch.endpoints import ENDPOINTS_FILE
+from controlplane.launch.upconfig import UpConfig
 from controlplane.nodeagent.config import NodeAgentConfig
 from controlplane.runtime import config, credentials, netaddr, procs, tls, tlsfiles
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import READY_PREFIX, serve_command
 from controlplane.runtime.tls import TlsConfig
+from functions.dispatch.config import DispatchConfig
 from functions.schedule.config import ScheduleConfig
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 60.0
-
-
-def default_runtimes_dir() -> Path | None:
-    """The repo's examples/runtimes, when this is a checkout that has it."""
-    d = Path(__file__).resolve().parents[2] / "examples" / "runtimes"
-    return d if d.is_dir() else None
-
-
-_AGENT = NodeAgentConfig()
-
-
-@dataclass
-class UpConfig:
-    """What `galaxy up` starts."""
-
-    dispatch: int = 1
-    schedule: int = 1
-    clustermgr: int = 1
-    nodes: int = 4
-    sandbox: str = _AGENT.sandbox
-    nodes_per_agent: int = 0  # 0 = 1 for process sandboxes, 105 for emulated
-    state: str = "memory://"
-    host: str = "127.0.0.1"
-    run_dir: Path = field(default_factory=default_run_dir)
-    connection_cache: bool = True
-    probe_cache: bool = True
-    #: Schedule trusts its exact view of its partition (off: the G_n-CP step)
-    exact_partition: bool = True
-    #: capacity credits (Schedule lends, Dispatch uses); False: --no-credits to both
-    credits: bool = True
-    #: each node's capacity and the emulated cold start (``NodeAgentConfig``)
-    node_cpu_millis: int = _AGENT.cpu_millis
-    node_memory_mib: int = _AGENT.memory_mib
-    node_gpus: int = _AGENT.gpus
-    start_delay_ms: float = _AGENT.start_delay_ms
-    extra: dict[str, list[str]] = field(default_factory=dict)
-    #: The controller scales the control functions, starting extra instances
-    #: as its own children (local actuator); see docs/controller.md.
-    autoscale_control: bool = False
-    #: More `galaxy serve controller` flags (e.g. --t-sf 200).
-    controller_args: list[str] = field(default_factory=list)
-    #: CPUs each control function process may use, by kind (like a pod's
-    #: limits.cpu); a kind not named is unlimited.
-    control_cpu_limits: dict[str, float] = field(default_factory=dict)
-    #: HTTP port of the gateway (0: any free port; -1: no gateway, the
-    #: default here: bench and calibrate runs do not use one; `galaxy up`
-    #: asks for 8080).
-    gateway_port: int = -1
-    #: Mutual TLS between every component and client (certificates made in
-    #: RUN_DIR/certs on first start). Off here (bench, calibrate); `galaxy
-    #: up` turns it on unless --insecure.
-    tls: bool = False
-    #: Bearer tokens on the public API, when TLS is on (RUN_DIR/token holds
-    #: the admin's); False serves mutual TLS without tokens (`--auth none`).
-    tokens: bool = True
-    #: Serving runtime files (*.yaml) registered through the controller's
-    #: API once it is ready, and again after it restarts (idempotent); None:
-    #: none. Default: the repo's examples/runtimes (the examples' runtime).
-    runtimes: Path | None = field(default_factory=default_runtimes_dir)
-    #: Two leader-elected controllers (`--ha`). They share state: an
-    #: etcd:// ``state``, or with memory:// a local etcd child in RUN_DIR/etcd.
-    ha: bool = False
 
 
 @dataclass
@@ -139,20 +80,19 @@ class Supervisor:
 
     def _serve_cmd(self, kind: str, instance_id: str, *extra: str) -> list[str]:
         cmd = serve_command(kind, instance_id, self.cfg.host, *tlsfiles.flags(self.tls_dir))
-        if not self.cfg.connection_cache:
-            cmd.append("--no-connection-cache")
-        return cmd + list(extra) + self.cfg.extra.get(kind, [])
+        return cmd + self._rpc_flags() + list(extra) + self.cfg.extra.get(kind, [])
 
     def _controller_args(self, ha: bool = False) -> list[str]:
-        """The controller's flags (``ControllerConfig``), then the caller's
-        own. With control scaling it starts extra instances with the same
-        flags as the ones started here, and never removes those (the
-        minimum of each kind is what `galaxy up` starts)."""
+        """The controller's flags (``ControllerConfig``, with the scaling
+        settings `galaxy up` passes on), then the caller's own. With control
+        scaling it starts extra instances with the same flags as the ones
+        started here, and never removes those (the minimum of each kind is
+        what `galaxy up` starts)."""
         cfg = self.cfg
-        ctl = ControllerConfig(state=cfg.state, ha=ha)
+        ctl = ControllerConfig(state=cfg.state, ha=ha, **cfg.controller_settings())
         if cfg.autoscale_control:
             # TLS: the controller gives its own choice to the instances it starts.
-            common = [] if cfg.connection_cache else ["--no-connection-cache"]
+            common = self._rpc_flags()
             per_kind = {
                 "dispatch": ["--state", cfg.state, *self._credit_flags()],
                 "clustermgr": ["--state", cfg.state],
@@ -172,7 +112,9 @@ class Supervisor:
                 instance_args=instance_args,
                 min_instances=mins,
             )
-        return config.to_flags(ctl) + self._bootstrap_args() + list(cfg.controller_args)
+        if self.token_file is not None:  # makes the admin token valid
+            ctl = ctl.replace(bootstrap_token_file=str(self.token_file))
+        return config.to_flags(ctl) + list(cfg.controller_args)
 
     def _env(self) -> dict[str, str] | None:
         """The children's environment: ours, with tokens turned off when
@@ -299,14 +241,11 @@ class Supervisor:
 
     def _credit_flags(self) -> list[str]:
         """Capacity credits off (Schedule and Dispatch take the same flag)."""
-        return [] if self.cfg.credits else ["--no-credits"]
+        return config.to_flags(DispatchConfig(credits=self.cfg.credits))
 
-    def _bootstrap_args(self) -> list[str]:
-        """The controller's flag that makes the admin token valid (with
-        tokens on)."""
-        if self.token_file is None:
-            return []
-        return ["--bootstrap-token-file", str(self.token_file)]
+    def _rpc_flags(self) -> list[str]:
+        """The connection cache switch every component takes (``RpcConfig``)."""
+        return config.to_flags(RpcConfig(connection_cache=self.cfg.connection_cache))
 
     async def _start_controllers(self) -> str:
         """The controller, or with ``ha`` two of them (and etcd if needed);
@@ -327,7 +266,8 @@ class Supervisor:
             data = cfg.run_dir / "etcd"
             host = "127.0.0.1"  # etcd serves only this machine's controllers
             cmd = etcd.child_command(data, host, etcd.free_port(host), etcd.free_port(host))
-            cfg.state = (await self.spawn("etcd", cmd)).ready["state"]
+            state = (await self.spawn("etcd", cmd)).ready["state"]
+            self.cfg = cfg = cfg.replace(state=state)
         elif not cfg.state.startswith("etcd://"):
             raise RuntimeError("--ha needs shared state: --state etcd://HOST:PORT")
         ctls = await asyncio.gather(

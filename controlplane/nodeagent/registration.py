@@ -21,12 +21,12 @@ from typing import Any
 import grpc
 
 from controlplane.runtime import controllers, rpc
-from controlplane.runtime.membership import MembershipView
+from controlplane.runtime.membership import NODE_HEARTBEAT_MS, MembershipView
 from galaxy.v1 import clustermgr_pb2_grpc, common_pb2, controller_pb2
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HEARTBEAT_MS = 1000
+DEFAULT_HEARTBEAT_MS = NODE_HEARTBEAT_MS
 # Heartbeats due within this window are sent in the same batch: fewer wakeups
 # for a big pool, at the cost of a node beating up to 10 ms early.
 _BATCH_S = 0.010

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
@@ -203,39 +202,6 @@ class AccessInterceptor(GuardInterceptor):
         REFUSED.labels(refusal.code).inc()
         log.warning("refused %s: %s", method, refusal.message)
         await context.abort(grpc.StatusCode[refusal.code], refusal.message)
-
-
-def add_arguments(p: Any) -> None:
-    """`--auth` and `--token-cache-s` of the servers with a public API."""
-    add_auth_flag(p)
-    p.add_argument(
-        "--token-cache-s",
-        type=float,
-        default=10.0,
-        help="how long a verified token is trusted before it is looked up again "
-        "(a revoked token is refused by this server within this time; default 10)",
-    )
-
-
-def add_auth_flag(p: Any) -> None:
-    """`--auth`: whether callers need a bearer token."""
-    p.add_argument(
-        "--auth",
-        choices=["auto", "tokens", "none"],
-        default=os.environ.get("GALAXY_AUTH", "auto"),
-        help="bearer tokens on the public API: tokens, none, or auto (= tokens with TLS, "
-        "none with --insecure; default $GALAXY_AUTH or auto)",
-    )
-
-
-def enabled(args: Any) -> bool:
-    """Are tokens checked, from the parsed flags? ValueError for tokens
-    without TLS: a bearer token sent in plaintext can be read off the wire."""
-    mode = getattr(args, "auth", "auto")
-    tls = getattr(args, "tls", None)
-    if mode == "tokens" and tls is None:
-        raise ValueError("--auth tokens needs TLS (--tls-dir); tokens in plaintext can be stolen")
-    return mode == "tokens" or (mode == "auto" and tls is not None)
 
 
 def record_of(reply: Any) -> TokenRecord | None:

@@ -10,18 +10,24 @@ and the same rule as everywhere else.
 
 A field becomes ``--field-name`` unless ``flag=`` names it; a bool that
 defaults to False is a switch (``--name``), one that defaults to True is
-switched off by ``--no-name``; a ``list`` field is a repeatable flag.
+switched off by ``--no-name``; a ``list`` field is a repeatable flag. A
+field with ``env=`` takes its flag's default from that environment variable
+when the parser is built (a config made in code never reads it); one with
+``cli=False`` is never a flag (what only code can give: loaded credentials).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import os
 import types
 import typing
 from typing import Any, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from controlplane.runtime.tls import TlsConfig
 from controlplane.runtime.validation import MAX_MESSAGE_BYTES
 
 C = TypeVar("C", bound="Config")
@@ -50,12 +56,17 @@ def setting(
     group: str | None = None,
     metavar: str | None = None,
     choices: tuple[str, ...] | None = None,
+    env: str | None = None,
+    cli: bool = True,
     **rules: Any,
 ) -> Any:
     """A config field: its default, help text, optional flag name and
-    argparse group, and pydantic rules (``ge``, ``gt``, ``le``,
-    ``max_length`` ...)."""
-    extra: dict[str, Any] = {"flag": flag, "group": group, "metavar": metavar}
+    argparse group, the environment variable its flag's default comes from,
+    whether it is a flag at all, and pydantic rules (``ge``, ``gt``, ``le``,
+    ``max_length``, ``repr`` ...)."""
+    extra: dict[str, Any] = {"flag": flag, "group": group, "metavar": metavar, "env": env}
+    if not cli:
+        extra["code_only"] = True
     if choices:
         extra["choices"] = list(choices)
     return Field(
@@ -66,6 +77,19 @@ def setting(
 def _extra(info: Any) -> dict[str, Any]:
     e = info.json_schema_extra
     return e if isinstance(e, dict) else {}
+
+
+def same_as(cls: type[Config], name: str, **changes: Any) -> Any:
+    """Field ``name`` of ``cls`` (default, help, rules) as a field of another
+    config, with ``changes`` to its ``flag``, ``group`` or ``help``: a
+    setting two commands share (`galaxy up` passing it on to `galaxy serve
+    controller`) keeps one default and one rule. The other config declares
+    the same type."""
+    info = copy.copy(cls.model_fields[name])
+    if "help" in changes:
+        info.description = changes.pop("help")
+    info.json_schema_extra = {**_extra(info), **changes}
+    return info
 
 
 def _annotation(cls: type[Config], name: str) -> Any:
@@ -110,10 +134,20 @@ def _validator(cls: type[Config], name: str, item_type: Any) -> Any:
     return parse
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type[Config]) -> None:
-    """Add one flag per field of ``cls`` (grouped by each field's ``group``)."""
+def flag_fields(cls: type[Config]) -> list[str]:
+    """The fields of ``cls`` that are command-line flags."""
+    return [n for n, info in cls.model_fields.items() if not _extra(info).get("code_only")]
+
+
+def add_arguments(
+    parser: Any, cls: type[Config], fields: typing.Iterable[str] | None = None
+) -> None:
+    """Add one flag per field of ``cls`` (grouped by each field's ``group``),
+    or per field named in ``fields``."""
     groups: dict[str, Any] = {}
-    for name, info in cls.model_fields.items():
+    wanted = flag_fields(cls) if fields is None else list(fields)
+    for name in wanted:
+        info = cls.model_fields[name]
         extra = _extra(info)
         target: Any = parser
         if extra.get("group"):
@@ -125,14 +159,21 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[Config]) -> None:
         kw: dict[str, Any] = {"dest": name, "help": help_text}
         if extra.get("metavar"):
             kw["metavar"] = extra["metavar"]
-        if ann is bool:
+        if info.is_required():  # no default: the flag must be given
+            kw.update(required=True, type=_validator(cls, name, _optional_inner(ann)))
+        elif ann is bool:
             kw["action"] = "store_false" if info.default is True else "store_true"
             kw["default"] = info.default
         elif get_origin(ann) is list:
             kw.update(action="append", default=None, type=_validator(cls, name, get_args(ann)[0]))
         else:
             inner = _optional_inner(ann)
-            kw.update(default=info.default, type=_validator(cls, name, inner))
+            default = info.default
+            if extra.get("env"):
+                # Read now, so `--help` shows it; argparse runs a string
+                # default through ``type``: a bad value fails naming the flag.
+                default = os.environ.get(str(extra["env"]), default)
+            kw.update(default=default, type=_validator(cls, name, inner))
             if info.default is not None and "default" not in help_text:
                 kw["help"] = (help_text + f" (default {info.default})").strip()
         target.add_argument(flag, **kw)
@@ -147,11 +188,12 @@ def _optional_inner(ann: Any) -> Any:
     return ann
 
 
-def from_args(cls: type[C], args: argparse.Namespace) -> C:
+def from_args(cls: type[C], args: argparse.Namespace, **more: Any) -> C:
     """The config of ``cls`` from parsed flags (fields not on the namespace
-    keep their defaults; a repeatable flag never given keeps its default)."""
-    values = {}
-    for name in cls.model_fields:
+    keep their defaults; a repeatable flag never given keeps its default),
+    and ``more`` (fields that are no flag of this parser)."""
+    values = dict(more)
+    for name in flag_fields(cls):
         if not hasattr(args, name):
             continue
         v = getattr(args, name)
@@ -181,9 +223,10 @@ def to_flags(cfg: Config) -> list[str]:
     """The command line that gives ``cfg`` (fields at their default are
     left out): for building another process's command from a config."""
     cls, out = type(cfg), []
-    for name, info in cls.model_fields.items():
+    for name in flag_fields(cls):
+        info = cls.model_fields[name]
         value = getattr(cfg, name)
-        if value == info.default:
+        if not info.is_required() and value == info.default:
             continue
         flag = flag_of(cls, name)
         if isinstance(value, bool):
@@ -208,12 +251,23 @@ GC_THRESHOLDS = (700, 10, 10)
 DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
 
 
+#: Bearer-token modes of a server with a public API: ``auto`` = tokens
+#: with TLS, none without (docs/security.md).
+AUTH_MODES = ("auto", "tokens", "none")
+
+
 class RpcConfig(Config):
     """What every gRPC server and channel of a process takes: deadlines,
-    message size limits and the connection cache (``rpc.ChannelPool.of``,
-    ``rpc.create_server``, ``host.serve``). Transport credentials and
-    tokens belong here too (docs/security.md); they are still given
-    beside it (``TlsConfig``, the token flags)."""
+    message size limits, the connection cache, transport credentials and
+    tokens (``rpc.ChannelPool.of``, ``rpc.create_server``, ``host.serve``,
+    the SDK's ``GalaxyClient``).
+
+    Credentials come in two forms: the flags (``--tls-dir``,
+    ``--tls-server-name``, ``--insecure``, ``--auth``, ``--token-cache-s``)
+    and what they resolve to, which only code can set (``tls``: the files
+    of this process's identity, ``tlsfiles.resolve``; ``token``: the bearer
+    token a client sends). Servers and channels use the resolved form.
+    """
 
     connection_cache: bool = setting(
         True,
@@ -230,6 +284,64 @@ class RpcConfig(Config):
         ge=1024,
         flag="--max-message-bytes",
     )
+    tls_dir: str | None = setting(
+        None,
+        "mutual TLS: a `galaxy certs` directory with ca.pem and this kind's "
+        "certificate and key (default $GALAXY_TLS_DIR); required unless --insecure",
+        env="GALAXY_TLS_DIR",
+    )
+    tls_server_name: str | None = setting(
+        None,
+        "check this name in peers' certificates instead of the host dialled "
+        "(Kubernetes: a name every component certificate carries; default "
+        "$GALAXY_TLS_SERVER_NAME)",
+        env="GALAXY_TLS_SERVER_NAME",
+    )
+    insecure: bool = setting(
+        False, "serve plaintext gRPC with no authentication (local experiments only)"
+    )
+    auth: str = setting(
+        "auto",
+        "bearer tokens on the public API: tokens, none, or auto (= tokens with TLS, "
+        "none with --insecure; default $GALAXY_AUTH or auto)",
+        choices=AUTH_MODES,
+        env="GALAXY_AUTH",
+    )
+    token_cache_s: float = setting(
+        10.0,
+        "how long a verified token is trusted before it is looked up again "
+        "(a revoked token is refused by this server within this time; default 10)",
+    )
+    tls: TlsConfig | None = setting(
+        None, "mutual TLS files of this process (None: plaintext)", cli=False
+    )
+    token: str | None = setting(
+        None, "bearer token sent with every call (None: none)", cli=False, repr=False
+    )
+
+    def tokens_enabled(self) -> bool:
+        """Does a server with a public API check bearer tokens? ValueError
+        for tokens without TLS: a token sent in plaintext can be read off
+        the wire."""
+        if self.auth == "tokens" and self.tls is None:
+            raise ValueError(
+                "--auth tokens needs TLS (--tls-dir); tokens in plaintext can be stolen"
+            )
+        return self.auth == "tokens" or (self.auth == "auto" and self.tls is not None)
+
+
+#: ``RpcConfig``'s token flags: only the kinds with a public API have them
+#: (the controller and Dispatch; the gateway has ``--auth`` alone).
+TOKEN_FLAGS = ("auth", "token_cache_s")
+#: The ``RpcConfig`` flags every `galaxy serve` kind has.
+COMMON_RPC_FLAGS = tuple(n for n in flag_fields(RpcConfig) if n not in TOKEN_FLAGS)
+
+
+def rpc_of(args: argparse.Namespace) -> RpcConfig:
+    """A `galaxy serve` process's ``RpcConfig``: the one its CLI resolved
+    (``args.rpc``: credentials loaded), else the one its flags give."""
+    rpc = getattr(args, "rpc", None)
+    return rpc if isinstance(rpc, RpcConfig) else from_args(RpcConfig, args)
 
 
 class GcConfig(Config):

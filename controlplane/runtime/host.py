@@ -20,15 +20,57 @@ from typing import Any, Protocol, cast
 
 from controlplane.runtime import authz, controllers, gctune, loadreport, netaddr, rpc
 from controlplane.runtime.authn import AccessInterceptor
-from controlplane.runtime.config import GcConfig, RpcConfig
+from controlplane.runtime.config import Config, GcConfig, RpcConfig, setting
 from controlplane.runtime.membership import KIND_NAMES
 from controlplane.runtime.metrics import serve_metrics, watch_gc
-from controlplane.runtime.tls import IdentityInterceptor, TlsConfig
+from controlplane.runtime.tls import IdentityInterceptor
 from galaxy.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
 READY_PREFIX = "GALAXY_READY "
+
+
+class ServeConfig(Config):
+    """The process flags every `galaxy serve KIND` has (``RpcConfig`` adds
+    the RPC ones, each kind its own config): where it listens, whom it
+    registers with, how it is supervised."""
+
+    id: str | None = setting(
+        None, "instance id (stable across restarts is best; default KIND-RANDOM)"
+    )
+    listen: str = setting("127.0.0.1:0", "gRPC host:port (0 = any)")
+    metrics_listen: str = setting("127.0.0.1:0", "Prometheus host:port ('' = off)")
+    advertise_host: str | None = setting(
+        None, "host others use to reach this process (default: listen host)"
+    )
+    controller: str | None = setting(
+        None,
+        "controller host:port, or several comma-separated (HA: any one that is up; "
+        "default $GALAXY_CONTROLLER)",
+        env="GALAXY_CONTROLLER",
+    )
+    lifeline: bool = setting(False, "exit when stdin closes (used by `galaxy up`)")
+    standby: bool = setting(
+        False, "register as a warm standby: the controller promotes it on a scale-out"
+    )
+    health_listen: str = setting(
+        "",
+        "also serve grpc.health.v1 alone in plaintext on host:port, for probes "
+        "that cannot present a certificate (Kubernetes gRPC probes; '' = off)",
+    )
+    load_report_ms: float = setting(
+        loadreport.DEFAULT_INTERVAL_S * 1000.0,
+        "load report period of a control function (0 = off)",
+        ge=0,
+    )
+
+
+#: ``ServeConfig`` flags before the ``RpcConfig`` ones, and after (the
+#: order of `galaxy serve KIND --help`); ``standby`` only the control
+#: functions have.
+SERVE_FLAGS_FIRST = ("id", "listen", "metrics_listen", "advertise_host", "controller", "lifeline")
+SERVE_FLAGS_LAST = ("health_listen", "load_report_ms")
 
 
 @dataclass
@@ -202,7 +244,6 @@ async def serve(
     stop: asyncio.Event | None = None,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
     load_report_s: float = loadreport.DEFAULT_INTERVAL_S,
-    tls: TlsConfig | None = None,
     health_listen: str | None = None,
     standby: bool = False,
     rpc_config: RpcConfig | None = None,
@@ -215,19 +256,20 @@ async def serve(
     ready record instead of it being printed. Signal handlers are installed
     only when no stop event is given. A registered component reports its
     load every load_report_s seconds (0 = never; see controlplane.runtime.loadreport).
-    tls: serve mutual TLS and check callers' identities; a given pool must
-    be made with the same tls (the default pool is). None serves plaintext.
     health_listen: also serve grpc.health.v1 alone, in plaintext, there
     (for probes without a certificate; see rpc.health_only_server).
     standby: register as a warm standby (kept out of every membership until
     a scale-out promotes it).
-    rpc_config: the server's message size limit, and the default pool's
-    settings (a given pool should be made from the same: ``ChannelPool.of``).
+    rpc_config: the server's message size limit and credentials, and the
+    default pool's settings (a given pool should be made from the same:
+    ``ChannelPool.of``). With ``rpc_config.tls`` the server is mutual TLS
+    and checks callers' identities; without, it serves plaintext.
     gc_config: tune the garbage collector once ready (``gctune``); None
     leaves it alone (a component run in a process that is not its own).
     """
     rpc_config = rpc_config or RpcConfig()
-    pool = pool or rpc.ChannelPool.of(rpc_config, tls)
+    tls = rpc_config.tls
+    pool = pool or rpc.ChannelPool.of(rpc_config)
     # With TLS, callers are also checked by identity: internal RPCs accept
     # component certificates only (controlplane.runtime.authz).
     # A component with a public API checks bearer tokens too (its
@@ -240,7 +282,7 @@ async def serve(
             AccessInterceptor(auth) if auth is not None else IdentityInterceptor(authz.allowed)
         ]
     server, port, health_servicer = rpc.create_server(
-        listen, services, tls=tls, interceptors=guards, config=rpc_config
+        listen, services, config=rpc_config, interceptors=guards
     )
     listen_host, _ = netaddr.split_host_port(listen)
     address = netaddr.join_host_port(netaddr.advertised_host(listen_host, advertise_host), port)

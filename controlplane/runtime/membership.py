@@ -19,6 +19,10 @@ KIND_NAMES: dict[int, str] = {
 }
 KIND_BY_NAME: dict[str, int] = {v: k for k, v in KIND_NAMES.items()}
 
+#: Node heartbeat period, ms: what ClusterMgr tells node agents by default
+#: (``ClusterMgrConfig``) and what an agent uses until told (``NodeAgentConfig``).
+NODE_HEARTBEAT_MS = 1000
+
 
 class MembershipView:
     """The latest membership this process has seen (older epochs are ignored)."""

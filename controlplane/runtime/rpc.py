@@ -1,6 +1,6 @@
 """gRPC helpers: every server and channel of Galaxy is made here.
 
-One place to switch on credentials (mutual TLS with a TlsConfig), to add the standard
+One place to switch on credentials (mutual TLS: ``RpcConfig.tls``), to add the standard
 health and reflection services, to map errors to clear statuses, and to make
 sure every outgoing RPC carries a deadline.
 """
@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,10 +20,8 @@ from grpc_reflection.v1alpha import reflection
 from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
+from controlplane.runtime.tls import TlsConfig
 from controlplane.runtime.validation import MAX_MESSAGE_BYTES
-
-if TYPE_CHECKING:
-    from controlplane.runtime.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -150,25 +148,26 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
 def create_server(
     listen: str,
     services: Iterable[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]],
-    tls: TlsConfig | None = None,
-    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     config: RpcConfig | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build a grpc.aio server on listen (host:port, port 0 = any free port).
 
     services: (add_XServicer_to_server, servicer, full service name) triples.
     Adds the standard health service (every service SERVING once started is
     the caller's job via the returned HealthServicer) and server reflection.
-    tls: serve mutual TLS only (clients must present a certificate of its
-    CA); None serves plaintext. interceptors run before Galaxy's own, so an
+    config: the message size limit and credentials (the default
+    ``RpcConfig``'s when None): with ``config.tls`` the server serves mutual
+    TLS only (clients must present a certificate of its CA); without, it
+    serves plaintext. interceptors run before Galaxy's own, so an
     authorization check (tls.IdentityInterceptor) comes before anything else.
-    config: the message size limit (the default ``RpcConfig``'s when None).
     Returns (server, bound port, health servicer); call ``await server.start()``.
     """
-    size = (config or RpcConfig()).max_message_bytes
+    config = config or RpcConfig()
+    tls = config.tls
     server = grpc.aio.server(
         interceptors=[*interceptors, _ErrorAndMetricsInterceptor()],
-        options=_sized(_SERVER_OPTIONS, size),
+        options=_sized(_SERVER_OPTIONS, config.max_message_bytes),
     )
     names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
     for add, servicer, name in services:
@@ -210,16 +209,21 @@ async def set_serving(health_servicer: Any, names: Iterable[str], serving: bool 
         await health_servicer.set(n, status)
 
 
-def insecure_channel(
-    address: str, tls: TlsConfig | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES
-) -> grpc.aio.Channel:
-    """A new channel to address (host:port). Prefer ChannelPool.
+def insecure_channel(address: str, config: RpcConfig | TlsConfig | None = None) -> grpc.aio.Channel:
+    """A new channel to address (host:port) as config describes (size
+    limits, credentials; the default ``RpcConfig`` when None, and a
+    ``TlsConfig`` alone is short for ``RpcConfig(tls=...)``: a one-off
+    channel of a check or a test). Prefer ChannelPool.
 
-    With tls the channel is mutual TLS: it trusts only tls.ca, presents
-    tls.cert, and gRPC checks that the server's certificate covers the host
-    of address (an IP literal against an IPAddress SAN), or tls.server_name.
+    With ``config.tls`` the channel is mutual TLS: it trusts only tls.ca,
+    presents tls.cert, and gRPC checks that the server's certificate covers
+    the host of address (an IP literal against an IPAddress SAN), or
+    tls.server_name. Without it the channel is plaintext (hence the name).
     """
-    sized = _sized(_CHANNEL_OPTIONS, max_message_bytes)
+    if not isinstance(config, RpcConfig):
+        config = RpcConfig(tls=config)
+    tls = config.tls
+    sized = _sized(_CHANNEL_OPTIONS, config.max_message_bytes)
     if tls is None:
         return grpc.aio.insecure_channel(address, options=sized)
     options: list[tuple[str, Any]] = list(sized)
@@ -261,34 +265,31 @@ class ChannelPool:
 
     Call sites use ``async with pool.stub(address, XStub) as stub:``. With
     ``enabled=False`` (the ablation switch) each use opens a fresh channel and
-    closes it on exit, which is the cost the cache removes. With ``tls``
-    every channel is mutual TLS (see insecure_channel).
+    closes it on exit, which is the cost the cache removes. Everything comes
+    from one ``RpcConfig`` (the default one when None): the cache switch,
+    the deadline, size limits and credentials (with ``config.tls`` every
+    channel is mutual TLS; see insecure_channel).
     """
 
-    def __init__(
-        self,
-        enabled: bool = True,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        tls: TlsConfig | None = None,
-        max_message_bytes: int = MAX_MESSAGE_BYTES,
-    ) -> None:
-        self.enabled = enabled
-        self.timeout = timeout
-        self.tls = tls
-        self.max_message_bytes = max_message_bytes
+    def __init__(self, config: RpcConfig | None = None) -> None:
+        self.config = config = config or RpcConfig()
+        self.enabled = config.connection_cache
+        self.timeout = config.deadline_s
+        self.tls = config.tls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[tuple[str, Any], Any] = {}
         self.channels_created = 0
 
     @classmethod
-    def of(cls, config: RpcConfig, tls: TlsConfig | None = None) -> ChannelPool:
-        """The pool an ``RpcConfig`` describes (cache, deadline, size limit)."""
-        return cls(config.connection_cache, config.deadline_s, tls, config.max_message_bytes)
+    def of(cls, config: RpcConfig) -> ChannelPool:
+        """The pool an ``RpcConfig`` describes (cache, deadline, size limit,
+        credentials)."""
+        return cls(config)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = insecure_channel(address, self.tls, self.max_message_bytes)
+            ch = insecure_channel(address, self.config)
             self._channels[address] = ch
             self.channels_created += 1
         return ch
@@ -307,7 +308,7 @@ class ChannelPool:
             yield s
             return
         self.channels_created += 1
-        ch = insecure_channel(address, self.tls, self.max_message_bytes)
+        ch = insecure_channel(address, self.config)
         try:
             yield Deadlined(stub_cls(ch), self.timeout)
         finally:

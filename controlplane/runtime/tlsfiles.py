@@ -1,14 +1,15 @@
-"""Which TLS files a process uses: the `--tls-dir` / `--insecure` choice of
-`galaxy serve`, and the files a client picks up (pure file checks; the
-certificates themselves are made by ``controlplane.runtime.tls``)."""
+"""Which TLS files a process uses: what the `--tls-dir` / `--insecure`
+choice of `galaxy serve` (``RpcConfig``'s flags) resolves to, and the
+files a client picks up (pure file checks; the certificates themselves are
+made by ``controlplane.runtime.tls``)."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from pathlib import Path
 
+from controlplane.runtime.config import RpcConfig, to_flags
 from controlplane.runtime.tls import ADMIN, TlsConfig
 
 log = logging.getLogger(__name__)
@@ -18,28 +19,6 @@ INSECURE_WARNING = (
     "INSECURE: plaintext gRPC without authentication; anyone who can reach this "
     "port can deploy code and start or kill instances. For local experiments only."
 )
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`--tls-dir` and `--insecure` of `galaxy serve KIND`."""
-    p.add_argument(
-        "--tls-dir",
-        default=os.environ.get("GALAXY_TLS_DIR"),
-        help="mutual TLS: a `galaxy certs` directory with ca.pem and this kind's "
-        "certificate and key (default $GALAXY_TLS_DIR); required unless --insecure",
-    )
-    p.add_argument(
-        "--tls-server-name",
-        default=os.environ.get("GALAXY_TLS_SERVER_NAME"),
-        help="check this name in peers' certificates instead of the host dialled "
-        "(Kubernetes: a name every component certificate carries; default "
-        "$GALAXY_TLS_SERVER_NAME)",
-    )
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        help="serve plaintext gRPC with no authentication (local experiments only)",
-    )
 
 
 def config(
@@ -76,6 +55,17 @@ def component_tls(
     return config(identity, tls_dir, server_name)
 
 
+def resolve(rpc: RpcConfig, identity: str) -> RpcConfig:
+    """rpc with its credentials loaded from its flags (``tls_dir``,
+    ``insecure``, ``tls_server_name``: `galaxy serve KIND`'s) for identity.
+    ValueError with what to do when neither TLS nor --insecure is chosen,
+    files are missing, or tokens are asked for without TLS."""
+    tls = component_tls(identity, rpc.tls_dir, rpc.insecure, rpc.tls_server_name)
+    resolved = rpc.replace(tls=tls)
+    resolved.tokens_enabled()  # tokens need TLS: refused here, in one line
+    return resolved
+
+
 def client_tls(tls_dir: str | os.PathLike[str] | None) -> TlsConfig | None:
     """A client's TLS config: $GALAXY_TLS_IDENTITY (default client/admin) in
     tls_dir; None when there is no directory (a plaintext control plane)."""
@@ -87,4 +77,5 @@ def client_tls(tls_dir: str | os.PathLike[str] | None) -> TlsConfig | None:
 
 def flags(tls_dir: str | os.PathLike[str] | None) -> list[str]:
     """`galaxy serve` flags for a child: --tls-dir DIR, or --insecure."""
-    return ["--tls-dir", str(tls_dir)] if tls_dir else ["--insecure"]
+    rpc = RpcConfig(tls_dir=str(tls_dir)) if tls_dir else RpcConfig(insecure=True)
+    return to_flags(rpc)

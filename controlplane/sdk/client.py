@@ -25,7 +25,8 @@ from typing import Any
 
 import grpc
 
-from controlplane.runtime import authn, controllers, rpc
+from controlplane.runtime import authn, controllers
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.errors import (
     RETRYABLE,
     DeadlineExceeded,
@@ -35,6 +36,7 @@ from controlplane.runtime.errors import (
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
+from controlplane.runtime.rpc import ChannelPool
 from controlplane.runtime.tls import TlsConfig
 from controlplane.runtime.validation import short
 from controlplane.sdk.http import HttpPool, NotSent
@@ -69,36 +71,42 @@ class InvokeResult:
         return self.body.decode("utf-8", "replace")
 
 
+#: The SDK's default timeout, s (a call may wait for a cold start).
+TIMEOUT_S = 30.0
+
+
 class GalaxyClient:
     """Async client of one Galaxy control plane.
 
     controller: the controller's host:port, or several (a list, or
     comma-separated: `galaxy up --ha`); a controller that is UNAVAILABLE is
     passed over for the next (``controlplane.runtime.controllers``).
-
-    tls: mutual TLS with a client certificate of the cluster's CA
-    (``controlplane.runtime.tlsfiles.client_tls``); None for a plaintext
-    control plane (`galaxy up --insecure`). token: the bearer token sent
-    with every call (``glx_...``; `galaxy up` writes RUN_DIR/token, and
-    ``controlplane.runtime.credentials.client_token`` finds it); None sends
-    none (a cluster without tokens, or a component's own certificate).
-    """
+    rpc: ``deadline_s``, the timeout of each RPC and of a call with its
+    retries; ``tls``, a client certificate of the cluster's CA
+    (``tlsfiles.client_tls``; None: plaintext); ``token``, sent with every
+    call (``credentials.client_token``; None: none). Or give timeout
+    (default ``TIMEOUT_S``), tls and token, which make that RpcConfig."""
 
     def __init__(
         self,
         controller: str | Sequence[str],
-        timeout: float = 30.0,
+        timeout: float | None = None,
         backoff: Backoff | None = None,
         tls: TlsConfig | None = None,
         token: str | None = None,
+        rpc: RpcConfig | None = None,
     ) -> None:
         #: The controllers' addresses, tried in turn on UNAVAILABLE.
         self.controllers = controllers.split(controller)
         if not self.controllers:
             raise ValueError("no controller address given")
-        self._md = authn.token_metadata(token)
-        self.timeout = timeout
-        self.pool = rpc.ChannelPool(timeout=timeout, tls=tls)
+        if rpc is not None and (timeout, tls, token) != (None, None, None):
+            raise ValueError("GalaxyClient: give timeout, tls and token inside rpc, not beside it")
+        timeout = TIMEOUT_S if timeout is None else timeout
+        rpc = rpc or RpcConfig(deadline_s=timeout, tls=tls, token=token)
+        self._md = authn.token_metadata(rpc.token)
+        self.timeout = rpc.deadline_s
+        self.pool = ChannelPool(rpc)
         self.http = HttpPool()
         self.backoff = backoff or Backoff()
         self.membership = MembershipView()
@@ -463,21 +471,14 @@ def _emulated_body(addr: dispatch_pb2.InstanceAddr, data: bytes) -> bytes:
 class SyncGalaxyClient:
     """Blocking wrapper of GalaxyClient for scripts (one private event loop)."""
 
-    def __init__(
-        self,
-        controller: str | Sequence[str],
-        timeout: float = 30.0,
-        tls: TlsConfig | None = None,
-        token: str | None = None,
-    ) -> None:
+    def __init__(self, controller: str | Sequence[str], **kwargs: Any) -> None:
+        """controller and kwargs: as ``GalaxyClient``'s."""
         self._runner = asyncio.Runner()
-        self._client = self._runner.run(self._make(controller, timeout, tls, token))
+        self._client = self._runner.run(self._make(controller, kwargs))
 
     @staticmethod
-    async def _make(
-        controller: str | Sequence[str], timeout_s: float, tls: TlsConfig | None, token: str | None
-    ) -> GalaxyClient:
-        return GalaxyClient(controller, timeout_s, tls=tls, token=token)
+    async def _make(controller: str | Sequence[str], kwargs: dict[str, Any]) -> GalaxyClient:
+        return GalaxyClient(controller, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._client, name)

@@ -219,8 +219,8 @@ def summarize(res: BurstResult) -> dict[str, Any]:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     """Start the control plane, run the burst, stop it; the summary."""
-    from controlplane.controller.actuators.cpulimit import parse_limits
-    from controlplane.launch.up import Supervisor, UpConfig
+    from controlplane.launch.up import Supervisor
+    from controlplane.launch.upconfig import UpConfig
 
     flags = ["--scale-in-cooldown-s", str(args.scale_in_cooldown_s)]
     flags += ["--max-instances", f"schedule={args.max_schedule}"]
@@ -231,14 +231,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="galaxy-burst-") as tmp:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tmp)
         sup = Supervisor(
-            UpConfig(
+            UpConfig.for_tool(
                 nodes=args.nodes,
                 sandbox="emulated",
                 run_dir=run_dir,
                 autoscale_control=True,
                 controller_args=flags,
                 probe_cache=not args.no_probe_cache,
-                control_cpu_limits=parse_limits(args.cpu_limit),
+                control_cpu_limit=args.cpu_limit,
             )
         )
         try:

@@ -148,17 +148,18 @@ async def calibrate(
     cpu_limits: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Start a control plane, measure every kind, write and return the file's data."""
-    from controlplane.launch.up import Supervisor, UpConfig
+    from controlplane.launch.up import Supervisor
+    from controlplane.launch.upconfig import UpConfig
 
     with tempfile.TemporaryDirectory(prefix="galaxy-calibrate-") as run_dir:
         sup = Supervisor(
-            UpConfig(
+            UpConfig.for_tool(
                 nodes=nodes,
                 sandbox="emulated",
                 run_dir=Path(run_dir),
                 node_cpu_millis=64_000,
                 node_memory_mib=1 << 20,
-                control_cpu_limits=dict(cpu_limits or {}),
+                control_cpu_limit=[f"{k}={c}" for k, c in (cpu_limits or {}).items()],
             )
         )
         try:

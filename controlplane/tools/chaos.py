@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import itertools
 import json
 import statistics
@@ -225,7 +224,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 etcd = LocalEtcd(Path(tmp) / "etcd")
             except RuntimeError as e:
                 raise CliError(f"--fault {args.fault}: {e}") from None
-        cfg = UpConfig(
+        cfg = UpConfig.for_tool(
             dispatch=2, schedule=2, clustermgr=2, nodes=args.nodes, sandbox=args.sandbox,
             run_dir=Path(tmp), tls=True, nodes_per_agent=1, ha=ha,
             state=etcd.url if etcd else "memory://",
@@ -235,7 +234,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         more = config_for(args.fault, args.instances, args.nodes, args.orphan_check_s)
         more["controller_args"] = cfg.controller_args + more.get("controller_args", [])
-        cfg = dataclasses.replace(cfg, **more)
+        cfg = cfg.replace(**more)
         sup = Supervisor(cfg)
         r: Run | None = None
         rep: dict[str, Any] = {}

@@ -26,6 +26,7 @@ from typing import Any
 
 from controlplane.runtime import rpc, tlsfiles
 from controlplane.runtime import spec as specs
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.revisions import routing_key
 from controlplane.sdk.client import GalaxyClient
 from controlplane.tools import chaos_faults
@@ -187,7 +188,7 @@ async def delete_many(run: Run) -> Found:
     # The node agents' internal API takes a component's certificate (it is
     # what Dispatch itself calls); this probe only reads.
     tls = tlsfiles.config("dispatch", run.sup.tls_dir) if run.sup.tls_dir else None
-    pool = rpc.ChannelPool(timeout=10.0, tls=tls)
+    pool = rpc.ChannelPool(RpcConfig(deadline_s=10.0, tls=tls))
     peak = 0
     try:
         t0 = _now()

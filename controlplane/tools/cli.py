@@ -28,10 +28,12 @@ from controlplane.bench.cli import add_subparser as add_bench_subparser
 from controlplane.launch.endpoints import default_run_dir, print_endpoints, read_endpoints
 from controlplane.launch.restart import RestartPolicy
 from controlplane.launch.supervise import supervise
-from controlplane.launch.up import Supervisor, UpConfig, default_runtimes_dir
-from controlplane.runtime import authn, config, tlsfiles
+from controlplane.launch.up import Supervisor
+from controlplane.launch.upconfig import UpConfig
+from controlplane.runtime import config, tlsfiles
 from controlplane.runtime.config import ConfigError, GcConfig, RpcConfig
 from controlplane.runtime.errors import GalaxyError
+from controlplane.runtime.host import SERVE_FLAGS_FIRST, SERVE_FLAGS_LAST, ServeConfig
 from controlplane.runtime.metrics import serve_metrics
 from controlplane.tools.calls import (
     cmd_delete,
@@ -71,33 +73,7 @@ def _component_module(kind: str) -> Any:
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
-    cfg = UpConfig(
-        dispatch=args.dispatch,
-        schedule=args.schedule,
-        clustermgr=args.clustermgr,
-        nodes=args.nodes,
-        sandbox=args.sandbox,
-        nodes_per_agent=args.nodes_per_agent,
-        state=args.state,
-        host=args.host,
-        run_dir=Path(args.run_dir),
-        connection_cache=not args.no_connection_cache,
-        probe_cache=not args.no_probe_cache,
-        exact_partition=not args.no_exact_partition,
-        credits=not args.no_credits,
-        node_cpu_millis=args.node_cpu_millis,
-        node_memory_mib=args.node_memory_mib,
-        node_gpus=args.node_gpus,
-        start_delay_ms=args.start_delay_ms,
-        autoscale_control=args.autoscale_control,
-        controller_args=_scaling_flags(args),
-        control_cpu_limits=_cpu_limits(args.control_cpu_limit),
-        gateway_port=args.gateway_port,
-        tls=not args.insecure,
-        tokens=args.auth == "tokens",
-        runtimes=Path(args.runtimes) if args.runtimes else None,
-        ha=args.ha,
-    )
+    cfg = config.from_args(UpConfig, args, run_dir=Path(args.run_dir))
     if read_endpoints(cfg.run_dir):
         raise CliError(
             f"a control plane already runs from {cfg.run_dir}; stop it (Ctrl-C) "
@@ -127,22 +103,6 @@ async def cmd_up(args: argparse.Namespace) -> int:
     await sup.stop()
     print("stopped.", flush=True)
     return 0 if why is None else 1
-
-
-def _scaling_flags(args: argparse.Namespace) -> list[str]:
-    """`galaxy up` scaling flags, passed on to `galaxy serve controller`."""
-    out: list[str] = []
-    for flag in ("t_df", "t_sf", "t_cmf", "calibration", "scale_in_cooldown_s"):
-        value = getattr(args, flag)
-        if value is not None:
-            out += ["--" + flag.replace("_", "-"), str(value)]
-    for kv in args.max_instances:
-        out += ["--max-instances", kv]
-    for kv in args.standby:
-        out += ["--standby-instances", kv]
-    for extra in args.controller_arg:
-        out += [extra]
-    return out
 
 
 def _cpu_limits(values: list[str]) -> dict[str, float]:
@@ -189,14 +149,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     if args.kind != "controller" and not args.controller:
         raise CliError("--controller HOST:PORT is required")
     try:
-        args.tls = tlsfiles.component_tls(
-            args.kind, args.tls_dir, args.insecure, args.tls_server_name
-        )
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    try:
-        if hasattr(args, "auth"):
-            authn.enabled(args)  # tokens need TLS: refused here, in one line
+        # Credentials loaded; tokens without TLS refused here, in one line.
+        args.rpc = rpc_config = tlsfiles.resolve(config.from_args(RpcConfig, args), args.kind)
     except ValueError as e:
         raise CliError(str(e)) from None
     if args.kind == "gateway":  # HTTP, not a gRPC component
@@ -207,22 +161,21 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         raise  # its own exit code (2)
     except ValueError as e:  # a flag's value, named in the message
         raise CliError(str(e)) from None
-    rpc_config = config.from_args(RpcConfig, args)
+    proc = config.from_args(host.ServeConfig, args)
     await host.serve(
         component,
-        instance_id=args.id,
-        listen=args.listen,
-        metrics_listen=args.metrics_listen or None,
-        controller=args.controller or "",
-        advertise_host=args.advertise_host,
-        lifeline=args.lifeline,
-        pool=rpc.ChannelPool.of(rpc_config, tls=args.tls),
+        instance_id=proc.id or args.id,
+        listen=proc.listen,
+        metrics_listen=proc.metrics_listen or None,
+        controller=proc.controller or "",
+        advertise_host=proc.advertise_host,
+        lifeline=proc.lifeline,
+        pool=rpc.ChannelPool.of(rpc_config),
         rpc_config=rpc_config,
         gc_config=config.from_args(GcConfig, args),
-        load_report_s=args.load_report_ms / 1000.0,
-        tls=args.tls,
-        health_listen=args.health_listen or None,
-        standby=getattr(args, "standby", False),
+        load_report_s=proc.load_report_ms / 1000.0,
+        health_listen=proc.health_listen or None,
+        standby=proc.standby,
     )
     return 0
 
@@ -249,115 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tokens_subparser(sub)
 
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
-    up.add_argument("--nodes", type=int, default=4, help="worker nodes (default 4)")
-    up.add_argument(
-        "--sandbox",
-        choices=["process", "emulated"],
-        default="process",
-        help="process: real subprocesses (default); emulated: no process",
-    )
-    up.add_argument(
-        "--nodes-per-agent",
-        type=int,
-        default=0,
-        help="nodes hosted by one node agent process (default: 1 for "
-        "process sandboxes, 105 for emulated)",
-    )
-    up.add_argument("--dispatch", type=int, default=1, help="Dispatch instances")
-    up.add_argument("--schedule", type=int, default=1, help="Schedule instances")
-    up.add_argument("--clustermgr", type=int, default=1, help="ClusterMgr instances")
-    up.add_argument(
-        "--state", default="memory://", help="memory:// (default) or etcd://host:port[,host:port]"
-    )
-    up.add_argument(
-        "--ha",
-        action="store_true",
-        help="two leader-elected controllers; needs --state etcd://... (without it, a local "
-        "etcd is started in RUN_DIR/etcd if the etcd binary is installed)",
-    )
-    up.add_argument("--host", default="127.0.0.1", help="address every component listens on")
-    up.add_argument(
-        "--insecure",
-        action="store_true",
-        help="no TLS: plaintext gRPC with no authentication (local experiments only)",
-    )
-    up.add_argument(
-        "--auth",
-        choices=["tokens", "none"],
-        default="tokens",
-        help="bearer tokens on the public API and the gateway (default tokens; the admin "
-        "token is written to RUN_DIR/token; off with --insecure)",
-    )
-    up.add_argument(
-        "--gateway-port",
-        type=int,
-        default=8080,
-        help="HTTP port of the gateway (default 8080; 0: any free port; -1: no gateway)",
-    )
-    up.add_argument(
-        "--runtimes",
-        default=str(default_runtimes_dir() or ""),
-        help="register the serving runtime files (*.yaml) of this directory at start "
-        "(default: the repo's examples/runtimes; '' = none)",
-    )
-    up.add_argument(
-        "--no-connection-cache", action="store_true", help="ablation: a new gRPC channel per call"
-    )
-    up.add_argument(
-        "--no-probe-cache", action="store_true", help="ablation: Schedule probes on every placement"
-    )
-    up.add_argument(
-        "--no-exact-partition",
-        action="store_true",
-        help="ablation: Schedule probes unless a cached probe answer fits (the G_n-CP step)",
-    )
-    up.add_argument(
-        "--no-credits",
-        action="store_true",
-        help="ablation: no capacity credits (every start goes through Schedule)",
-    )
-    # Node sizes: the node agent's defaults (NodeAgentConfig, via UpConfig).
-    up.add_argument("--node-cpu-millis", type=int, default=UpConfig.node_cpu_millis)
-    up.add_argument("--node-memory-mib", type=int, default=UpConfig.node_memory_mib)
-    up.add_argument("--node-gpus", type=int, default=UpConfig.node_gpus)
-    up.add_argument(
-        "--start-delay-ms",
-        type=float,
-        default=UpConfig.start_delay_ms,
-        help="modelled cold start of emulated sandboxes",
-    )
-    sc = up.add_argument_group("control function autoscaling (docs/controller.md)")
-    sc.add_argument(
-        "--autoscale-control",
-        action="store_true",
-        help="the controller adds and removes Dispatch/Schedule/ClusterMgr instances on load",
-    )
-    sc.add_argument("--t-df", type=float, default=None, help="T of Dispatch, requests/s")
-    sc.add_argument("--t-sf", type=float, default=None, help="T of Schedule, requests/s")
-    sc.add_argument("--t-cmf", type=float, default=None, help="T of ClusterMgr, updates/s")
-    sc.add_argument("--calibration", default=None, help="T values file of `galaxy calibrate`")
-    sc.add_argument("--max-instances", action="append", default=[], help="KIND=N (default 8)")
-    sc.add_argument("--scale-in-cooldown-s", type=float, default=None)
-    sc.add_argument(
-        "--standby",
-        action="append",
-        default=[],
-        help="KIND=N warm standby instances kept started and promoted by a scale-out "
-        "(no process start on its path); repeatable",
-    )
-    sc.add_argument(
-        "--control-cpu-limit",
-        action="append",
-        default=[],
-        help="[KIND=]CPUS a control function process may use (a cgroup, like a pod's "
-        "limits.cpu); repeatable",
-    )
-    sc.add_argument(
-        "--controller-arg",
-        action="append",
-        default=[],
-        help="any other `galaxy serve controller` flag, e.g. --controller-arg=--high-watermark=0.7",
-    )
+    config.add_arguments(up, UpConfig)
     up.set_defaults(func=cmd_up)
 
     cal = sub.add_parser("calibrate", help="measure T_DF, T_SF, T_CMF on this machine")
@@ -380,49 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = serve.add_subparsers(dest="kind", required=True)
     for kind in SERVE_KINDS:
         sp = ssub.add_parser(kind, help=f"run a {kind}")
-        sp.add_argument(
-            "--id",
-            default=f"{kind}-{uuid.uuid4().hex[:6]}",
-            help="instance id (stable across restarts is best)",
-        )
-        sp.add_argument("--listen", default="127.0.0.1:0", help="gRPC host:port (0 = any)")
-        sp.add_argument(
-            "--metrics-listen", default="127.0.0.1:0", help="Prometheus host:port ('' = off)"
-        )
-        sp.add_argument(
-            "--advertise-host",
-            default=None,
-            help="host others use to reach this process (default: listen host)",
-        )
-        sp.add_argument(
-            "--controller",
-            default=os.environ.get("GALAXY_CONTROLLER"),
-            help="controller host:port, or several comma-separated (HA: any one that is up)",
-        )
-        sp.add_argument(
-            "--lifeline", action="store_true", help="exit when stdin closes (used by `galaxy up`)"
-        )
-        if kind in ("dispatch", "schedule", "clustermgr"):
-            sp.add_argument(
-                "--standby",
-                action="store_true",
-                help="register as a warm standby: the controller promotes it on a scale-out",
-            )
-        config.add_arguments(sp, RpcConfig)  # --no-connection-cache, deadline, sizes
+        standby = ("standby",) if kind in ("dispatch", "schedule", "clustermgr") else ()
+        config.add_arguments(sp, ServeConfig, SERVE_FLAGS_FIRST + standby)
+        sp.set_defaults(id=f"{kind}-{uuid.uuid4().hex[:6]}")
+        # --no-connection-cache, deadline, sizes, --tls-dir, --insecure ...
+        config.add_arguments(sp, RpcConfig, config.COMMON_RPC_FLAGS)
         config.add_arguments(sp, GcConfig)  # --no-gc-freeze, thresholds
-        tlsfiles.add_arguments(sp)
-        sp.add_argument(
-            "--health-listen",
-            default="",
-            help="also serve grpc.health.v1 alone in plaintext on host:port, for probes "
-            "that cannot present a certificate (Kubernetes gRPC probes; '' = off)",
-        )
-        sp.add_argument(
-            "--load-report-ms",
-            type=float,
-            default=1000.0,
-            help="load report period of a control function (0 = off; default 1000)",
-        )
+        config.add_arguments(sp, ServeConfig, SERVE_FLAGS_LAST)
         _component_module(kind).add_arguments(sp)
         sp.set_defaults(func=cmd_serve)
 

@@ -5,18 +5,24 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from controlplane.runtime.config import setting
+from controlplane.runtime.membership import NODE_HEARTBEAT_MS
 from statestore.records import RecordsConfig
+
+#: Heartbeat periods a node may miss before it is declared dead (unless
+#: --dead-after-ms says otherwise); the simulator's model uses the same.
+DEAD_AFTER_BEATS = 3
 
 
 class ClusterMgrConfig(RecordsConfig):
     """Heartbeats and node liveness."""
 
     heartbeat_ms: float = setting(
-        1000.0, "heartbeat interval told to node agents, milliseconds", gt=0
+        float(NODE_HEARTBEAT_MS), "heartbeat interval told to node agents, milliseconds", gt=0
     )
     dead_after_ms: float | None = setting(
         None,
-        "a node silent this long is declared dead, milliseconds (default 3 x --heartbeat-ms)",
+        f"a node silent this long is declared dead, milliseconds (default {DEAD_AFTER_BEATS} "
+        "x --heartbeat-ms)",
         gt=0,
     )
 
@@ -29,4 +35,4 @@ class ClusterMgrConfig(RecordsConfig):
     @property
     def dead_after_s(self) -> float:
         """Silence after which a node is dead, seconds."""
-        return (self.dead_after_ms or 3 * self.heartbeat_ms) / 1000.0
+        return (self.dead_after_ms or DEAD_AFTER_BEATS * self.heartbeat_ms) / 1000.0

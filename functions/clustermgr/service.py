@@ -19,6 +19,7 @@ import grpc
 
 from controlplane.runtime import rpc
 from controlplane.runtime.errors import InvalidArgument
+from controlplane.runtime.membership import NODE_HEARTBEAT_MS
 from controlplane.runtime.metrics import NODES
 from functions.clustermgr.forwarding import HeartbeatForwarding
 from functions.clustermgr.policy import (
@@ -170,7 +171,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         *,
         clustermgr_id: str = "",
         pool: rpc.ChannelPool | None = None,
-        heartbeat_s: float = 1.0,
+        heartbeat_s: float = NODE_HEARTBEAT_MS / 1000.0,
         record: Record | None = None,
         modnode_timeout_s: float = 2.0,
     ) -> None:

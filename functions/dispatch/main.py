@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from controlplane.runtime import access, authn, config, controllers
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.rpc import ChannelPool
 from functions.dispatch import autoscale
@@ -30,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     and the function autoscaler's."""
     config.add_arguments(p, DispatchConfig)
     autoscale.add_arguments(p)
-    authn.add_arguments(p)
+    config.add_arguments(p, RpcConfig, config.TOKEN_FLAGS)
 
 
 class DispatchComponent:
@@ -64,9 +65,10 @@ class DispatchComponent:
             peers.view = self.servicer.membership
         self._housekeeping: asyncio.Task[None] | None = None
         # Tokens are verified against the controller's records, cached.
+        rpc = config.rpc_of(args)
         self.authenticator = (
-            authn.Authenticator(self._lookup_token, access.TokenCache(ttl_s=args.token_cache_s))
-            if authn.enabled(args)
+            authn.Authenticator(self._lookup_token, access.TokenCache(ttl_s=rpc.token_cache_s))
+            if rpc.tokens_enabled()
             else None
         )
 

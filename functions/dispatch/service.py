@@ -25,6 +25,7 @@ from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch import coordination, revisions
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
+from functions.dispatch.config import DEFAULTS
 from functions.dispatch.ownership import Ownership
 from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
@@ -65,9 +66,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         pool: rpc.ChannelPool,
         controller: str,
         clock: Clock | None = None,
-        lease_ttl_s: float = 300.0,
-        max_queue: int = 10_000,
-        max_spill: int = 2,
+        lease_ttl_s: float = DEFAULTS.lease_ttl_ms / 1000.0,
+        max_queue: int = DEFAULTS.max_queue,
+        max_spill: int = DEFAULTS.max_spill,
         record: RecordFn | None = None,
         autoscale: AutoscaleSettings | None = None,
     ) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane.controller.registry import ControlRegistry
 from controlplane.runtime.membership import MembershipView
+from functions.clustermgr.config import DEAD_AFTER_BEATS
 from functions.clustermgr.forwarding import HeartbeatForwarding
 from functions.clustermgr.policy import NodeRegistry, Updated
 from functions.dispatch.ownership import Ownership
@@ -164,7 +165,8 @@ class ControlPlane:
             sf.ledger = credits.make_ledger(self, sf)
             return sf
         if kind == "clustermgr":
-            reg = NodeRegistry(dead_after_s=3 * self.cfg.heartbeat_s, clock=self.sim.clock)
+            dead_after_s = DEAD_AFTER_BEATS * self.cfg.heartbeat_s
+            reg = NodeRegistry(dead_after_s=dead_after_s, clock=self.sim.clock)
             return ClusterMgrInst(iid, st, reg, self.cfg.heartbeat_s)
         df = DispatchInst(iid, st)
         df.wallet = credits.make_wallet(self)

@@ -33,6 +33,7 @@ from typing import Any
 
 from controlplane.runtime import loadreport as _REPORT
 from controlplane.runtime.resources import Res
+from functions.clustermgr.config import ClusterMgrConfig
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.policy import Instance
 from functions.schedule.config import ScheduleConfig
@@ -44,6 +45,7 @@ from simulator.system import Env
 
 _SCHEDULE = ScheduleConfig()
 _DISPATCH = DispatchConfig()
+_CLUSTERMGR = ClusterMgrConfig()
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,8 @@ class GalaxyConfig:
     #: Dispatch spills a scale-up to at most this many further Schedule
     #: instances (``DispatchConfig``)
     max_spill: int = _DISPATCH.max_spill
-    heartbeat_s: float = 1.0
+    #: node heartbeat period (``ClusterMgrConfig``)
+    heartbeat_s: float = _CLUSTERMGR.heartbeat_ms / 1000.0
     #: "changes": a node heartbeats only when its status changed (an
     #: unchanged heartbeat changes no decision); "all": every period.
     heartbeats: str = "changes"

@@ -10,6 +10,7 @@ from controlplane.controller.actuators.base import NoActuator
 from controlplane.controller.registry import State
 from controlplane.runtime import rpc
 from controlplane.runtime.clock import ManualClock
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.loadreport import CPU_KEY, CpuMeter, LoadReporter, rates, report_due
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from tests.controller.conftest import Controller
@@ -118,7 +119,7 @@ async def test_reporter_registers_again_when_the_controller_forgot_it():
 
 
 async def test_report_to_an_unreachable_controller_is_not_fatal():
-    pool = rpc.ChannelPool(timeout=0.5)
+    pool = rpc.ChannelPool(RpcConfig(deadline_s=0.5))
     me = common_pb2.ControlInstance(id="s-y", kind=S, address="127.0.0.1:1")
     r = LoadReporter(Counting(), me, "127.0.0.1:1", pool, interval_s=0.2)
     try:

@@ -39,7 +39,9 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, Hosts]]:
     sup: Supervisor | None = None
     try:
         hosts.create(HOSTS)
-        cfg = UpConfig(host=hosts.control_ip, nodes=0, gateway_port=0, run_dir=tmp_path, tls=True)
+        cfg = UpConfig.for_tool(
+            host=hosts.control_ip, nodes=0, gateway_port=0, run_dir=tmp_path, tls=True
+        )
         sup = Supervisor(cfg)
         endpoints = await sup.start()
         # Each host's node agent is dialled at its own address: its

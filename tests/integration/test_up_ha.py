@@ -18,12 +18,12 @@ from tests.integration.upctl import REPO, GalaxyUp
 
 
 async def test_ha_needs_shared_state(tmp_path, monkeypatch) -> None:
-    sup = Supervisor(UpConfig(ha=True, state="redis://somewhere", run_dir=tmp_path))
+    sup = Supervisor(UpConfig.for_tool(ha=True, state="redis://somewhere", run_dir=tmp_path))
     with pytest.raises(RuntimeError, match=r"--ha needs shared state: --state etcd://"):
         await sup.start()
     # memory:// means "start a local etcd", which needs the binary.
     monkeypatch.setattr(etcd, "etcd_binary", lambda: None)
-    sup = Supervisor(UpConfig(ha=True, run_dir=tmp_path))
+    sup = Supervisor(UpConfig.for_tool(ha=True, run_dir=tmp_path))
     with pytest.raises(RuntimeError, match=r"pass --state etcd://"):
         await sup.start()
     assert sup.children == []

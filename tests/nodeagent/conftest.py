@@ -22,6 +22,7 @@ from controlplane.nodeagent.registration import Registrar
 from controlplane.nodeagent.sandbox import EmulatedBackend, ProcessBackend, SandboxBackend
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
 from controlplane.runtime import rpc
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.resources import Res
 from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
 
@@ -130,7 +131,7 @@ MakeAgent = Callable[[Iterable[tuple[str, Res]], SandboxBackend], Awaitable[Agen
 
 @pytest.fixture
 async def pool() -> AsyncIterator[rpc.ChannelPool]:
-    p = rpc.ChannelPool(timeout=5.0)
+    p = rpc.ChannelPool(RpcConfig(deadline_s=5.0))
     yield p
     await p.close()
 

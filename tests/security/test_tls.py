@@ -20,6 +20,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controlplane.runtime import rpc, tls
+from controlplane.runtime.config import RpcConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CHECK = "/grpc.health.v1.Health/Check"
@@ -70,7 +71,7 @@ async def serve(
     ]
     interceptors = [tls.IdentityInterceptor(allowed)] if allowed else []
     server, port, health = rpc.create_server(
-        "127.0.0.1:0", services, tls=cfg, interceptors=interceptors
+        "127.0.0.1:0", services, config=RpcConfig(tls=cfg), interceptors=interceptors
     )
     await server.start()
     await rpc.set_serving(health, ["test.WhoAmI"])
@@ -96,9 +97,9 @@ async def call(channel: grpc.aio.Channel, method: str = CHECK) -> object:
 async def test_mtls_call_succeeds_and_server_sees_the_identity(certs: Path) -> None:
     async with serve(tls.TlsConfig.for_identity(certs, "dispatch")) as (port, seen):
         client = tls.TlsConfig.for_identity(certs, "schedule")
-        ch = rpc.insecure_channel(f"127.0.0.1:{port}", tls=client)
+        ch = rpc.insecure_channel(f"127.0.0.1:{port}", client)
         assert await call(ch) == health_pb2.HealthCheckResponse.SERVING
-        ch = rpc.insecure_channel(f"127.0.0.1:{port}", tls=client)
+        ch = rpc.insecure_channel(f"127.0.0.1:{port}", client)
         assert await call(ch, WHOAMI) == b"schedule"
         admin = tls.TlsConfig.for_identity(certs, tls.ADMIN)
         assert await call(rpc.insecure_channel(f"localhost:{port}", admin), WHOAMI) == (
@@ -106,7 +107,7 @@ async def test_mtls_call_succeeds_and_server_sees_the_identity(certs: Path) -> N
         )
         assert seen == ["schedule", "client/admin"]
         # The pool makes the same secure channels.
-        pool = rpc.ChannelPool(tls=client)
+        pool = rpc.ChannelPool(RpcConfig(tls=client))
         async with pool.stub(f"127.0.0.1:{port}", health_pb2_grpc.HealthStub) as stub:
             reply = await stub.Check(health_pb2.HealthCheckRequest())
         await pool.close()

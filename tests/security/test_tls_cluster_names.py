@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controlplane.runtime import rpc, tls
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.tls import TlsConfig
 
 
@@ -27,7 +28,9 @@ async def test_server_name_replaces_the_dialled_host(tmp_path: Path) -> None:
     # Certificates name only the cluster-wide name, not 127.0.0.1.
     tls.ensure(certs, ["dispatch", "controller"], ["galaxy.internal"])
     server_cfg = TlsConfig.for_identity(certs, "dispatch")
-    server, port, health_servicer = rpc.create_server("127.0.0.1:0", [], tls=server_cfg)
+    server, port, health_servicer = rpc.create_server(
+        "127.0.0.1:0", [], config=RpcConfig(tls=server_cfg)
+    )
     await server.start()
     health_only, hport = rpc.health_only_server("127.0.0.1:0", health_servicer)
     await health_only.start()

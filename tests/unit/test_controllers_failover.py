@@ -11,6 +11,7 @@ import pytest
 
 from controlplane.launch.etcd import free_port
 from controlplane.runtime import controllers, rpc
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.errors import Unavailable
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc
@@ -53,7 +54,7 @@ async def test_call_passes_over_unavailable_and_dead_controllers_and_remembers(t
     a, b, (addr_a, addr_b) = two
     dead = f"127.0.0.1:{free_port()}"
     addrs = f"{dead},{addr_a},{addr_b}"
-    pool = rpc.ChannelPool(timeout=2.0)
+    pool = rpc.ChannelPool(RpcConfig(deadline_s=2.0))
     try:
         req = controller_pb2.GetMembershipRequest()
         m = await controllers.call(pool, addrs, "GetMembership", req, timeout_s=2.0)

@@ -1,0 +1,201 @@
+"""What `galaxy up` starts: ``UpConfig``, the one place its defaults live
+(the flags of `galaxy up` are derived from it; the node sizes are the node
+agent's, ``NodeAgentConfig``, and the control function scaling settings
+the controller's, ``ControllerConfig``, passed on to it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from controlplane.controller.actuators.cpulimit import parse_limits
+from controlplane.controller.config import ControllerConfig, KindCount, KindValue
+from controlplane.launch.endpoints import default_run_dir
+from controlplane.nodeagent.config import NodeAgentConfig
+from controlplane.runtime.config import Config, same_as, setting
+
+
+def default_runtimes_dir() -> Path | None:
+    """The repo's examples/runtimes, when this is a checkout that has it."""
+    d = Path(__file__).resolve().parents[2] / "examples" / "runtimes"
+    return d if d.is_dir() else None
+
+
+def _cpu_limit(text: str) -> str:
+    parse_limits([text])  # ValueError naming the value and the rule
+    return text
+
+
+def _none_if_empty(value: Any) -> Any:
+    return value or None
+
+
+CpuLimit = Annotated[str, AfterValidator(_cpu_limit)]
+#: A directory, '' for none.
+OptionalDir = Annotated[Path | None, BeforeValidator(_none_if_empty)]
+
+SCALING = "control function autoscaling (docs/controller.md)"
+_CTL = ControllerConfig
+_AGENT = NodeAgentConfig.model_fields
+#: What differs in a control plane a tool starts for itself (bench,
+#: calibrate, burst, chaos, tests) from `galaxy up`'s, which serves a user:
+#: no gateway, plaintext unless asked (``UpConfig.for_tool``).
+TOOL_DEFAULTS: dict[str, Any] = {"gateway_port": -1, "tls": False}
+
+
+#: ``UpConfig`` fields that are ``ControllerConfig``'s (up's name: the
+#: controller's), handed on to `galaxy serve controller`.
+TO_CONTROLLER = {
+    **{f: f for f in ("t_df", "t_sf", "t_cmf", "calibration", "max_instances")},
+    "scale_in_cooldown_s": "scale_in_cooldown_s",
+    "standby": "standby_instances",
+}
+
+
+def _agent(name: str, **changes: Any) -> Any:
+    """A node agent setting, outside the node agent's flag group."""
+    return same_as(NodeAgentConfig, name, group=None, **changes)
+
+
+class UpConfig(Config):
+    """What `galaxy up` starts: one flag per field, except ``run_dir`` (the
+    global ``--run-dir``) and ``extra`` (code only)."""
+
+    nodes: int = setting(4, "worker nodes", ge=0)
+    sandbox: str = setting(
+        _AGENT["sandbox"].default,
+        "process: real subprocesses (default); emulated: no process",
+        choices=("process", "emulated"),
+    )
+    nodes_per_agent: int = setting(
+        0,
+        "nodes hosted by one node agent process (default: 1 for process sandboxes, "
+        "105 for emulated)",
+        ge=0,
+    )
+    dispatch: int = setting(1, "Dispatch instances", ge=0)
+    schedule: int = setting(1, "Schedule instances", ge=0)
+    clustermgr: int = setting(1, "ClusterMgr instances", ge=0)
+    state: str = same_as(_CTL, "state", help="memory:// (default) or etcd://host:port[,host:port]")
+    #: Two leader-elected controllers. They share state: an etcd://
+    #: ``state``, or with memory:// a local etcd child in RUN_DIR/etcd.
+    ha: bool = setting(
+        False,
+        "two leader-elected controllers; needs --state etcd://... (without it, a local "
+        "etcd is started in RUN_DIR/etcd if the etcd binary is installed)",
+    )
+    host: str = setting("127.0.0.1", "address every component listens on")
+    #: Mutual TLS between every component and client (certificates made in
+    #: RUN_DIR/certs on first start).
+    tls: bool = setting(
+        True,
+        "no TLS: plaintext gRPC with no authentication (local experiments only)",
+        flag="--insecure",
+    )
+    #: Bearer tokens on the public API, when TLS is on (RUN_DIR/token holds
+    #: the admin's); none serves mutual TLS without tokens.
+    auth: str = setting(
+        "tokens",
+        "bearer tokens on the public API and the gateway (default tokens; the admin "
+        "token is written to RUN_DIR/token; off with --insecure)",
+        choices=("tokens", "none"),
+    )
+    gateway_port: int = setting(
+        8080,
+        "HTTP port of the gateway (default 8080; 0: any free port; -1: no gateway)",
+        ge=-1,
+        le=65535,
+    )
+    #: Serving runtime files (*.yaml) registered through the controller's
+    #: API once it is ready, and again after it restarts (idempotent).
+    runtimes: OptionalDir = setting(
+        default_runtimes_dir(),
+        "register the serving runtime files (*.yaml) of this directory at start "
+        "(default: the repo's examples/runtimes; '' = none)",
+    )
+    connection_cache: bool = setting(True, "ablation: a new gRPC channel per call")
+    probe_cache: bool = setting(True, "ablation: Schedule probes on every placement")
+    #: Schedule trusts its exact view of its partition (off: the G_n-CP step)
+    exact_partition: bool = setting(
+        True, "ablation: Schedule probes unless a cached probe answer fits (the G_n-CP step)"
+    )
+    #: capacity credits (Schedule lends, Dispatch uses); off: --no-credits to both
+    credits: bool = setting(
+        True, "ablation: no capacity credits (every start goes through Schedule)"
+    )
+    # Each node's capacity and the emulated cold start: the node agent's.
+    node_cpu_millis: int = _agent("cpu_millis", flag="--node-cpu-millis")
+    node_memory_mib: int = _agent("memory_mib", flag="--node-memory-mib")
+    node_gpus: int = _agent("gpus", flag="--node-gpus")
+    start_delay_ms: float = _agent("start_delay_ms")
+    #: The controller scales the control functions, starting extra instances
+    #: as its own children (local actuator); see docs/controller.md.
+    autoscale_control: bool = same_as(
+        _CTL,
+        "autoscale_control",
+        group=SCALING,
+        help="the controller adds and removes Dispatch/Schedule/ClusterMgr instances on load",
+    )
+    # The controller's own settings, passed on (``Supervisor._controller_args``).
+    t_df: float | None = same_as(_CTL, "t_df", group=SCALING)
+    t_sf: float | None = same_as(_CTL, "t_sf", group=SCALING)
+    t_cmf: float | None = same_as(_CTL, "t_cmf", group=SCALING)
+    calibration: str | None = same_as(_CTL, "calibration", group=SCALING)
+    max_instances: list[KindValue] = same_as(
+        _CTL, "max_instances", group=SCALING, help="KIND=N (default 8)"
+    )
+    scale_in_cooldown_s: float = same_as(_CTL, "scale_in_cooldown_s", group=SCALING)
+    standby: list[KindCount] = same_as(
+        _CTL,
+        "standby_instances",
+        group=SCALING,
+        flag="--standby",
+        help="KIND=N warm standby instances kept started and promoted by a scale-out "
+        "(no process start on its path); repeatable",
+    )
+    #: CPUs each control function process may use, by kind (like a pod's
+    #: limits.cpu); a kind not named is unlimited.
+    control_cpu_limit: list[CpuLimit] = setting(
+        [],
+        "[KIND=]CPUS a control function process may use (a cgroup, like a pod's "
+        "limits.cpu); repeatable",
+        group=SCALING,
+    )
+    #: More `galaxy serve controller` flags (e.g. --t-sf 200), after the rest.
+    controller_args: list[str] = setting(
+        [],
+        "any other `galaxy serve controller` flag, e.g. --controller-arg=--high-watermark=0.7",
+        flag="--controller-arg",
+        group=SCALING,
+    )
+    run_dir: Path = Field(
+        default_factory=default_run_dir,
+        description="where endpoints.json, logs, certificates and the token are kept",
+        json_schema_extra={"code_only": True},
+    )
+    #: More `galaxy serve KIND` flags, by kind.
+    extra: dict[str, list[str]] = Field(
+        default_factory=dict, description="", json_schema_extra={"code_only": True}
+    )
+
+    @classmethod
+    def for_tool(cls, **values: Any) -> UpConfig:
+        """A control plane a tool starts for itself: ``TOOL_DEFAULTS`` (no
+        gateway, no TLS), then ``values``."""
+        return cls(**{**TOOL_DEFAULTS, **values})
+
+    @property
+    def tokens(self) -> bool:
+        """Bearer tokens on (with TLS)."""
+        return self.auth == "tokens"
+
+    def controller_settings(self) -> dict[str, Any]:
+        """The ``ControllerConfig`` fields `galaxy up` passes on, by name."""
+        return {ctl: getattr(self, up) for up, ctl in TO_CONTROLLER.items()}
+
+    @property
+    def control_cpu_limits(self) -> dict[str, float]:
+        """CPUs per control function kind (``control_cpu_limit`` read)."""
+        return parse_limits(self.control_cpu_limit)
