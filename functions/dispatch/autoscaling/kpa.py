@@ -47,6 +47,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
+from controlplane.runtime.compiled import mypyc_attr
 from functions.dispatch.autoscaling.keepalive import FixedKeepAlive, KeepAlivePolicy
 
 # (Re-exported: they were defined here first.)
@@ -199,6 +200,7 @@ class ScaleDecision(NamedTuple):
 _Why = tuple[Any, ...]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (tests subclass it)
 class KpaAutoscaler:
     """KPA-style autoscaler state of one function; drive it tick by tick.
 
