@@ -112,8 +112,10 @@ class KpaConfig:
             v, integer = getattr(self, f.name), f.name in ("min_scale", "max_scale")
             if v is None and f.name == "max_scale":
                 continue
-            kind = int if integer else int | float
-            if isinstance(v, bool) or not isinstance(v, kind) or not math.isfinite(v):
+            # (two isinstance calls, not one on a type chosen at run time:
+            # the optional compiled build mistypes that choice)
+            kind_ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+            if isinstance(v, bool) or not kind_ok or not math.isfinite(v):
                 what = "an integer" if integer else "a finite number"
                 raise ValueError(f"KpaConfig.{f.name} must be {what}, got {v!r}")
 
