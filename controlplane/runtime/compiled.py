@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -79,6 +80,12 @@ def stale(root: Path = ROOT) -> list[str]:
     except (OSError, ValueError):
         recorded = {}
     return [m for m in built if recorded.get(m) != source_hash(root / m)]
+
+
+def is_compiled(module: ModuleType) -> bool:
+    """True when module was imported from a compiled extension (its classes
+    then cannot be patched: tests that patch one skip)."""
+    return not (module.__file__ or "").endswith(".py")
 
 
 def check(root: Path = ROOT) -> None:

@@ -84,6 +84,10 @@ def _instances_for(concurrency: float, per_instance: float) -> int:
     return n if n > 1 else 1
 
 
+# A plain Python class in the optional compiled build too: its own checks
+# name the bad field (a compiled __init__ would check the annotated types
+# first, with a message that does not); it is made once per function.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class KpaConfig:
     """Autoscaling parameters of one function. Defaults are Galaxy's; see
