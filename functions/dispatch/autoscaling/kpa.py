@@ -84,6 +84,13 @@ def _instances_for(concurrency: float, per_instance: float) -> int:
     return n if n > 1 else 1
 
 
+def _need(cfg: KpaConfig, ok: bool, name: str, rule: str) -> None:
+    # (a module function, not one nested in __post_init__: the optional
+    # compiled build cannot compile a closure in a plain Python class)
+    if not ok:
+        raise ValueError(f"KpaConfig.{name} must be {rule}, got {getattr(cfg, name)!r}")
+
+
 # A plain Python class in the optional compiled build too: its own checks
 # name the bad field (a compiled __init__ would check the annotated types
 # first, with a message that does not); it is made once per function.
@@ -123,24 +130,23 @@ class KpaConfig:
                 what = "an integer" if integer else "a finite number"
                 raise ValueError(f"KpaConfig.{f.name} must be {what}, got {v!r}")
 
-        def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"KpaConfig.{name} must be {rule}, got {getattr(self, name)!r}")
-
-        need(self.target_concurrency > 0, "target_concurrency", "> 0")
-        need(0 < self.target_utilization <= 1, "target_utilization", "in (0, 1]")
-        need(self.stable_window_s > 0, "stable_window_s", "> 0")
-        need(0 < self.panic_window_fraction <= 1, "panic_window_fraction", "in (0, 1]")
-        need(self.panic_threshold > 1, "panic_threshold", "> 1 (Knative allows 1.1 to 10)")
-        need(self.max_scale_up_rate > 1, "max_scale_up_rate", "> 1")
-        need(self.max_scale_down_rate > 1, "max_scale_down_rate", "> 1")
-        need(self.scale_to_zero_grace_s >= 0, "scale_to_zero_grace_s", ">= 0")
-        need(self.tick_s > 0, "tick_s", "> 0")
-        need(self.min_scale >= 0, "min_scale", ">= 0")
+        _need(self, self.target_concurrency > 0, "target_concurrency", "> 0")
+        _need(self, 0 < self.target_utilization <= 1, "target_utilization", "in (0, 1]")
+        _need(self, self.stable_window_s > 0, "stable_window_s", "> 0")
+        _need(self, 0 < self.panic_window_fraction <= 1, "panic_window_fraction", "in (0, 1]")
+        _need(self, self.panic_threshold > 1, "panic_threshold", "> 1 (Knative allows 1.1 to 10)")
+        _need(self, self.max_scale_up_rate > 1, "max_scale_up_rate", "> 1")
+        _need(self, self.max_scale_down_rate > 1, "max_scale_down_rate", "> 1")
+        _need(self, self.scale_to_zero_grace_s >= 0, "scale_to_zero_grace_s", ">= 0")
+        _need(self, self.tick_s > 0, "tick_s", "> 0")
+        _need(self, self.min_scale >= 0, "min_scale", ">= 0")
         if self.max_scale is not None:
-            need(self.max_scale >= max(1, self.min_scale), "max_scale", ">= max(1, min_scale)")
+            _need(
+                self, self.max_scale >= max(1, self.min_scale), "max_scale", ">= max(1, min_scale)"
+            )
         # A panic window shorter than a tick could hold no sample at all.
-        need(
+        _need(
+            self,
             self.panic_window_s >= self.tick_s - _EPS,
             "panic_window_fraction",
             f"large enough that the panic window (stable_window_s x fraction) is at least "
