@@ -16,26 +16,22 @@ defaults):
   concurrency x target utilization), e.g. 100 / (10 x 0.7) -> 15.
 * **Stable window** (default 60 s): the average over the last stable window
   drives normal scaling.
-* **Panic window** = stable window x panic_window_fraction (default 10%,
-  i.e. 6 s). When the panic-window desired count is >= panic_threshold
-  (default 200%) x the ready instances, the autoscaler enters panic mode and
-  follows the panic window. In panic it never scales down ("to avoid churn")
-  and it leaves panic only after a whole stable window without a reason to
-  panic.
-* **Rate limits**: at most ceil(ready x max_scale_up_rate) (default 1000)
-  and at least floor(ready / max_scale_down_rate) (default 2) per decision,
-  with ready counted as at least 1 so a function at zero can start.
+* **Panic window** = stable window x panic_window_fraction (default 10%, i.e. 6 s). When the
+  panic-window desired count is >= panic_threshold (default 200%) x the ready instances, the
+  autoscaler enters panic mode and follows the panic window. In panic it never scales down ("to
+  avoid churn") and it leaves panic only after a whole stable window without a reason to panic.
+* **Rate limits**: at most ceil(ready x max_scale_up_rate) (default 1000) and at least floor(ready
+  / max_scale_down_rate) (default 2) per decision, with ready counted as at least 1 so a function
+  at zero can start.
 * **Bounds**: min_scale and max_scale clamp the result.
-* **Scale to zero**: the last instance goes only when (1) there was no
-  traffic for the entire stable window (Knative: "the last Replica will only
-  be removed after there has not been any traffic to the Revision for the
-  entire duration of the stable window"), (2) the function has been idle for
-  scale_to_zero_grace_s (default 30 s) and (3) the keep-alive policy agrees
-  (``functions.dispatch.autoscaling.keepalive``; it may also ask to pre-warm one
-  instance ahead of a predicted request). In Knative the grace period is an
-  upper bound on waiting for the activator to be in the request path; here it
-  is a minimum idle time, which with the default windows (60 s > 30 s) makes
-  no difference: rule (1) binds first.
+* **Scale to zero**: the last instance goes only when (1) there was no traffic for the entire
+  stable window (Knative: "the last Replica will only be removed after there has not been any
+  traffic to the Revision for the entire duration of the stable window"), (2) the function has been
+  idle for scale_to_zero_grace_s (default 30 s) and (3) the keep-alive policy agrees
+  (``functions.dispatch.autoscaling.keepalive``; it may also ask to pre-warm one instance ahead of
+  a predicted request). In Knative the grace period is an upper bound on waiting for the activator
+  to be in the request path; here it is a minimum idle time, which with the default windows (60 s >
+  30 s) makes no difference: rule (1) binds first.
 """
 
 from __future__ import annotations
@@ -84,16 +80,7 @@ def _instances_for(concurrency: float, per_instance: float) -> int:
     return n if n > 1 else 1
 
 
-def _need(cfg: KpaConfig, ok: bool, name: str, rule: str) -> None:
-    # (a module function, not one nested in __post_init__: the optional
-    # compiled build cannot compile a closure in a plain Python class)
-    if not ok:
-        raise ValueError(f"KpaConfig.{name} must be {rule}, got {getattr(cfg, name)!r}")
-
-
-# A plain Python class in the optional compiled build too: its own checks
-# name the bad field (a compiled __init__ would check the annotated types
-# first, with a message that does not); it is made once per function.
+# Not compiled: a compiled __init__ checks types without naming the field.
 @mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class KpaConfig:
@@ -123,35 +110,35 @@ class KpaConfig:
             v, integer = getattr(self, f.name), f.name in ("min_scale", "max_scale")
             if v is None and f.name == "max_scale":
                 continue
-            # (two isinstance calls, not one on a type chosen at run time:
-            # the optional compiled build mistypes that choice)
             kind_ok = isinstance(v, int) if integer else isinstance(v, (int, float))
             if isinstance(v, bool) or not kind_ok or not math.isfinite(v):
                 what = "an integer" if integer else "a finite number"
                 raise ValueError(f"KpaConfig.{f.name} must be {what}, got {v!r}")
-
-        _need(self, self.target_concurrency > 0, "target_concurrency", "> 0")
-        _need(self, 0 < self.target_utilization <= 1, "target_utilization", "in (0, 1]")
-        _need(self, self.stable_window_s > 0, "stable_window_s", "> 0")
-        _need(self, 0 < self.panic_window_fraction <= 1, "panic_window_fraction", "in (0, 1]")
-        _need(self, self.panic_threshold > 1, "panic_threshold", "> 1 (Knative allows 1.1 to 10)")
-        _need(self, self.max_scale_up_rate > 1, "max_scale_up_rate", "> 1")
-        _need(self, self.max_scale_down_rate > 1, "max_scale_down_rate", "> 1")
-        _need(self, self.scale_to_zero_grace_s >= 0, "scale_to_zero_grace_s", ">= 0")
-        _need(self, self.tick_s > 0, "tick_s", "> 0")
-        _need(self, self.min_scale >= 0, "min_scale", ">= 0")
+        need = self._need
+        need(self.target_concurrency > 0, "target_concurrency", "> 0")
+        need(0 < self.target_utilization <= 1, "target_utilization", "in (0, 1]")
+        need(self.stable_window_s > 0, "stable_window_s", "> 0")
+        need(0 < self.panic_window_fraction <= 1, "panic_window_fraction", "in (0, 1]")
+        need(self.panic_threshold > 1, "panic_threshold", "> 1 (Knative allows 1.1 to 10)")
+        need(self.max_scale_up_rate > 1, "max_scale_up_rate", "> 1")
+        need(self.max_scale_down_rate > 1, "max_scale_down_rate", "> 1")
+        need(self.scale_to_zero_grace_s >= 0, "scale_to_zero_grace_s", ">= 0")
+        need(self.tick_s > 0, "tick_s", "> 0")
+        need(self.min_scale >= 0, "min_scale", ">= 0")
         if self.max_scale is not None:
-            _need(
-                self, self.max_scale >= max(1, self.min_scale), "max_scale", ">= max(1, min_scale)"
-            )
+            need(self.max_scale >= max(1, self.min_scale), "max_scale", ">= max(1, min_scale)")
         # A panic window shorter than a tick could hold no sample at all.
-        _need(
-            self,
+        need(
             self.panic_window_s >= self.tick_s - _EPS,
             "panic_window_fraction",
             f"large enough that the panic window (stable_window_s x fraction) is at least "
             f"tick_s={self.tick_s}",
         )
+
+    def _need(self, ok: bool, name: str, rule: str) -> None:
+        # (a method, not nested in __post_init__: mypyc cannot compile that)
+        if not ok:
+            raise ValueError(f"KpaConfig.{name} must be {rule}, got {getattr(self, name)!r}")
 
     # Cached (the config is frozen): decide reads these every tick.
     @functools.cached_property
