@@ -99,7 +99,9 @@ class Calibration:
         pause_p, pause_s = self.params.get("pause_p", 0.0), self.params.get("pause_s", 0.0)
         if c.cv <= 0 and not pause_p:
             return lambda: mean
-        table = _gamma_table(c.cv) if c.cv > 0 else (1.0,) * 4096
+        # (not ``(1.0,) * 4096``: mypy types that as a tuple of 4,096 floats,
+        # which the optional compiled build would unroll into 150 MB of C)
+        table = _gamma_table(c.cv) if c.cv > 0 else tuple([1.0] * 4096)
         scaled = [mean * x for x in table]
         bits = rng.getrandbits
         if not (pause_p and pause_s):

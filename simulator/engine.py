@@ -78,8 +78,10 @@ class Sim:
         #: the times of the pending events, one entry per event: a heap of
         #: floats (cheaper to order than tuples of (time, seq, ...))
         self._times: list[float] = []
-        #: time -> the first event due then, (fn, arg)
-        self._due: dict[float, tuple[Callback, Any]] = {}
+        #: time -> the first event due then, (fn, arg) (typed Any: ``at``
+        #: compares identities, and the optional compiled build would
+        #: unbox a typed tuple and box a new one for each comparison)
+        self._due: dict[float, Any] = {}
         #: time -> the events due then after the one in ``_due``, in the
         #: order they were scheduled (rare: kept apart, so that an event
         #: needs no check for them while this is empty)
@@ -91,7 +93,7 @@ class Sim:
 
     def at(self, t: float, fn: Callback, arg: Any = None) -> None:
         """Call fn(arg) at time t (not earlier than now)."""
-        ev = (fn, arg)
+        ev: Any = (fn, arg)
         # One dict operation when t is free (nearly always): setdefault
         # returns ev itself then.
         if self._due.setdefault(t, ev) is not ev:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
+from controlplane.runtime.compiled import mypyc_attr
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, Waiter
 from simulator.autoscale import FunctionScaling, galaxy_kpa
 from simulator.cluster import SimNode
@@ -177,6 +178,7 @@ class Frontend:
         return sum(len(r.instances) for r in self.routers if r is not None)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RoutedModel(SystemModel):
     """A system model on the shared data path: a ``Frontend``, function
     autoscaling by the production KPA (Galaxy's defaults unless a subclass
@@ -189,8 +191,14 @@ class RoutedModel(SystemModel):
         self.scaling = self.make_scaling()
         self.a_create = env.op("agent.create")
         self.a_delete = env.op("agent.delete")
-        # Requests go straight to the data path (one call less per request).
-        self.request = self.front.request  # type: ignore[method-assign]
+
+    def request(self, fn: int, duration: float) -> None:
+        """A request arrives now: the shared data path."""
+        self.front.request(fn, duration)
+
+    def arrivals(self) -> Callable[[int, float], None]:
+        """The data path itself (one call less per request)."""
+        return self.front.request
 
     def make_scaling(self) -> FunctionScaling:
         """The function autoscaler (Galaxy's KPA defaults)."""

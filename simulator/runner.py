@@ -60,7 +60,7 @@ def run_one(
     bar = Progress(system, end) if progress else None
     t0 = time.perf_counter()
     model.start()
-    env.sim.run(end, _counted(workload.batches(), env.rec), model.request, bar)
+    env.sim.run(end, _counted(workload.batches(), env.rec), model.arrivals(), bar)
     model.finish()
     # The CPU of every process of the system (control plane and request
     # routing; node agents and sandboxes are alike in every design): the

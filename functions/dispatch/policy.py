@@ -145,6 +145,10 @@ class FunctionRouter:
     _holds_closed: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # (set here, not only by their field defaults: a dataclass leaves an
+        # init=False field with a plain default to the class attribute,
+        # which the optional compiled build does not have)
+        self._holds_until, self._holds_closed = 0.0, 0
         for iid in self.instances:
             self._order[iid] = next(self._added)
         self._reindex()

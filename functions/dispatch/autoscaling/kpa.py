@@ -16,26 +16,22 @@ defaults):
   concurrency x target utilization), e.g. 100 / (10 x 0.7) -> 15.
 * **Stable window** (default 60 s): the average over the last stable window
   drives normal scaling.
-* **Panic window** = stable window x panic_window_fraction (default 10%,
-  i.e. 6 s). When the panic-window desired count is >= panic_threshold
-  (default 200%) x the ready instances, the autoscaler enters panic mode and
-  follows the panic window. In panic it never scales down ("to avoid churn")
-  and it leaves panic only after a whole stable window without a reason to
-  panic.
-* **Rate limits**: at most ceil(ready x max_scale_up_rate) (default 1000)
-  and at least floor(ready / max_scale_down_rate) (default 2) per decision,
-  with ready counted as at least 1 so a function at zero can start.
+* **Panic window** = stable window x panic_window_fraction (default 10%, i.e. 6 s). When the
+  panic-window desired count is >= panic_threshold (default 200%) x the ready instances, the
+  autoscaler enters panic mode and follows the panic window. In panic it never scales down ("to
+  avoid churn") and it leaves panic only after a whole stable window without a reason to panic.
+* **Rate limits**: at most ceil(ready x max_scale_up_rate) (default 1000) and at least floor(ready
+  / max_scale_down_rate) (default 2) per decision, with ready counted as at least 1 so a function
+  at zero can start.
 * **Bounds**: min_scale and max_scale clamp the result.
-* **Scale to zero**: the last instance goes only when (1) there was no
-  traffic for the entire stable window (Knative: "the last Replica will only
-  be removed after there has not been any traffic to the Revision for the
-  entire duration of the stable window"), (2) the function has been idle for
-  scale_to_zero_grace_s (default 30 s) and (3) the keep-alive policy agrees
-  (``functions.dispatch.autoscaling.keepalive``; it may also ask to pre-warm one
-  instance ahead of a predicted request). In Knative the grace period is an
-  upper bound on waiting for the activator to be in the request path; here it
-  is a minimum idle time, which with the default windows (60 s > 30 s) makes
-  no difference: rule (1) binds first.
+* **Scale to zero**: the last instance goes only when (1) there was no traffic for the entire
+  stable window (Knative: "the last Replica will only be removed after there has not been any
+  traffic to the Revision for the entire duration of the stable window"), (2) the function has been
+  idle for scale_to_zero_grace_s (default 30 s) and (3) the keep-alive policy agrees
+  (``functions.dispatch.autoscaling.keepalive``; it may also ask to pre-warm one instance ahead of
+  a predicted request). In Knative the grace period is an upper bound on waiting for the activator
+  to be in the request path; here it is a minimum idle time, which with the default windows (60 s >
+  30 s) makes no difference: rule (1) binds first.
 """
 
 from __future__ import annotations
@@ -47,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
+from controlplane.runtime.compiled import mypyc_attr
 from functions.dispatch.autoscaling.keepalive import FixedKeepAlive, KeepAlivePolicy
 
 # (Re-exported: they were defined here first.)
@@ -83,6 +80,8 @@ def _instances_for(concurrency: float, per_instance: float) -> int:
     return n if n > 1 else 1
 
 
+# Not compiled: a compiled __init__ checks types without naming the field.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class KpaConfig:
     """Autoscaling parameters of one function. Defaults are Galaxy's; see
@@ -111,15 +110,11 @@ class KpaConfig:
             v, integer = getattr(self, f.name), f.name in ("min_scale", "max_scale")
             if v is None and f.name == "max_scale":
                 continue
-            kind = int if integer else int | float
-            if isinstance(v, bool) or not isinstance(v, kind) or not math.isfinite(v):
+            kind_ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+            if isinstance(v, bool) or not kind_ok or not math.isfinite(v):
                 what = "an integer" if integer else "a finite number"
                 raise ValueError(f"KpaConfig.{f.name} must be {what}, got {v!r}")
-
-        def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"KpaConfig.{name} must be {rule}, got {getattr(self, name)!r}")
-
+        need = self._need
         need(self.target_concurrency > 0, "target_concurrency", "> 0")
         need(0 < self.target_utilization <= 1, "target_utilization", "in (0, 1]")
         need(self.stable_window_s > 0, "stable_window_s", "> 0")
@@ -139,6 +134,11 @@ class KpaConfig:
             f"large enough that the panic window (stable_window_s x fraction) is at least "
             f"tick_s={self.tick_s}",
         )
+
+    def _need(self, ok: bool, name: str, rule: str) -> None:
+        # (a method, not nested in __post_init__: mypyc cannot compile that)
+        if not ok:
+            raise ValueError(f"KpaConfig.{name} must be {rule}, got {getattr(self, name)!r}")
 
     # Cached (the config is frozen): decide reads these every tick.
     @functools.cached_property
@@ -199,6 +199,7 @@ class ScaleDecision(NamedTuple):
 _Why = tuple[Any, ...]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (tests subclass it)
 class KpaAutoscaler:
     """KPA-style autoscaler state of one function; drive it tick by tick.
 
