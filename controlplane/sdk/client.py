@@ -16,6 +16,7 @@ error it raises is a ``GalaxyError`` subclass carrying the gRPC code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -110,7 +111,8 @@ class GalaxyClient:
         self.http = HttpPool()
         self.backoff = backoff or Backoff()
         self.membership = MembershipView()
-        #: Failovers made (a Dispatch instance skipped, an instance replaced).
+        #: Failovers made (a Dispatch instance skipped or waited for, an
+        #: instance replaced).
         self.failovers = 0
         # Deferred releases by owner address, sent with the next Dispatch to
         # that owner or by a flush RELEASE_DELAY_S later, whichever is first.
@@ -283,15 +285,24 @@ class GalaxyClient:
         attempts, skipped = 0, set[str]()
         while True:
             ranked = [m for m in self.membership.ranked(DISPATCH, key) if m.id not in skipped]
-            if not ranked:
-                if not self.membership.ids(DISPATCH):
+            attempts += 1
+            if not ranked and not self.membership.ids(DISPATCH):
+                # None registered (a start, a restart, a controller taking
+                # over): wait for one, within the deadline, as for a failover.
+                delay = self.backoff.delay(attempts, loop.time(), deadline)
+                if delay is None:
                     raise FailedPrecondition(
                         "no Dispatch instance is registered with the controller"
                     )
+                self.failovers += 1
+                await asyncio.sleep(delay)
+                with contextlib.suppress(GalaxyError):
+                    await self.refresh_membership(retry_s=0)
+                continue
+            if not ranked:
                 skipped.clear()  # every one failed once: start over after a backoff
                 ranked = self.membership.ranked(DISPATCH, key)
             target = ranked[0]
-            attempts += 1
             req.releases.extend(self._take_pending(target.address))
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -466,35 +477,3 @@ class GalaxyClient:
 def _emulated_body(addr: dispatch_pb2.InstanceAddr, data: bytes) -> bytes:
     # Emulated sandboxes have no process: answer like an echo would.
     return json.dumps({"echo": data.decode("utf-8", "replace"), "emulated": addr.address}).encode()
-
-
-class SyncGalaxyClient:
-    """Blocking wrapper of GalaxyClient for scripts (one private event loop)."""
-
-    def __init__(self, controller: str | Sequence[str], **kwargs: Any) -> None:
-        """controller and kwargs: as ``GalaxyClient``'s."""
-        self._runner = asyncio.Runner()
-        self._client = self._runner.run(self._make(controller, kwargs))
-
-    @staticmethod
-    async def _make(controller: str | Sequence[str], kwargs: dict[str, Any]) -> GalaxyClient:
-        return GalaxyClient(controller, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._client, name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self._runner.run(method(*args, **kwargs))
-
-        return call
-
-    def close(self) -> None:
-        """Close channels and the loop."""
-        self._runner.run(self._client.close())
-        self._runner.close()
-
-    def __enter__(self) -> SyncGalaxyClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

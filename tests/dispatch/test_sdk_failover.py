@@ -3,10 +3,13 @@ instance: real components, real sockets, nothing raw reaches the caller."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 
-from controlplane.runtime.errors import GalaxyError, Unavailable
+import pytest
+
+from controlplane.runtime.errors import FailedPrecondition, GalaxyError, Unavailable
 from controlplane.runtime.membership import MembershipView
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc
@@ -58,12 +61,39 @@ async def test_dispatch_fails_over_from_a_dead_dispatch_instance() -> None:
         await c.close()
 
 
+async def test_dispatch_waits_for_a_dispatch_instance_within_its_deadline() -> None:
+    """No Dispatch instance registered yet (a start, a restart, a controller
+    taking over): the SDK waits for one, within the call's deadline, instead
+    of failing at once; with none by the deadline it says why."""
+    c = InProcessCluster()
+    try:
+        await c.add("controller", "controller")
+        await c.add("clustermgr", "cm-0")
+        await c.add("schedule", "s-0")
+        await c.add("nodeagent", "agent-0", "--nodes", "1", "--sandbox", "emulated")
+        async with GalaxyClient(c.controller, timeout=30.0) as client:
+            await deploy(client, common_pb2.FunctionSpec(name="f", command=["x"]))
+            with pytest.raises(FailedPrecondition, match="no Dispatch instance is registered"):
+                await client.dispatch("f", deadline_s=2.0)
+            waited = client.failovers
+            assert waited >= 1
+            call = asyncio.create_task(client.dispatch("f"))
+            await eventually(lambda: client.failovers > waited, what="the call waiting")
+            assert not call.done()
+            await c.add("dispatch", "d-0")
+            got = await asyncio.wait_for(call, 30.0)
+            assert got.instance_id
+            await client.release(got)
+    finally:
+        await c.close()
+
+
 async def test_errors_are_typed_never_raw() -> None:
     c = InProcessCluster()
     try:
         await c.add("controller", "controller")
-        async with GalaxyClient(c.controller, timeout=5.0) as client:
-            # No Dispatch instance at all.
+        async with GalaxyClient(c.controller, timeout=1.0) as client:
+            # No Dispatch instance at all (waited for until the deadline).
             try:
                 await client.dispatch("nothing-here")
             except GalaxyError as e:
