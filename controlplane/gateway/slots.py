@@ -141,11 +141,8 @@ class SlotCache:
                     self._forget(failed[-1].addr.instance_id)
                     if cached:
                         continue  # a lease kept from before: ask Dispatch now
-                    delay = client.backoff.delay(attempts, loop.time(), deadline)
-                    if delay is None:
+                    if not await client.failover_pause(attempts, deadline):
                         raise
-                    client.failovers += 1
-                    await asyncio.sleep(delay)
         finally:
             if h is not None and not (h.reusable and self._keep(h, loop.time())):
                 failed.append(h)

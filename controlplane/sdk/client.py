@@ -238,6 +238,18 @@ class GalaxyClient:
         """Control instances, nodes, functions and instances."""
         return await self._ctl("GetClusterStatus", controller_pb2.GetClusterStatusRequest())  # type: ignore[no-any-return]
 
+    async def failover_pause(self, attempts: int, deadline: float) -> bool:
+        """Before trying again after ``attempts`` failed (loop time
+        ``deadline``): False when no further attempt fits (the caller
+        raises); else count a failover and wait the jittered backoff."""
+        loop = asyncio.get_running_loop()
+        delay = self.backoff.delay(attempts, loop.time(), deadline)
+        if delay is None:
+            return False
+        self.failovers += 1
+        await asyncio.sleep(delay)
+        return True
+
     async def refresh_membership(self, retry_s: float | None = None) -> None:
         """Fetch the current Dispatch instances from the controller. What the
         controller answers is the truth even when its epoch is lower than
@@ -289,13 +301,10 @@ class GalaxyClient:
             if not ranked and not self.membership.ids(DISPATCH):
                 # None registered (a start, a restart, a controller taking
                 # over): wait for one, within the deadline, as for a failover.
-                delay = self.backoff.delay(attempts, loop.time(), deadline)
-                if delay is None:
+                if not await self.failover_pause(attempts, deadline):
                     raise FailedPrecondition(
                         "no Dispatch instance is registered with the controller"
                     )
-                self.failovers += 1
-                await asyncio.sleep(delay)
                 with contextlib.suppress(GalaxyError):
                     await self.refresh_membership(retry_s=0)
                 continue
@@ -318,12 +327,9 @@ class GalaxyClient:
                     self._flush_soon(target.address)
                 if e.code() not in RETRYABLE:
                     raise from_rpc_error(e) from None
-                delay = self.backoff.delay(attempts, loop.time(), deadline)
-                if delay is None:
+                if not await self.failover_pause(attempts, deadline):
                     raise from_rpc_error(e) from None
-                self.failovers += 1
                 skipped.add(target.id)
-                await asyncio.sleep(delay)
                 try:
                     # Once: a controller failing over too must not hold the
                     # request past its deadline; the old view is kept.
@@ -461,11 +467,8 @@ class GalaxyClient:
                     # Keep the dead instance's slot while asking again, so the
                     # next grant goes elsewhere; released below either way.
                     held.append(addr)
-                    delay = self.backoff.delay(attempts, loop.time(), deadline)
-                    if delay is None:
+                    if not await self.failover_pause(attempts, deadline):
                         raise
-                    self.failovers += 1
-                    await asyncio.sleep(delay)
         finally:
             for a in held:
                 try:
