@@ -86,9 +86,27 @@ async def cmd_up(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
+    print(f"starting the control plane ({cfg.nodes} nodes) from {cfg.run_dir} ...", flush=True)
+
+    async def start() -> tuple[dict[str, Any], int]:
         endpoints = await sup.start()
-        alive = await sup.wait_nodes_registered()
+        return endpoints, await sup.wait_nodes_registered()
+
+    try:
+        # Ctrl-C or SIGTERM while the processes start (tens of seconds with
+        # many nodes) stops at once rather than after start-up completes.
+        starting = asyncio.ensure_future(start())
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([starting, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            print("stopping before start-up completed...", flush=True)
+            await sup.stop()
+            print("stopped.", flush=True)
+            return 0
+        endpoints, alive = starting.result()
         print_endpoints(endpoints, alive)
         metrics = serve_metrics(cfg.host, 0)
         print(f"  supervisor     restarts at http://{metrics}/metrics", flush=True)

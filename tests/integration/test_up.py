@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import subprocess
 import urllib.request
@@ -28,7 +29,7 @@ from galaxy.v1 import (
     dispatch_pb2,
     dispatch_pb2_grpc,
 )
-from tests.integration.upctl import REPO, GalaxyUp, pid_alive
+from tests.integration.upctl import READY_LINE, REPO, GalaxyUp, pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -306,3 +307,51 @@ def test_killed_supervisor_leaves_no_orphans(tmp_path):
             g.proc.kill()
             g.proc.wait(timeout=10)
         g.kill_leftovers(pids)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_sigterm_during_start_up_stops_at_once(tmp_path):
+    """A service manager stops with SIGTERM, often while a large control
+    plane is still starting: it must stop then, not after start-up."""
+    import signal
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.tools.cli", "--run-dir", str(tmp_path),
+         "up", "--gateway-port", "0", "--nodes", "210", "--sandbox", "emulated"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )  # fmt: skip
+    seen: set[int] = set()
+    try:
+        assert proc.stdout is not None
+        assert "starting the control plane (210 nodes)" in proc.stdout.readline()
+        # Components are starting once the supervisor has children (bounded poll:
+        # another process's children announce themselves through /proc only).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(seen) < 3:
+            seen.update(_children(proc.pid))
+            time.sleep(0.02)
+        assert len(seen) >= 3, "no components started"
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+        assert "stopped." in rest, rest
+        assert READY_LINE not in rest, "start-up completed before the stop"
+        assert proc.returncode == 0
+        seen.update(_children(proc.pid))
+        left = [p for p in seen if pid_alive(p)]
+        assert not left, f"components left after the stop: {left}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        for p in seen:
+            if pid_alive(p):
+                os.kill(p, signal.SIGKILL)
