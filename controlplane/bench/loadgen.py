@@ -14,10 +14,16 @@ the actual send.
 
 Targets: ``galaxy`` (Dispatch through the SDK, then Release, or hold the
 lease as the job says) and ``echo`` (the raw grpc.aio echo, same concurrency).
-Prints ``LOADGEN_MEASURING`` when the first measured request goes out and
+Prints ``LOADGEN_MEASURING`` when the first measured request is due and
 ``LOADGEN_MEASURED`` when the last one is done (before held leases are
 released): the runner scrapes metrics, reads CPU times and runs profilers
 between the two. The generator's own CPU time over that span is in the result.
+With ``handshake`` the generator waits for a line on stdin after
+``LOADGEN_MEASURING`` before the first measured request: the runner's
+snapshot (a /metrics scrape of every process, each tens of milliseconds of
+its CPU) then happens between warm-up and measurement instead of stalling
+the first measured requests (it made 2% of a warm phase's requests 18-70 ms
+slow, docs/benchmarks.md session 21).
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from controlplane.runtime.errors import GalaxyError
 
 MEASURING = "LOADGEN_MEASURING"
 MEASURED = "LOADGEN_MEASURED"
+#: The longest the generator waits for the runner's go-ahead.
+HANDSHAKE_S = 60.0
 _PRIME_CONCURRENCY = 64
 
 
@@ -59,6 +67,9 @@ class Job:
     timeout_s: float = 10.0
     max_duration_s: float = 120.0
     payload_bytes: int = 64
+    # Wait for a line on stdin after announcing the measured phase (the
+    # runner answers once its snapshot is taken); at most HANDSHAKE_S.
+    handshake: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Job:
@@ -103,6 +114,23 @@ async def _until(due: float) -> float:
     return now
 
 
+async def _go_ahead(timeout_s: float) -> None:
+    """Wait for a line on stdin (the runner's go-ahead), at most timeout_s;
+    end of input or the timeout go ahead too (a runner that died must not
+    hang the generator: its own deadline ends the run)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
+    )
+    try:
+        await asyncio.wait_for(reader.readline(), timeout_s)
+    except TimeoutError:
+        print(f"no go-ahead on stdin within {timeout_s:g}s; measuring anyway", file=sys.stderr)
+    finally:
+        transport.close()
+
+
 # A failed call: the raw echo raises gRPC's error, the SDK its typed one.
 _FAILED = (grpc.aio.AioRpcError, GalaxyError)
 
@@ -131,6 +159,7 @@ class LoadGen:
         self._echo: Any = None
         self._payload = b"x" * job.payload_bytes
         self._announced = False
+        self._measuring = asyncio.Event()
 
     async def __aenter__(self) -> LoadGen:
         if self.job.target == "galaxy":
@@ -209,16 +238,19 @@ class LoadGen:
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
 
-    def _mark(self, i: int, now: float) -> bool:
-        """Is request i measured? Announces the measured phase once."""
-        if i < self.job.warmup:
-            return False
-        if not self._announced:
-            self._announced = True
-            self.rec.start = now
-            self.rec.cpu_start = time.process_time()
-            print(MEASURING, flush=True)
-        return True
+    async def _begin_measuring(self) -> None:
+        """Announce the measured phase (once; concurrent callers wait for it),
+        wait for the runner's go-ahead with a handshake, then start the clock."""
+        if self._announced:
+            await self._measuring.wait()
+            return
+        self._announced = True
+        print(MEASURING, flush=True)
+        if self.job.handshake:
+            await _go_ahead(HANDSHAKE_S)
+        self.rec.start = time.perf_counter()
+        self.rec.cpu_start = time.process_time()
+        self._measuring.set()
 
     # -- phases -----------------------------------------------------------
 
@@ -263,12 +295,18 @@ class LoadGen:
                 raise failed[0]  # a bug in the generator, not a failed call
 
         for i, (t, fn, hold) in enumerate(self.job.requests):
+            measured = i >= self.job.warmup
+            if measured and not self._announced:
+                await self._begin_measuring()
+                # The schedule resumes from here: the snapshot's pause is
+                # neither lateness nor a burst of overdue requests.
+                t0 = time.perf_counter() - t
+                self.rec.start = t0 + t  # the first measured request's due time
             due = t0 + t
             now = await _until(due)
             if now - t0 > self.job.max_duration_s:
                 await settle()
                 return len(self.job.requests) - i
-            measured = self._mark(i, due)
             if measured:
                 self.rec.lag_ms.append(max(0.0, now - due) * 1000.0)
             # Only the requests in flight are kept: a list of every task
@@ -287,6 +325,9 @@ class LoadGen:
         async def worker() -> None:
             nonlocal unsent
             for i, (_t, fn, hold) in it:
+                measured = i >= self.job.warmup
+                if measured:
+                    await self._begin_measuring()
                 now = time.perf_counter()
                 # The time limit counts from the measured phase: connecting
                 # and warming up on a busy machine must not use it up.
@@ -294,7 +335,7 @@ class LoadGen:
                 if start is not None and now - start > self.job.max_duration_s:
                     unsent += 1
                     continue
-                await self._one(fn, hold, now, self._mark(i, now))
+                await self._one(fn, hold, now, measured)
 
         await asyncio.gather(*(worker() for _ in range(max(1, self.job.concurrency))))
         return unsent
@@ -326,6 +367,9 @@ class LoadGen:
             "errors": dict(r.errors),
             "not_sent": not_sent,
             "duration_s": duration,
+            # time.perf_counter() at the measured phase's start (CLOCK_MONOTONIC:
+            # comparable with the runner's own timeline on the same machine)
+            "started_at": r.start,
             "cpu_s": r.cpu_end - r.cpu_start if r.start is not None else 0.0,
             "rpcs": r.rpcs,
             "t_ms": r.t_ms,

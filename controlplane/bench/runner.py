@@ -332,7 +332,9 @@ async def run_loadgen(
     """Run ``python -m controlplane.bench.loadgen`` on a job; returns its result."""
     work.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - local, instant
     job_path, out_path, log_path = (work / f"{name}.{x}" for x in ("job.json", "out.json", "log"))
-    job_path.write_text(json.dumps(job))
+    # The generator pauses after announcing the measured phase until on_line
+    # (the snapshot) is done: see controlplane.bench.loadgen.
+    job_path.write_text(json.dumps({**job, "handshake": True}))
     with log_path.open("wb") as logf:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -342,10 +344,11 @@ async def run_loadgen(
             str(job_path),
             "--out",
             str(out_path),
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=logf,
         )
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stdin is not None
     limit = float(job.get("max_duration_s", 120)) + float(job.get("timeout_s", 10)) + 120
     try:
         async with asyncio.timeout(limit):
@@ -353,6 +356,9 @@ async def run_loadgen(
                 text = line.decode(errors="replace").strip()
                 if text in (MEASURING, MEASURED) and on_line is not None:
                     await on_line(text, proc.pid)
+                if text == MEASURING:
+                    proc.stdin.write(b"go\n")
+                    await proc.stdin.drain()
             rc = await proc.wait()
     except TimeoutError:
         proc.kill()

@@ -89,6 +89,32 @@ async def test_subprocess_announces_the_measured_phase(echo, tmp_path):
     assert not (tmp_path / "t.job.json").exists()  # cleaned up
 
 
+async def test_measuring_waits_for_the_runners_snapshot(echo, tmp_path):
+    """The runner's snapshot (a scrape of every process) between warm-up and
+    measurement must not overlap the first measured requests."""
+    import asyncio
+    import time
+
+    snapshot_done: list[float] = []
+
+    async def on_line(line, pid):
+        if line == loadgen.MEASURING:
+            await asyncio.sleep(1.0)  # stands for the scrape: its length is the point
+            snapshot_done.append(time.perf_counter())
+
+    for mode in ("closed", "open"):
+        job = {
+            "target": "echo", "address": echo.address, "mode": mode,
+            "requests": [(i * 0.001, 0, 0.0) for i in range(60)], "warmup": 20,
+        }  # fmt: skip
+        r = await runner.run_loadgen(job, tmp_path, f"t-{mode}", on_line)
+        assert r["ok"] == 40
+        assert r["started_at"] >= snapshot_done[-1], mode
+        if mode == "open":
+            # The pause is not counted as lateness of the measured requests.
+            assert max(r["lag_ms"]) < 1000
+
+
 async def test_unreachable_server_is_counted_by_status(tmp_path):
     job = loadgen.Job(
         target="echo",
