@@ -119,7 +119,12 @@ def derive(
     return {
         "dispatch.dispatch": d_only,
         "dispatch.release": d_only,
-        "dispatch.scale_up": max(1e-6, per("cold", "dispatch") - d_only),
+        # A cold request's Dispatch CPU covers its Dispatch and Release RPCs
+        # (what a warm request costs, charged by the model to every request
+        # as dispatch.dispatch + dispatch.release) and the scale-up: only the
+        # rest is the scale-up's. Before session 21 one RPC (d_only) was
+        # subtracted, which charged each simulated start one RPC twice.
+        "dispatch.scale_up": max(1e-6, per("cold", "dispatch") - 2 * d_only),
         "schedule.probe": client,
         "schedule.create": client,
         "schedule.schedule": max(
@@ -279,7 +284,8 @@ def build(
     src = {
         "dispatch.dispatch": "warm: Dispatch CPU / request / 2 (Dispatch + Release)",
         "dispatch.release": "warm: Dispatch CPU / request / 2 (Dispatch + Release)",
-        "dispatch.scale_up": "cold: Dispatch CPU / cold request - dispatch.dispatch",
+        "dispatch.scale_up": "cold: Dispatch CPU / cold request - (dispatch.dispatch"
+        " + dispatch.release)",
         "schedule.probe": "echo: client CPU per unary call",
         "schedule.create": "echo: client CPU per unary call",
         "schedule.schedule": "cold: Schedule CPU / placement - (probes per placement + 1)"

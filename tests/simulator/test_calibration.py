@@ -68,6 +68,9 @@ def test_derive_takes_the_decision_from_the_real_schedule_when_it_rarely_probes(
     assert ops["schedule.schedule"] == pytest.approx(0.0006 - 1.1 * 0.0002 - 0.00006)
     assert ops["agent.create"] == pytest.approx((0.35 - 0.1) / 500 - 0.1 * 0.0003)
     assert ops["dispatch.dispatch"] == pytest.approx(0.4 / 1000 / 2)
+    # A cold request's Dispatch CPU less what a warm request costs (its
+    # Dispatch and Release RPCs, which the model charges every request).
+    assert ops["dispatch.scale_up"] == pytest.approx(0.5 / 500 - 0.4 / 1000)
     # When most placements probe, their median includes probes: keep the
     # in-process timing.
     cold["throughput"]["probes_per_placement"] = 2.0
