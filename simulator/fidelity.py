@@ -209,7 +209,7 @@ def sim_phase(
     env.rec.warmup_s = math.inf
     g = VARIANTS["Gn-CPE"]  # the real side runs with --no-credits
     model = GalaxyModel(env, g, instances=1, controller_scaling=False, heartbeats="all")
-    model.front.client = env.station("load-generator")
+    model.front.client = env.station("load-generator", platform=False)
     if client_cost_s is not None and env.host is not None:
         model.front.s_client = lambda: client_cost_s
         env.host.measured.add(model.front.client)

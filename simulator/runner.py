@@ -65,7 +65,10 @@ def run_one(
     # The CPU of every process of the system (control plane and request
     # routing; node agents and sandboxes are alike in every design): the
     # denominator of throughput per control-plane core.
-    env.rec.add("cpu_s.platform", sum(st.busy for st in env.stations))
+    # Not for a model whose stations stand for fitted latencies rather than
+    # CPU (``platform_cpu`` False: Knative-like): its figure would mean nothing.
+    if getattr(model, "platform_cpu", True):
+        env.rec.add("cpu_s.platform", sum(st.busy for st in env.stations))
     wall = time.perf_counter() - t0
     out = env.rec.summary(env.sim.now)
     out["system"] = system

@@ -238,7 +238,9 @@ def _cpu_per_start(r: dict[str, Any]) -> str:
     routing) per instance started, ms: its inverse is the scale-up rate one
     core of control plane carries, the equal-CPU comparison."""
     started = r["counts"].get("instances_started", 0)
-    cpu = r["sums"].get("cpu_s.platform", 0.0)
+    cpu = r["sums"].get("cpu_s.platform")
+    if cpu is None:
+        return "n/a"  # a latency model (Knative-like): no CPU to compare
     return f"{cpu / started * 1000:.2f}" if started else "-"
 
 

@@ -97,10 +97,13 @@ class Env:
             for agent in self.cluster.agents:
                 agent.loop = EventLoop(self.sim, agent, *cfg.host_loop_steps)
 
-    def station(self, name: str, c: int = 1) -> Station:
-        """A process of this run (on the shared host when there is one)."""
+    def station(self, name: str, c: int = 1, platform: bool = True) -> Station:
+        """A process of this run (on the shared host when there is one);
+        ``platform``: part of the system under test, counted in its CPU (not
+        so a load generator)."""
         st = Station(name, c=c, host=self.host)
-        self.stations.append(st)
+        if platform:
+            self.stations.append(st)
         if self.event_loops:
             st.loop = EventLoop(self.sim, st, *self.cfg.host_loop_steps)
         return st

@@ -68,6 +68,8 @@ class KnativeModel(RoutedModel):
     """See the module docstring."""
 
     name = "knative"
+    #: its stations model the chain's fitted latency, not CPU: no platform CPU
+    platform_cpu = False
 
     def __init__(self, env: Env, **overrides: Any) -> None:
         self.cfg = c = replace(KnativeConfig(), **overrides)

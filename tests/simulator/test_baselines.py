@@ -86,3 +86,16 @@ def test_atoll_sgs_pays_its_createinstance_calls_like_every_placer(cal):
     assert placed == 200 == env.rec.counts["instances_started"]
     assert calls["create"] == 2 * placed  # the send and the reply
     assert len(env.rec.dispatch) == 200  # every request served once routable
+
+
+def test_platform_cpu_is_counted_for_cpu_models_only(cal):
+    """Knative-like stations stand for fitted latencies, not CPU: no platform
+    CPU is reported for it (the tables say n/a); CPU models report theirs."""
+    from simulator.studies import _cpu_per_start
+
+    w = wl.flood(40, 100.0, 10, 5.0, seed=3, **SMALL)
+    cfg = SimConfig(nodes=20, seed=3)
+    kn = run_one("knative", w, cfg, cal)
+    sp = run_one("sparrow", w, cfg, cal)
+    assert "cpu_s.platform" not in kn["sums"] and _cpu_per_start(kn) == "n/a"
+    assert sp["sums"]["cpu_s.platform"] > 0 and _cpu_per_start(sp) != "n/a"
