@@ -127,7 +127,8 @@ def autoscale_step(
     """One autoscaling round: each function's autoscaler (``scaler_of``;
     None skips the function this round) observes its router's concurrency
     (in flight plus queued) and last activity, decides against the live and
-    starting instances, and names the idle instances to retire. A decision
+    starting instances, and names the idle instances to retire (with any
+    idle one the router added draining, ``retirable``). A decision
     is yielded for every function ticked, changes or not."""
     for key, router in routers:
         scaler = scaler_of(key)
@@ -136,7 +137,9 @@ def autoscale_step(
         scaler.observe(now, float(router.load()), last_active=router.last_active or None)
         d = scaler.decide(now, router.live_count(), router.pending)
         retire = scaler.instances_to_remove(d, router.instances.values()) if d.to_remove else []
-        yield Decision(key, d.to_start, retire, d)
+        # Instances added draining (no room under max_scale), now idle.
+        surplus = router.retirable()
+        yield Decision(key, d.to_start, retire + surplus if surplus else retire, d)
 
 
 class FunctionAutoscaling:
@@ -181,7 +184,9 @@ class FunctionAutoscaling:
         for gone in set(self._scalers) - set(routers):
             del self._scalers[gone]  # deleted or handed over
         if not self.settings.enabled:
-            return []
+            # No scaling, but surplus instances (see ``retirable``) still go.
+            out = [Decision(n, retire=r.retirable()) for n, r in routers.items()]
+            return [d for d in out if d.retire]
 
         def scaler_of(name: str) -> KpaAutoscaler | None:
             spec = specs.get(name)  # None: spec being refreshed; next tick

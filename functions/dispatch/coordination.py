@@ -153,8 +153,10 @@ async def mod_instance(
             raise InvalidArgument("instance.address: required for OP_ADD")
         if router is None:
             router = svc._router(await svc._spec(info.function))
-        changed = svc._add(router, info, cold=False)
-        svc.ownership.adopt(router, info.instance_id, list(request.active_leases))
+        # The leases go in with the instance: counted before any waiter is
+        # served on it, so no slot the previous owner leased out is given again.
+        leases = svc.ownership.unreleased(list(request.active_leases))
+        changed = svc._add(router, info, cold=False, leases=leases)
         return dispatch_pb2.ModInstanceReply(changed=changed)
     if request.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE:
         if router is None:

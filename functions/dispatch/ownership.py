@@ -230,11 +230,19 @@ class Ownership(Generic[K, O]):
                 out.append(DeleteOnNode(key, inst))
         return out
 
-    def adopt(self, router: FunctionRouter, instance_id: str, leases: list[str]) -> None:
-        """A handed-over instance is in ``router``: count the slots its
-        previous owner reserved, except leases already released here."""
+    def adopt(
+        self, router: FunctionRouter, instance: Instance, leases: list[str]
+    ) -> list[tuple[Waiter, Grant]]:
+        """A handed-over instance joins ``router`` with the slots its previous
+        owner reserved (``unreleased(leases)``) counted before any waiter is
+        served on it; returns the waiters served."""
+        return router.add_instance(instance, leases=self.unreleased(leases))
+
+    def unreleased(self, leases: list[str]) -> list[str]:
+        """The leases of a handed-over instance still held: those not
+        released here before they arrived."""
         unknown = self._released_unknown
-        router.adopt_leases(instance_id, [x for x in leases if x not in unknown])
+        return [x for x in leases if x not in unknown]
 
     def release(
         self, router: FunctionRouter | None, lease_id: str

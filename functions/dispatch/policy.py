@@ -307,6 +307,11 @@ class FunctionRouter:
         self.pending = self.pending - 1 if self.pending > 0 else 0
         return self.add_instance(inst, cold=True)
 
+    def has_room(self) -> bool:
+        """True when one more instance keeps ``live_count() + pending``
+        within max_scale."""
+        return self.live_count() + self.pending < self.max_scale
+
     def scale_up_failed(self) -> list[Waiter]:
         """A start failed. Returns the waiters that can no longer be served:
         all of them when nothing is running or starting to serve them later."""
@@ -315,9 +320,22 @@ class FunctionRouter:
             return self._drain_waiters()
         return []
 
-    def add_instance(self, inst: Instance, cold: bool = False) -> list[tuple[Waiter, Grant]]:
-        """Add an instance (idempotent by id) and give its slots to waiters."""
+    def add_instance(
+        self, inst: Instance, cold: bool = False, leases: list[str] | None = None
+    ) -> list[tuple[Waiter, Grant]]:
+        """Add an instance (idempotent by id), count the slots ``leases``
+        hold on it (a previous owner's, see ``handover``), and only then give
+        its free slots to waiters: served first, a waiter would take a slot
+        the previous owner leased out.
+
+        max_scale is a hard bound on ``live_count() + pending``: an instance
+        that arrives with no room (handed over, recovered, or started before
+        max_scale was lowered) is added draining. It serves only the leases
+        it came with and is then retired (``retirable``), never a new request.
+        """
         if inst.instance_id not in self.instances:
+            if not inst.draining and not self.has_room():
+                inst.draining = True
             inst.added_at = self.clock.now()
             self.instances[inst.instance_id] = inst
             self._order[inst.instance_id] = next(self._added)
@@ -325,7 +343,16 @@ class FunctionRouter:
             self._draining += inst.draining
             self._in_flight += inst.in_flight
             self._index(inst)
+        if leases:
+            self.adopt_leases(inst.instance_id, leases)
         return self._serve_waiters(cold=cold)
+
+    def retirable(self) -> list[str]:
+        """Draining instances with no request in flight: nothing routes to
+        them any more, so they can be removed and stopped."""
+        if not self._draining:
+            return []
+        return [i for i, x in self.instances.items() if x.draining and x.in_flight <= 0]
 
     def remove_instance(self, instance_id: str) -> Instance | None:
         """Stop routing to an instance; its leases are dropped."""

@@ -360,13 +360,21 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             return
         self._add(router, info, cold=True)
 
-    def _add(self, router: FunctionRouter, info: common_pb2.InstanceInfo, cold: bool) -> bool:
+    def _add(
+        self,
+        router: FunctionRouter,
+        info: common_pb2.InstanceInfo,
+        cold: bool,
+        leases: list[str] | None = None,
+    ) -> bool:
+        """Route a started, handed-over (``leases``: its previous owner's)
+        or recovered instance; False if it was known or went elsewhere."""
         if self.routers.get(router.name) is not router:
             # The function moved, or was deleted (and maybe redeployed), while
             # this instance started: give it to whoever routes it now.
             owner = self._owner(router.name)
             if owner is not None:
-                self._spawn(self.peers.send_instance(owner, info, []))
+                self._spawn(self.peers.send_instance(owner, info, leases or []))
                 return False
             current = self.routers.get(router.name)
             if current is None:
@@ -376,6 +384,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         if info.instance_id in router.instances:
             if cold:
                 router.pending = max(0, router.pending - 1)
+            if leases:  # a repeated handover: its leases (known ones are skipped)
+                router.adopt_leases(info.instance_id, leases)
             return False
         inst = Instance(
             info.instance_id,
@@ -384,7 +394,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             info.concurrency or router.concurrency,
             meta=info,
         )
-        grants = router.scale_up_done(inst) if cold else router.add_instance(inst)
+        grants = router.scale_up_done(inst) if cold else router.add_instance(inst, leases=leases)
         self._wake(grants)
         self.record(
             f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString()
@@ -460,8 +470,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             revisions.retire_inactive(self, idle)
         active = {n: r for n, r in self.routers.items() if n not in idle}
         for d in self.autoscaling.tick(active, self._specs):
-            router, spec = self.routers[d.function], self._specs[d.function]
+            router = self.routers[d.function]
             if d.start:
+                spec = self._specs[d.function]  # (a scaler decided: the spec is known)
                 router.begin_scale_up(d.start)
                 for _ in range(d.start):
                     self._spawn(self._scale_up(router, spec))
