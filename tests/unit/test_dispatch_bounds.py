@@ -119,7 +119,7 @@ def test_live_plus_pending_never_exceeds_max_scale_on_any_path() -> None:
                 r.release(rng.choice(list(r.leases)))
             else:
                 now += 2.0
-                for d in autoscale_step(now, [("f", r)], lambda _: kpa):
+                for d in autoscale_step(now, [("f", r)], lambda _, k=kpa: k):
                     r.begin_scale_up(d.start)
                     starting += d.start
                     for iid in d.retire:
