@@ -146,8 +146,10 @@ class Peers:
         spec: common_pb2.FunctionSpec,
         instance_id: str,
         schedulers: list[common_pb2.ControlInstance],
+        credits: bool = True,
     ) -> common_pb2.InstanceInfo:
-        """Start an instance through the first Schedule instance with room.
+        """Start an instance through the first Schedule instance with room
+        (from a capacity credit first when ``credits``).
 
         schedulers is the spill order (owner first); at most 1 + max_spill
         are tried, moving on when one has no room (RESOURCE_EXHAUSTED), cannot
@@ -158,7 +160,7 @@ class Peers:
         every partition tried said the spec can never fit.
         """
         start = time.perf_counter()
-        if self.credits is not None:
+        if self.credits is not None and credits:
             made = await self._from_credit(spec, instance_id, schedulers)
             if made is not None:
                 metrics.COLD_START_LATENCY.observe(time.perf_counter() - start)
@@ -248,6 +250,15 @@ class Peers:
                 raise FailedPrecondition(
                     f"node agent refused the function: {e.details()}"
                 ) from None
+            # Past its deadline (or lost on the way back) the start may go
+            # on on the node: stop it there (the same id: idempotent), or the
+            # start retried through Schedule would run beside it.
+            await self.delete_on_node(
+                common_pb2.InstanceInfo(
+                    instance_id=instance_id, function=spec.name, node_id=use.node_id,
+                    node_address=use.address,
+                )
+            )  # fmt: skip
             raise Unavailable(
                 f"creating instance {instance_id} on node {use.node_id} failed "
                 f"({e.code().name}: {e.details()}), retryable"

@@ -307,11 +307,6 @@ class FunctionRouter:
         self.pending = self.pending - 1 if self.pending > 0 else 0
         return self.add_instance(inst, cold=True)
 
-    def has_room(self) -> bool:
-        """True when one more instance keeps ``live_count() + pending``
-        within max_scale."""
-        return self.live_count() + self.pending < self.max_scale
-
     def scale_up_failed(self) -> list[Waiter]:
         """A start failed. Returns the waiters that can no longer be served:
         all of them when nothing is running or starting to serve them later."""
@@ -324,17 +319,13 @@ class FunctionRouter:
         self, inst: Instance, cold: bool = False, leases: list[str] | None = None
     ) -> list[tuple[Waiter, Grant]]:
         """Add an instance (idempotent by id), count the slots ``leases``
-        hold on it (a previous owner's, see ``handover``), and only then give
-        its free slots to waiters: served first, a waiter would take a slot
-        the previous owner leased out.
-
-        max_scale is a hard bound on ``live_count() + pending``: an instance
-        that arrives with no room (handed over, recovered, or started before
-        max_scale was lowered) is added draining. It serves only the leases
-        it came with and is then retired (``retirable``), never a new request.
-        """
+        (a previous owner's, see ``handover``) hold on it, and only then give
+        its free slots to waiters, who would otherwise get leased-out slots.
+        max_scale bounds ``live_count() + pending``: an instance with no room
+        (handed over, recovered, started before max_scale was lowered) is
+        added draining: it serves only its leases, then ``retirable``."""
         if inst.instance_id not in self.instances:
-            if not inst.draining and not self.has_room():
+            if not inst.draining and self.live_count() + self.pending >= self.max_scale:
                 inst.draining = True
             inst.added_at = self.clock.now()
             self.instances[inst.instance_id] = inst

@@ -20,7 +20,12 @@ from prometheus_client import Counter, Gauge
 
 from controlplane.runtime import authn, metrics, rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
-from controlplane.runtime.errors import DeadlineExceeded, GalaxyError, ResourceExhausted
+from controlplane.runtime.errors import (
+    DeadlineExceeded,
+    GalaxyError,
+    ResourceExhausted,
+    Unavailable,
+)
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch import coordination, revisions
@@ -45,6 +50,10 @@ DEADLINE_MARGIN_S = 0.05
 GRANT_MARGIN_S = 0.005
 # When the caller set no deadline, a queued request waits at most this long.
 MAX_WAIT_S = 60.0
+# Attempts of one instance start (under one id) that fails UNAVAILABLE, and
+# the pause before the second (doubling after).
+START_ATTEMPTS = 3
+START_RETRY_S = 0.5
 RecordFn = Callable[[str, bytes | None], None]
 # Overload, where an operator looks for it: requests refused by reason, and
 # requests waiting for a slot now (bounded by --max-queue per function).
@@ -343,14 +352,30 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 self._spawn(self._scale_up(router, spec))
 
     async def _scale_up(self, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
-        """One instance start already counted in router.pending."""
+        """One instance start already counted in router.pending.
+
+        A start that failed UNAVAILABLE may still complete (Schedule goes on
+        placing past the call's deadline): it is tried again, still pending,
+        under the same id, which Schedule joins. A new id would run a second
+        instance beside the first, past max_scale, until the orphan checks.
+        """
         self.ops["scale_up"] += 1
         metrics.COLD_STARTS.labels(spec.name).inc()
         instance_id = f"{spec.name}-{self.instance_id}-{next(self._ids)}"
+        ranked = self.membership.ranked
         try:
-            info = await self.peers.place(
-                spec, instance_id, self.membership.ranked(SCHEDULE, spec.name)
-            )
+            for attempt in itertools.count():
+                try:  # (a retry through Schedule only: it joins the start in doubt)
+                    info = await self.peers.place(
+                        spec, instance_id, ranked(SCHEDULE, spec.name), credits=attempt == 0
+                    )
+                    break
+                except Unavailable:
+                    if attempt + 1 >= START_ATTEMPTS or self.routers.get(router.name) is not router:
+                        raise
+                    log.info("start of %s in doubt: trying again as the same id", instance_id)
+                    # A pause before the retry (a loaded Schedule), not a wait for an event.
+                    await asyncio.sleep(START_RETRY_S * 2**attempt)
         except GalaxyError as err:
             # Tell the waiters that nothing will serve them (if that is so).
             for w in router.scale_up_failed():
@@ -439,21 +464,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             elif action.kind == common_pb2.CoordinateAction.KIND_NODE_DEAD:
                 coordination.node_dead(self, action.node_id)
             elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
-                try:
-                    await revisions.holds_lapse(self, action.function)
-                finally:  # at once (and even if the call was cancelled meanwhile)
-                    self._specs.pop(action.function, None)
-                if await revisions.function_updated(self, action.function):
-                    continue
-                router = self.routers.get(action.function)
-                if router is not None:
-                    spec = await self._spec(action.function)
-                    router.lease_ttl_s = self._request_timeout_s(spec)  # new leases only
-                    self._wake(router.update_spec(spec.concurrency or 1, spec.max_scale or 1))
-                elif self._owner(action.function) is None:
-                    # Route it from now on, so min_scale instances start
-                    # before the first request.
-                    self._router(await self._spec(action.function))
+                await coordination.function_updated(self, action.function)
         return common_pb2.CoordinateReply(epoch=self.membership.epoch)
 
     async def ListInstances(
