@@ -5,7 +5,8 @@ joins, instead of giving the slot back and starting a second instance
 beside the first (past max_scale until the orphan checks stopped one).
 
 Schedule here is a real gRPC server on a real socket that answers the first
-call for an id only after the caller's deadline, as a loaded one does.
+call for an id only after the caller's deadline, as a loaded one does; so
+is the node agent a start from a capacity credit goes to.
 """
 
 from __future__ import annotations
@@ -16,11 +17,20 @@ import grpc
 import pytest
 
 from controlplane.runtime import rpc
-from controlplane.runtime.errors import GalaxyError
+from controlplane.runtime.credits import Grant as CreditGrant
+from controlplane.runtime.errors import GalaxyError, Unavailable
+from controlplane.runtime.resources import Res
 from functions.dispatch import peers, service
+from functions.dispatch.credits import CreditWallet
 from functions.dispatch.policy import Grant
 from functions.dispatch.service import DispatchServicer
-from galaxy.v1 import common_pb2, schedule_pb2, schedule_pb2_grpc
+from galaxy.v1 import (
+    common_pb2,
+    nodeagent_pb2,
+    nodeagent_pb2_grpc,
+    schedule_pb2,
+    schedule_pb2_grpc,
+)
 
 
 class LateSchedule(schedule_pb2_grpc.ScheduleServicer):
@@ -85,5 +95,58 @@ async def test_a_start_past_its_deadline_is_retried_under_the_same_id(
         assert router.live_count() + router.pending == 1
     finally:
         await svc.close()
+        await pool.close()
+        await server.stop(None)
+
+
+class HangingAgent(nodeagent_pb2_grpc.NodeAgentServicer):
+    """Starts every instance it is asked for and answers only after the
+    caller's deadline (a sandbox start goes on regardless); records deletes."""
+
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    async def CreateInstance(
+        self, request: nodeagent_pb2.CreateInstanceRequest, context: grpc.aio.ServicerContext
+    ) -> nodeagent_pb2.CreateInstanceReply:
+        await asyncio.Event().wait()  # answered after the deadline: never, here
+        raise AssertionError("unreachable")
+
+    async def DeleteInstance(
+        self, request: nodeagent_pb2.DeleteInstanceRequest, context: grpc.aio.ServicerContext
+    ) -> nodeagent_pb2.DeleteInstanceReply:
+        self.deleted.append(request.instance_id)
+        return nodeagent_pb2.DeleteInstanceReply(deleted=True)
+
+
+async def test_a_credit_start_past_its_deadline_is_stopped_on_its_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Retried through Schedule, the same id may land on another node: the
+    # start left going on this one must be stopped first.
+    monkeypatch.setattr(peers, "SCHEDULE_SLACK_S", 0.3)  # the CreateInstance deadline
+    agent = HangingAgent()
+    server, port, _ = rpc.create_server(
+        "127.0.0.1:0", [(nodeagent_pb2_grpc.add_NodeAgentServicer_to_server, agent, "x")]
+    )
+    await server.start()
+    pool = rpc.ChannelPool()
+    wallet = CreditWallet(target=1)
+    req = wallet.begin_sync("s0")
+    wallet.end_sync(req, [CreditGrant("c1", "n0", f"127.0.0.1:{port}", Res(1000, 1024), 60.0)])
+    p = peers.Peers("d0", pool, credits=wallet)
+    p._no_credits.add("s0")  # (no refill exchange: no Schedule here)
+    spec = common_pb2.FunctionSpec(
+        name="f",
+        startup_timeout_ms=1,
+        resources=common_pb2.Resources(cpu_millis=100, memory_mib=64),
+    )
+    s0 = common_pb2.ControlInstance(id="s0", kind=common_pb2.CONTROL_KIND_SCHEDULE)
+    try:
+        with pytest.raises(Unavailable):
+            await p._from_credit(spec, "f-d0-0", [s0])
+        assert agent.deleted == ["f-d0-0"]
+    finally:
+        await p.close()
         await pool.close()
         await server.stop(None)
