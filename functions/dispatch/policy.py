@@ -101,8 +101,11 @@ class FunctionRouter:
     lease_prefix: str = ""
     instances: dict[str, Instance] = field(default_factory=dict)
     waiters: deque[Waiter] = field(default_factory=deque)
-    #: scale-ups started and not yet finished (ok or failed)
+    #: scale-ups started and not yet finished (ok or failed), and of those
+    #: the ones written off (``add_instance``): not in ``pending``, their
+    #: instances are added draining
     pending: int = 0
+    surplus_starts: int = 0
     leases: dict[str, _Lease] = field(default_factory=dict)
     last_active: float = 0.0
     _seq: itertools.count[int] = field(default_factory=itertools.count)
@@ -304,12 +307,19 @@ class FunctionRouter:
 
     def scale_up_done(self, inst: Instance) -> list[tuple[Waiter, Grant]]:
         """A started instance is ready: add it, serve waiters (cold starts)."""
-        self.pending = self.pending - 1 if self.pending > 0 else 0
+        if self.surplus_starts > 0:
+            self.surplus_starts -= 1
+            inst.draining = True
+        else:
+            self.pending = self.pending - 1 if self.pending > 0 else 0
         return self.add_instance(inst, cold=True)
 
     def scale_up_failed(self) -> list[Waiter]:
         """A start failed. Returns the waiters that can no longer be served:
         all of them when nothing is running or starting to serve them later."""
+        if self.surplus_starts > 0:
+            self.surplus_starts -= 1
+            return []
         self.pending = max(0, self.pending - 1)
         if self.pending == 0 and self.live_count() == 0:
             return self._drain_waiters()
@@ -321,12 +331,20 @@ class FunctionRouter:
         """Add an instance (idempotent by id), count the slots ``leases``
         (a previous owner's, see ``handover``) hold on it, and only then give
         its free slots to waiters, who would otherwise get leased-out slots.
-        max_scale bounds ``live_count() + pending``: an instance with no room
-        (handed over, recovered, started before max_scale was lowered) is
-        added draining: it serves only its leases, then ``retirable``."""
+
+        max_scale bounds ``live_count() + pending``. An instance with no room
+        (handed over, recovered) takes the place of a start under way, which
+        is written off (``surplus_starts``: it lands draining, idle); with no
+        start to write off (or a start landing after max_scale was lowered)
+        it is added draining: it serves only its leases. Draining instances
+        are retired once idle (``retirable``)."""
         if inst.instance_id not in self.instances:
             if not inst.draining and self.live_count() + self.pending >= self.max_scale:
-                inst.draining = True
+                if not cold and self.pending > 0:
+                    self.pending -= 1
+                    self.surplus_starts += 1
+                else:
+                    inst.draining = True
             inst.added_at = self.clock.now()
             self.instances[inst.instance_id] = inst
             self._order[inst.instance_id] = next(self._added)

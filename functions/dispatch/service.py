@@ -407,7 +407,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 return False
             router, cold = current, False  # the new router never counted it pending
         if info.instance_id in router.instances:
-            if cold:
+            if cold and router.surplus_starts:
+                router.surplus_starts -= 1
+            elif cold:
                 router.pending = max(0, router.pending - 1)
             if leases:  # a repeated handover: its leases (known ones are skipped)
                 router.adopt_leases(info.instance_id, leases)

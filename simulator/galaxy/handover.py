@@ -12,7 +12,8 @@ actions it returns, as the servicer does with RPCs:
   reply's hop back. On arrival the new owner's router adds the instance
   with the leases (except those already released there: a release that
   overtook its lease) counted before it serves its waiters; with no room
-  under max_scale it is added draining and retired once idle.
+  under max_scale it takes the place of a start under way there, or else
+  serves only its leases (``FunctionRouter.add_instance``).
 - once every reply is in, ``instances_sent`` gives ``ForwardWaiters``: each
   request held by the old owner goes one hop to the new owner and is
   dispatched there.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from controlplane.runtime import rpc
-from functions.dispatch.policy import Grant
+from functions.dispatch.policy import Grant, Instance
 from functions.dispatch.service import DispatchServicer
 from galaxy.v1 import common_pb2, dispatch_pb2
 
@@ -49,10 +49,12 @@ async def test_op_add_with_no_room_under_max_scale_takes_no_new_request() -> Non
     svc = DispatchServicer(instance_id="d1", pool=rpc.ChannelPool(), controller="")
     try:
         router = svc._router(common_pb2.FunctionSpec(name="f", concurrency=2, max_scale=1))
-        router.begin_scale_up(1)  # the new owner's own start, under way
+        router.add_instance(Instance("mine", "127.0.0.1:3", "n0", 2))
         await svc.ModInstance(_handed_over("i0", ["d0:f/1.a"]), None)  # type: ignore[arg-type]
         assert router.live_count() + router.pending == 1
-        assert router.instances["i0"].draining and router.acquire() is None
+        assert router.instances["i0"].draining
+        got = [router.acquire() for _ in range(3)]  # new requests: only "mine" takes them
+        assert [g.instance.instance_id if g else None for g in got] == ["mine", "mine", None]
         svc._release("f", "d0:f/1.a")
         assert router.retirable() == ["i0"]
     finally:

@@ -46,9 +46,11 @@ def test_adoption_skips_a_lease_released_before_its_instance_arrived() -> None:
     }
 
 
-def test_an_instance_handed_over_with_no_room_is_added_draining_and_retired_when_idle() -> None:
-    # The new owner started max_scale instances of its own before the old
-    # owner's arrived (clients with the new membership came straight to it).
+def test_an_instance_handed_over_with_no_room_replaces_a_start_under_way() -> None:
+    # The new owner began max_scale starts of its own before the old
+    # owner's instance arrived (clients with the new membership came
+    # straight to it): the warm instance, with its request, goes live and
+    # one start is written off; it lands draining and is retired, idle.
     core: own.Ownership[str, str] = own.Ownership()
     r = router(concurrency=1, max_scale=2)
     for _ in range(2):
@@ -56,19 +58,30 @@ def test_an_instance_handed_over_with_no_room_is_added_draining_and_retired_when
     assert r.scale_ups_needed() == 2
     r.begin_scale_up(2)
     core.adopt(r, Instance("old0", "a", "n", 1), ["d0:f/1.x"])
-    assert r.live_count() + r.pending == 2  # the bound holds
-    assert r.instances["old0"].draining
-    assert r.retirable() == []  # its request is still in flight
+    assert not r.instances["old0"].draining
+    assert (r.live_count(), r.pending, r.surplus_starts) == (1, 1, 1)
     for i in range(2):
         r.scale_up_done(Instance(f"new{i}", "a", "n", 1))
-    assert r.live_count() == 2 and r.pending == 0
+        assert r.live_count() + r.pending <= 2
+    assert r.live_count() == 2 and r.retirable() == ["new0"]
+    # The autoscaling round names it for retirement.
+    kpa = KpaAutoscaler(KpaConfig(target_concurrency=1, max_scale=2), make_keepalive("fixed"))
+    [d] = autoscale_step(10.0, [("f", r)], lambda _: kpa)
+    assert "new0" in d.retire
+
+
+def test_an_instance_handed_over_with_no_room_and_nothing_starting_serves_only_its_leases() -> None:
+    core: own.Ownership[str, str] = own.Ownership()
+    r = router(concurrency=2, max_scale=1)
+    r.add_instance(Instance("mine", "a", "n", 2))
+    core.adopt(r, Instance("old0", "a", "n", 2), ["d0:f/1.x"])
+    assert r.live_count() + r.pending == 1 and r.instances["old0"].draining
+    assert r.retirable() == []  # its request is still in flight
+    for _ in range(3):
+        g = r.acquire()
+        assert g is None or g.instance.instance_id == "mine"
     core.release(r, "d0:f/1.x")
     assert r.retirable() == ["old0"]
-    # The autoscaling round names it for retirement.
-    clock = ManualClock(10.0)
-    kpa = KpaAutoscaler(KpaConfig(target_concurrency=1, max_scale=2), make_keepalive("fixed"))
-    [d] = autoscale_step(clock.now(), [("f", r)], lambda _: kpa)
-    assert "old0" in d.retire
 
 
 def test_a_start_landing_after_max_scale_was_lowered_is_added_draining() -> None:
