@@ -104,6 +104,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 K = TypeVar("K", bound=Hashable)
 
 
+def retirable(router: FunctionRouter) -> list[str]:
+    """The router's draining instances with no request in flight (added
+    draining with no room under max_scale): nothing routes to them, so they
+    can be removed and stopped."""
+    if router.live_count() == len(router.instances):
+        return []  # none draining
+    return [i for i, x in router.instances.items() if x.draining and x.in_flight <= 0]
+
+
 @dataclass
 class Decision(Generic[K]):
     """What one tick asks for one function (``scale``: the KPA's decision)."""
@@ -138,7 +147,7 @@ def autoscale_step(
         d = scaler.decide(now, router.live_count(), router.pending)
         retire = scaler.instances_to_remove(d, router.instances.values()) if d.to_remove else []
         # Instances added draining (no room under max_scale), now idle.
-        surplus = router.retirable()
+        surplus = retirable(router)
         yield Decision(key, d.to_start, retire + surplus if surplus else retire, d)
 
 
@@ -185,7 +194,7 @@ class FunctionAutoscaling:
             del self._scalers[gone]  # deleted or handed over
         if not self.settings.enabled:
             # No scaling, but surplus instances (see ``retirable``) still go.
-            out = [Decision(n, retire=r.retirable()) for n, r in routers.items()]
+            out = [Decision(n, retire=retirable(r)) for n, r in routers.items()]
             return [d for d in out if d.retire]
 
         def scaler_of(name: str) -> KpaAutoscaler | None:

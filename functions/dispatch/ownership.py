@@ -127,6 +127,15 @@ Action = (
 )
 
 
+def handover(router: FunctionRouter) -> list[tuple[Instance, list[str]]]:
+    """Everything a new owner needs of ``router``: each instance with its
+    active leases (it adds them with ``FunctionRouter.add_instance``)."""
+    by_inst: dict[str, list[str]] = {i: [] for i in router.instances}
+    for lid, (iid, _) in router.leases.items():
+        by_inst.setdefault(iid, []).append(lid)
+    return [(inst, by_inst[iid]) for iid, inst in router.instances.items()]
+
+
 @dataclass
 class Ownership(Generic[K, O]):
     """The handover, recovery and late-release state of one Dispatch instance."""
@@ -155,7 +164,7 @@ class Ownership(Generic[K, O]):
             owner = owner_of(key)
             if owner is None:
                 continue
-            moved = router.handover()
+            moved = handover(router)
             held = router.fail_all()
             out.append(DropRoute(key))
             for inst, _ in moved:

@@ -101,9 +101,8 @@ class FunctionRouter:
     lease_prefix: str = ""
     instances: dict[str, Instance] = field(default_factory=dict)
     waiters: deque[Waiter] = field(default_factory=deque)
-    #: scale-ups started and not yet finished (ok or failed), and of those
-    #: the ones written off (``add_instance``): not in ``pending``, their
-    #: instances are added draining
+    #: scale-ups started and not yet finished (ok or failed), and those
+    #: written off (``add_instance``; not in ``pending``: added draining)
     pending: int = 0
     surplus_starts: int = 0
     leases: dict[str, _Lease] = field(default_factory=dict)
@@ -135,10 +134,9 @@ class FunctionRouter:
     _by_request: OrderedDict[str, Grant] = field(
         default_factory=OrderedDict, init=False, repr=False, compare=False
     )
-    #: lease id -> the request id remembered with it, so that a release
-    #: forgets the request at once: stale grants left for the bound to push
-    #: out made every warm request a Grant that lived on (10,000 per
-    #: function), walked by every full garbage collection (session 20)
+    #: lease id -> its request id, so a release forgets the request at once:
+    #: stale grants left for the bound kept a Grant per warm request alive
+    #: (10,000 per function), walked by every full collection (session 20)
     _request_of: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
     #: how long a held lease may take new requests (0: no holds), and when
     #: the last hold granted stops doing so; holds are closed while a
@@ -318,27 +316,22 @@ class FunctionRouter:
         """A start failed. Returns the waiters that can no longer be served:
         all of them when nothing is running or starting to serve them later."""
         if self.surplus_starts > 0:
-            self.surplus_starts -= 1
-            return []
-        self.pending = max(0, self.pending - 1)
-        if self.pending == 0 and self.live_count() == 0:
-            return self._drain_waiters()
-        return []
+            self.surplus_starts -= 1  # written off: no waiter counted on it
+        else:
+            self.pending = max(0, self.pending - 1)
+        return self._drain_waiters() if self.pending == self.live_count() == 0 else []
 
     def add_instance(
         self, inst: Instance, cold: bool = False, leases: list[str] | None = None
     ) -> list[tuple[Waiter, Grant]]:
-        """Add an instance (idempotent by id), count the slots ``leases``
-        (a previous owner's, see ``handover``) hold on it, and only then give
-        its free slots to waiters, who would otherwise get leased-out slots.
-
-        max_scale bounds ``live_count() + pending``. An instance with no room
-        (handed over, recovered) takes the place of a start under way, which
-        is written off (``surplus_starts``: it lands draining, idle); with no
-        start to write off (or a start landing after max_scale was lowered)
-        it is added draining: it serves only its leases. Draining instances
-        are retired once idle (``retirable``)."""
-        if inst.instance_id not in self.instances:
+        """Add an instance (idempotent by id), count the slots its previous
+        owner leased out (``leases``: a handover), then give waiters the free
+        ones. max_scale bounds ``live_count() + pending``: with no room, an
+        instance handed over or recovered replaces a start under way (written
+        off: ``surplus_starts``, added draining); else it is added draining
+        (serving only its leases, retired once idle)."""
+        known = self.instances.get(inst.instance_id)
+        if known is None:
             if not inst.draining and self.live_count() + self.pending >= self.max_scale:
                 if not cold and self.pending > 0:
                     self.pending -= 1
@@ -352,16 +345,18 @@ class FunctionRouter:
             self._draining += inst.draining
             self._in_flight += inst.in_flight
             self._index(inst)
+        else:
+            inst = known
         if leases:
-            self.adopt_leases(inst.instance_id, leases)
+            expires, free = self.clock.now() + self.lease_ttl_s, inst.free
+            for lid in leases:
+                if lid not in self.leases:
+                    self.leases[lid] = (inst.instance_id, expires)
+                    inst.in_flight += 1
+                    self._in_flight += 1
+            self._slots_free += inst.free - free
+            self._index(inst)
         return self._serve_waiters(cold=cold)
-
-    def retirable(self) -> list[str]:
-        """Draining instances with no request in flight: nothing routes to
-        them any more, so they can be removed and stopped."""
-        if not self._draining:
-            return []
-        return [i for i, x in self.instances.items() if x.draining and x.in_flight <= 0]
 
     def remove_instance(self, instance_id: str) -> Instance | None:
         """Stop routing to an instance; its leases are dropped."""
@@ -386,32 +381,6 @@ class FunctionRouter:
             self._draining += 1
             inst.draining = True  # its heap entries are now stale
         return True
-
-    def handover(self) -> list[tuple[Instance, list[str]]]:
-        """Everything a new owner needs: each instance with its active leases.
-
-        Called when the function moves to another Dispatch instance; the
-        caller sends these, then drops this router.
-        """
-        by_inst: dict[str, list[str]] = {i: [] for i in self.instances}
-        for lid, (iid, _) in self.leases.items():
-            by_inst.setdefault(iid, []).append(lid)
-        return [(inst, by_inst[iid]) for iid, inst in self.instances.items()]
-
-    def adopt_leases(self, instance_id: str, lease_ids: list[str]) -> None:
-        """Count slots reserved by a previous owner (see ``handover``)."""
-        inst = self.instances.get(instance_id)
-        if inst is None:
-            return
-        expires = self.clock.now() + self.lease_ttl_s
-        free = inst.free
-        for lid in lease_ids:
-            if lid not in self.leases:
-                self.leases[lid] = (instance_id, expires)
-                inst.in_flight += 1
-                self._in_flight += 1
-        self._slots_free += inst.free - free
-        self._index(inst)
 
     def fail_all(self) -> list[Waiter]:
         """Remove and return every waiter (function deleted)."""

@@ -354,11 +354,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
     async def _scale_up(self, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
         """One instance start already counted in router.pending.
 
-        A start that failed UNAVAILABLE may still complete (Schedule goes on
-        placing past the call's deadline): it is tried again, still pending,
-        under the same id, which Schedule joins. A new id would run a second
-        instance beside the first, past max_scale, until the orphan checks.
-        """
+        A start failed UNAVAILABLE may yet complete (Schedule places on past
+        the call's deadline): tried again, still pending, as the same id,
+        which Schedule joins (a new id: a second instance past max_scale)."""
         self.ops["scale_up"] += 1
         metrics.COLD_STARTS.labels(spec.name).inc()
         instance_id = f"{spec.name}-{self.instance_id}-{next(self._ids)}"
@@ -392,8 +390,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         cold: bool,
         leases: list[str] | None = None,
     ) -> bool:
-        """Route a started, handed-over (``leases``: its previous owner's)
-        or recovered instance; False if it was known or went elsewhere."""
+        """Route a started, handed-over (with ``leases``) or recovered instance."""
         if self.routers.get(router.name) is not router:
             # The function moved, or was deleted (and maybe redeployed), while
             # this instance started: give it to whoever routes it now.
@@ -412,7 +409,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             elif cold:
                 router.pending = max(0, router.pending - 1)
             if leases:  # a repeated handover: its leases (known ones are skipped)
-                router.adopt_leases(info.instance_id, leases)
+                self._wake(router.add_instance(router.instances[info.instance_id], leases=leases))
             return False
         inst = Instance(
             info.instance_id,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from controlplane.runtime import rpc
+from functions.dispatch.autoscale import retirable
 from functions.dispatch.policy import Grant, Instance
 from functions.dispatch.service import DispatchServicer
 from galaxy.v1 import common_pb2, dispatch_pb2
@@ -56,6 +57,6 @@ async def test_op_add_with_no_room_under_max_scale_takes_no_new_request() -> Non
         got = [router.acquire() for _ in range(3)]  # new requests: only "mine" takes them
         assert [g.instance.instance_id if g else None for g in got] == ["mine", "mine", None]
         svc._release("f", "d0:f/1.a")
-        assert router.retirable() == ["i0"]
+        assert retirable(router) == ["i0"]
     finally:
         await svc.close()

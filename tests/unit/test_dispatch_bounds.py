@@ -8,7 +8,7 @@ import random
 
 from controlplane.runtime.clock import ManualClock
 from functions.dispatch import ownership as own
-from functions.dispatch.autoscale import autoscale_step
+from functions.dispatch.autoscale import autoscale_step, retirable
 from functions.dispatch.autoscaling.keepalive import make_keepalive
 from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
 from functions.dispatch.policy import FunctionRouter, Instance
@@ -63,7 +63,7 @@ def test_an_instance_handed_over_with_no_room_replaces_a_start_under_way() -> No
     for i in range(2):
         r.scale_up_done(Instance(f"new{i}", "a", "n", 1))
         assert r.live_count() + r.pending <= 2
-    assert r.live_count() == 2 and r.retirable() == ["new0"]
+    assert r.live_count() == 2 and retirable(r) == ["new0"]
     # The autoscaling round names it for retirement.
     kpa = KpaAutoscaler(KpaConfig(target_concurrency=1, max_scale=2), make_keepalive("fixed"))
     [d] = autoscale_step(10.0, [("f", r)], lambda _: kpa)
@@ -76,12 +76,12 @@ def test_an_instance_handed_over_with_no_room_and_nothing_starting_serves_only_i
     r.add_instance(Instance("mine", "a", "n", 2))
     core.adopt(r, Instance("old0", "a", "n", 2), ["d0:f/1.x"])
     assert r.live_count() + r.pending == 1 and r.instances["old0"].draining
-    assert r.retirable() == []  # its request is still in flight
+    assert retirable(r) == []  # its request is still in flight
     for _ in range(3):
         g = r.acquire()
         assert g is None or g.instance.instance_id == "mine"
     core.release(r, "d0:f/1.x")
-    assert r.retirable() == ["old0"]
+    assert retirable(r) == ["old0"]
 
 
 def test_a_start_landing_after_max_scale_was_lowered_is_added_draining() -> None:
