@@ -145,10 +145,11 @@ class Frontend:
         if grants:
             self._serve_all(grants)
 
-    def add(self, fn: int, inst: Instance) -> None:
+    def add(self, fn: int, inst: Instance, leases: list[str] | None = None) -> None:
         """An instance handed over by another owner joins fn's router (not a
-        cold start): waiters get its slots."""
-        grants = self.router(fn).add_instance(inst)
+        cold start) with the leases its previous owner reserved on it
+        (counted first): waiters get its free slots."""
+        grants = self.router(fn).add_instance(inst, leases=leases)
         if grants:
             self._serve_all(grants)
 

@@ -104,6 +104,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 K = TypeVar("K", bound=Hashable)
 
 
+def retirable(router: FunctionRouter) -> list[str]:
+    """The router's draining instances with no request in flight (added
+    draining with no room under max_scale): nothing routes to them, so they
+    can be removed and stopped."""
+    if router.live_count() == len(router.instances):
+        return []  # none draining
+    return [i for i, x in router.instances.items() if x.draining and x.in_flight <= 0]
+
+
 @dataclass
 class Decision(Generic[K]):
     """What one tick asks for one function (``scale``: the KPA's decision)."""
@@ -127,7 +136,8 @@ def autoscale_step(
     """One autoscaling round: each function's autoscaler (``scaler_of``;
     None skips the function this round) observes its router's concurrency
     (in flight plus queued) and last activity, decides against the live and
-    starting instances, and names the idle instances to retire. A decision
+    starting instances, and names the idle instances to retire (with any
+    idle one the router added draining, ``retirable``). A decision
     is yielded for every function ticked, changes or not."""
     for key, router in routers:
         scaler = scaler_of(key)
@@ -136,7 +146,9 @@ def autoscale_step(
         scaler.observe(now, float(router.load()), last_active=router.last_active or None)
         d = scaler.decide(now, router.live_count(), router.pending)
         retire = scaler.instances_to_remove(d, router.instances.values()) if d.to_remove else []
-        yield Decision(key, d.to_start, retire, d)
+        # Instances added draining (no room under max_scale), now idle.
+        surplus = retirable(router)
+        yield Decision(key, d.to_start, retire + surplus if surplus else retire, d)
 
 
 class FunctionAutoscaling:
@@ -181,7 +193,9 @@ class FunctionAutoscaling:
         for gone in set(self._scalers) - set(routers):
             del self._scalers[gone]  # deleted or handed over
         if not self.settings.enabled:
-            return []
+            # No scaling, but surplus instances (see ``retirable``) still go.
+            out = [Decision(n, retire=retirable(r)) for n, r in routers.items()]
+            return [d for d in out if d.retire]
 
         def scaler_of(name: str) -> KpaAutoscaler | None:
             spec = specs.get(name)  # None: spec being refreshed; next tick

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from controlplane.runtime.errors import InvalidArgument, NotFound
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch import ownership as own
+from functions.dispatch import revisions
 from functions.dispatch.policy import Grant, Waiter
 from galaxy.v1 import common_pb2, dispatch_pb2
 
@@ -121,6 +122,26 @@ def function_deleted(svc: DispatchServicer, name: str) -> None:
     perform(svc, svc.ownership.function_deleted(svc.routers, routed, reason))
 
 
+async def function_updated(svc: DispatchServicer, name: str) -> None:
+    """A new version of function name: its spec is read again and applied
+    (a new revision of a split function is routed on its own)."""
+    try:
+        await revisions.holds_lapse(svc, name)
+    finally:  # at once (and even if the call was cancelled meanwhile)
+        svc._specs.pop(name, None)
+    if await revisions.function_updated(svc, name):
+        return
+    router = svc.routers.get(name)
+    if router is not None:
+        spec = await svc._spec(name)
+        router.lease_ttl_s = svc._request_timeout_s(spec)  # new leases only
+        svc._wake(router.update_spec(spec.concurrency or 1, spec.max_scale or 1))
+    elif svc._owner(name) is None:
+        # Route it from now on, so min_scale instances start before the
+        # first request.
+        svc._router(await svc._spec(name))
+
+
 async def recover(svc: DispatchServicer, records: list[common_pb2.InstanceInfo]) -> int:
     """Adopt instances recorded by a previous incarnation, after checking
     with their node agents that they still run; returns how many.
@@ -153,8 +174,10 @@ async def mod_instance(
             raise InvalidArgument("instance.address: required for OP_ADD")
         if router is None:
             router = svc._router(await svc._spec(info.function))
-        changed = svc._add(router, info, cold=False)
-        svc.ownership.adopt(router, info.instance_id, list(request.active_leases))
+        # The leases go in with the instance: counted before any waiter is
+        # served on it, so no slot the previous owner leased out is given again.
+        leases = svc.ownership.unreleased(list(request.active_leases))
+        changed = svc._add(router, info, cold=False, leases=leases)
         return dispatch_pb2.ModInstanceReply(changed=changed)
     if request.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE:
         if router is None:

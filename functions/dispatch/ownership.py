@@ -127,6 +127,15 @@ Action = (
 )
 
 
+def handover(router: FunctionRouter) -> list[tuple[Instance, list[str]]]:
+    """Everything a new owner needs of ``router``: each instance with its
+    active leases (it adds them with ``FunctionRouter.add_instance``)."""
+    by_inst: dict[str, list[str]] = {i: [] for i in router.instances}
+    for lid, (iid, _) in router.leases.items():
+        by_inst.setdefault(iid, []).append(lid)
+    return [(inst, by_inst[iid]) for iid, inst in router.instances.items()]
+
+
 @dataclass
 class Ownership(Generic[K, O]):
     """The handover, recovery and late-release state of one Dispatch instance."""
@@ -155,7 +164,7 @@ class Ownership(Generic[K, O]):
             owner = owner_of(key)
             if owner is None:
                 continue
-            moved = router.handover()
+            moved = handover(router)
             held = router.fail_all()
             out.append(DropRoute(key))
             for inst, _ in moved:
@@ -230,11 +239,19 @@ class Ownership(Generic[K, O]):
                 out.append(DeleteOnNode(key, inst))
         return out
 
-    def adopt(self, router: FunctionRouter, instance_id: str, leases: list[str]) -> None:
-        """A handed-over instance is in ``router``: count the slots its
-        previous owner reserved, except leases already released here."""
+    def adopt(
+        self, router: FunctionRouter, instance: Instance, leases: list[str]
+    ) -> list[tuple[Waiter, Grant]]:
+        """A handed-over instance joins ``router`` with the slots its previous
+        owner reserved (``unreleased(leases)``) counted before any waiter is
+        served on it; returns the waiters served."""
+        return router.add_instance(instance, leases=self.unreleased(leases))
+
+    def unreleased(self, leases: list[str]) -> list[str]:
+        """The leases of a handed-over instance still held: those not
+        released here before they arrived."""
         unknown = self._released_unknown
-        router.adopt_leases(instance_id, [x for x in leases if x not in unknown])
+        return [x for x in leases if x not in unknown]
 
     def release(
         self, router: FunctionRouter | None, lease_id: str

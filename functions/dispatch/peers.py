@@ -13,6 +13,7 @@ import logging
 import time
 
 import grpc
+from prometheus_client import Counter
 
 from controlplane.runtime import controllers, metrics, rpc
 from controlplane.runtime.credits import Grant
@@ -55,6 +56,28 @@ def _owner_id(view: MembershipView, node_id: str) -> str:
 #: Outcomes of a Schedule call after which the next Schedule instance is
 #: tried. Not DEADLINE_EXCEEDED: that placement may still be under way.
 SPILL_ON = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
+#: DeleteInstance calls in flight at once. Without a bound, deleting a
+#: function of 5,000 instances sent 5,000 calls at once; each deadline ran
+#: from the start while the calls queued behind one another, and 60% of them
+#: expired unsent and were dropped (docs/reliability.md, delete-many).
+DELETE_CONCURRENCY = 64
+#: Attempts per delete, and the pause before the second (doubling after).
+DELETE_ATTEMPTS = 4
+DELETE_BACKOFF_S = 0.2
+#: DeleteInstance outcomes worth another attempt: not sent, or not answered.
+DELETE_RETRY_ON = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+DELETES_FAILED = Counter(
+    "galaxy_dispatch_deletes_failed_total",
+    "Instances Dispatch could not delete on their node agents (the agents' "
+    "orphan checks stop them later), by the last error",
+    ["code"],
+)
 
 
 class Peers:
@@ -66,6 +89,7 @@ class Peers:
         pool: rpc.ChannelPool,
         max_spill: int = DEFAULTS.max_spill,
         credits: CreditWallet | None = None,
+        delete_concurrency: int = DELETE_CONCURRENCY,
     ) -> None:
         self.instance_id = instance_id
         self.pool = pool
@@ -91,6 +115,9 @@ class Peers:
         self._tasks: set[asyncio.Task[None]] = set()
         # The wallet's counters at the last metrics update.
         self._credit_stats: dict[str, int] = {}
+        # DeleteInstance calls in flight (bounded), and instances not deleted.
+        self._deletes = asyncio.Semaphore(delete_concurrency)
+        self.deletes_failed = 0
 
     def report_unreachable(self, controller: str, inst: common_pb2.ControlInstance) -> None:
         """Tell the controller inst did not answer (in the background, once
@@ -119,8 +146,10 @@ class Peers:
         spec: common_pb2.FunctionSpec,
         instance_id: str,
         schedulers: list[common_pb2.ControlInstance],
+        credits: bool = True,
     ) -> common_pb2.InstanceInfo:
-        """Start an instance through the first Schedule instance with room.
+        """Start an instance through the first Schedule instance with room
+        (from a capacity credit first when ``credits``).
 
         schedulers is the spill order (owner first); at most 1 + max_spill
         are tried, moving on when one has no room (RESOURCE_EXHAUSTED), cannot
@@ -131,7 +160,7 @@ class Peers:
         every partition tried said the spec can never fit.
         """
         start = time.perf_counter()
-        if self.credits is not None:
+        if self.credits is not None and credits:
             made = await self._from_credit(spec, instance_id, schedulers)
             if made is not None:
                 metrics.COLD_START_LATENCY.observe(time.perf_counter() - start)
@@ -221,6 +250,15 @@ class Peers:
                 raise FailedPrecondition(
                     f"node agent refused the function: {e.details()}"
                 ) from None
+            # Past its deadline (or lost on the way back) the start may go
+            # on on the node: stop it there (the same id: idempotent), or the
+            # start retried through Schedule would run beside it.
+            await self.delete_on_node(
+                common_pb2.InstanceInfo(
+                    instance_id=instance_id, function=spec.name, node_id=use.node_id,
+                    node_address=use.address,
+                )
+            )  # fmt: skip
             raise Unavailable(
                 f"creating instance {instance_id} on node {use.node_id} failed "
                 f"({e.code().name}: {e.details()}), retryable"
@@ -319,20 +357,43 @@ class Peers:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def delete_on_node(self, info: common_pb2.InstanceInfo) -> None:
-        """Stop an instance on its node (best effort, logged)."""
-        if not info.node_address:
-            log.warning("cannot delete %s: node address unknown", info.instance_id)
-            return
-        try:
-            async with self.pool.stub(info.node_address, nodeagent_pb2_grpc.NodeAgentStub) as s:
-                await s.DeleteInstance(
-                    nodeagent_pb2.DeleteInstanceRequest(
-                        node_id=info.node_id, instance_id=info.instance_id
-                    )
-                )
-        except grpc.aio.AioRpcError as e:
-            log.warning("DeleteInstance %s failed: %s", info.instance_id, e.details())
+    async def delete_on_node(self, info: common_pb2.InstanceInfo) -> bool:
+        """Stop an instance on its node; True once its node agent answered.
+
+        At most ``delete_concurrency`` calls are in flight, so each one's
+        deadline runs from when it is sent, not while it waits behind
+        thousands of others; a call that was not sent or not answered is
+        tried again (``DELETE_ATTEMPTS``). An instance still not deleted is
+        logged and counted (``galaxy_dispatch_deletes_failed_total``): the
+        node agent's orphan check stops it later.
+        """
+        req = nodeagent_pb2.DeleteInstanceRequest(
+            node_id=info.node_id, instance_id=info.instance_id
+        )
+        code, details = "NO_ADDRESS", "node address unknown"
+        for attempt in range(DELETE_ATTEMPTS if info.node_address else 0):
+            if attempt:
+                # A pause between attempts (a node agent under load), not a wait for an event.
+                await asyncio.sleep(DELETE_BACKOFF_S * 2 ** (attempt - 1))
+            async with self._deletes:
+                try:
+                    async with self.pool.stub(
+                        info.node_address, nodeagent_pb2_grpc.NodeAgentStub
+                    ) as s:
+                        await s.DeleteInstance(req)
+                    return True
+                except grpc.aio.AioRpcError as e:
+                    code, details = e.code().name, e.details() or ""
+                    if e.code() not in DELETE_RETRY_ON:
+                        break
+        self.deletes_failed += 1
+        DELETES_FAILED.labels(code).inc()
+        log.warning(
+            "could not delete instance %s of %s on node %s (%s: %s); the node agent's "
+            "orphan check will stop it",
+            info.instance_id, info.function, info.node_id, code, details,
+        )  # fmt: skip
+        return False
 
     async def send_instance(
         self, owner: common_pb2.ControlInstance, info: common_pb2.InstanceInfo, leases: list[str]

@@ -101,8 +101,10 @@ class FunctionRouter:
     lease_prefix: str = ""
     instances: dict[str, Instance] = field(default_factory=dict)
     waiters: deque[Waiter] = field(default_factory=deque)
-    #: scale-ups started and not yet finished (ok or failed)
+    #: scale-ups started and not yet finished (ok or failed), and those
+    #: written off (``add_instance``; not in ``pending``: added draining)
     pending: int = 0
+    surplus_starts: int = 0
     leases: dict[str, _Lease] = field(default_factory=dict)
     last_active: float = 0.0
     _seq: itertools.count[int] = field(default_factory=itertools.count)
@@ -132,10 +134,9 @@ class FunctionRouter:
     _by_request: OrderedDict[str, Grant] = field(
         default_factory=OrderedDict, init=False, repr=False, compare=False
     )
-    #: lease id -> the request id remembered with it, so that a release
-    #: forgets the request at once: stale grants left for the bound to push
-    #: out made every warm request a Grant that lived on (10,000 per
-    #: function), walked by every full garbage collection (session 20)
+    #: lease id -> its request id, so a release forgets the request at once:
+    #: stale grants left for the bound kept a Grant per warm request alive
+    #: (10,000 per function), walked by every full collection (session 20)
     _request_of: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
     #: how long a held lease may take new requests (0: no holds), and when
     #: the last hold granted stops doing so; holds are closed while a
@@ -304,26 +305,56 @@ class FunctionRouter:
 
     def scale_up_done(self, inst: Instance) -> list[tuple[Waiter, Grant]]:
         """A started instance is ready: add it, serve waiters (cold starts)."""
-        self.pending = self.pending - 1 if self.pending > 0 else 0
+        if self.surplus_starts > 0:
+            self.surplus_starts -= 1
+            inst.draining = True
+        else:
+            self.pending = self.pending - 1 if self.pending > 0 else 0
         return self.add_instance(inst, cold=True)
 
     def scale_up_failed(self) -> list[Waiter]:
         """A start failed. Returns the waiters that can no longer be served:
         all of them when nothing is running or starting to serve them later."""
-        self.pending = max(0, self.pending - 1)
-        if self.pending == 0 and self.live_count() == 0:
-            return self._drain_waiters()
-        return []
+        if self.surplus_starts > 0:
+            self.surplus_starts -= 1  # written off: no waiter counted on it
+        else:
+            self.pending = max(0, self.pending - 1)
+        return self._drain_waiters() if self.pending == self.live_count() == 0 else []
 
-    def add_instance(self, inst: Instance, cold: bool = False) -> list[tuple[Waiter, Grant]]:
-        """Add an instance (idempotent by id) and give its slots to waiters."""
-        if inst.instance_id not in self.instances:
+    def add_instance(
+        self, inst: Instance, cold: bool = False, leases: list[str] | None = None
+    ) -> list[tuple[Waiter, Grant]]:
+        """Add an instance (idempotent by id), count the slots its previous
+        owner leased out (``leases``: a handover), then give waiters the free
+        ones. max_scale bounds ``live_count() + pending``: with no room, an
+        instance handed over or recovered replaces a start under way (written
+        off: ``surplus_starts``, added draining); else it is added draining
+        (serving only its leases, retired once idle)."""
+        known = self.instances.get(inst.instance_id)
+        if known is None:
+            if not inst.draining and self.live_count() + self.pending >= self.max_scale:
+                if not cold and self.pending > 0:
+                    self.pending -= 1
+                    self.surplus_starts += 1
+                else:
+                    inst.draining = True
             inst.added_at = self.clock.now()
             self.instances[inst.instance_id] = inst
             self._order[inst.instance_id] = next(self._added)
             self._slots_free += inst.free
             self._draining += inst.draining
             self._in_flight += inst.in_flight
+            self._index(inst)
+        else:
+            inst = known
+        if leases:
+            expires, free = self.clock.now() + self.lease_ttl_s, inst.free
+            for lid in leases:
+                if lid not in self.leases:
+                    self.leases[lid] = (inst.instance_id, expires)
+                    inst.in_flight += 1
+                    self._in_flight += 1
+            self._slots_free += inst.free - free
             self._index(inst)
         return self._serve_waiters(cold=cold)
 
@@ -350,32 +381,6 @@ class FunctionRouter:
             self._draining += 1
             inst.draining = True  # its heap entries are now stale
         return True
-
-    def handover(self) -> list[tuple[Instance, list[str]]]:
-        """Everything a new owner needs: each instance with its active leases.
-
-        Called when the function moves to another Dispatch instance; the
-        caller sends these, then drops this router.
-        """
-        by_inst: dict[str, list[str]] = {i: [] for i in self.instances}
-        for lid, (iid, _) in self.leases.items():
-            by_inst.setdefault(iid, []).append(lid)
-        return [(inst, by_inst[iid]) for iid, inst in self.instances.items()]
-
-    def adopt_leases(self, instance_id: str, lease_ids: list[str]) -> None:
-        """Count slots reserved by a previous owner (see ``handover``)."""
-        inst = self.instances.get(instance_id)
-        if inst is None:
-            return
-        expires = self.clock.now() + self.lease_ttl_s
-        free = inst.free
-        for lid in lease_ids:
-            if lid not in self.leases:
-                self.leases[lid] = (instance_id, expires)
-                inst.in_flight += 1
-                self._in_flight += 1
-        self._slots_free += inst.free - free
-        self._index(inst)
 
     def fail_all(self) -> list[Waiter]:
         """Remove and return every waiter (function deleted)."""

@@ -20,7 +20,12 @@ from prometheus_client import Counter, Gauge
 
 from controlplane.runtime import authn, metrics, rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
-from controlplane.runtime.errors import DeadlineExceeded, GalaxyError, ResourceExhausted
+from controlplane.runtime.errors import (
+    DeadlineExceeded,
+    GalaxyError,
+    ResourceExhausted,
+    Unavailable,
+)
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch import coordination, revisions
@@ -45,6 +50,10 @@ DEADLINE_MARGIN_S = 0.05
 GRANT_MARGIN_S = 0.005
 # When the caller set no deadline, a queued request waits at most this long.
 MAX_WAIT_S = 60.0
+# Attempts of one instance start (under one id) that fails UNAVAILABLE, and
+# the pause before the second (doubling after).
+START_ATTEMPTS = 3
+START_RETRY_S = 0.5
 RecordFn = Callable[[str, bytes | None], None]
 # Overload, where an operator looks for it: requests refused by reason, and
 # requests waiting for a slot now (bounded by --max-queue per function).
@@ -343,14 +352,28 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 self._spawn(self._scale_up(router, spec))
 
     async def _scale_up(self, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
-        """One instance start already counted in router.pending."""
+        """One instance start already counted in router.pending.
+
+        A start failed UNAVAILABLE may yet complete (Schedule places on past
+        the call's deadline): tried again, still pending, as the same id,
+        which Schedule joins (a new id: a second instance past max_scale)."""
         self.ops["scale_up"] += 1
         metrics.COLD_STARTS.labels(spec.name).inc()
         instance_id = f"{spec.name}-{self.instance_id}-{next(self._ids)}"
+        ranked = self.membership.ranked
         try:
-            info = await self.peers.place(
-                spec, instance_id, self.membership.ranked(SCHEDULE, spec.name)
-            )
+            for attempt in itertools.count():
+                try:  # (a retry through Schedule only: it joins the start in doubt)
+                    info = await self.peers.place(
+                        spec, instance_id, ranked(SCHEDULE, spec.name), credits=attempt == 0
+                    )
+                    break
+                except Unavailable:
+                    if attempt + 1 >= START_ATTEMPTS or self.routers.get(router.name) is not router:
+                        raise
+                    log.info("start of %s in doubt: trying again as the same id", instance_id)
+                    # A pause before the retry (a loaded Schedule), not a wait for an event.
+                    await asyncio.sleep(START_RETRY_S * 2**attempt)
         except GalaxyError as err:
             # Tell the waiters that nothing will serve them (if that is so).
             for w in router.scale_up_failed():
@@ -360,13 +383,20 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             return
         self._add(router, info, cold=True)
 
-    def _add(self, router: FunctionRouter, info: common_pb2.InstanceInfo, cold: bool) -> bool:
+    def _add(
+        self,
+        router: FunctionRouter,
+        info: common_pb2.InstanceInfo,
+        cold: bool,
+        leases: list[str] | None = None,
+    ) -> bool:
+        """Route a started, handed-over (with ``leases``) or recovered instance."""
         if self.routers.get(router.name) is not router:
             # The function moved, or was deleted (and maybe redeployed), while
             # this instance started: give it to whoever routes it now.
             owner = self._owner(router.name)
             if owner is not None:
-                self._spawn(self.peers.send_instance(owner, info, []))
+                self._spawn(self.peers.send_instance(owner, info, leases or []))
                 return False
             current = self.routers.get(router.name)
             if current is None:
@@ -374,8 +404,12 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 return False
             router, cold = current, False  # the new router never counted it pending
         if info.instance_id in router.instances:
-            if cold:
+            if cold and router.surplus_starts:
+                router.surplus_starts -= 1
+            elif cold:
                 router.pending = max(0, router.pending - 1)
+            if leases:  # a repeated handover: its leases (known ones are skipped)
+                self._wake(router.add_instance(router.instances[info.instance_id], leases=leases))
             return False
         inst = Instance(
             info.instance_id,
@@ -384,7 +418,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             info.concurrency or router.concurrency,
             meta=info,
         )
-        grants = router.scale_up_done(inst) if cold else router.add_instance(inst)
+        grants = router.scale_up_done(inst) if cold else router.add_instance(inst, leases=leases)
         self._wake(grants)
         self.record(
             f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString()
@@ -429,21 +463,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             elif action.kind == common_pb2.CoordinateAction.KIND_NODE_DEAD:
                 coordination.node_dead(self, action.node_id)
             elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
-                try:
-                    await revisions.holds_lapse(self, action.function)
-                finally:  # at once (and even if the call was cancelled meanwhile)
-                    self._specs.pop(action.function, None)
-                if await revisions.function_updated(self, action.function):
-                    continue
-                router = self.routers.get(action.function)
-                if router is not None:
-                    spec = await self._spec(action.function)
-                    router.lease_ttl_s = self._request_timeout_s(spec)  # new leases only
-                    self._wake(router.update_spec(spec.concurrency or 1, spec.max_scale or 1))
-                elif self._owner(action.function) is None:
-                    # Route it from now on, so min_scale instances start
-                    # before the first request.
-                    self._router(await self._spec(action.function))
+                await coordination.function_updated(self, action.function)
         return common_pb2.CoordinateReply(epoch=self.membership.epoch)
 
     async def ListInstances(
@@ -460,8 +480,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             revisions.retire_inactive(self, idle)
         active = {n: r for n, r in self.routers.items() if n not in idle}
         for d in self.autoscaling.tick(active, self._specs):
-            router, spec = self.routers[d.function], self._specs[d.function]
+            router = self.routers[d.function]
             if d.start:
+                spec = self._specs[d.function]  # (a scaler decided: the spec is known)
                 router.begin_scale_up(d.start)
                 for _ in range(d.start):
                     self._spawn(self._scale_up(router, spec))

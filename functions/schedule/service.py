@@ -341,6 +341,10 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
                         raise InvalidArgument(
                             f"node agent refused the function: {e.details()}"
                         ) from None
+                    # The agent may go on with a start its caller gave up on:
+                    # stop it, so that Dispatch's retry or spill (the same
+                    # id, maybe another node) is the only instance.
+                    await self._undo_create(step.node_id, step.address, request.instance_id)
                     raise Unavailable(
                         f"creating instance {request.instance_id} on node {step.node_id} "
                         f"failed ({_rpc_error(e)}), retryable"
@@ -381,6 +385,18 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
             log.warning("probe of node %s at %s failed: %r", t.node_id, t.address, e)
             return None
         return node_info(reply.status)
+
+    async def _undo_create(self, node_id: str, address: str, instance_id: str) -> None:
+        """Stop a start that may be under way on a node (best effort, logged)."""
+        try:
+            async with self.pool.stub(address, nodeagent_pb2_grpc.NodeAgentStub) as stub:
+                await stub.DeleteInstance(
+                    nodeagent_pb2.DeleteInstanceRequest(node_id=node_id, instance_id=instance_id)
+                )
+        except grpc.aio.AioRpcError as e:
+            log.warning(
+                "could not stop the start of %s on node %s: %s", instance_id, node_id, _rpc_error(e)
+            )
 
     async def _create(
         self, node_id: str, address: str, request: schedule_pb2.ScheduleRequest

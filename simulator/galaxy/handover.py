@@ -10,8 +10,10 @@ actions it returns, as the servicer does with RPCs:
 - ``SendInstances``: one ModInstance message per instance, with the leases
   reserved on it: a hop to the new owner, its service time there, and the
   reply's hop back. On arrival the new owner's router adds the instance
-  (serving its waiters) and ``adopt``\\ s the leases, except those already
-  released there (a release that overtook its lease).
+  with the leases (except those already released there: a release that
+  overtook its lease) counted before it serves its waiters; with no room
+  under max_scale it takes the place of a start under way there, or else
+  serves only its leases (``FunctionRouter.add_instance``).
 - once every reply is in, ``instances_sent`` gives ``ForwardWaiters``: each
   request held by the old owner goes one hop to the new owner and is
   dispatched there.
@@ -116,8 +118,9 @@ class Handovers:
             inst.instance_id, inst.address, inst.node_id, inst.concurrency, meta=inst.meta
         )
         self.m.scaling.added(fn, new)
-        self.m.front.add(fn, new)
-        owner.ownership.adopt(router, inst.instance_id, leases)
+        # The leases go in with the instance (``FunctionRouter.add_instance``
+        # counts them before it serves a waiter), as the servicer does.
+        self.m.front.add(fn, new, owner.ownership.unreleased(leases))
 
     def late_instance(self, df: DispatchInst, fn: int, inst: Instance) -> None:
         """A start ``df`` asked for became ready after its router was

@@ -68,8 +68,8 @@ def random_walk(seed: int, steps: int) -> None:
         elif op < 0.84 and r.instances:
             iid = rng.choice(list(r.instances))
             adopted = [f"old/{serial}/{k}" for k in range(rng.randrange(3))]
-            r.adopt_leases(iid, adopted)
-            leases.extend(adopted)
+            grants = r.add_instance(r.instances[iid], leases=adopted)  # a handover's
+            leases.extend(adopted + [g.lease_id for _, g in grants])
         elif op < 0.86:
             grants = r.update_spec(rng.choice([1, 2, 3, 4]), 50)
             leases.extend(g.lease_id for _, g in grants)

@@ -384,3 +384,23 @@ async def test_a_full_placement_queue_sheds_with_resource_exhausted(make_stack) 
     finally:
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
+
+
+async def test_a_create_past_its_deadline_is_stopped_before_unavailable(
+    make_stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agent would go on with the start its caller gave up on; Dispatch
+    # then retries or spills the same id, maybe to another node: two
+    # instances. Schedule stops it before it answers UNAVAILABLE.
+    from functions.schedule import service as sf_service
+
+    st = await make_stack()
+    monkeypatch.setattr(sf_service, "_CREATE_MARGIN_S", 0.2)  # the CreateInstance deadline
+    st.agent.backend.start_delay_s = 30.0  # a sandbox start far past it
+    slow = spec()
+    slow.startup_timeout_ms = 1
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await st.sf.Schedule(req("late-1", slow), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert not any("late-1" in n.instances for n in st.agent.nodes.values())
+    assert all(n.capacity.allocated == Res(0, 0, 0) for n in st.agent.nodes.values())

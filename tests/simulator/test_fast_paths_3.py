@@ -11,6 +11,7 @@ import pytest
 
 from controlplane.runtime.clock import ManualClock
 from controlplane.runtime.compiled import is_compiled
+from functions.dispatch.ownership import handover
 from functions.dispatch.policy import FunctionRouter, Grant, Instance
 from simulator import frontend
 from simulator import workload as wl
@@ -147,7 +148,7 @@ def test_leases_match_a_plain_ledger(seed):
                 ledger[g.lease_id] = (g.instance.instance_id, clock.now() + 5.0)
             assert not expired & set(r.leases)
         else:
-            moved = dict((i.instance_id, sorted(ls)) for i, ls in r.handover())
+            moved = dict((i.instance_id, sorted(ls)) for i, ls in handover(r))
             want: dict[str, list[str]] = {i: [] for i in r.instances}
             for lid, (iid, _) in ledger.items():
                 want.setdefault(iid, []).append(lid)

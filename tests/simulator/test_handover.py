@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from functions.dispatch import ownership as own
+from functions.dispatch.policy import FunctionRouter
 from simulator import workload as wl
 from simulator.calibration import Calibration
 from simulator.galaxy import handover as ho
@@ -69,3 +70,34 @@ def test_handover_sends_instances_before_forwarding_and_loses_nothing(
     front = models[0].front
     waiting = sum(len(x.waiters) for x in front.routers if x is not None)
     assert r["dispatch_latency_s"]["count"] + waiting == front.requests
+
+
+def test_max_scale_bounds_live_and_pending_across_handovers(
+    cal: Calibration, monkeypatch: Any
+) -> None:
+    # A flood on functions of a small max_scale while Dispatch instances
+    # are added: a new owner starts instances for the requests that reach it
+    # before the old owner's instances do. Those take the place of its
+    # starts under way (written off: they land draining and idle).
+    over: list[tuple[str, int]] = []
+    routers: dict[str, FunctionRouter] = {}
+    for name in ("add_instance", "scale_up_done", "begin_scale_up"):
+        orig = getattr(FunctionRouter, name)
+
+        def checked(self: FunctionRouter, *a: Any, _orig: Any = orig, **k: Any) -> Any:
+            out = _orig(self, *a, **k)
+            routers[self.name] = self  # the newest router of each function
+            if self.live_count() + self.pending > self.max_scale:
+                over.append((self.name, self.live_count() + self.pending))
+            return out
+
+        monkeypatch.setattr(FunctionRouter, name, checked)
+    # 4,000 cold starts a second on 2,000 nodes: the controller adds Dispatch
+    # instances during the flood, and functions move (seeded: the same runs).
+    small = {"cpu_millis": 10, "memory_mib": 16, "cold_start_s": 0.0, "max_scale": 100}
+    w = wl.flood(16000, 4000.0, 16, 24.0, seed=1, **small)
+    r = run_one("galaxy", w, SimConfig(nodes=2000, seed=1), cal)
+    assert r["counts"]["handovers"] > 0
+    assert over == []
+    # Each request holds its instance to the end: none past max_scale.
+    assert len(routers) == 16 and all(x.live_count() <= 100 for x in routers.values())

@@ -3,6 +3,7 @@
 import pytest
 
 from controlplane.runtime.clock import ManualClock
+from functions.dispatch.ownership import handover
 from functions.dispatch.policy import FunctionRouter, Instance, QueueFull
 
 
@@ -140,12 +141,13 @@ def test_handover_carries_active_leases_to_the_new_owner():
     old = router(concurrency=2)
     old.add_instance(inst(0))
     g = old.acquire()
-    moved = old.handover()
+    moved = handover(old)
     assert [(i.instance_id, leases) for i, leases in moved] == [("i0", [g.lease_id])]
     new = router(concurrency=2)
     i0 = moved[0][0]
-    new.add_instance(Instance(i0.instance_id, i0.address, i0.node_id, i0.concurrency))
-    new.adopt_leases("i0", moved[0][1])
+    new.add_instance(
+        Instance(i0.instance_id, i0.address, i0.node_id, i0.concurrency), leases=moved[0][1]
+    )
     assert new.instances["i0"].in_flight == 1
     new.acquire()
     assert new.acquire() is None  # the adopted lease still counts
