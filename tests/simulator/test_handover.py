@@ -92,11 +92,13 @@ def test_max_scale_bounds_live_and_pending_across_handovers(
             return out
 
         monkeypatch.setattr(FunctionRouter, name, checked)
-    # 4,000 cold starts a second on 2,000 nodes: the controller adds Dispatch
-    # instances during the flood, and functions move (seeded: the same runs).
+    # 4,000 cold starts a second on 2,000 nodes, starting from one instance
+    # of each: the controller adds Dispatch instances during the flood, and
+    # functions move (seeded: the same runs).
     small = {"cpu_millis": 10, "memory_mib": 16, "cold_start_s": 0.0, "max_scale": 100}
     w = wl.flood(16000, 4000.0, 16, 24.0, seed=1, **small)
-    r = run_one("galaxy", w, SimConfig(nodes=2000, seed=1), cal)
+    cfg = SimConfig(nodes=2000, seed=1, params={"galaxy": {"instances": 1}})
+    r = run_one("galaxy", w, cfg, cal)
     assert r["counts"]["handovers"] > 0
     assert over == []
     # Each request holds its instance to the end: none past max_scale.
