@@ -226,6 +226,12 @@ class KpaAutoscaler:
         self._max_panic = 0
         #: (base, config, up_cap, down_floor) of the last decision (``decide``)
         self._limits: tuple[int, KpaConfig | None, int, int] = (0, None, 0, 0)
+        #: how many of the latest samples equal the latest one (those of them
+        #: still in ``_samples``, which pruning shortens from the front)
+        self._tail_run = 0
+        #: ((stable_c, panic_c, ready, pending, config), decision) of the last
+        #: ``decide`` when its inputs alone made it (see ``decide``), else None
+        self._memo: tuple[tuple[Any, ...], ScaleDecision] | None = None
 
     # -- inputs -------------------------------------------------------------
 
@@ -248,6 +254,10 @@ class KpaAutoscaler:
         self._last_t = now
         c = float(concurrency)
         samples = self._samples
+        if samples and samples[-1][1] == c:
+            self._tail_run += 1
+        else:
+            self._tail_run = 1
         samples.append((now, c))
         if c.is_integer():
             self._whole_sum += int(c)
@@ -312,11 +322,36 @@ class KpaAutoscaler:
             return self._decision(
                 hold, ready_instances, pending, ("no samples yet: hold",), 0.0, 0.0
             )
+        samples = self._samples
+        n = len(samples)
         if self._fractional or self._whole_sum >= _EXACT_SUM:
             stable_c = self._average(now, cfg.stable_window_s)
         else:  # _stable_average, inline
-            stable_c = float(self._whole_sum) / len(self._samples)
-        panic_c = self._average(now, cfg.panic_window_s)
+            stable_c = float(self._whole_sum) / n
+        # The panic window is the latest few samples; when they all equal the
+        # latest one, v, a whole number, their sum is exactly k * v and the
+        # average v (+ 0.0: the sum of zeros starting from 0.0 is never -0.0),
+        # what ``_average`` gives without walking them.
+        run = self._tail_run
+        last_t, v = samples[-1]
+        cut = now - cfg.panic_window_s + _EPS
+        if (
+            last_t >= cut
+            and v.is_integer()
+            and (run >= n or samples[-run - 1][0] < cut)
+            and v * n < _EXACT_SUM
+        ):
+            panic_c = v + 0.0
+        else:
+            panic_c = self._average(now, cfg.panic_window_s)
+        # The same inputs as the last decision, which they alone made (not in
+        # panic, not through the zero gate, whose rules read the time): the
+        # same decision, and nothing below would change any state.
+        key = (stable_c, panic_c, ready_instances, pending, cfg)
+        memo = self._memo
+        if memo is not None and memo[0] == key and self._panic_since is None:
+            return memo[1]
+        self._memo = None
         # (_instances_for is 0 without traffic: skip the call in that case)
         per = cfg.target_per_instance
         want_stable = _instances_for(stable_c, per) if stable_c > 0 else 0
@@ -371,7 +406,10 @@ class KpaAutoscaler:
         if clamped != desired:
             why = (why[0] + "; clamped to [{}, {}] -> {}", *why[1:],
                    cfg.min_scale, cfg.max_scale, clamped)  # fmt: skip
-        return self._decision(clamped, ready_instances, pending, why, stable_c, panic_c)
+        d = self._decision(clamped, ready_instances, pending, why, stable_c, panic_c)
+        if stable_n and not over and self._panic_since is None:
+            self._memo = (key, d)
+        return d
 
     # -- state, for callers and tests --------------------------------------
 
