@@ -104,7 +104,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 K = TypeVar("K", bound=Hashable)
 
 
-@dataclass
+@dataclass(slots=True)  # (slotted: one is made per function per tick)
 class Decision(Generic[K]):
     """What one tick asks for one function (``scale``: the KPA's decision)."""
 
