@@ -58,6 +58,9 @@ FAST_MODULES = (
     "simulator/galaxy/credits.py",
     "simulator/galaxy/placement.py",
     "simulator/galaxy/scaling.py",
+    "simulator/galaxy/model.py",
+    "simulator/system.py",
+    "controlplane/nodeagent/capacity.py",
 )
 #: Where the build records the hash of each source it compiled.
 MANIFEST = "build/fast-manifest.json"
