@@ -423,6 +423,48 @@ class KpaAutoscaler:
         """Start of the current idle period (None while the function is busy)."""
         return self._idle_since
 
+    def hold_until(self, now: float, ready_instances: int, pending: int = 0) -> float:
+        """For a caller that skips idle rounds: called after ``observe(now, 0,
+        last_active=a)`` and ``decide(now, ready_instances, pending)``, a
+        time before which ``decide`` at later times gives the same desired
+        count and panic flag -- provided each of those times first gets
+        ``observe(t, 0, last_active=a)`` (no traffic, the same last activity)
+        and ready and pending stay -- while those observes and decides
+        change no state but the samples. That is the zero gate's hold: the
+        stable window holds only zeros and the decision depends on the
+        time only through the idle time reaching the grace period, the
+        keep-alive or the pre-warm window. ``now`` when no such hold applies."""
+        cfg = self.config
+        idle_since = self._idle_since
+        if (
+            self._last_t != now
+            or not self._samples
+            or self._whole_sum
+            or self._fractional
+            or self._panic_since is not None
+            or idle_since is None
+        ):
+            return now
+        base = ready_instances if ready_instances > 1 else 1
+        if math.floor(base / cfg.max_scale_down_rate + _EPS) > 0:
+            return now  # not the zero gate: the rate limit keeps instances
+        # The zero gate (``_zero_gate``) is a step function of the idle time
+        # with steps at these: the hold lasts until the next one.
+        prewarm = self.keepalive.prewarm_s(now)
+        keep = self.keepalive.keep_alive_s(now)
+        steps = [cfg.scale_to_zero_grace_s]
+        if self._idle_told and prewarm > 0:
+            steps += [prewarm, prewarm + keep]
+        if prewarm <= 0:
+            steps.append(keep)
+        idle_for = now - idle_since
+        ahead = [x for x in steps if x > idle_for]
+        if not ahead:
+            return math.inf
+        # (less a margin: ``now - idle_since`` is rounded)
+        end = idle_since + min(ahead) - 1e-6
+        return end if end > now else now
+
     def next_prewarm_at(self, now: float) -> float | None:
         """When the keep-alive policy wants an instance back if the function
         stays idle: a time >= now (now when already due), or None when no
