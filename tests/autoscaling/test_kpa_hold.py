@@ -25,9 +25,15 @@ def _state(k: KpaAutoscaler) -> tuple[object, ...]:
 
 
 def _keepalive(rng: random.Random) -> FixedKeepAlive | HybridHistogramKeepAlive:
-    if rng.random() < 0.5:
+    if rng.random() < 0.4:
         return FixedKeepAlive(rng.choice([0.0, 10.0, 40.0, 90.0]))
-    return HybridHistogramKeepAlive(bin_s=5.0, range_s=300.0, min_samples=2)
+    h = HybridHistogramKeepAlive(bin_s=5.0, range_s=300.0, min_samples=2)
+    if rng.random() < 0.7:
+        # A history of regular idle times: a pre-warm window (prewarm > 0).
+        for _ in range(10):
+            h.record_idle_time(rng.choice([40.0, 60.0, 120.0]))
+        assert h.prewarm_s(0.0) > 0
+    return h
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -99,3 +105,29 @@ def test_the_hold_ends_at_the_grace_period():
     assert 31.9 < until < 32.0  # idle since 2 s, grace 30 s
     kpa.observe(32.0, 0)
     assert kpa.decide(32.0, 1).desired == 0
+
+
+def test_the_hold_ends_where_the_keepalive_wants_an_instance_back():
+    """With a pre-warm window ahead (the hybrid keep-alive after regular
+    idle times of 120 s), a hold at zero ends when the window opens."""
+    keep = HybridHistogramKeepAlive(bin_s=5.0, range_s=300.0, min_samples=2)
+    for _ in range(10):
+        keep.record_idle_time(120.0)
+    prewarm = keep.prewarm_s(0.0)
+    assert prewarm > 60.0
+    kpa = KpaAutoscaler(KpaConfig(target_concurrency=1), keep)
+    kpa.observe(0.0, 1)
+    kpa.decide(0.0, 1)
+    t, held = 0.0, []
+    while t < prewarm + 20.0:
+        t += 2.0
+        kpa.observe(t, 0)
+        d = kpa.decide(t, 0)  # scaled to zero already
+        until = kpa.hold_until(t, 0)
+        if until > t:
+            held.append((t, d.desired, until))
+    idle_since = 2.0
+    before = [(t, until) for t, desired, until in held if desired == 0]
+    assert before and all(until <= idle_since + prewarm for _, until in before)
+    after = [desired for t, desired, _ in held if t > idle_since + prewarm]
+    assert after and set(after) == {1}
