@@ -34,10 +34,18 @@ from controlplane.runtime.compiled import (  # noqa: E402
 
 
 def clean() -> list[Path]:
-    """Remove the extensions, mypyc's shared library and the manifest."""
-    gone = [p for m in FAST_MODULES for p in extensions(ROOT, m)]
-    gone += sorted(ROOT.glob("*__mypyc.*.so"))
+    """Remove the extensions, mypyc's shared library and the manifest
+    (also the extensions of modules a previous build compiled that are no
+    longer in ``FAST_MODULES``: left behind, they would be imported
+    unchecked)."""
     manifest = ROOT / MANIFEST
+    try:
+        built = list(json.loads(manifest.read_text()))
+    except (OSError, ValueError):
+        built = []
+    modules = list(FAST_MODULES) + [m for m in built if m not in FAST_MODULES]
+    gone = [p for m in modules for p in extensions(ROOT, m)]
+    gone += sorted(ROOT.glob("*__mypyc.*.so"))
     if manifest.exists():
         gone.append(manifest)
     for p in gone:

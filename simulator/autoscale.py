@@ -11,6 +11,14 @@ no instance, nothing pending or queued and a decision of zero stops being
 ticked until its next request, so an 8-hour trace of 500 mostly idle
 functions does not pay 500 autoscalers every tick.
 
+An idle function held by the KPA's zero gate (one instance kept through
+the scale-to-zero grace or the keep-alive) is not decided every round
+either, exactly: its KPA says until when the hold stands
+(``KpaAutoscaler.hold_until``) while nothing changes -- no traffic, the
+same last activity, ready and pending counts -- and until then a round
+only keeps its sample; the samples are handed to the KPA (``observe``, at
+their own times, as the round would have) before it next decides.
+
 The same adapter serves the Knative-like baseline (with
 ``KpaConfig.knative_baseline``) through ``FunctionScaling``'s hooks.
 """
@@ -63,6 +71,14 @@ class FunctionScaling:
         #: directly instead of through ``router_of`` (every tick, every function)
         self.routers: list[FunctionRouter | None] | None = None
         self.panics = 0
+        #: skip the rounds of held idle functions (see the module docstring);
+        #: off, every round is decided (the plain code, for comparison)
+        self.skip_holds = True
+        #: per held function: (until, ready, pending, last activity)
+        self._holds: dict[int, tuple[float, int, int, float]] = {}
+        #: per held function, the times of the rounds skipped so far
+        self._skipped: dict[int, list[float]] = {}
+        self.skipped = 0
 
     def start(self) -> None:
         """Begin ticking."""
@@ -80,6 +96,22 @@ class FunctionScaling:
         """fn's router is gone (handed over): its next one starts a new
         autoscaler, as a new owner's Dispatch does."""
         self.kpas.pop(fn, None)
+        self._holds.pop(fn, None)
+        self._skipped.pop(fn, None)
+
+    def flush(self) -> None:
+        """Hand every skipped round's sample to its KPA (afterwards the
+        autoscalers hold what deciding every round would have left)."""
+        for fn in list(self._skipped):
+            self._catch_up(fn)
+
+    def _catch_up(self, fn: int) -> None:
+        """The skipped rounds' observes, at their times, as ``autoscale_step``
+        makes them (concurrency 0, the same last activity)."""
+        times = self._skipped.pop(fn)
+        kpa, last = self.kpas[fn], self._holds[fn][3]
+        for t in times:
+            kpa.observe(t, 0.0, last_active=last or None)
 
     def _kpa(self, fn: int) -> KpaAutoscaler:
         kpa = self.kpas.get(fn)
@@ -89,19 +121,45 @@ class FunctionScaling:
             )
         return kpa
 
-    def _routed(self) -> Iterator[tuple[int, FunctionRouter]]:
-        router_of, routers = self.router_of, self.routers
+    def _routed(self, now: float) -> Iterator[tuple[int, FunctionRouter]]:
+        router_of, routers, holds = self.router_of, self.routers, self._holds
         for fn in list(self.active):
             r = routers[fn] if routers is not None else router_of(fn)
             if r is None:
                 del self.active[fn]
+                if fn in holds:
+                    if fn in self._skipped:
+                        self._catch_up(fn)
+                    del holds[fn]
                 continue
+            h = holds.get(fn)
+            if h is not None:
+                if (
+                    now < h[0]
+                    and not r.load()
+                    and r.live_count() == h[1]
+                    and r.pending == h[2]
+                    and r.last_active == h[3]
+                ):
+                    # Held, nothing changed: the same decision (no start, no
+                    # removal, no panic); only the sample is kept.
+                    self.decisions += 1
+                    self.skipped += 1
+                    q = self._skipped.get(fn)
+                    if q is None:
+                        self._skipped[fn] = [now]
+                    else:
+                        q.append(now)
+                    continue
+                if fn in self._skipped:
+                    self._catch_up(fn)
+                del holds[fn]
             yield fn, r
 
     def tick(self) -> None:
         """One autoscaler round over the active functions."""
-        routers = self.routers
-        for d in autoscale_step(self.sim.now, self._routed(), self._kpa):
+        routers, now = self.routers, self.sim.now
+        for d in autoscale_step(now, self._routed(now), self._kpa):
             fn, sd = d.function, d.scale
             assert sd is not None
             self.decisions += 1
@@ -112,8 +170,21 @@ class FunctionScaling:
             for iid in d.retire:
                 self._retire(fn, iid)
             r = routers[fn] if routers is not None else self.router_of(fn)
+            if self.skip_holds and r is not None and sd.desired and not (d.start or d.retire):
+                self._hold(fn, r, sd.panic, now)
             if sd.desired == 0 and r is not None and not (r.instances or r.pending or r.waiters):
                 del self.active[fn]
+
+    def _hold(self, fn: int, r: FunctionRouter, panic: bool, now: float) -> None:
+        """After a round that changed nothing: hold fn while its KPA says
+        the decision stands (idle only: the rounds of a busy function read
+        its traffic)."""
+        if panic or r.load():
+            return
+        ready, pending = r.live_count(), r.pending
+        until = self.kpas[fn].hold_until(now, ready, pending)
+        if until > now:
+            self._holds[fn] = (until, ready, pending, r.last_active)
 
     def describe(self) -> dict[str, Any]:
         """For reports."""

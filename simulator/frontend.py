@@ -209,6 +209,7 @@ class RoutedModel(SystemModel):
         self.scaling.start()
 
     def finish(self) -> None:
+        self.scaling.flush()  # the autoscalers as deciding every round leaves them
         self.rec.live_instances(self.sim.now, self.env.cluster.live)
 
     def params(self) -> dict[str, Any]:

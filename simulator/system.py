@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.runtime.compiled import mypyc_attr
 from controlplane.runtime.resources import Res
 from functions.dispatch.policy import FunctionRouter
 from simulator.calibration import Calibration
@@ -136,6 +137,7 @@ def _no_nonce() -> str:
     return ""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (the baselines' models)
 class SystemModel:
     """Base of every model. Subclasses implement ``request`` and may use the
     shared data path below."""

@@ -37,7 +37,9 @@ else:
 ROOT = Path(__file__).resolve().parents[2]
 #: The modules compiled, chosen by profile (docs/simulator.md "Speed"):
 #: the event loop, the data path, the router and the KPA, the Galaxy
-#: model's control plane and the recording of results.
+#: model's control plane and the recording of results; since the fifth
+#: pass also Schedule's placement policy and credit ledger, ClusterMgr's
+#: registry and the Galaxy model's placement, credit and scaling paths.
 FAST_MODULES = (
     "simulator/engine.py",
     "simulator/frontend.py",
@@ -49,6 +51,16 @@ FAST_MODULES = (
     "functions/dispatch/policy.py",
     "functions/dispatch/credits.py",
     "functions/dispatch/autoscaling/kpa.py",
+    "functions/schedule/policy.py",
+    "functions/schedule/model.py",
+    "functions/schedule/credits.py",
+    "functions/clustermgr/policy.py",
+    "simulator/galaxy/credits.py",
+    "simulator/galaxy/placement.py",
+    "simulator/galaxy/scaling.py",
+    "simulator/galaxy/model.py",
+    "simulator/system.py",
+    "controlplane/nodeagent/capacity.py",
 )
 #: Where the build records the hash of each source it compiled.
 MANIFEST = "build/fast-manifest.json"

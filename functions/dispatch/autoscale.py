@@ -113,7 +113,7 @@ def retirable(router: FunctionRouter) -> list[str]:
     return [i for i, x in router.instances.items() if x.draining and x.in_flight <= 0]
 
 
-@dataclass
+@dataclass(slots=True)  # (slotted: one is made per function per tick)
 class Decision(Generic[K]):
     """What one tick asks for one function (``scale``: the KPA's decision)."""
 

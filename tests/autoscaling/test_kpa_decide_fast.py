@@ -164,17 +164,32 @@ def state(k: KpaAutoscaler) -> tuple[object, ...]:
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_decisions_equal_the_plain_decide(seed, cfg):
+    compare_with_plain(seed, cfg, sticky=0.0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_steady_load_decisions_equal_the_plain_decide(seed, cfg):
+    """Long runs of one load (the panic average without walking the window,
+    and decisions repeated for the same inputs) decide as the plain code."""
+    compare_with_plain(seed, cfg, sticky=0.9)
+
+
+def compare_with_plain(seed: int, cfg: KpaConfig, sticky: float) -> None:
+    """Drive the fast and the plain autoscaler alike; the load repeats with
+    probability ``sticky``."""
     rng = random.Random(seed)
     fast, plain = KpaAutoscaler(cfg, FixedKeepAlive(20.0)), PlainKpa(cfg, FixedKeepAlive(20.0))
-    now, ready = 0.0, 0
+    now, ready, load = 0.0, 0, 0.0
     for _ in range(1500):
         now += rng.choice([0.0, 0.5, 2.0, 2.0, 2.0, 2.0, 9.0, 70.0])
         # Mostly observe-then-decide at one time (as each tick), sometimes a
         # decide alone, a second decide, or a config swapped in.
         if rng.random() < 0.85:
-            load = rng.choice([0, 0, 0, 1, 2, 3, 8, 30, 200])
-            if rng.random() < 0.05:
-                load += rng.random()
+            if rng.random() >= sticky:
+                load = rng.choice([0, 0, 0, 1, 2, 3, 8, 30, 200])
+                if rng.random() < 0.05:
+                    load += rng.random()
             last = now - rng.random() * 3 if rng.random() < 0.5 else None
             fast.observe(now, load, last_active=last)
             plain.observe(now, load, last_active=last)

@@ -121,3 +121,28 @@ def test_lease_ids_are_unique_across_routers(cal):
 
 def _instance() -> Instance:
     return Instance("i-1", "addr", "n-1", concurrency=10)
+
+
+def test_clean_removes_extensions_of_modules_no_longer_listed(tmp_path, monkeypatch):
+    """A module dropped from FAST_MODULES keeps no extension after --clean
+    (left behind, it would be imported without the staleness check)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_fast", ROOT / "scripts/build_fast.py")
+    assert spec is not None and spec.loader is not None
+    build_fast = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_fast)
+    root = _tree(tmp_path)
+    dropped = "functions/dropped.py"
+    (root / dropped).parent.mkdir(parents=True, exist_ok=True)
+    (root / dropped).write_text("x = 1\n")
+    old = (root / dropped).with_name("dropped" + _SO)
+    old.write_bytes(b"")
+    _record(root)
+    manifest = json.loads((root / MANIFEST).read_text())
+    (root / MANIFEST).write_text(json.dumps({**manifest, dropped: "0" * 64}))
+    monkeypatch.setattr(build_fast, "ROOT", root)
+    gone = build_fast.clean()
+    assert old in gone and not old.exists()
+    assert not any(compiled.extensions(root, m) for m in FAST_MODULES)
+    assert not (root / MANIFEST).exists()

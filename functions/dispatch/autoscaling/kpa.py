@@ -36,15 +36,22 @@ defaults):
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import Any
 
 from controlplane.runtime.compiled import mypyc_attr
 from functions.dispatch.autoscaling.keepalive import FixedKeepAlive, KeepAlivePolicy
+
+# (Re-exported: defined here first; the parameters live in their own module.)
+from functions.dispatch.autoscaling.kpaconfig import (
+    _EPS,
+    _EXACT_SUM,
+    KpaConfig,
+    ScaleDecision,
+    _instances_for,
+)
 
 # (Re-exported: they were defined here first.)
 from functions.dispatch.autoscaling.removal import (
@@ -61,139 +68,6 @@ __all__ = [
     "ScaleDecision",
     "idle_instances_to_remove",
 ]
-
-# Float slack: 2.1 concurrent / (3 x 0.7) is 1.0000000000000002 in floats and
-# must give 1 instance, not 2.
-_EPS = 1e-9
-# Sums of non-negative whole numbers below 2**53 are exact in floats, in any
-# order: up to there a running sum of whole-number samples equals the sum
-# taken afresh, bit for bit.
-_EXACT_SUM = 2**53
-
-
-def _instances_for(concurrency: float, per_instance: float) -> int:
-    """ceil(concurrency / per_instance); any traffic at all needs one instance."""
-    if concurrency <= 0:
-        return 0
-    n = math.ceil(concurrency / per_instance - _EPS)
-    # (not max(1, n): the builtin costs ten times a conditional expression)
-    return n if n > 1 else 1
-
-
-# Not compiled: a compiled __init__ checks types without naming the field.
-@mypyc_attr(native_class=False)
-@dataclass(frozen=True)
-class KpaConfig:
-    """Autoscaling parameters of one function. Defaults are Galaxy's; see
-    ``knative_baseline`` for the Knative-like baseline of the simulator."""
-
-    #: requests one instance should carry (the function's concurrency limit)
-    target_concurrency: float
-    #: fraction of target_concurrency to aim for (Knative default 0.7)
-    target_utilization: float = 1.0
-    stable_window_s: float = 60.0
-    #: panic window = stable_window_s x this (Knative: panic-window-percentage 10%)
-    panic_window_fraction: float = 0.1
-    #: panic when panic desired >= this x ready (Knative: 200%)
-    panic_threshold: float = 2.0
-    max_scale_up_rate: float = 1000.0
-    max_scale_down_rate: float = 2.0
-    scale_to_zero_grace_s: float = 30.0
-    min_scale: int = 0
-    #: None = no upper bound
-    max_scale: int | None = None
-    #: how often the caller is expected to observe and decide (Knative: 2 s)
-    tick_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v, integer = getattr(self, f.name), f.name in ("min_scale", "max_scale")
-            if v is None and f.name == "max_scale":
-                continue
-            kind_ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-            if isinstance(v, bool) or not kind_ok or not math.isfinite(v):
-                what = "an integer" if integer else "a finite number"
-                raise ValueError(f"KpaConfig.{f.name} must be {what}, got {v!r}")
-        need = self._need
-        need(self.target_concurrency > 0, "target_concurrency", "> 0")
-        need(0 < self.target_utilization <= 1, "target_utilization", "in (0, 1]")
-        need(self.stable_window_s > 0, "stable_window_s", "> 0")
-        need(0 < self.panic_window_fraction <= 1, "panic_window_fraction", "in (0, 1]")
-        need(self.panic_threshold > 1, "panic_threshold", "> 1 (Knative allows 1.1 to 10)")
-        need(self.max_scale_up_rate > 1, "max_scale_up_rate", "> 1")
-        need(self.max_scale_down_rate > 1, "max_scale_down_rate", "> 1")
-        need(self.scale_to_zero_grace_s >= 0, "scale_to_zero_grace_s", ">= 0")
-        need(self.tick_s > 0, "tick_s", "> 0")
-        need(self.min_scale >= 0, "min_scale", ">= 0")
-        if self.max_scale is not None:
-            need(self.max_scale >= max(1, self.min_scale), "max_scale", ">= max(1, min_scale)")
-        # A panic window shorter than a tick could hold no sample at all.
-        need(
-            self.panic_window_s >= self.tick_s - _EPS,
-            "panic_window_fraction",
-            f"large enough that the panic window (stable_window_s x fraction) is at least "
-            f"tick_s={self.tick_s}",
-        )
-
-    def _need(self, ok: bool, name: str, rule: str) -> None:
-        # (a method, not nested in __post_init__: mypyc cannot compile that)
-        if not ok:
-            raise ValueError(f"KpaConfig.{name} must be {rule}, got {getattr(self, name)!r}")
-
-    # Cached (the config is frozen): decide reads these every tick.
-    @functools.cached_property
-    def panic_window_s(self) -> float:
-        """Length of the panic window in seconds."""
-        return self.stable_window_s * self.panic_window_fraction
-
-    @functools.cached_property
-    def target_per_instance(self) -> float:
-        """Concurrency one instance is scaled for (target x utilization)."""
-        return self.target_concurrency * self.target_utilization
-
-    @classmethod
-    def knative_baseline(cls, target_concurrency: float = 100.0, **overrides: Any) -> KpaConfig:
-        """Knative Serving's KPA defaults, as modelled by the simulator's
-        baseline: 2 s tick, 60 s stable / 6 s panic window, panic at 200%,
-        target utilization 0.7, scale-to-zero grace 30 s, max scale-up rate
-        1000, max scale-down rate 2 (``container-concurrency-target-default``
-        is 100)."""
-        knative = dict(target_utilization=0.7, stable_window_s=60.0, panic_window_fraction=0.1)
-        knative.update(panic_threshold=2.0, max_scale_up_rate=1000.0, max_scale_down_rate=2.0)
-        knative.update(scale_to_zero_grace_s=30.0, tick_s=2.0)
-        return cls(target_concurrency, **{**knative, **overrides})
-
-
-class ScaleDecision(NamedTuple):
-    """What the autoscaler wants for one function at one tick.
-
-    ``desired`` is the total instance count wanted; ``to_start`` and
-    ``to_remove`` say how to get there from the counts passed to ``decide``:
-    pending starts count toward ``desired``, only ready instances are
-    removed (down to ``desired``), and starts under way are never cancelled.
-    ``reason`` says why in words.
-
-    (A named tuple, not a frozen dataclass: one is made every tick for
-    every function, and a tuple is made several times faster.)"""
-
-    desired: int
-    panic: bool
-    #: ``reason`` is ``reason_format.format(*reason_args)``, formatted when
-    #: read: decisions are made every tick for every function, formatting
-    #: is a large part of a decision's cost, and most reasons are never read.
-    reason_format: str
-    to_start: int = 0
-    to_remove: int = 0
-    #: average concurrency over the stable and the panic window
-    stable_concurrency: float = 0.0
-    panic_concurrency: float = 0.0
-    reason_args: tuple[Any, ...] = ()
-
-    @property
-    def reason(self) -> str:
-        """Why this decision, e.g. "stable: 3.50 concurrent over 60s wants 4"."""
-        return self.reason_format.format(*self.reason_args)
-
 
 #: a reason, unformatted: (str.format template, its arguments...)
 _Why = tuple[Any, ...]
@@ -226,6 +100,12 @@ class KpaAutoscaler:
         self._max_panic = 0
         #: (base, config, up_cap, down_floor) of the last decision (``decide``)
         self._limits: tuple[int, KpaConfig | None, int, int] = (0, None, 0, 0)
+        #: how many of the latest samples equal the latest one (those of them
+        #: still in ``_samples``, which pruning shortens from the front)
+        self._tail_run = 0
+        #: ((stable_c, panic_c, ready, pending, config), decision) of the last
+        #: ``decide`` when its inputs alone made it (see ``decide``), else None
+        self._memo: tuple[tuple[Any, ...], ScaleDecision] | None = None
 
     # -- inputs -------------------------------------------------------------
 
@@ -248,6 +128,10 @@ class KpaAutoscaler:
         self._last_t = now
         c = float(concurrency)
         samples = self._samples
+        if samples and samples[-1][1] == c:
+            self._tail_run += 1
+        else:
+            self._tail_run = 1
         samples.append((now, c))
         if c.is_integer():
             self._whole_sum += int(c)
@@ -312,11 +196,36 @@ class KpaAutoscaler:
             return self._decision(
                 hold, ready_instances, pending, ("no samples yet: hold",), 0.0, 0.0
             )
+        samples = self._samples
+        n = len(samples)
         if self._fractional or self._whole_sum >= _EXACT_SUM:
             stable_c = self._average(now, cfg.stable_window_s)
         else:  # _stable_average, inline
-            stable_c = float(self._whole_sum) / len(self._samples)
-        panic_c = self._average(now, cfg.panic_window_s)
+            stable_c = float(self._whole_sum) / n
+        # The panic window is the latest few samples; when they all equal the
+        # latest one, v, a whole number, their sum is exactly k * v and the
+        # average v (+ 0.0: the sum of zeros starting from 0.0 is never -0.0),
+        # what ``_average`` gives without walking them.
+        run = self._tail_run
+        last_t, v = samples[-1]
+        cut = now - cfg.panic_window_s + _EPS
+        if (
+            last_t >= cut
+            and v.is_integer()
+            and (run >= n or samples[-run - 1][0] < cut)
+            and v * n < _EXACT_SUM
+        ):
+            panic_c = v + 0.0
+        else:
+            panic_c = self._average(now, cfg.panic_window_s)
+        # The same inputs as the last decision, which they alone made (not in
+        # panic, not through the zero gate, whose rules read the time): the
+        # same decision, and nothing below would change any state.
+        key = (stable_c, panic_c, ready_instances, pending, cfg)
+        memo = self._memo
+        if memo is not None and memo[0] == key and self._panic_since is None:
+            return memo[1]
+        self._memo = None
         # (_instances_for is 0 without traffic: skip the call in that case)
         per = cfg.target_per_instance
         want_stable = _instances_for(stable_c, per) if stable_c > 0 else 0
@@ -371,7 +280,10 @@ class KpaAutoscaler:
         if clamped != desired:
             why = (why[0] + "; clamped to [{}, {}] -> {}", *why[1:],
                    cfg.min_scale, cfg.max_scale, clamped)  # fmt: skip
-        return self._decision(clamped, ready_instances, pending, why, stable_c, panic_c)
+        d = self._decision(clamped, ready_instances, pending, why, stable_c, panic_c)
+        if stable_n and not over and self._panic_since is None:
+            self._memo = (key, d)
+        return d
 
     # -- state, for callers and tests --------------------------------------
 
@@ -384,6 +296,48 @@ class KpaAutoscaler:
     def idle_since(self) -> float | None:
         """Start of the current idle period (None while the function is busy)."""
         return self._idle_since
+
+    def hold_until(self, now: float, ready_instances: int, pending: int = 0) -> float:
+        """For a caller that skips idle rounds: called after ``observe(now, 0,
+        last_active=a)`` and ``decide(now, ready_instances, pending)``, a
+        time before which ``decide`` at later times gives the same desired
+        count and panic flag -- provided each of those times first gets
+        ``observe(t, 0, last_active=a)`` (no traffic, the same last activity)
+        and ready and pending stay -- while those observes and decides
+        change no state but the samples. That is the zero gate's hold: the
+        stable window holds only zeros and the decision depends on the
+        time only through the idle time reaching the grace period, the
+        keep-alive or the pre-warm window. ``now`` when no such hold applies."""
+        cfg = self.config
+        idle_since = self._idle_since
+        if (
+            self._last_t != now
+            or not self._samples
+            or self._whole_sum
+            or self._fractional
+            or self._panic_since is not None
+            or idle_since is None
+        ):
+            return now
+        base = ready_instances if ready_instances > 1 else 1
+        if math.floor(base / cfg.max_scale_down_rate + _EPS) > 0:
+            return now  # not the zero gate: the rate limit keeps instances
+        # The zero gate (``_zero_gate``) is a step function of the idle time
+        # with steps at these: the hold lasts until the next one.
+        prewarm = self.keepalive.prewarm_s(now)
+        keep = self.keepalive.keep_alive_s(now)
+        steps = [cfg.scale_to_zero_grace_s]
+        if self._idle_told and prewarm > 0:
+            steps += [prewarm, prewarm + keep]
+        if prewarm <= 0:
+            steps.append(keep)
+        idle_for = now - idle_since
+        ahead = [x for x in steps if x > idle_for]
+        if not ahead:
+            return math.inf
+        # (less a margin: ``now - idle_since`` is rounded)
+        end = idle_since + min(ahead) - 1e-6
+        return end if end > now else now
 
     def next_prewarm_at(self, now: float) -> float | None:
         """When the keep-alive policy wants an instance back if the function
