@@ -239,17 +239,11 @@ class Ownership(Generic[K, O]):
                 out.append(DeleteOnNode(key, inst))
         return out
 
-    def adopt(
-        self, router: FunctionRouter, instance: Instance, leases: list[str]
-    ) -> list[tuple[Waiter, Grant]]:
-        """A handed-over instance joins ``router`` with the slots its previous
-        owner reserved (``unreleased(leases)``) counted before any waiter is
-        served on it; returns the waiters served."""
-        return router.add_instance(instance, leases=self.unreleased(leases))
-
     def unreleased(self, leases: list[str]) -> list[str]:
         """The leases of a handed-over instance still held: those not
-        released here before they arrived."""
+        released here before they arrived. The instance joins its router
+        with them (``FunctionRouter.add_instance(inst, leases=...)``),
+        counted before any waiter is served on it."""
         unknown = self._released_unknown
         return [x for x in leases if x not in unknown]
 

@@ -24,7 +24,9 @@ def test_handed_over_leases_are_adopted_before_waiters_are_served() -> None:
     core: own.Ownership[str, str] = own.Ownership()
     r = router(concurrency=2)
     waiters = [r.enqueue(k) for k in range(2)]
-    grants = core.adopt(r, Instance("i0", "a0", "n0", 2), ["d0:f/1.x", "d0:f/2.y"])
+    grants = r.add_instance(
+        Instance("i0", "a0", "n0", 2), leases=core.unreleased(["d0:f/1.x", "d0:f/2.y"])
+    )
     assert grants == []
     assert r.instances["i0"].in_flight == 2  # never above its concurrency
     assert list(r.waiters) == waiters
@@ -39,7 +41,9 @@ def test_adoption_skips_a_lease_released_before_its_instance_arrived() -> None:
     r = router(concurrency=2)
     w = r.enqueue("w")
     core.release(None, "d0:f/1.x")  # overtook the handover
-    grants = core.adopt(r, Instance("i0", "a0", "n0", 2), ["d0:f/1.x", "d0:f/2.y"])
+    grants = r.add_instance(
+        Instance("i0", "a0", "n0", 2), leases=core.unreleased(["d0:f/1.x", "d0:f/2.y"])
+    )
     assert [x for x, _ in grants] == [w]  # one slot was really free
     assert r.instances["i0"].in_flight == 2 and set(r.leases) - {grants[0][1].lease_id} == {
         "d0:f/2.y"
@@ -57,7 +61,7 @@ def test_an_instance_handed_over_with_no_room_replaces_a_start_under_way() -> No
         r.enqueue()
     assert r.scale_ups_needed() == 2
     r.begin_scale_up(2)
-    core.adopt(r, Instance("old0", "a", "n", 1), ["d0:f/1.x"])
+    r.add_instance(Instance("old0", "a", "n", 1), leases=core.unreleased(["d0:f/1.x"]))
     assert not r.instances["old0"].draining
     assert (r.live_count(), r.pending, r.surplus_starts) == (1, 1, 1)
     for i in range(2):
@@ -74,7 +78,7 @@ def test_an_instance_handed_over_with_no_room_and_nothing_starting_serves_only_i
     core: own.Ownership[str, str] = own.Ownership()
     r = router(concurrency=2, max_scale=1)
     r.add_instance(Instance("mine", "a", "n", 2))
-    core.adopt(r, Instance("old0", "a", "n", 2), ["d0:f/1.x"])
+    r.add_instance(Instance("old0", "a", "n", 2), leases=core.unreleased(["d0:f/1.x"]))
     assert r.live_count() + r.pending == 1 and r.instances["old0"].draining
     assert retirable(r) == []  # its request is still in flight
     for _ in range(3):
@@ -127,7 +131,9 @@ def test_live_plus_pending_never_exceeds_max_scale_on_any_path() -> None:
                     r.scale_up_done(Instance(f"s{serial}", "a", "n", r.concurrency))
             elif op < 0.55:
                 leases = [f"d0:f/{serial}.{k}" for k in range(rng.randint(0, r.concurrency))]
-                core.adopt(r, Instance(f"h{serial}", "a", "n", r.concurrency), leases)
+                r.add_instance(
+                    Instance(f"h{serial}", "a", "n", r.concurrency), leases=core.unreleased(leases)
+                )
             elif op < 0.75 and r.leases:
                 r.release(rng.choice(list(r.leases)))
             else:

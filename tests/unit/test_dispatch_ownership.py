@@ -69,7 +69,7 @@ def test_late_release_is_not_counted_when_the_lease_arrives() -> None:
     r = router()
     known, grants = core.release(None, "old:f/1")  # before the handover lands
     assert (known, grants) == (False, [])
-    core.adopt(r, inst(1), ["old:f/1", "old:f/2"])
+    r.add_instance(inst(1), leases=core.unreleased(["old:f/1", "old:f/2"]))
     assert r.instances["i1"].in_flight == 1
     assert set(r.leases) == {"old:f/2"}
 
@@ -79,7 +79,7 @@ def test_released_unknown_is_bounded() -> None:
     for i in range(3):
         core.release(None, f"l{i}")
     r = router()
-    core.adopt(r, inst(1), ["l0", "l1", "l2"])
+    r.add_instance(inst(1), leases=core.unreleased(["l0", "l1", "l2"]))
     assert set(r.leases) == {"l0"}  # the oldest was forgotten
 
 
