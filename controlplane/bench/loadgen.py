@@ -70,6 +70,8 @@ class Job:
     # Wait for a line on stdin after announcing the measured phase (the
     # runner answers once its snapshot is taken); at most HANDSHAKE_S.
     handshake: bool = False
+    # Dispatch requests on the SDK's streams (False: a unary call each).
+    streams: bool = True
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Job:
@@ -165,7 +167,9 @@ class LoadGen:
         if self.job.target == "galaxy":
             from controlplane.sdk.client import GalaxyClient
 
-            self._client = GalaxyClient(self.job.address, timeout=self.job.timeout_s)
+            self._client = GalaxyClient(
+                self.job.address, timeout=self.job.timeout_s, streams=self.job.streams
+            )
             await self._client.refresh_membership()
         elif self.job.target == "echo":
             self._channel = grpc.aio.insecure_channel(self.job.address)

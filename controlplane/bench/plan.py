@@ -11,7 +11,8 @@ section 4) with two optional top-level blocks for what is not swept:
 Parameters may sweep any control_plane key (``dispatch_instances`` etc. are
 accepted too), ``instances`` (all three control functions), ``caches`` (both
 caches), ``preset`` (G_1, G_n, G_n-C, Galaxy with ``n``), and the load keys
-``concurrency``, ``cold_fraction``, ``arrival_rate``, ``mode``.
+``concurrency``, ``cold_fraction``, ``arrival_rate``, ``mode``,
+``dispatch_streams``.
 
 Scenario keys beyond the shared ones: ``mode`` (open: arrivals on schedule;
 closed: ``concurrency`` workers back to back, for maximum throughput),
@@ -50,7 +51,7 @@ CP_DEFAULTS: dict[str, Any] = defaults(ControlPlanePlan)
 _ALIASES = {f"{k}_instances": k for k in ("dispatch", "schedule", "clustermgr")}
 #: The ``load`` block's defaults (``LoadSettings``).
 LOAD_DEFAULTS: dict[str, Any] = defaults(LoadSettings, LOAD_BLOCK)
-LOAD_PARAMS = ("concurrency", "cold_fraction", "arrival_rate", "mode")
+LOAD_PARAMS = ("concurrency", "cold_fraction", "arrival_rate", "mode", "dispatch_streams")
 PRESETS = ("G_1", "G_n", "G_n-C", "Galaxy")
 # Every bench function names the emulated runtime (servingruntime.emulated):
 # emulated sandboxes run nothing, but the controller resolves a command.

@@ -64,6 +64,9 @@ class LoadSettings(Config):
     warm_functions: int = setting(32, "functions of the warm pool", ge=0)
     warm_concurrency: int = setting(1000, "concurrency of a warm function", ge=1)
     warm_hold_ms: float = setting(0.0, "how long a warm request keeps its lease", ge=0)
+    #: the SDK's DispatchStream per Dispatch instance (false: a unary call
+    #: per request): the A/B switch of the stream
+    dispatch_streams: bool = setting(True, "Dispatch requests as messages on one stream")
     #: (scenario, fraction): open-loop rate as a fraction of an earlier
     #: scenario's achieved throughput in the same configuration
     rate_of: tuple[str, float] | None = setting(None, "", cli=False)

@@ -247,6 +247,7 @@ async def _run_plan(
         "warmup": wl.warmup,
         "timeout_s": s.timeout_s,
         "max_duration_s": s.max_duration_s,
+        "streams": s.dispatch_streams,
     }
     res = await run_loadgen(job, work, prefix, on_line)
     profile = await profilers.stop() if profilers is not None else None

@@ -98,12 +98,12 @@ _ROLES_OF: dict[str, frozenset[str]] = {
     ),
     # The data path: namespace checked by Dispatch (Release needs only the
     # lease id, an unguessable capability handed out by Dispatch).
-    **dict.fromkeys(("Dispatch", "Release"), frozenset(ROLES)),
+    **dict.fromkeys(("Dispatch", "DispatchStream", "Release"), frozenset(ROLES)),
 }
 #: Methods an anonymous caller may reach; Dispatch then admits it only to a
 #: public function (``check_invoke``). Membership is how a client finds the
 #: Dispatch instance that owns a function: routing, not a secret.
-_ANONYMOUS_OK = frozenset({"Dispatch", "Release", "GetMembership"})
+_ANONYMOUS_OK = frozenset({"Dispatch", "DispatchStream", "Release", "GetMembership"})
 
 
 class Kind(Enum):

@@ -36,7 +36,7 @@ PUBLIC: dict[str, frozenset[str]] = {
         }
     ),
     # ListInstances is read-only: what `galaxy status` shows anyway.
-    "galaxy.v1.Dispatch": frozenset({"Dispatch", "Release", "ListInstances"}),
+    "galaxy.v1.Dispatch": frozenset({"Dispatch", "DispatchStream", "Release", "ListInstances"}),
     # Standard services: probes and tooling (grpcurl) need them.
     "grpc.health.v1.Health": frozenset({"Check", "Watch"}),
     "grpc.reflection.v1alpha.ServerReflection": frozenset({"ServerReflectionInfo"}),

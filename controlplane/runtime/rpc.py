@@ -79,6 +79,15 @@ class _ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
+        if handler is not None and handler.stream_stream is not None:
+            # A stream's messages are decoded one by one while it is open:
+            # the handler gets an Undecodable in place of a bad one and ends
+            # the stream with INVALID_ARGUMENT (it counts its own messages).
+            return grpc.stream_stream_rpc_method_handler(
+                handler.stream_stream,
+                request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
         if handler is None or handler.unary_unary is None:
             return handler
         # "/galaxy.v1.Dispatch/Dispatch" -> "Dispatch/Dispatch": short labels.
@@ -91,7 +100,7 @@ class _ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
-                if isinstance(request, _Undecodable):
+                if isinstance(request, Undecodable):
                     code = grpc.StatusCode.INVALID_ARGUMENT
                     await context.abort(code, f"request: {request.reason}")
                 return await inner(request, context)
@@ -119,8 +128,9 @@ class _ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         )
 
 
-class _Undecodable:
-    """Stands in for a request whose bytes did not decode."""
+class Undecodable:
+    """Stands in for a request whose bytes did not decode (``reason`` says
+    how many bytes, never what they were)."""
 
     __slots__ = ("reason",)
 
@@ -129,7 +139,7 @@ class _Undecodable:
 
 
 def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
-    """deserialize, answering _Undecodable instead of raising on bad bytes."""
+    """deserialize, answering Undecodable instead of raising on bad bytes."""
     if deserialize is None:
         return None
 
@@ -137,7 +147,7 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
         try:
             return deserialize(data)
         except Exception as e:  # DecodeError, or anything a parser raises on garbage
-            return _Undecodable(
+            return Undecodable(
                 f"{len(data)} bytes do not decode as the method's request message "
                 f"({type(e).__name__})"
             )

@@ -253,12 +253,15 @@ def check_dispatch(request: Any) -> None:
     check_id("request_id", request.request_id)
     if request.tag:
         check_name("tag", request.tag)
-    if len(request.releases) > MAX_RELEASES:
-        raise InvalidArgument(
-            f"releases: at most {MAX_RELEASES} per request, got {len(request.releases)}"
-        )
-    for i, rel in enumerate(request.releases):
-        check_release(rel, prefix=f"releases[{i}].", required=False)
+    check_releases(request.releases)
+
+
+def check_releases(releases: Any, required: bool = False) -> None:
+    """Releases riding on another message: bounded, each well formed."""
+    if len(releases) > MAX_RELEASES:
+        raise InvalidArgument(f"releases: at most {MAX_RELEASES} per request, got {len(releases)}")
+    for i, rel in enumerate(releases):
+        check_release(rel, prefix=f"releases[{i}].", required=required)
 
 
 def check_release(request: Any, *, prefix: str = "", required: bool = True) -> None:

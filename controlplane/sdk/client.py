@@ -42,6 +42,7 @@ from controlplane.runtime.tls import TlsConfig
 from controlplane.runtime.validation import short
 from controlplane.sdk.http import HttpPool, NotSent
 from controlplane.sdk.retry import Backoff
+from controlplane.sdk.streams import DispatchStreams
 from galaxy.v1 import (
     common_pb2,
     controller_pb2,
@@ -86,7 +87,8 @@ class GalaxyClient:
     retries; ``tls``, a client certificate of the cluster's CA
     (``tlsfiles.client_tls``; None: plaintext); ``token``, sent with every
     call (``credentials.client_token``; None: none). Or give timeout
-    (default ``TIMEOUT_S``), tls and token, which make that RpcConfig."""
+    (default ``TIMEOUT_S``), tls and token, which make that RpcConfig.
+    streams: Dispatch requests as messages on a stream per instance (False: unary)."""
 
     def __init__(
         self,
@@ -96,6 +98,7 @@ class GalaxyClient:
         tls: TlsConfig | None = None,
         token: str | None = None,
         rpc: RpcConfig | None = None,
+        streams: bool = True,
     ) -> None:
         #: The controllers' addresses, tried in turn on UNAVAILABLE.
         self.controllers = controllers.split(controller)
@@ -111,14 +114,15 @@ class GalaxyClient:
         self.http = HttpPool()
         self.backoff = backoff or Backoff()
         self.membership = MembershipView()
-        #: Failovers made (a Dispatch instance skipped or waited for, an
-        #: instance replaced).
+        #: Failovers made (a Dispatch instance skipped or waited for, one replaced).
         self.failovers = 0
         # Deferred releases by owner address, sent with the next Dispatch to
         # that owner or by a flush RELEASE_DELAY_S later, whichever is first.
         self._pending: dict[str, list[dispatch_pb2.ReleaseRequest]] = {}
         self._flushes: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: How Dispatch requests travel (streams, or unary calls).
+        self.streams = DispatchStreams(self.pool, self._release_orphan, enabled=streams)
 
     async def __aenter__(self) -> GalaxyClient:
         return self
@@ -132,6 +136,7 @@ class GalaxyClient:
             await self._flush(address)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.streams.close()
         await self.http.close()
         await self.pool.close()
 
@@ -317,8 +322,7 @@ class GalaxyClient:
             if remaining <= 0:
                 raise DeadlineExceeded(f"dispatch {short(function)}: deadline exceeded")
             try:
-                async with self.pool.stub(target.address, dispatch_pb2_grpc.DispatchStub) as s:
-                    return await s.Dispatch(req, timeout=remaining, metadata=md)  # type: ignore[no-any-return]
+                return await self.streams.dispatch(target.address, req, remaining, md)
             except grpc.aio.AioRpcError as e:
                 if req.releases:
                     # Maybe not applied: send them on their own (a repeat is harmless).
@@ -340,9 +344,9 @@ class GalaxyClient:
     async def release(self, addr: dispatch_pb2.InstanceAddr, defer: bool = False) -> bool:
         """Give back the slot of a dispatch() result.
 
-        defer=True sends it with the next dispatch() to the same Dispatch
-        instance, or on its own RELEASE_DELAY_S later: one RPC per request
-        instead of two for a busy caller. Returns True when deferred.
+        defer=True sends it as a message on the open stream to its Dispatch
+        instance, else with the next dispatch() to it or RELEASE_DELAY_S
+        later: one RPC per request instead of two. Returns True if deferred.
         """
         if not self.membership.ids(DISPATCH):
             await self.refresh_membership()
@@ -350,6 +354,8 @@ class GalaxyClient:
         if owner is None:
             return False
         rel = dispatch_pb2.ReleaseRequest(function=addr.function, lease_id=addr.lease_id)
+        if defer and self.streams.release(owner.address, rel):
+            return True  # a message on the open stream: no delay, no reply
         if defer:
             self._pending.setdefault(owner.address, []).append(rel)
             if owner.address not in self._flushes:
@@ -372,9 +378,21 @@ class GalaxyClient:
         return self._pending.pop(address, [])
 
     def _flush_soon(self, address: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._flush(address))
+        self._spawn(self._flush(address))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _release_orphan(self, addr: dispatch_pb2.InstanceAddr) -> None:
+        """A slot granted after its request was given up: give it back."""
+
+        self._spawn(self._release_quietly(addr))
+
+    async def _release_quietly(self, addr: dispatch_pb2.InstanceAddr) -> None:
+        with contextlib.suppress(GalaxyError):
+            await self.release(addr, defer=True)
 
     async def _flush(self, address: str) -> None:
         rels = self._take_pending(address)

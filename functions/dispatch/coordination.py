@@ -142,6 +142,22 @@ async def function_updated(svc: DispatchServicer, name: str) -> None:
         svc._router(await svc._spec(name))
 
 
+async def coordinate(
+    svc: DispatchServicer, request: common_pb2.CoordinateRequest
+) -> common_pb2.CoordinateReply:
+    """The controller's Coordinate call: a new membership, then its actions."""
+    if request.HasField("membership") and svc.membership.update(request.membership):
+        hand_over_moved(svc)
+    for action in request.actions:
+        if action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_DELETED:
+            function_deleted(svc, action.function)
+        elif action.kind == common_pb2.CoordinateAction.KIND_NODE_DEAD:
+            node_dead(svc, action.node_id)
+        elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
+            await function_updated(svc, action.function)
+    return common_pb2.CoordinateReply(epoch=svc.membership.epoch)
+
+
 async def recover(svc: DispatchServicer, records: list[common_pb2.InstanceInfo]) -> int:
     """Adopt instances recorded by a previous incarnation, after checking
     with their node agents that they still run; returns how many.

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
@@ -28,7 +28,7 @@ from controlplane.runtime.errors import (
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
-from functions.dispatch import coordination, revisions
+from functions.dispatch import coordination, revisions, stream
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.config import DEFAULTS
 from functions.dispatch.ownership import Ownership
@@ -214,14 +214,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self, request: dispatch_pb2.DispatchRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb2.InstanceAddr:
         validation.check_dispatch(request)
-        for rel in request.releases:
-            # Piggybacked releases first: the slot they free may serve this request.
-            if rel.lease_id and rel.function:
-                elsewhere = self._owner(rel.function)
-                if elsewhere is None:
-                    self._release(rel.function, rel.lease_id)
-                else:  # the caller's view is stale: pass it on
-                    self._spawn(self._forward_release(elsewhere, rel))
+        # Piggybacked releases first: the slot they free may serve this request.
+        self.release_many(request.releases)
         owner = self._owner(request.function)
         if owner is not None and not request.forwarded:
             if self.ownership.handing_over(request.function):
@@ -309,6 +303,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             await context.abort(e.code(), e.details() or "forwarded dispatch failed")
             raise  # unreachable: abort raises
 
+    DispatchStream = stream.serve  # each message served by Dispatch above
+
     async def Release(
         self, request: dispatch_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb2.ReleaseReply:
@@ -335,6 +331,16 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 await s.Release(fwd)
         except grpc.aio.AioRpcError as e:
             log.warning("forwarding release %s failed: %s", rel.lease_id, e.details())
+
+    def release_many(self, releases: Iterable[dispatch_pb2.ReleaseRequest]) -> None:
+        """Releases that ride on another message (checked by the caller)."""
+        for rel in releases:
+            if rel.lease_id and rel.function:
+                elsewhere = self._owner(rel.function)
+                if elsewhere is None:
+                    self._release(rel.function, rel.lease_id)
+                else:  # the caller's view is stale: pass it on
+                    self._spawn(self._forward_release(elsewhere, rel))
 
     def _release(self, function: str, lease_id: str) -> bool:
         """Return a slot on a function this instance routes; False if unknown."""
@@ -455,16 +461,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
     async def Coordinate(
         self, request: common_pb2.CoordinateRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.CoordinateReply:
-        if request.HasField("membership") and self.membership.update(request.membership):
-            coordination.hand_over_moved(self)
-        for action in request.actions:
-            if action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_DELETED:
-                coordination.function_deleted(self, action.function)
-            elif action.kind == common_pb2.CoordinateAction.KIND_NODE_DEAD:
-                coordination.node_dead(self, action.node_id)
-            elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
-                await coordination.function_updated(self, action.function)
-        return common_pb2.CoordinateReply(epoch=self.membership.epoch)
+        return await coordination.coordinate(self, request)
 
     async def ListInstances(
         self, request: dispatch_pb2.ListInstancesRequest, context: grpc.aio.ServicerContext

@@ -45,6 +45,11 @@ class DispatchStub:
                 request_serializer=galaxy_dot_v1_dot_dispatch__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_dispatch__pb2.ReleaseReply.FromString,
                 _registered_method=True)
+        self.DispatchStream = channel.stream_stream(
+                '/galaxy.v1.Dispatch/DispatchStream',
+                request_serializer=galaxy_dot_v1_dot_dispatch__pb2.DispatchStreamRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_dispatch__pb2.DispatchStreamReply.FromString,
+                _registered_method=True)
         self.ModInstance = channel.unary_unary(
                 '/galaxy.v1.Dispatch/ModInstance',
                 request_serializer=galaxy_dot_v1_dot_dispatch__pb2.ModInstanceRequest.SerializeToString,
@@ -86,6 +91,23 @@ class DispatchServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DispatchStream(self, request_iterator, context):
+        """Public API. Dispatch for a busy caller over one long-lived stream:
+        each DispatchStreamRequest carries one DispatchRequest and gets one
+        DispatchStreamReply with the same seq, as soon as its answer is ready
+        (a cold start does not hold up the warm requests sent after it). The
+        answer, or the status the unary Dispatch would have ended with, is in
+        the reply; the stream stays open. A message costs Dispatch about half of
+        what a unary call does (docs/benchmarks.md). The server asks the caller
+        to move to a new stream after at most 30 s (goaway), and ends the
+        stream itself at the latest 95 s after it opened; the caller's token is
+        checked when a stream opens. A stream that carries a message which does
+        not decode ends with INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ModInstance(self, request, context):
         """Internal: tells the owning Dispatch instance that an instance was added
         or removed (for example its process exited). Idempotent.
@@ -120,6 +142,11 @@ def add_DispatchServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=galaxy_dot_v1_dot_dispatch__pb2.ReleaseRequest.FromString,
                     response_serializer=galaxy_dot_v1_dot_dispatch__pb2.ReleaseReply.SerializeToString,
+            ),
+            'DispatchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DispatchStream,
+                    request_deserializer=galaxy_dot_v1_dot_dispatch__pb2.DispatchStreamRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_dispatch__pb2.DispatchStreamReply.SerializeToString,
             ),
             'ModInstance': grpc.unary_unary_rpc_method_handler(
                     servicer.ModInstance,
@@ -191,6 +218,33 @@ class Dispatch:
             '/galaxy.v1.Dispatch/Release',
             galaxy_dot_v1_dot_dispatch__pb2.ReleaseRequest.SerializeToString,
             galaxy_dot_v1_dot_dispatch__pb2.ReleaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DispatchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/galaxy.v1.Dispatch/DispatchStream',
+            galaxy_dot_v1_dot_dispatch__pb2.DispatchStreamRequest.SerializeToString,
+            galaxy_dot_v1_dot_dispatch__pb2.DispatchStreamReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,7 @@
-"""Deferred releases ride on the next Dispatch call to the same owner (one RPC
-per request instead of two), or go on their own shortly after."""
+"""Without streams (``GalaxyClient(streams=False)``), deferred releases ride
+on the next Dispatch call to the same owner (one RPC per request instead of
+two), or go on their own shortly after. With streams they are messages on
+the stream: tests/dispatch/test_dispatch_stream.py."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ async def cluster():
 
 async def test_deferred_release_frees_the_slot_for_the_next_request(cluster):
     d0 = cluster.parts["d-0"].component.servicer
-    async with GalaxyClient(cluster.controller) as c:
+    async with GalaxyClient(cluster.controller, streams=False) as c:
         await deploy(
             c, common_pb2.FunctionSpec(name="f", command=["x"], concurrency=1, max_scale=3)
         )
@@ -47,7 +49,7 @@ async def test_deferred_release_frees_the_slot_for_the_next_request(cluster):
 
 async def test_close_sends_deferred_releases(cluster):
     d0 = cluster.parts["d-0"].component.servicer
-    c = GalaxyClient(cluster.controller)
+    c = GalaxyClient(cluster.controller, streams=False)
     await deploy(c, common_pb2.FunctionSpec(name="g", command=["x"], concurrency=1))
     got = await c.dispatch("g")
     await c.release(got, defer=True)

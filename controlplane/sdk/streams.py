@@ -1,0 +1,258 @@
+"""The SDK's side of ``Dispatch.DispatchStream``: one stream per Dispatch
+instance (and token), each request a message on it.
+
+A message on an open stream costs both sides about half of a unary call's
+CPU in grpc.aio (docs/benchmarks.md), which is most of what a warm request
+costs. To the caller nothing changes: ``DispatchStreams.dispatch`` answers
+an ``InstanceAddr`` or raises the ``grpc.aio.AioRpcError`` the unary call
+would have raised (the same code and message), so retries and failover stay
+where they are (``GalaxyClient.dispatch``).
+
+Falls back to the unary call, per request, when streams are off (or the
+connection cache is: the ablation opens a channel per call), when the
+server does not know the method (an older Dispatch: remembered per
+address), or when a stream already has ``MAX_IN_FLIGHT`` requests out.
+A request that times out is withdrawn on the stream (``cancel``); an answer
+that arrives for a request no one waits for any more is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from controlplane.runtime.rpc import ChannelPool
+from galaxy.v1 import dispatch_pb2, dispatch_pb2_grpc
+
+#: The server's bound on one stream's requests in flight.
+MAX_IN_FLIGHT = 1024
+#: Streams one client keeps open (one per Dispatch instance and token); the
+#: least recently used is closed, once drained, when another is needed.
+MAX_STREAMS = 64
+#: The stream's own deadline: the server asks for a new stream after 30 s
+#: and ends an old one by 95 s, so this is only a backstop.
+STREAM_DEADLINE_S = 120.0
+
+#: How long close() lets the streams finish what they carry.
+CLOSE_WAIT_S = 2.0
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+Metadata = tuple[tuple[str, str], ...] | None
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error a unary call ending with code and details raises."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+class _Stream:
+    """One open DispatchStream: requests in flight by seq."""
+
+    def __init__(
+        self,
+        stub: Any,
+        metadata: Metadata,
+        on_orphan: Callable[[dispatch_pb2.InstanceAddr], None],
+        on_closed: Callable[[_Stream], None],
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.pending: dict[int, asyncio.Future[dispatch_pb2.DispatchStreamReply]] = {}
+        #: False once the server said goaway or the stream failed.
+        self.accepting = True
+        self._seq = 0
+        self._out: asyncio.Queue[dispatch_pb2.DispatchStreamRequest | None] = asyncio.Queue()
+        self._half_closed = False
+        self._on_orphan = on_orphan
+        self._on_closed = on_closed
+        self.call = stub.DispatchStream(
+            self._requests(), timeout=STREAM_DEADLINE_S, metadata=metadata
+        )
+        self._reader = self.loop.create_task(self._read())
+
+    async def _requests(self) -> AsyncIterator[dispatch_pb2.DispatchStreamRequest]:
+        while (msg := await self._out.get()) is not None:
+            yield msg
+
+    def _half_close(self) -> None:
+        if not self._half_closed:
+            self._half_closed = True
+            self._out.put_nowait(None)
+
+    def retire(self) -> None:
+        """Take no new requests; end the stream once the last answer is in."""
+        self.accepting = False
+        if not self.pending:
+            self._half_close()
+
+    async def _read(self) -> None:
+        err = rpc_error(grpc.StatusCode.UNAVAILABLE, "Dispatch ended the stream")
+        try:
+            async for r in self.call:
+                if r.seq == 0:
+                    if r.goaway:
+                        self.retire()
+                    continue
+                fut = self.pending.pop(r.seq, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(r)
+                elif r.code == 0 and r.HasField("addr"):
+                    self._on_orphan(r.addr)  # granted after its caller gave up
+                if not self.accepting and not self.pending:
+                    self._half_close()
+        except grpc.aio.AioRpcError as e:
+            err = e
+        except asyncio.CancelledError:
+            err = rpc_error(grpc.StatusCode.CANCELLED, "the client closed the stream")
+            raise
+        finally:
+            self.accepting = False
+            for fut in self.pending.values():
+                if not fut.done():
+                    fut.set_exception(err)
+            self.pending.clear()
+            self._half_close()
+            self._on_closed(self)
+
+    def _withdraw(self, seq: int) -> None:
+        if self.pending.pop(seq, None) is not None and not self._half_closed:
+            self._out.put_nowait(dispatch_pb2.DispatchStreamRequest(seq=seq, cancel=True))
+            if not self.accepting and not self.pending:
+                self._half_close()
+
+    def _expire(self, seq: int) -> None:
+        fut = self.pending.get(seq)
+        if fut is not None and not fut.done():
+            fut.set_exception(
+                rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded (DispatchStream)")
+            )
+        self._withdraw(seq)
+
+    async def request(
+        self, req: dispatch_pb2.DispatchRequest, timeout_s: float
+    ) -> dispatch_pb2.DispatchStreamReply:
+        """Send req; its reply, or the error that ended it."""
+        self._seq += 1
+        seq = self._seq
+        fut: asyncio.Future[dispatch_pb2.DispatchStreamReply] = self.loop.create_future()
+        self.pending[seq] = fut
+        self._out.put_nowait(
+            dispatch_pb2.DispatchStreamRequest(
+                seq=seq, request=req, timeout_ms=max(1, int(timeout_s * 1000))
+            )
+        )
+        # A timer, not wait_for: no task per request.
+        timer = self.loop.call_later(timeout_s, self._expire, seq)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._withdraw(seq)
+            raise
+        finally:
+            timer.cancel()
+
+    def release(self, rel: dispatch_pb2.ReleaseRequest) -> bool:
+        """Send rel as a message of its own (no reply); False if closed."""
+        if self._half_closed:
+            return False
+        self._out.put_nowait(dispatch_pb2.DispatchStreamRequest(releases=[rel]))
+        return True
+
+    def cancel(self) -> None:
+        """End the stream now (what is in flight fails CANCELLED)."""
+        self.call.cancel()
+
+
+class DispatchStreams:
+    """Dispatch calls of one client, over streams where they can be (see
+    module docstring). on_orphan(addr) releases a slot granted to a request
+    that was already given up."""
+
+    def __init__(
+        self,
+        pool: ChannelPool,
+        on_orphan: Callable[[dispatch_pb2.InstanceAddr], None],
+        enabled: bool = True,
+    ) -> None:
+        self.pool = pool
+        self.enabled = enabled
+        self._on_orphan = on_orphan
+        self._streams: OrderedDict[tuple[str, Metadata], _Stream] = OrderedDict()
+        self._live: set[_Stream] = set()
+        self._unary_only: set[str] = set()
+        # The newest stream to each address: where releases go.
+        self._by_address: dict[str, _Stream] = {}
+        #: Requests sent as stream messages and as unary calls.
+        self.sent = {"stream": 0, "unary": 0}
+        #: Streams opened (a goaway or a failure makes the next one).
+        self.opened = 0
+
+    async def dispatch(
+        self,
+        address: str,
+        req: dispatch_pb2.DispatchRequest,
+        timeout_s: float,
+        metadata: Metadata,
+    ) -> dispatch_pb2.InstanceAddr:
+        """One Dispatch request to address; raises grpc.aio.AioRpcError."""
+        if self.enabled and self.pool.enabled and address not in self._unary_only:
+            stream = await self._stream(address, metadata)
+            if len(stream.pending) < MAX_IN_FLIGHT:
+                self.sent["stream"] += 1
+                try:
+                    r = await stream.request(req, timeout_s)
+                except grpc.aio.AioRpcError as e:
+                    if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    self._unary_only.add(address)  # an older Dispatch
+                else:
+                    if r.code:
+                        raise rpc_error(_CODES.get(r.code, grpc.StatusCode.UNKNOWN), r.message)
+                    return r.addr
+        self.sent["unary"] += 1
+        async with self.pool.stub(address, dispatch_pb2_grpc.DispatchStub) as s:
+            return await s.Dispatch(req, timeout=timeout_s, metadata=metadata)  # type: ignore[no-any-return]
+
+    def release(self, address: str, rel: dispatch_pb2.ReleaseRequest) -> bool:
+        """Send rel on a stream open to address (any token's: a lease id is
+        its own capability); False when there is none."""
+        stream = self._by_address.get(address)
+        return stream is not None and stream in self._live and stream.release(rel)
+
+    async def _stream(self, address: str, metadata: Metadata) -> _Stream:
+        key = (address, metadata)
+        stream = self._streams.get(key)
+        if stream is not None and stream.accepting:
+            self._streams.move_to_end(key)
+            return stream
+        async with self.pool.stub(address, dispatch_pb2_grpc.DispatchStub) as s:
+            stream = _Stream(s, metadata, self._on_orphan, self._live.discard)
+        self._live.add(stream)
+        self._by_address[address] = stream
+        self.opened += 1
+        self._streams[key] = stream
+        self._streams.move_to_end(key)
+        while len(self._streams) > MAX_STREAMS:
+            _, old = self._streams.popitem(last=False)
+            old.retire()
+        return stream
+
+    async def close(self) -> None:
+        """End every stream once what was sent on it is answered (releases
+        included), waiting at most CLOSE_WAIT_S; then cancel the rest."""
+        streams = list(self._live)
+        self._streams.clear()
+        self._by_address.clear()
+        for s in streams:
+            s.accepting = False
+            s._half_close()
+        if streams:
+            await asyncio.wait([s._reader for s in streams], timeout=CLOSE_WAIT_S)
+        for s in streams:
+            s.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await s._reader

@@ -1,0 +1,124 @@
+"""The two ends of DispatchStream without a network: a granted slot whose
+answer never left is given back (server), and a grant that arrives after its
+caller gave up is handed to the release callback (client)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+
+from controlplane.sdk.streams import _Stream
+from functions.dispatch import stream as server
+from galaxy.v1 import dispatch_pb2
+
+
+class _Ctx:
+    """The stream's own context, as much as serve() reads of it."""
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def peer(self) -> str:
+        return "ipv4:10.0.0.9:1234"
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise AssertionError(f"unexpected abort {code} {details}")
+
+
+class _Servicer:
+    """Grants at once and records how each answer ended (cancelled or not)."""
+
+    def __init__(self) -> None:
+        self.ended: dict[str, bool] = {}
+
+    async def Dispatch(self, request: Any, ctx: server.MessageContext) -> Any:
+        rid = request.request_id
+        ctx.add_done_callback(lambda c: self.ended.__setitem__(rid, c.cancelled()))
+        return dispatch_pb2.InstanceAddr(function=request.function, lease_id=f"lease-{rid}")
+
+
+def _msg(seq: int) -> dispatch_pb2.DispatchStreamRequest:
+    return dispatch_pb2.DispatchStreamRequest(
+        seq=seq, request=dispatch_pb2.DispatchRequest(function="f", request_id=f"r{seq}")
+    )
+
+
+async def test_answers_not_written_when_the_stream_breaks_are_given_back() -> None:
+    svc = _Servicer()
+    hold = asyncio.Event()
+
+    async def requests() -> Any:
+        for seq in (1, 2, 3):
+            yield _msg(seq)
+        await hold.wait()  # the caller keeps the stream open
+
+    gen = server.serve(svc, requests(), _Ctx())  # type: ignore[arg-type]
+    first = await gen.__anext__()
+    second = await gen.__anext__()  # resuming confirms the first was written
+    assert (first.seq, second.seq) == (1, 2) and first.addr.lease_id == "lease-r1"
+    assert svc.ended == {"r1": False}
+    await gen.aclose()  # the stream breaks: r2 was in hand, r3 still queued
+    assert svc.ended == {"r1": False, "r2": True, "r3": True}
+
+
+class _FakeCall:
+    def __init__(self, requests: Any) -> None:
+        self.replies: asyncio.Queue[Any] = asyncio.Queue()
+        self.sent: asyncio.Queue[dispatch_pb2.DispatchStreamRequest] = asyncio.Queue()
+        self._pump = asyncio.get_running_loop().create_task(self._consume(requests))
+
+    async def _consume(self, requests: Any) -> None:
+        async for m in requests:
+            self.sent.put_nowait(m)
+
+    def __aiter__(self) -> _FakeCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        r = await self.replies.get()
+        if r is None:
+            raise StopAsyncIteration
+        return r
+
+    def cancel(self) -> None:
+        self.replies.put_nowait(None)
+
+
+class _FakeStub:
+    def __init__(self) -> None:
+        self.call: _FakeCall | None = None
+
+    def DispatchStream(self, requests: Any, timeout: float, metadata: Any) -> _FakeCall:
+        self.call = _FakeCall(requests)
+        return self.call
+
+
+async def test_a_request_that_times_out_is_withdrawn_and_its_late_grant_released() -> None:
+    stub, orphans = _FakeStub(), []
+    s = _Stream(stub, None, orphans.append, lambda _s: None)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await s.request(dispatch_pb2.DispatchRequest(function="f"), 0.05)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    call = stub.call
+    assert call is not None
+    sent, withdrawn = await _next(call), await _next(call)
+    assert sent.seq == 1 and sent.timeout_ms == 50 and not sent.cancel
+    assert withdrawn.seq == 1 and withdrawn.cancel
+    late = dispatch_pb2.InstanceAddr(function="f", lease_id="late")
+    call.replies.put_nowait(dispatch_pb2.DispatchStreamReply(seq=1, addr=late))
+    # An answer for a request still waited for goes to its caller instead.
+    waiting = asyncio.create_task(s.request(dispatch_pb2.DispatchRequest(function="f"), 5.0))
+    assert (await _next(call)).seq == 2
+    call.replies.put_nowait(dispatch_pb2.DispatchStreamReply(seq=2, addr=late))
+    assert (await waiting).addr.lease_id == "late"
+    assert [a.lease_id for a in orphans] == ["late"]
+    s.cancel()
+    await asyncio.wait_for(s._reader, 5)
+    assert not s.accepting
+
+
+async def _next(call: _FakeCall) -> dispatch_pb2.DispatchStreamRequest:
+    return await asyncio.wait_for(call.sent.get(), 5)
