@@ -13,10 +13,11 @@ re-register, wrong_owner) is the same for both.
 - Each status keeps the unary deadline: no reply within it fails the status
   and drops the stream (a later reply could no longer be matched), and the
   next status opens a new one.
-- A stream is retired (half-closed; it drains) once it is ``max_age_s`` old,
-  and has a deadline a margin beyond that. The server ends streams at its own
-  maximum age after answering a status; statuses sent after that one were
-  not handled and are sent again, once, on a new stream: no beat is lost.
+- A stream is retired (half-closed; it drains) once it is ``max_age_s`` old
+  or a reply says ``reopen`` (the server's maximum age), and has a deadline
+  a margin beyond that. Should the server end a stream before answering a
+  status, the status was not handled and is sent again, once, on a new
+  stream: no beat is lost.
 - A ClusterMgr without the method (UNIMPLEMENTED: an older version) gets
   unary Updates; the stream is tried again after ``max_age_s``.
 - With the connection cache off (the ablation switch: a channel per call)
@@ -29,9 +30,7 @@ stream's queue holds at most the agent's node count.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
 
 import grpc
 
@@ -58,8 +57,14 @@ class HeartbeatStream:
         self._pending: deque[tuple[str, asyncio.Future[clustermgr_pb2.UpdateReply]]] = deque()
         self._error: BaseException | None = None
         self._closing = False
-        self._call = stub.Heartbeats(self._requests(), timeout=deadline_s)
-        self.reader = asyncio.create_task(self._read(), name="heartbeat-stream")
+        # The reader/writer API with our own writer task, not a request
+        # iterator: grpc.aio drives an iterator in a task of its own that
+        # outlives a cancelled call, and at loop shutdown closing that
+        # generator fails.
+        # None: no request iterator (the pool's stub proxy wants it positional).
+        self._call = stub.Heartbeats(None, timeout=deadline_s)
+        self._writer = asyncio.create_task(self._write(), name="heartbeat-stream-writer")
+        self.reader = asyncio.create_task(self._read(), name="heartbeat-stream-reader")
 
     @property
     def usable(self) -> bool:
@@ -73,9 +78,7 @@ class HeartbeatStream:
         handled, send it again; NoReply or an AioRpcError: failed)."""
         if not self.usable:
             raise StreamEnded("stream closed")
-        fut: asyncio.Future[clustermgr_pb2.UpdateReply] = (
-            asyncio.get_running_loop().create_future()
-        )
+        fut: asyncio.Future[clustermgr_pb2.UpdateReply] = asyncio.get_running_loop().create_future()
         self._pending.append((status.node_id, fut))
         self._queue.put_nowait(status)
         try:
@@ -96,15 +99,26 @@ class HeartbeatStream:
         """Drop the stream: every pending status fails with err."""
         self._fail(err)
         self._call.cancel()
+        self._writer.cancel()
 
-    async def _requests(self) -> AsyncIterator[common_pb2.NodeStatus]:
-        while (status := await self._queue.get()) is not None:
-            yield status
+    async def wait_closed(self) -> None:
+        """Until both tasks have finished."""
+        await asyncio.gather(self._writer, self.reader, return_exceptions=True)
+
+    async def _write(self) -> None:
+        try:
+            while (status := await self._queue.get()) is not None:
+                await self._call.write(status)
+            await self._call.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as e:
+            # The call ended; the reader reports how (its status).
+            self._fail(StreamEnded(f"stream ended while writing: {e}"))
 
     async def _read(self) -> None:
         err: BaseException
         try:
-            async for r in self._call:
+            while (r := await self._call.read()) is not grpc.aio.EOF:
+                assert isinstance(r, clustermgr_pb2.HeartbeatReply)
                 if not self._pending:
                     err = StreamEnded("a reply for no status")
                     break
@@ -114,6 +128,8 @@ class HeartbeatStream:
                     break
                 if not fut.done():
                     fut.set_result(r.reply)
+                if r.reopen:
+                    self.close()  # the server's maximum age: the next status opens a new one
             else:
                 err = StreamEnded("the server ended the stream")
         except grpc.aio.AioRpcError as e:
@@ -182,10 +198,10 @@ class Streams:
 
     def _stream(self, address: str, stub: clustermgr_pb2_grpc.ClusterMgrStub) -> HeartbeatStream:
         s = self._streams.get(address)
-        if s is not None and s.usable:
-            if asyncio.get_running_loop().time() - s.opened < self.max_age_s:
+        if s is not None:
+            if s.usable and asyncio.get_running_loop().time() - s.opened < self.max_age_s:
                 return s
-            self._retire(s)
+            self._retire(s)  # too old, told to reopen, or broken
         # The deadline leaves a retired stream time to drain its replies
         # (each due within rpc_timeout_s) and is never what fails a status.
         s = HeartbeatStream(stub, self.max_age_s + 2 * self.rpc_timeout_s + 1.0)
@@ -195,8 +211,9 @@ class Streams:
 
     def _retire(self, s: HeartbeatStream) -> None:
         s.close()
-        self._draining.add(s)
-        s.reader.add_done_callback(lambda _: self._draining.discard(s))
+        if not s.reader.done():
+            self._draining.add(s)
+            s.reader.add_done_callback(lambda _: self._draining.discard(s))
 
     def retain(self, addresses: set[str]) -> None:
         """Retire the streams to addresses not in addresses (no node there)."""
@@ -212,5 +229,4 @@ class Streams:
             s.abort(StreamEnded("closed"))
             s.reader.cancel()
         for s in streams:
-            with contextlib.suppress(asyncio.CancelledError):
-                await s.reader
+            await s.wait_closed()

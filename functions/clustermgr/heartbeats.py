@@ -10,10 +10,14 @@ What one stream may hold here is bounded: a status is read, handled and its
 reply written (awaited) before the next is read, so nothing queues in this
 process; a client sending ahead is held back by HTTP/2 flow control.
 
-No stream lives without an end: after ``StreamLimits.max_age_s`` the server
-ends it with status OK, right after answering a status. Statuses the client
-sent after that one were never read, so it sends them again on a new stream
-and no beat is lost (the client also gives every stream a deadline).
+No stream lives without an end. Once it is ``StreamLimits.max_age_s`` old,
+every reply carries ``reopen``: the client sends its next statuses on a new
+stream and half-closes this one, which the server ends (OK) once it has
+answered everything before the half-close, so no beat is lost. Ending it
+from this side instead would race the client's writes (grpc.aio then
+reports INTERNAL on the client, not OK). A client that ignores ``reopen``
+is cut off ``grace_s`` later, right after a reply; statuses it sent after
+that one were never read (the client also gives every stream a deadline).
 
 A status that fails validation ends the stream with INVALID_ARGUMENT and the
 validation message, which names the field (never the status itself nor a
@@ -51,8 +55,10 @@ Update = Callable[[common_pb2.NodeStatus], clustermgr_pb2.UpdateReply]
 class StreamLimits:
     """Limits of one ClusterMgr's heartbeat streams."""
 
-    #: The server ends a stream (OK) after this long, at a message boundary.
+    #: Replies ask the client to reopen the stream after this long.
     max_age_s: float = HEARTBEAT_STREAM_MAX_AGE_S
+    #: A stream still open this long after max_age_s is ended (OK) after a reply.
+    grace_s: float = 10.0
 
 
 async def serve(
@@ -62,11 +68,12 @@ async def serve(
     limits: StreamLimits,
 ) -> AsyncIterator[clustermgr_pb2.HeartbeatReply]:
     """Answer every status of requests with update(status), in order, until
-    the client half-closes, the stream reaches its maximum age, or a status
+    the client half-closes, the stream outlives its grace, or a status
     fails validation (INVALID_ARGUMENT). Exceptions never escape as a
     traceback to the client: the stream ends with a short status."""
     loop = asyncio.get_running_loop()
-    ends = loop.time() + limits.max_age_s
+    reopen_at = loop.time() + limits.max_age_s
+    ends = reopen_at + limits.grace_s
     latency = RPC_LATENCY.labels(METHOD)
     HEARTBEAT_STREAMS.inc()
     try:
@@ -95,8 +102,11 @@ async def serve(
             RPC_REQUESTS.labels(METHOD, code.name).inc()
             if code is not grpc.StatusCode.OK:
                 await context.abort(code, message)
-            yield clustermgr_pb2.HeartbeatReply(node_id=status.node_id, reply=reply)
-            if loop.time() >= ends:
+            now = loop.time()
+            yield clustermgr_pb2.HeartbeatReply(
+                node_id=status.node_id, reply=reply, reopen=now >= reopen_at
+            )
+            if now >= ends:
                 return
     finally:
         HEARTBEAT_STREAMS.dec()

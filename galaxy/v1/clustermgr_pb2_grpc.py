@@ -85,9 +85,11 @@ class ClusterMgrServicer:
         one per ClusterMgr instance): each NodeStatus is handled exactly as
         Update and answered by one HeartbeatReply, in the order received. A
         status that fails validation ends the stream with INVALID_ARGUMENT
-        naming the field. The server ends a stream (status OK) after a maximum
-        age at a message boundary; statuses it did not answer were not handled
-        and are sent again on a new stream.
+        naming the field. Once a stream reaches its maximum age the server sets
+        `reopen` on its replies: the client sends further statuses on a new
+        stream and half-closes this one. A stream still open a grace period
+        later is ended (status OK) after a reply; statuses not answered then were
+        not handled.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
