@@ -110,9 +110,12 @@ class HeartbeatStream:
             while (status := await self._queue.get()) is not None:
                 await self._call.write(status)
             await self._call.done_writing()
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as e:
-            # The call ended; the reader reports how (its status).
-            self._fail(StreamEnded(f"stream ended while writing: {e}"))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            # The call ended: the reader reports how, with the call's status
+            # (UNIMPLEMENTED must reach Streams.update as such).
+            pass
+        except Exception as e:  # never leave a stream half-working
+            self.abort(StreamEnded(f"writing failed: {type(e).__name__}"))
 
     async def _read(self) -> None:
         err: BaseException
