@@ -182,7 +182,8 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         self.outbox = Outbox(pool or rpc.ChannelPool(), timeout_s=modnode_timeout_s)
         self.clustermgr_id = clustermgr_id
         self.modnode_timeout_s = modnode_timeout_s
-        #: RegisterNode and Update calls received (the load reporter's rate).
+        #: RegisterNode calls and heartbeat statuses (Update or one on
+        #: Heartbeats) received: the load reporter's rate.
         self.node_updates = 0
         #: Limits of Heartbeats streams (max age; tests shorten it).
         self.stream = heartbeats.StreamLimits()

@@ -22,7 +22,7 @@ from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
 from galaxy.v1 import clustermgr_pb2, clustermgr_pb2_grpc, common_pb2, controller_pb2_grpc
 from tests.cluster import eventually
 
-from .peers import CLUSTERMGR_FLAGS, heartbeats, known
+from .peers import CLUSTERMGR_FLAGS, heartbeats, known, owners
 
 STREAM = "ClusterMgr/Heartbeats"
 UPDATE = "ClusterMgr/Update"
@@ -44,6 +44,24 @@ async def test_heartbeats_of_all_nodes_share_one_stream(peers, start_registrar):
     assert rpcs_handled(UPDATE) == unary  # none went unary
     assert reg.streams.opened == 1
     assert open_streams() - streams == 1
+
+
+async def test_moved_nodes_beat_over_the_new_owners_stream(peers, start_registrar, pool):
+    await peers.add("controller", "controller")
+    cm_a = await peers.clustermgr("cm-a")
+    unary = rpcs_handled(UPDATE)
+    reg, agent = await start_registrar(20)
+    await asyncio.wait_for(reg.registered.wait(), 10)
+    await heartbeats(cm_a, agent.servicer.nodes, 1)
+    assert reg.streams.opened == 1
+    cm_b = await peers.clustermgr("cm-b")
+    want = await owners(pool, peers.controller, agent.servicer.nodes)
+    moved = {n for n, o in want.items() if o == "cm-b"}
+    assert moved
+    await eventually(lambda: set(known(cm_b)) == moved, what="moved nodes registered at cm-b")
+    await heartbeats(cm_b, moved, 2)
+    assert reg.streams.opened == 2  # one more, to cm-b
+    assert rpcs_handled(UPDATE) == unary
 
 
 async def test_a_restarted_clustermgr_gets_a_new_stream(peers, start_registrar):
