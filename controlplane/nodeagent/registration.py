@@ -6,6 +6,8 @@ when the earliest heartbeat is due and sends all heartbeats due by then
 concurrently, so a pool of 210 emulated nodes costs one loop, not 210
 sleeping tasks. Each node's first heartbeat after registering is offset by a
 fraction of the interval, which spreads the pool's heartbeats over the period.
+Heartbeats (Update) to one ClusterMgr instance share one stream
+(heartbeat_stream.py); registering stays a unary RegisterNode.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from typing import Any
 
 import grpc
 
+from controlplane.nodeagent.heartbeat_stream import Streams
 from controlplane.runtime import controllers, rpc
-from controlplane.runtime.membership import NODE_HEARTBEAT_MS, MembershipView
+from controlplane.runtime.membership import (
+    HEARTBEAT_STREAM_MAX_AGE_S,
+    NODE_HEARTBEAT_MS,
+    MembershipView,
+)
 from galaxy.v1 import clustermgr_pb2_grpc, common_pb2, controller_pb2
 
 log = logging.getLogger(__name__)
@@ -60,7 +67,7 @@ class Registrar:
     """Registers nodes with their owning ClusterMgr and sends heartbeats.
 
     status_of(node_id) must return the node's current NodeStatus with a fresh
-    (higher) seq; it is called once per RPC sent. The loop never raises: on
+    (higher) seq; it is called once per status sent. The loop never raises: on
     any error it re-fetches the membership from the controller and retries
     with capped exponential backoff.
     """
@@ -76,6 +83,7 @@ class Registrar:
         rpc_timeout_s: float = 2.0,
         membership_refresh_s: float = 5.0,
         max_backoff_s: float = 2.0,
+        stream_max_age_s: float = HEARTBEAT_STREAM_MAX_AGE_S,
     ) -> None:
         self.controller = controller
         self.pool = pool
@@ -84,6 +92,8 @@ class Registrar:
         self.membership_refresh_s = membership_refresh_s
         self.max_backoff_s = max_backoff_s
         self.view = MembershipView()
+        #: Heartbeat streams by ClusterMgr address.
+        self.streams = Streams(pool, rpc_timeout_s=rpc_timeout_s, max_age_s=stream_max_age_s)
         self._status_of = status_of
         ids = list(node_ids)
         self._nodes = {n: _NodeState(n, phase=(i + 1) / len(ids)) for i, n in enumerate(ids)}
@@ -191,6 +201,7 @@ class Registrar:
             for t in list(self._inflight):
                 t.cancel()
             await asyncio.gather(*self._inflight, return_exceptions=True)
+            await self.streams.close()
 
     async def _beat_batch(self, batch: list[_NodeState]) -> None:
         async def one(st: _NodeState) -> str | None:
@@ -238,6 +249,9 @@ class Registrar:
         if m.epoch < self.view.epoch:
             self.view = MembershipView()
         self.view.update(m)
+        self.streams.retain(
+            {i.address for i in self.view.instances(common_pb2.CONTROL_KIND_CLUSTERMGR)}
+        )
         self._fetched = True
         self._membership_due = loop.time() + self.membership_refresh_s
 
@@ -255,8 +269,8 @@ class Registrar:
             phase = 1.0
             async with self.pool.stub(owner.address, clustermgr_pb2_grpc.ClusterMgrStub) as stub:
                 if st.registered:
-                    reply = await stub.Update(
-                        self._status_of(st.node_id), timeout=self.rpc_timeout_s
+                    reply = await self.streams.update(
+                        owner.address, stub, self._status_of(st.node_id)
                     )
                     st.registered = not reply.reregister
                     if reply.wrong_owner:

@@ -22,6 +22,9 @@ KIND_BY_NAME: dict[str, int] = {v: k for k, v in KIND_NAMES.items()}
 #: Node heartbeat period, ms: what ClusterMgr tells node agents by default
 #: (``ClusterMgrConfig``) and what an agent uses until told (``NodeAgentConfig``).
 NODE_HEARTBEAT_MS = 1000
+#: Maximum age of a node heartbeat stream (ClusterMgr.Heartbeats), seconds:
+#: ClusterMgr ends older streams and node agents open a new one at this age.
+HEARTBEAT_STREAM_MAX_AGE_S = 60.0
 
 
 class MembershipView:

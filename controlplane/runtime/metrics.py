@@ -72,6 +72,10 @@ INSTANCES = Gauge(
     "Function instances known to this process (Dispatch: routable; node agent: running).",
 )
 NODES = Gauge("galaxy_nodes", "Nodes known to this process.", ["state"])
+HEARTBEAT_STREAMS = Gauge(
+    "galaxy_heartbeat_streams",
+    "ClusterMgr: open node heartbeat streams (ClusterMgr.Heartbeats, one per node agent).",
+)
 PROBES = Counter("galaxy_probes_total", "Probe RPCs sent by Schedule to node agents.")
 
 

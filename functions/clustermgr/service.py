@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -21,6 +21,7 @@ from controlplane.runtime import rpc
 from controlplane.runtime.errors import InvalidArgument
 from controlplane.runtime.membership import NODE_HEARTBEAT_MS
 from controlplane.runtime.metrics import NODES
+from functions.clustermgr import heartbeats
 from functions.clustermgr.forwarding import HeartbeatForwarding
 from functions.clustermgr.policy import (
     CLUSTERMGR,
@@ -181,8 +182,11 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         self.outbox = Outbox(pool or rpc.ChannelPool(), timeout_s=modnode_timeout_s)
         self.clustermgr_id = clustermgr_id
         self.modnode_timeout_s = modnode_timeout_s
-        #: RegisterNode and Update calls received (the load reporter's rate).
+        #: RegisterNode calls and heartbeat statuses (Update or one on
+        #: Heartbeats) received: the load reporter's rate.
         self.node_updates = 0
+        #: Limits of Heartbeats streams (max age; tests shorten it).
+        self.stream = heartbeats.StreamLimits()
         #: Which heartbeats go on to Schedule (shared with the simulator).
         self.forwarding = HeartbeatForwarding(heartbeat_s)
         #: The liveness timer: armed for the registry's next deadline (None:
@@ -225,6 +229,20 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
     async def Update(
         self, request: common_pb2.NodeStatus, context: grpc.aio.ServicerContext
     ) -> clustermgr_pb2.UpdateReply:
+        return self.update(request)
+
+    async def Heartbeats(
+        self,
+        request_iterator: AsyncIterator[common_pb2.NodeStatus],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[clustermgr_pb2.HeartbeatReply]:
+        """Update for every status on one stream (functions/clustermgr/heartbeats.py)."""
+        async for reply in heartbeats.serve(self.update, request_iterator, context, self.stream):
+            yield reply
+
+    def update(self, request: common_pb2.NodeStatus) -> clustermgr_pb2.UpdateReply:
+        """A heartbeat (Update, or one status on Heartbeats). Raises
+        InvalidArgument for a status without node_id."""
         if not request.node_id:
             raise InvalidArgument("node_id must be set")
         self.node_updates += 1

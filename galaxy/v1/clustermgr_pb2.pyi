@@ -17,6 +17,16 @@ class UpdateReply(_message.Message):
     wrong_owner: bool
     def __init__(self, reregister: _Optional[bool] = ..., heartbeat_interval_ms: _Optional[int] = ..., wrong_owner: _Optional[bool] = ...) -> None: ...
 
+class HeartbeatReply(_message.Message):
+    __slots__ = ("node_id", "reply", "reopen")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    REOPEN_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reply: UpdateReply
+    reopen: bool
+    def __init__(self, node_id: _Optional[str] = ..., reply: _Optional[_Union[UpdateReply, _Mapping]] = ..., reopen: _Optional[bool] = ...) -> None: ...
+
 class ListClusterNodesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -45,6 +45,11 @@ class ClusterMgrStub:
                 request_serializer=galaxy_dot_v1_dot_common__pb2.NodeStatus.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_clustermgr__pb2.UpdateReply.FromString,
                 _registered_method=True)
+        self.Heartbeats = channel.stream_stream(
+                '/galaxy.v1.ClusterMgr/Heartbeats',
+                request_serializer=galaxy_dot_v1_dot_common__pb2.NodeStatus.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_clustermgr__pb2.HeartbeatReply.FromString,
+                _registered_method=True)
         self.Coordinate = channel.unary_unary(
                 '/galaxy.v1.ClusterMgr/Coordinate',
                 request_serializer=galaxy_dot_v1_dot_common__pb2.CoordinateRequest.SerializeToString,
@@ -70,6 +75,21 @@ class ClusterMgrServicer:
     def Update(self, request, context):
         """Heartbeat with the node's current status. If the node is unknown (for
         example after a ClusterMgr restart) the reply asks it to register again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeats(self, request_iterator, context):
+        """Heartbeats of many nodes over one long-lived stream (a node agent opens
+        one per ClusterMgr instance): each NodeStatus is handled exactly as
+        Update and answered by one HeartbeatReply, in the order received. A
+        status that fails validation ends the stream with INVALID_ARGUMENT
+        naming the field. Once a stream reaches its maximum age the server sets
+        `reopen` on its replies: the client sends further statuses on a new
+        stream and half-closes this one. A stream still open a grace period
+        later is ended (status OK) after a reply; statuses not answered then were
+        not handled.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -101,6 +121,11 @@ def add_ClusterMgrServicer_to_server(servicer, server):
                     servicer.Update,
                     request_deserializer=galaxy_dot_v1_dot_common__pb2.NodeStatus.FromString,
                     response_serializer=galaxy_dot_v1_dot_clustermgr__pb2.UpdateReply.SerializeToString,
+            ),
+            'Heartbeats': grpc.stream_stream_rpc_method_handler(
+                    servicer.Heartbeats,
+                    request_deserializer=galaxy_dot_v1_dot_common__pb2.NodeStatus.FromString,
+                    response_serializer=galaxy_dot_v1_dot_clustermgr__pb2.HeartbeatReply.SerializeToString,
             ),
             'Coordinate': grpc.unary_unary_rpc_method_handler(
                     servicer.Coordinate,
@@ -167,6 +192,33 @@ class ClusterMgr:
             '/galaxy.v1.ClusterMgr/Update',
             galaxy_dot_v1_dot_common__pb2.NodeStatus.SerializeToString,
             galaxy_dot_v1_dot_clustermgr__pb2.UpdateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeats(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/galaxy.v1.ClusterMgr/Heartbeats',
+            galaxy_dot_v1_dot_common__pb2.NodeStatus.SerializeToString,
+            galaxy_dot_v1_dot_clustermgr__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,
