@@ -79,6 +79,25 @@ def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+async def settle(
+    pids: dict[str, int], below_cores: float, within_s: float, step_s: float = 0.5
+) -> float:
+    """Wait until the processes together use less than below_cores (over
+    step_s), at most within_s; returns the seconds waited. After a plan the
+    control plane may still be busy with its aftermath (thousands of idle
+    instances deleted): the echo measured after it would count that."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    before = sum(cpu_snapshot(pids).values())
+    while loop.time() - start < within_s:
+        await asyncio.sleep(step_s)
+        now = sum(cpu_snapshot(pids).values())
+        if (now - before) / step_s < below_cores:
+            break
+        before = now
+    return loop.time() - start
+
+
 def available() -> bool:
     """Is py-spy installed?"""
     return shutil.which("py-spy") is not None

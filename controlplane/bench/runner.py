@@ -37,6 +37,10 @@ from controlplane.runtime import servingruntime
 
 SCHEMA = "galaxy-bench/1"
 _DEPLOY_CONCURRENCY = 32
+# Before the echo after a plan: wait until the control plane uses less than
+# this (210 idle emulated nodes heartbeating use ~0.3 cores), at most so long.
+SETTLED_CORES = 0.6
+SETTLE_MAX_S = 30.0
 
 
 @dataclass
@@ -252,11 +256,14 @@ async def _run_plan(
     res = await run_loadgen(job, work, prefix, on_line)
     profile = await profilers.stop() if profilers is not None else None
     # The echo is measured before and after the plan: on a shared machine the
-    # two differ, and their spread says how far to trust the ratios.
+    # two differ, and their spread says how far to trust the ratios. The
+    # plan's aftermath (idle instances deleted) is let pass first.
+    settled_s = await prof.settle(pids, SETTLED_CORES, SETTLE_MAX_S)
     echo_b = await _echo(bf, echo, s.concurrency, work, f"{prefix}-echo-after")
     echo_res = sm.merge_runs(echo_a[0], echo_b[0])
     out = sm.summarize_plan(plan, cp, s, wl, res, echo_res, scr)
     out["loadavg"] = [load_before, os.getloadavg()[0]]
+    out["settled_s"] = settled_s
     out["cpu_cores"] = sm.cores(cpu, res)
     out["gc_pauses"] = sm.gc_pauses(scr)
     if len(machine) >= 2:

@@ -1,0 +1,34 @@
+"""The runner lets a plan's aftermath pass before it measures the echo
+again (``profile.settle``): it waits while the processes are busy."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from controlplane.bench import profile
+
+_BUSY_THEN_IDLE = (
+    "import sys, time\n"
+    "while time.process_time() < 0.6: pass\n"
+    "print('idle', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+async def test_settle_waits_until_the_processes_are_idle() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _BUSY_THEN_IDLE, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        waited = await profile.settle({"p": proc.pid}, below_cores=0.05, within_s=30, step_s=0.2)
+        assert proc.stdout is not None
+        # It returned only once the busy part was over (the line is written).
+        line = await asyncio.wait_for(proc.stdout.readline(), 0.1)
+        assert line == b"idle\n"
+        assert waited < 30
+        # An idle process: one step.
+        assert await profile.settle({"p": proc.pid}, 0.05, 30, step_s=0.2) < 5.0
+    finally:
+        proc.kill()
+        await proc.wait()
