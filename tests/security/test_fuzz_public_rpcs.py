@@ -188,6 +188,45 @@ def test_dispatch(
     assert code != grpc.StatusCode.OK  # no such function
 
 
+_seqs = st.one_of(st.integers(0, 3), st.integers(0, 2**64 - 1))
+_stream_messages = st.lists(
+    st.tuples(
+        _seqs,
+        st.one_of(st.none(), names),
+        texts,
+        u32,
+        st.booleans(),
+        st.lists(st.tuples(names, texts), max_size=2),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@FUZZ
+@given(messages=_stream_messages)
+def test_dispatch_stream(fuzzed: ThreadedCluster, messages: list[tuple[Any, ...]]) -> None:
+    """Random messages on one DispatchStream: every reply and the stream's
+    end carry a clear status, never INTERNAL or UNKNOWN or a long message."""
+    msgs = []
+    for seq, name, rid, timeout_ms, cancel, rels in messages:
+        if name in ("canary-one", "canary-two"):
+            name = "not-" + name  # a real cold start, not what this test is about
+        m = dispatch_pb2.DispatchStreamRequest(seq=seq, timeout_ms=timeout_ms, cancel=cancel)
+        if name is not None:
+            m.request.function, m.request.request_id = name, rid
+        m.releases.extend(dispatch_pb2.ReleaseRequest(function=f, lease_id=lid) for f, lid in rels)
+        msgs.append(m)
+
+    def call() -> None:
+        for reply in fuzzed.dsp.DispatchStream(iter(msgs), timeout=10):
+            assert reply.code not in (c.value[0] for c in BAD), reply.message[:300]
+            assert len(reply.message.encode()) < 1024
+            assert reply.seq == 0 or reply.code != 0  # no such function is deployed
+
+    _call(fuzzed, call)
+
+
 @FUZZ
 @given(name=names, lease_id=texts)
 def test_release(fuzzed: ThreadedCluster, name: str, lease_id: str) -> None:
