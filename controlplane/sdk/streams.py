@@ -11,7 +11,8 @@ where they are (``GalaxyClient.dispatch``).
 Falls back to the unary call, per request, when streams are off (or the
 connection cache is: the ablation opens a channel per call), when the
 server does not know the method (an older Dispatch: remembered per
-address), or when a stream already has ``MAX_IN_FLIGHT`` requests out.
+address), when a stream already has ``MAX_IN_FLIGHT`` requests out, or
+when ``MAX_STREAMS`` streams are open for other (address, token) pairs.
 A request that times out is withdrawn on the stream (``cancel``); an answer
 that arrives for a request no one waits for any more is released.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -31,8 +31,10 @@ from galaxy.v1 import dispatch_pb2, dispatch_pb2_grpc
 
 #: The server's bound on one stream's requests in flight.
 MAX_IN_FLIGHT = 1024
-#: Streams one client keeps open (one per Dispatch instance and token); the
-#: least recently used is closed, once drained, when another is needed.
+#: Streams one client keeps open (one per Dispatch instance and token: a
+#: gateway passes on each HTTP client's). Requests of further pairs go as
+#: unary calls until a stream retires (its goaway comes after 30 s): opening
+#: a stream per request would cost more than the unary call it replaces.
 MAX_STREAMS = 64
 #: The stream's own deadline: the server asks for a new stream after 30 s
 #: and ends an old one by 95 s, so this is only a backstop.
@@ -181,7 +183,7 @@ class DispatchStreams:
         self.pool = pool
         self.enabled = enabled
         self._on_orphan = on_orphan
-        self._streams: OrderedDict[tuple[str, Metadata], _Stream] = OrderedDict()
+        self._streams: dict[tuple[str, Metadata], _Stream] = {}
         self._live: set[_Stream] = set()
         self._unary_only: set[str] = set()
         # The newest stream to each address: where releases go.
@@ -201,7 +203,7 @@ class DispatchStreams:
         """One Dispatch request to address; raises grpc.aio.AioRpcError."""
         if self.enabled and self.pool.enabled and address not in self._unary_only:
             stream = await self._stream(address, metadata)
-            if len(stream.pending) < MAX_IN_FLIGHT:
+            if stream is not None and len(stream.pending) < MAX_IN_FLIGHT:
                 self.sent["stream"] += 1
                 try:
                     r = await stream.request(req, timeout_s)
@@ -223,22 +225,24 @@ class DispatchStreams:
         stream = self._by_address.get(address)
         return stream is not None and stream in self._live and stream.release(rel)
 
-    async def _stream(self, address: str, metadata: Metadata) -> _Stream:
+    async def _stream(self, address: str, metadata: Metadata) -> _Stream | None:
+        """The open stream for (address, token), a new one, or None when
+        MAX_STREAMS are open for other pairs (the request goes unary)."""
         key = (address, metadata)
         stream = self._streams.get(key)
         if stream is not None and stream.accepting:
-            self._streams.move_to_end(key)
             return stream
+        if len(self._streams) >= MAX_STREAMS:
+            for k in [k for k, s in self._streams.items() if not s.accepting]:
+                del self._streams[k]
+            if len(self._streams) >= MAX_STREAMS:
+                return None
         async with self.pool.stub(address, dispatch_pb2_grpc.DispatchStub) as s:
             stream = _Stream(s, metadata, self._on_orphan, self._live.discard)
         self._live.add(stream)
         self._by_address[address] = stream
         self.opened += 1
         self._streams[key] = stream
-        self._streams.move_to_end(key)
-        while len(self._streams) > MAX_STREAMS:
-            _, old = self._streams.popitem(last=False)
-            old.retire()
         return stream
 
     async def close(self) -> None:

@@ -251,3 +251,27 @@ def _json_objects(text: str) -> list[str]:
             if depth == 0:
                 objs.append(text[start : i + 1])
     return objs
+
+
+async def test_callers_beyond_the_stream_limit_go_unary(cluster, monkeypatch) -> None:
+    from controlplane.sdk import streams as sdk_streams
+
+    monkeypatch.setattr(sdk_streams, "MAX_STREAMS", 1)
+    async with GalaxyClient(cluster.controller) as c:
+        await deploy(c, common_pb2.FunctionSpec(name="f", command=["x"], concurrency=8))
+        await c.release(await c.dispatch("f"))
+    pool = ChannelPool()
+    streams = DispatchStreams(pool, on_orphan=lambda a: None)
+    address = cluster.parts["d-0"].address
+    one, two = (("x-caller", "1"),), (("x-caller", "2"),)  # as two tokens would
+    try:
+        for i, md in enumerate((one, two, one)):
+            req = dispatch_pb2.DispatchRequest(function="f", request_id=f"r-{i}")
+            got = await streams.dispatch(address, req, 5.0, md)
+            assert got.lease_id
+            _d0(cluster)._release(got.function, got.lease_id)
+        # The second caller found the one stream taken: a unary call.
+        assert streams.sent == {"stream": 2, "unary": 1} and streams.opened == 1
+    finally:
+        await streams.close()
+        await pool.close()
