@@ -116,12 +116,11 @@ class GalaxyClient:
         self.membership = MembershipView()
         #: Failovers made (a Dispatch instance skipped or waited for, one replaced).
         self.failovers = 0
-        # Deferred releases by owner address, sent with the next Dispatch to
-        # that owner or by a flush RELEASE_DELAY_S later, whichever is first.
+        # Deferred releases by owner: on its next Dispatch, or RELEASE_DELAY_S later.
         self._pending: dict[str, list[dispatch_pb2.ReleaseRequest]] = {}
         self._flushes: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        #: How Dispatch requests travel (streams, or unary calls).
+        #: How Dispatch requests (and releases) travel: streams or unary calls.
         self.streams = DispatchStreams(self.pool, self._release_orphan, enabled=streams)
 
     async def __aenter__(self) -> GalaxyClient:
@@ -344,9 +343,9 @@ class GalaxyClient:
     async def release(self, addr: dispatch_pb2.InstanceAddr, defer: bool = False) -> bool:
         """Give back the slot of a dispatch() result.
 
-        defer=True sends it as a message on the open stream to its Dispatch
-        instance, else with the next dispatch() to it or RELEASE_DELAY_S
-        later: one RPC per request instead of two. Returns True if deferred.
+        defer=True sends it with the next dispatch() to its Dispatch instance
+        or RELEASE_DELAY_S later (a message on the open stream, else a call):
+        one message per request instead of two. Returns True if deferred.
         """
         if not self.membership.ids(DISPATCH):
             await self.refresh_membership()
@@ -354,8 +353,6 @@ class GalaxyClient:
         if owner is None:
             return False
         rel = dispatch_pb2.ReleaseRequest(function=addr.function, lease_id=addr.lease_id)
-        if defer and self.streams.release(owner.address, rel):
-            return True  # a message on the open stream: no delay, no reply
         if defer:
             self._pending.setdefault(owner.address, []).append(rel)
             if owner.address not in self._flushes:
@@ -378,7 +375,9 @@ class GalaxyClient:
         return self._pending.pop(address, [])
 
     def _flush_soon(self, address: str) -> None:
-        self._spawn(self._flush(address))
+        rels = self._take_pending(address)
+        if rels and not self.streams.release(address, rels):
+            self._spawn(self._send_releases(address, rels))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -387,7 +386,6 @@ class GalaxyClient:
 
     def _release_orphan(self, addr: dispatch_pb2.InstanceAddr) -> None:
         """A slot granted after its request was given up: give it back."""
-
         self._spawn(self._release_quietly(addr))
 
     async def _release_quietly(self, addr: dispatch_pb2.InstanceAddr) -> None:
@@ -396,8 +394,10 @@ class GalaxyClient:
 
     async def _flush(self, address: str) -> None:
         rels = self._take_pending(address)
-        if not rels:
-            return
+        if rels and not self.streams.release(address, rels):
+            await self._send_releases(address, rels)
+
+    async def _send_releases(self, address: str, rels: list[dispatch_pb2.ReleaseRequest]) -> None:
         async with self.pool.stub(address, dispatch_pb2_grpc.DispatchStub) as s:
             await asyncio.gather(
                 *(s.Release(r, metadata=self._md) for r in rels), return_exceptions=True

@@ -157,11 +157,11 @@ class _Stream:
         finally:
             timer.cancel()
 
-    def release(self, rel: dispatch_pb2.ReleaseRequest) -> bool:
-        """Send rel as a message of its own (no reply); False if closed."""
+    def release(self, rels: list[dispatch_pb2.ReleaseRequest]) -> bool:
+        """Send rels as a message of their own (no reply); False if closed."""
         if self._half_closed:
             return False
-        self._out.put_nowait(dispatch_pb2.DispatchStreamRequest(releases=[rel]))
+        self._out.put_nowait(dispatch_pb2.DispatchStreamRequest(releases=rels))
         return True
 
     def cancel(self) -> None:
@@ -219,11 +219,11 @@ class DispatchStreams:
         async with self.pool.stub(address, dispatch_pb2_grpc.DispatchStub) as s:
             return await s.Dispatch(req, timeout=timeout_s, metadata=metadata)  # type: ignore[no-any-return]
 
-    def release(self, address: str, rel: dispatch_pb2.ReleaseRequest) -> bool:
-        """Send rel on a stream open to address (any token's: a lease id is
+    def release(self, address: str, rels: list[dispatch_pb2.ReleaseRequest]) -> bool:
+        """Send rels on a stream open to address (any token's: a lease id is
         its own capability); False when there is none."""
         stream = self._by_address.get(address)
-        return stream is not None and stream in self._live and stream.release(rel)
+        return stream is not None and stream in self._live and stream.release(rels)
 
     async def _stream(self, address: str, metadata: Metadata) -> _Stream | None:
         """The open stream for (address, token), a new one, or None when

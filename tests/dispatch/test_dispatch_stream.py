@@ -39,7 +39,7 @@ async def cluster():
     await c.add("schedule", "schedule-0")
     await c.add("dispatch", "d-0", "--no-autoscale")
     await c.add(
-        "nodeagent", "agent-0", "--nodes", "2", "--sandbox", "emulated", "--start-delay-ms", "800"
+        "nodeagent", "agent-0", "--nodes", "2", "--sandbox", "emulated", "--start-delay-ms", "400"
     )
     await eventually(lambda: len(c.parts["schedule-0"].component.servicer.policy) == 2)
     try:
@@ -91,7 +91,7 @@ async def test_a_warm_answer_does_not_wait_behind_a_cold_start(cluster) -> None:
         for name in ("warm", "cold"):
             await deploy(c, common_pb2.FunctionSpec(name=name, command=["x"], concurrency=4))
         await c.release(await c.dispatch("warm"))  # an instance of warm is ready
-        cold = asyncio.create_task(c.dispatch("cold"))  # 800 ms start delay
+        cold = asyncio.create_task(c.dispatch("cold"))  # 400 ms start delay
         await eventually(lambda: _d0(cluster).router_of("cold").pending == 1, what="cold start")
         warm = await c.dispatch("warm")  # on the same stream, after the cold request
         assert not warm.cold_start
