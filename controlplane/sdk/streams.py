@@ -43,6 +43,7 @@ STREAM_DEADLINE_S = 120.0
 #: How long close() lets the streams finish what they carry.
 CLOSE_WAIT_S = 2.0
 
+_BROKEN = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 Metadata = tuple[tuple[str, str], ...] | None
 
@@ -108,6 +109,16 @@ class _Stream:
                     self._half_close()
         except grpc.aio.AioRpcError as e:
             err = e
+            if e.code() in _BROKEN:
+                # A stream cut off by a dead peer ends INTERNAL ("Internal
+                # error from Core") where a unary call says UNAVAILABLE;
+                # Dispatch itself never ends a stream so (its errors travel
+                # in replies). Unanswered requests are retried (request ids
+                # make that safe), as after a unary call's UNAVAILABLE.
+                err = rpc_error(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the stream to Dispatch broke ({e.code().name}: {e.details()})",
+                )
         except asyncio.CancelledError:
             err = rpc_error(grpc.StatusCode.CANCELLED, "the client closed the stream")
             raise

@@ -81,6 +81,8 @@ class _FakeCall:
         r = await self.replies.get()
         if r is None:
             raise StopAsyncIteration
+        if isinstance(r, Exception):
+            raise r
         return r
 
     def cancel(self) -> None:
@@ -122,3 +124,21 @@ async def test_a_request_that_times_out_is_withdrawn_and_its_late_grant_released
 
 async def _next(call: _FakeCall) -> dispatch_pb2.DispatchStreamRequest:
     return await asyncio.wait_for(call.sent.get(), 5)
+
+
+async def test_a_stream_cut_off_by_a_dead_peer_fails_its_requests_unavailable() -> None:
+    """grpc.aio ends such a stream INTERNAL ("Internal error from Core");
+    a unary call would have said UNAVAILABLE, which the SDK retries."""
+    stub = _FakeStub()
+    s = _Stream(stub, None, lambda a: None, lambda _s: None)
+    waiting = asyncio.create_task(s.request(dispatch_pb2.DispatchRequest(function="f"), 5.0))
+    assert stub.call is not None
+    await _next(stub.call)
+    stub.call.replies.put_nowait(
+        grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, details="Internal error from Core")
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await waiting
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "INTERNAL: Internal error from Core" in e.value.details()
+    assert not s.accepting
