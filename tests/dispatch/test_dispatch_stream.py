@@ -20,7 +20,7 @@ from controlplane.sdk.client import GalaxyClient
 from controlplane.sdk.streams import DispatchStreams
 from functions.dispatch import stream as server_stream
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
-from tests.cluster import InProcessCluster, eventually
+from tests.cluster import InProcessCluster, eventually, small_cluster
 from tests.runtimes import deploy
 
 STREAM = "/galaxy.v1.Dispatch/DispatchStream"
@@ -33,15 +33,11 @@ def _count(method: str, code: str) -> float:
 
 @pytest.fixture
 async def cluster():
-    c = InProcessCluster()
-    await c.add("controller", "controller")
-    await c.add("clustermgr", "clustermgr-0")
-    await c.add("schedule", "schedule-0")
-    await c.add("dispatch", "d-0", "--no-autoscale")
-    await c.add(
-        "nodeagent", "agent-0", "--nodes", "2", "--sandbox", "emulated", "--start-delay-ms", "400"
-    )
-    await eventually(lambda: len(c.parts["schedule-0"].component.servicer.policy) == 2)
+    c = await small_cluster(
+        "--nodes", "2", "--sandbox", "emulated", "--start-delay-ms", "400",
+        dispatch_flags=("--no-autoscale",),
+    )  # fmt: skip
+    await eventually(lambda: len(c.parts["s-0"].component.servicer.policy) == 2)
     try:
         yield c
     finally:
