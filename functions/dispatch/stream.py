@@ -150,6 +150,11 @@ class _Stream:
         self.out: asyncio.Queue[_Item] = asyncio.Queue()
         self.calls: dict[int, asyncio.Task[None]] = {}
         self.reading = True
+        # Set while the replies not yet written are few enough to read on:
+        # a caller that sends and never reads is held back here (and by
+        # HTTP/2 flow control behind it), so `out` stays bounded.
+        self.drained = asyncio.Event()
+        self.drained.set()
 
     def _done_if_idle(self) -> None:
         if not self.reading and not self.calls:
@@ -159,6 +164,9 @@ class _Stream:
         """Start a task per request; withdraw on cancel; stop on a broken protocol."""
         try:
             async for msg in requests:
+                if self.out.qsize() >= MAX_IN_FLIGHT:
+                    self.drained.clear()
+                    await self.drained.wait()
                 if isinstance(msg, Undecodable):
                     self.out.put_nowait(
                         _Fatal(grpc.StatusCode.INVALID_ARGUMENT, f"request: {msg.reason}")
@@ -296,6 +304,8 @@ async def serve(
     try:
         while True:
             item = await stream.out.get()
+            if stream.out.qsize() < MAX_IN_FLIGHT:
+                stream.drained.set()
             if item is None:
                 return
             if isinstance(item, _Fatal):

@@ -142,3 +142,26 @@ async def test_a_stream_cut_off_by_a_dead_peer_fails_its_requests_unavailable() 
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "INTERNAL: Internal error from Core" in e.value.details()
     assert not s.accepting
+
+
+async def test_a_caller_that_never_reads_is_held_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replies not yet written stay bounded: the reader stops taking
+    messages while MAX_IN_FLIGHT of them wait (HTTP/2 flow control then
+    holds the caller back)."""
+    monkeypatch.setattr(server, "MAX_IN_FLIGHT", 4)
+    pulled = 0
+
+    async def requests() -> Any:
+        nonlocal pulled
+        for seq in range(1, 21):
+            pulled += 1
+            yield dispatch_pb2.DispatchStreamRequest(seq=seq)  # no request: an error reply
+
+    gen = server.serve(_Servicer(), requests(), _Ctx())  # type: ignore[arg-type]
+    first = await gen.__anext__()
+    assert first.message == "request: required"
+    for _ in range(200):  # ample turns for an unbounded reader to take all 20
+        await asyncio.sleep(0)
+    assert pulled <= 4 + 2
+    rest = [r async for r in gen]  # reading on lets it take the rest
+    assert pulled == 20 and len(rest) == 19
