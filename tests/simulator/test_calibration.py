@@ -86,3 +86,13 @@ async def test_event_loop_steps_of_a_grpc_call_are_counted():
     # call's task, reading the message); a reply fewer, but at least one.
     assert steps["loop_request_steps"] > steps["loop_reply_steps"] >= 1
     assert steps["loop_request_steps"] >= 3
+
+
+async def test_control_start_times_a_real_controller_and_stops_it() -> None:
+    # It failed with ProcessLookupError once TLS became the default: the
+    # controller it spawned refused to start without certificates, and a
+    # process that exited early would have been timed as if it had started.
+    from simulator.calibrate import control_start
+
+    seconds = await control_start(1)
+    assert 0 < seconds < 60
