@@ -68,7 +68,7 @@ class _Aborted(Exception):
 class MessageContext:
     """The parts of a ``grpc.aio.ServicerContext`` that ``Dispatch`` uses,
     for one message of a stream: the message's own deadline, abort (which
-    fails this message only), the stream's metadata and peer, and done
+    fails this message only), the stream's metadata, and done
     callbacks run once the answer was sent (``cancelled()`` False) or can no
     longer be (True)."""
 
@@ -90,14 +90,6 @@ class MessageContext:
     def invocation_metadata(self) -> Any:
         """The stream's metadata (the caller's token)."""
         return self._stream.invocation_metadata()
-
-    def auth_context(self) -> Any:
-        """The stream's auth context (the peer's certificate)."""
-        return self._stream.auth_context()
-
-    def peer(self) -> str:
-        """The stream's peer."""
-        return str(self._stream.peer())
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         """callback(self) once the message's answer was sent or given up."""
