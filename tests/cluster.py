@@ -47,7 +47,8 @@ class InProcessCluster:
         argv = ["serve", kind, "--id", instance_id, "--metrics-listen", ""]
         if kind != "controller":
             argv += ["--controller", self.controller]
-        args = build_parser().parse_args([*argv, *flags])
+        full = [*argv, *flags]
+        args = build_parser(full).parse_args(full)
         component = _component_module(kind).build(args)
         rpc_config = config.from_args(RpcConfig, args)
         stop = asyncio.Event()

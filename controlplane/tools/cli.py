@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -24,39 +25,15 @@ from typing import Any
 
 import grpc
 
-from controlplane.bench.cli import add_subparser as add_bench_subparser
-from controlplane.launch.endpoints import default_run_dir, print_endpoints, read_endpoints
-from controlplane.launch.restart import RestartPolicy
-from controlplane.launch.supervise import supervise
-from controlplane.launch.up import Supervisor
-from controlplane.launch.upconfig import UpConfig
-from controlplane.runtime import config, tlsfiles
-from controlplane.runtime.config import ConfigError, GcConfig, RpcConfig
+from controlplane.launch.endpoints import default_run_dir
+from controlplane.runtime.config import ConfigError
 from controlplane.runtime.errors import GalaxyError
-from controlplane.runtime.host import SERVE_FLAGS_FIRST, SERVE_FLAGS_LAST, ServeConfig
-from controlplane.runtime.metrics import serve_metrics
-from controlplane.tools.calls import (
-    cmd_delete,
-    cmd_deploy,
-    cmd_functions,
-    cmd_invoke,
-    cmd_status,
-)
-from controlplane.tools.certs_cmd import add_subparser as add_certs_subparser
-from controlplane.tools.chaos import add_subparser as add_chaos_subparser
 from controlplane.tools.common import CliError, find_controller  # noqa: F401 (re-exported)
-from controlplane.tools.revisions_cmd import add_subparsers as add_revision_subparsers
-from controlplane.tools.runtimes_cmd import add_subparser as add_runtimes_subparser
-from controlplane.tools.store_cmd import add_subparser as add_store_subparser
-from controlplane.tools.tokens_cmd import add_subparser as add_tokens_subparser
-from simulator.cli import add_subparser as add_simulator_subparser
 
 SERVE_KINDS = ("controller", "dispatch", "schedule", "clustermgr", "nodeagent", "gateway")
 
 
 def _component_module(kind: str) -> Any:
-    import importlib
-
     return importlib.import_module(
         {
             "controller": "controlplane.controller.main",
@@ -73,6 +50,16 @@ def _component_module(kind: str) -> Any:
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
+    import signal
+
+    from controlplane.launch.endpoints import print_endpoints, read_endpoints
+    from controlplane.launch.restart import RestartPolicy
+    from controlplane.launch.supervise import supervise
+    from controlplane.launch.up import Supervisor
+    from controlplane.launch.upconfig import UpConfig
+    from controlplane.runtime import config
+    from controlplane.runtime.metrics import serve_metrics
+
     cfg = config.from_args(UpConfig, args, run_dir=Path(args.run_dir))
     if read_endpoints(cfg.run_dir):
         raise CliError(
@@ -82,8 +69,6 @@ async def cmd_up(args: argparse.Namespace) -> int:
     sup = Supervisor(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    import signal
-
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     print(f"starting the control plane ({cfg.nodes} nodes) from {cfg.run_dir} ...", flush=True)
@@ -161,7 +146,8 @@ async def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
-    from controlplane.runtime import host, rpc
+    from controlplane.runtime import config, host, rpc, tlsfiles
+    from controlplane.runtime.config import GcConfig, RpcConfig
 
     mod = _component_module(args.kind)
     if args.kind != "controller" and not args.controller:
@@ -198,7 +184,64 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Commands registered by other modules: name -> (module, its registrar).
+#: Imported only when the command line names one of their commands (or asks
+#: for the full help), so that `galaxy serve KIND`, the command every
+#: control-function instance starts with, does not import the simulator,
+#: the bench, chaos and the other components (~0.8 s of a cold start).
+#: tests/unit/test_cli_lazy.py checks the names against what each registers.
+REGISTRARS: dict[str, tuple[str, str]] = {
+    "bench": ("controlplane.bench.cli", "add_subparser"),
+    "simulate": ("simulator.cli", "add_subparser"),
+    "simulate-fidelity": ("simulator.cli", "add_subparser"),
+    "simulate-calibrate": ("simulator.cli", "add_subparser"),
+    "store": ("controlplane.tools.store_cmd", "add_subparser"),
+    "revisions": ("controlplane.tools.revisions_cmd", "add_subparsers"),
+    "traffic": ("controlplane.tools.revisions_cmd", "add_subparsers"),
+    "runtimes": ("controlplane.tools.runtimes_cmd", "add_subparser"),
+    "certs": ("controlplane.tools.certs_cmd", "add_subparser"),
+    "chaos": ("controlplane.tools.chaos", "add_subparser"),
+    "tokens": ("controlplane.tools.tokens_cmd", "add_subparser"),
+}
+#: Commands that call the control plane (controlplane.tools.calls).
+CALLS = {
+    "deploy": "deploy a function from a YAML spec",
+    "invoke": "call a function",
+    "status": "show the control plane",
+    "functions": "list functions (JSON lines)",
+    "delete": "delete a function and its instances",
+}
+_GLOBAL_VALUED = ("--run-dir", "--log-level")
+
+
+def _wanted(argv: list[str]) -> tuple[str | None, str | None]:
+    """The command (and `serve`'s kind) a command line names, if any: the
+    first words that are not the global options or their values."""
+    words: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _GLOBAL_VALUED:
+            skip = True
+        elif a.startswith("-"):
+            if not words and not a.startswith(tuple(f"{g}=" for g in _GLOBAL_VALUED)):
+                return None, None  # -h or an unknown option: the full parser answers
+            if words:
+                break
+        else:
+            words.append(a)
+            if len(words) == 2:
+                break
+    cmd = words[0] if words else None
+    kind = words[1] if len(words) > 1 and cmd == "serve" else None
+    return cmd, kind
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `galaxy` parser. Given the command line it will parse, only the
+    command it names is registered (same result, a fraction of the
+    imports); without one, or for a name it does not know, all of them."""
     p = argparse.ArgumentParser(
         prog="galaxy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -210,19 +253,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default=os.environ.get("GALAXY_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="command", required=True)
-    add_bench_subparser(sub)
-    add_simulator_subparser(sub)
-    add_store_subparser(sub)
-    add_revision_subparsers(sub)
-    add_runtimes_subparser(sub)
-    add_certs_subparser(sub)
-    add_chaos_subparser(sub)
-    add_tokens_subparser(sub)
+    cmd, kind = _wanted(argv) if argv is not None else (None, None)
+    local = {"up", "calibrate", "serve", *CALLS}
+    if cmd not in local and cmd not in REGISTRARS:
+        cmd = None
+    done: set[tuple[str, str]] = set()
+    for name, registrar in REGISTRARS.items():
+        if registrar in done or (cmd is not None and cmd != name):
+            continue
+        done.add(registrar)
+        getattr(importlib.import_module(registrar[0]), registrar[1])(sub)
+    if cmd in (None, "up"):
+        _add_up(sub)
+    if cmd in (None, "calibrate"):
+        _add_calibrate(sub)
+    if cmd in (None, "serve"):
+        _add_serve(sub, kind if kind in SERVE_KINDS else None)
+    for name, helptext in CALLS.items():
+        if cmd in (None, name):
+            _add_call(sub, name, helptext)
+    return p
+
+
+def _add_up(sub: Any) -> None:
+    from controlplane.launch.upconfig import UpConfig
+    from controlplane.runtime import config
 
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
     config.add_arguments(up, UpConfig)
     up.set_defaults(func=cmd_up)
 
+
+def _add_calibrate(sub: Any) -> None:
     cal = sub.add_parser("calibrate", help="measure T_DF, T_SF, T_CMF on this machine")
     cal.add_argument(
         "--out", default=None, help="file to write (default ~/.galaxy/calibration.json)"
@@ -239,9 +301,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cal.set_defaults(func=cmd_calibrate)
 
+
+def _add_serve(sub: Any, only: str | None) -> None:
+    """`galaxy serve KIND`; with ``only``, just that kind (its module is
+    the only component imported)."""
+    from controlplane.runtime import config
+    from controlplane.runtime.config import GcConfig, RpcConfig
+    from controlplane.runtime.host import SERVE_FLAGS_FIRST, SERVE_FLAGS_LAST, ServeConfig
+
     serve = sub.add_parser("serve", help="run one component in the foreground")
     ssub = serve.add_subparsers(dest="kind", required=True)
     for kind in SERVE_KINDS:
+        if only is not None and kind != only:
+            continue
         sp = ssub.add_parser(kind, help=f"run a {kind}")
         standby = ("standby",) if kind in ("dispatch", "schedule", "clustermgr") else ()
         config.add_arguments(sp, ServeConfig, SERVE_FLAGS_FIRST + standby)
@@ -253,38 +325,38 @@ def build_parser() -> argparse.ArgumentParser:
         _component_module(kind).add_arguments(sp)
         sp.set_defaults(func=cmd_serve)
 
-    for name, helptext, func in (
-        ("deploy", "deploy a function from a YAML spec", cmd_deploy),
-        ("invoke", "call a function", cmd_invoke),
-        ("status", "show the control plane", cmd_status),
-        ("functions", "list functions (JSON lines)", cmd_functions),
-        ("delete", "delete a function and its instances", cmd_delete),
-    ):
-        sp = sub.add_parser(name, help=helptext)
-        sp.add_argument(
-            "--controller",
-            default=None,
-            help="controller host:port[,host:port] (default: $GALAXY_CONTROLLER or the "
-            "running `galaxy up`)",
-        )
-        sp.set_defaults(func=func)
-        if name == "deploy":
-            sp.add_argument("-f", "--file", required=True, help="function spec (YAML)")
-        if name in ("invoke", "delete"):
-            sp.add_argument("name", help="function name")
-        if name == "invoke":
-            sp.add_argument("--data", default=None, help="request body (default: stdin)")
-            sp.add_argument("--path", default="/", help="HTTP path on the instance")
-            sp.add_argument("--timeout", type=float, default=60.0, help="seconds")
-        if name == "status":
-            sp.add_argument("--json", action="store_true")
-            sp.add_argument("--max-nodes", type=int, default=20)
-    return p
+
+async def _call(args: argparse.Namespace) -> int:
+    from controlplane.tools import calls
+
+    return int(await getattr(calls, f"cmd_{args.command}")(args))
+
+
+def _add_call(sub: Any, name: str, helptext: str) -> None:
+    sp = sub.add_parser(name, help=helptext)
+    sp.add_argument(
+        "--controller",
+        default=None,
+        help="controller host:port[,host:port] (default: $GALAXY_CONTROLLER or the "
+        "running `galaxy up`)",
+    )
+    sp.set_defaults(func=_call)
+    if name == "deploy":
+        sp.add_argument("-f", "--file", required=True, help="function spec (YAML)")
+    if name in ("invoke", "delete"):
+        sp.add_argument("name", help="function name")
+    if name == "invoke":
+        sp.add_argument("--data", default=None, help="request body (default: stdin)")
+        sp.add_argument("--path", default="/", help="HTTP path on the instance")
+        sp.add_argument("--timeout", type=float, default=60.0, help="seconds")
+    if name == "status":
+        sp.add_argument("--json", action="store_true")
+        sp.add_argument("--max-nodes", type=int, default=20)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `galaxy` command."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
