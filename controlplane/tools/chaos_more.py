@@ -24,6 +24,8 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import grpc
+
 from controlplane.runtime import rpc, tlsfiles
 from controlplane.runtime import spec as specs
 from controlplane.runtime.config import RpcConfig
@@ -170,10 +172,31 @@ async def _count(pool: rpc.ChannelPool, run: Run, function: str) -> int:
         if not c.name.startswith("agent-") or c.proc.returncode is not None:
             continue
         for node in c.ready.get("nodes", []):
-            async with pool.stub(c.ready["address"], nodeagent_pb2_grpc.NodeAgentStub) as s:
-                r = await s.ListNodeInstances(nodeagent_pb2.ListNodeInstancesRequest(node_id=node))
+            r = await _list_node(pool, c.ready["address"], node)
             n += sum(1 for i in r.instances if routing_key(i.function) == function)
     return n
+
+
+#: Looks at one node before an UNAVAILABLE ends the run. A look only reads,
+#: so another is safe; one refused connection (a node agent busy starting
+#: hundreds of instances closed a TLS handshake in one CI run) must not
+#: abort the whole experiment.
+LOOKS = 3
+
+
+async def _list_node(
+    pool: rpc.ChannelPool, address: str, node: str
+) -> nodeagent_pb2.ListNodeInstancesReply:
+    req = nodeagent_pb2.ListNodeInstancesRequest(node_id=node)
+    for look in range(LOOKS):
+        try:
+            async with pool.stub(address, nodeagent_pb2_grpc.NodeAgentStub) as s:
+                return await s.ListNodeInstances(req)
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or look == LOOKS - 1:
+                raise
+            await asyncio.sleep(POLL_S * (look + 1))
+    raise AssertionError("unreachable")
 
 
 async def delete_many(run: Run) -> Found:
