@@ -90,7 +90,7 @@ class CreditWallet:
     credits go back and none are asked for. max_starting: instances being
     created from one credit at once (0: no bound); a burst beyond that goes
     to other credits or to Schedule, so it does not queue behind one node's
-    sandbox starts.
+    sandbox starts. room_retries: see ``room_retry``.
     """
 
     def __init__(
@@ -100,12 +100,15 @@ class CreditWallet:
         renew_s: float = 1.0,
         idle_s: float = 60.0,
         max_starting: int = 0,
+        room_retries: int = 3,
         clock: Clock | None = None,
     ) -> None:
         if target < 0:
             raise ValueError("target must be >= 0")
         if max_starting < 0:
             raise ValueError("max_starting must be >= 0")
+        if room_retries < 0:
+            raise ValueError("room_retries must be >= 0")
         self.target = target
         self.max_starting = max_starting
         self.renew_s = renew_s
@@ -116,6 +119,9 @@ class CreditWallet:
         self._returns: dict[str, list[tuple[str, bool]]] = {}
         #: grantors with an exchange in flight, and credits asked in them
         self._syncing: dict[str, int] = {}
+        #: grantors with returns in the exchange in flight
+        self._returning: set[str] = set()
+        self.room_retries = room_retries
         self._last_scale_up = float("-inf")
         #: where new credits are asked when the caller names no one
         self.home = ""
@@ -204,6 +210,8 @@ class CreditWallet:
         """The request for one exchange (reports and returns leave the
         wallet; new credits are asked when ``grantor`` is ``home``)."""
         req = SyncRequest(grantor, self._used.pop(grantor, []), self._returns.pop(grantor, []), 0)
+        if req.returned:
+            self._returning.add(grantor)
         if grantor == self.home:
             req.want = self._want()
         self._syncing[grantor] = req.want
@@ -213,6 +221,7 @@ class CreditWallet:
         """The exchange's answer (None: the call failed -- the grantor may be
         gone, and with it the holds of its credits: drop them)."""
         self._syncing.pop(req.grantor, None)
+        self._returning.discard(req.grantor)
         if grants is None:
             self.drop(lambda c: c.grantor != req.grantor)
             return
@@ -223,6 +232,27 @@ class CreditWallet:
                 now + g.ttl_s, now,
             )  # fmt: skip
         self.stats["granted"] += len(grants)
+
+    def returns_pending(self) -> bool:
+        """Credits retired and not yet in an exchange."""
+        return any(self._returns.values())
+
+    def returns_outstanding(self) -> bool:
+        """Credits retired whose grantors do not have them back yet (queued,
+        or in an exchange in flight): their holds still count on their
+        nodes."""
+        return bool(self._returning) or self.returns_pending()
+
+    def room_retry(self, tries: int) -> bool:
+        """A start Schedule refused for room: try it again once the
+        remainders this wallet still holds are back with their grantors?
+        (The caller returns them at once: ``due(upkeep=True)`` and the
+        exchanges, until ``returns_outstanding`` is false.) Yes while some
+        are outstanding, at most ``room_retries`` times per start: in a
+        burst, slices granted and spent strand remainders too small for a
+        start, and without this the start's waiters sit out the next
+        autoscaler round while that room goes unused."""
+        return tries < self.room_retries and self.returns_outstanding()
 
     def drop(self, keep: Callable[[Credit], bool]) -> int:
         """Forget credits for which ``keep`` is false (e.g. their grantor no

@@ -115,6 +115,8 @@ class Peers:
         self._tasks: set[asyncio.Task[None]] = set()
         # The wallet's counters at the last metrics update.
         self._credit_stats: dict[str, int] = {}
+        # Credit exchanges in flight.
+        self._exchanges: set[asyncio.Task[None]] = set()
         # DeleteInstance calls in flight (bounded), and instances not deleted.
         self._deletes = asyncio.Semaphore(delete_concurrency)
         self.deletes_failed = 0
@@ -304,8 +306,30 @@ class Peers:
         for g in wallet.due(home, upkeep=upkeep):
             req = wallet.begin_sync(g)
             task = asyncio.create_task(self._exchange(req))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            for group in (self._tasks, self._exchanges):
+                group.add(task)
+                task.add_done_callback(group.discard)
+
+    async def return_credits(self, within_s: float) -> None:
+        """Send back now what this instance's spent credits still hold (the
+        remainders too small for a start, otherwise returned with the next
+        periodic exchange) and wait until their grantors have them, at most
+        ``within_s`` (``CreditWallet.room_retry`` decides when). A grantor
+        with an exchange in flight gets its returns in the next one, sent
+        as soon as that ends."""
+        wallet = self.credits
+        if wallet is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while True:
+            self._sync("", upkeep=True)
+            left = deadline - loop.time()
+            if not wallet.returns_outstanding() or left <= 0 or not self._exchanges:
+                return
+            await asyncio.wait(
+                list(self._exchanges), timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
 
     async def _exchange(self, req: SyncRequest) -> None:
         """One GrantCredits call (never awaited by a scale-up)."""

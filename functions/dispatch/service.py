@@ -22,13 +22,11 @@ from controlplane.runtime import authn, metrics, rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.errors import (
     DeadlineExceeded,
-    GalaxyError,
     ResourceExhausted,
-    Unavailable,
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
-from functions.dispatch import coordination, revisions, stream
+from functions.dispatch import coordination, revisions, starts, stream
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.config import DEFAULTS
 from functions.dispatch.ownership import Ownership
@@ -50,10 +48,6 @@ DEADLINE_MARGIN_S = 0.05
 GRANT_MARGIN_S = 0.005
 # When the caller set no deadline, a queued request waits at most this long.
 MAX_WAIT_S = 60.0
-# Attempts of one instance start (under one id) that fails UNAVAILABLE, and
-# the pause before the second (doubling after).
-START_ATTEMPTS = 3
-START_RETRY_S = 0.5
 RecordFn = Callable[[str, bytes | None], None]
 # Overload, where an operator looks for it: requests refused by reason, and
 # requests waiting for a slot now (bounded by --max-queue per function).
@@ -358,36 +352,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 self._spawn(self._scale_up(router, spec))
 
     async def _scale_up(self, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
-        """One instance start already counted in router.pending.
-
-        A start failed UNAVAILABLE may yet complete (Schedule places on past
-        the call's deadline): tried again, still pending, as the same id,
-        which Schedule joins (a new id: a second instance past max_scale)."""
-        self.ops["scale_up"] += 1
-        metrics.COLD_STARTS.labels(spec.name).inc()
-        instance_id = f"{spec.name}-{self.instance_id}-{next(self._ids)}"
-        ranked = self.membership.ranked
-        try:
-            for attempt in itertools.count():
-                try:  # (a retry through Schedule only: it joins the start in doubt)
-                    info = await self.peers.place(
-                        spec, instance_id, ranked(SCHEDULE, spec.name), credits=attempt == 0
-                    )
-                    break
-                except Unavailable:
-                    if attempt + 1 >= START_ATTEMPTS or self.routers.get(router.name) is not router:
-                        raise
-                    log.info("start of %s in doubt: trying again as the same id", instance_id)
-                    # A pause before the retry (a loaded Schedule), not a wait for an event.
-                    await asyncio.sleep(START_RETRY_S * 2**attempt)
-        except GalaxyError as err:
-            # Tell the waiters that nothing will serve them (if that is so).
-            for w in router.scale_up_failed():
-                fut: asyncio.Future[Grant] = w.token
-                if not fut.done():
-                    fut.set_exception(err)
-            return
-        self._add(router, info, cold=True)
+        """One instance start already counted in router.pending (``starts``)."""
+        await starts.scale_up(self, router, spec)
 
     def _add(
         self,

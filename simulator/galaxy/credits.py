@@ -81,6 +81,8 @@ class CreditPath:
         self.sim, self.net, self.rec = placer.sim, placer.net, placer.rec
         self.s_call = env.op("schedule.probe", 0.5)
         self._on_create, self._on_ready = self._create, self._ready
+        #: starts refused for room waiting for their Dispatch's returns
+        self._after_returns: dict[str, list[ScaleUp]] = {}
 
     def start(self, su: ScaleUp) -> bool:
         """Serve su from a credit if one fits (True), else leave it to Schedule."""
@@ -168,6 +170,24 @@ class CreditPath:
         assert df.wallet is not None
         alive = req.grantor in self.m.control.sfs
         df.wallet.end_sync(req, grants if alive else None)
+        if self._after_returns.get(df.id):
+            self._returned(df)
+
+    def after_returns(self, su: ScaleUp) -> None:
+        """Retry su (refused for room) once its Dispatch instance's spent
+        credits are back with their grantors: they are sent now, and any
+        queued behind an exchange in flight as soon as it ends (as
+        ``Peers.return_credits``)."""
+        self._after_returns.setdefault(su.df.id, []).append(su)
+        self._returned(su.df)
+
+    def _returned(self, df: DispatchInst) -> None:
+        wallet = df.wallet
+        assert wallet is not None
+        self.sync(df, "", self.sim.now, upkeep=True)
+        if not wallet.returns_outstanding():
+            for su in self._after_returns.pop(df.id, []):
+                self.p.retry(su)
 
     def tick(self) -> None:
         """Periodic upkeep: return credits of idle or soon-expiring holders."""

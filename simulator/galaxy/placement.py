@@ -46,6 +46,7 @@ class ScaleUp:
         "pl",
         "probe_t0",
         "res",
+        "room_tries",
         "router",
         "sf",
         "t_begin",
@@ -59,6 +60,7 @@ class ScaleUp:
         self.asked = asked
         self.cands: list[ScheduleInst] = []
         self.tries = 0
+        self.room_tries = 0
         self.sf: ScheduleInst | None = None
         self.pl: Placement | None = None
         self.targets: tuple[Target, ...] = ()
@@ -121,6 +123,12 @@ class Placer:
 
     def _send(self, su: ScaleUp) -> None:
         if su.tries >= len(su.cands):
+            wallet = su.df.wallet
+            if self.credits is not None and wallet is not None and su.cands:
+                if wallet.room_retry(su.room_tries):  # as the servicer's _scale_up
+                    su.room_tries += 1
+                    self.credits.after_returns(su)
+                    return
             self.m.scale_up_failed(su)
             return
         sf = su.cands[su.tries]
@@ -135,6 +143,16 @@ class Placer:
         su.decide = self.s_decide()
         service = self.s_schedule() + su.decide
         self.sim.stage(max(t, sf.ready_at), sf.station, service, self._on_begin, su)
+
+    def retry(self, su: ScaleUp) -> None:
+        """A start refused for room, again once its Dispatch instance's
+        spent credits are back with their grantors: a credit first, then
+        the Schedule instances in rank order."""
+        su.tries = 0
+        su.cands = self.m.control.schedule_ranked(su.fn)[: 1 + self.m.cfg.max_spill]
+        if self.credits is not None and self.credits.start(su):
+            return
+        self._send(su)
 
     def _no_fit(self, su: ScaleUp) -> None:
         self.sim.reply(

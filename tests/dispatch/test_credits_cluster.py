@@ -131,20 +131,20 @@ async def test_a_burst_never_over_commits_a_node(parts: Parts) -> None:
     await p.client.release(await p.client.dispatch("f"))  # credits flow from here
     await eventually(lambda: live_credits(p) > 0, what="credits")
     got = await asyncio.gather(
-        # A request no start covers waits for a slot until its deadline (all
-        # leases are held here): 3 s, not 10, keeps the test short.
-        *(p.client.dispatch("f", deadline_s=3.0) for _ in range(18)),
+        *(p.client.dispatch("f", deadline_s=5.0) for _ in range(18)),
         return_exceptions=True,
     )
     placed = [g for g in got if not isinstance(g, BaseException)]
     for node in p.agent.nodes.values():
         assert node.capacity.allocated.fits_in(node.capacity.capacity)
-    # 20 fit, 1 is the first request's instance; every credit in play holds
-    # a remainder too small for a start (250m slices, 100m starts: 50m
-    # each), and a burst that arrives at once (one SDK stream) decides all
-    # its starts while credits are granted and spent, so up to ~3 are
-    # stranded. A sanity bound; the property is the check above.
-    assert len(placed) >= 15
+    # 20 fit, 1 is the first request's instance. A burst that arrives at
+    # once (one SDK stream) decides its starts while credits are granted
+    # and spent, and each spent credit strands a remainder too small for a
+    # start (250m slices, 100m starts: 50m) until it goes back; a start
+    # Schedule refuses for room meanwhile is tried again once they are back
+    # (CreditWallet.room_retry). Without that, 2-3 of the 18 waited here
+    # until their deadline.
+    assert len(placed) == 18, [str(g) for g in got if isinstance(g, BaseException)][:3]
     assert p.peers.credit_creates >= 1
     for g in placed:
         await p.client.release(g)

@@ -20,7 +20,7 @@ from controlplane.runtime import rpc
 from controlplane.runtime.credits import Grant as CreditGrant
 from controlplane.runtime.errors import GalaxyError, Unavailable
 from controlplane.runtime.resources import Res
-from functions.dispatch import peers, service
+from functions.dispatch import peers, starts
 from functions.dispatch.credits import CreditWallet
 from functions.dispatch.policy import Grant
 from functions.dispatch.service import DispatchServicer
@@ -62,7 +62,7 @@ async def test_a_start_past_its_deadline_is_retried_under_the_same_id(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(peers, "SCHEDULE_SLACK_S", 0.3)  # the Schedule call's deadline
-    monkeypatch.setattr(service, "START_RETRY_S", 0.01)
+    monkeypatch.setattr(starts, "START_RETRY_S", 0.01)
     sched = LateSchedule()
     server, port, _ = rpc.create_server(
         "127.0.0.1:0", [(schedule_pb2_grpc.add_ScheduleServicer_to_server, sched, "x")]

@@ -227,6 +227,43 @@ def test_a_spent_credit_goes_back_with_its_uses_and_is_refilled() -> None:
     assert req.returned == [("a", False)] and req.want == 1
 
 
+def test_a_start_refused_for_room_is_retried_while_remainders_are_not_back() -> None:
+    clock = ManualClock()
+    w = CreditWallet(target=1, room_retries=2, clock=clock)
+    w.home = "s1"
+    assert not w.room_retry(0)  # nothing held: no room will come back from here
+    w.take(SMALL)
+    fill(w, grant("a"))
+    uses = [w.take(SMALL) for _ in range(3)]  # 900m of 1000m: 100m stranded
+    for i, u in enumerate(uses):
+        assert u is not None
+        assert not w.room_retry(0)  # starts still in flight on it: nothing to return yet
+        w.settled(u, node_seq=10 + i)
+    assert w.returns_pending() and w.returns_outstanding()
+    assert w.room_retry(0) and w.room_retry(1) and not w.room_retry(2)
+    assert w.due(upkeep=True) == ["s1"]
+    req = w.begin_sync("s1")
+    assert req.returned == [("a", False)]
+    assert not w.returns_pending() and w.returns_outstanding()  # in flight
+    assert w.room_retry(0)
+    w.end_sync(req, [])
+    assert not w.returns_outstanding() and not w.room_retry(0)
+
+
+def test_a_failed_exchange_leaves_no_return_outstanding() -> None:
+    clock = ManualClock()
+    w = CreditWallet(target=1, clock=clock)
+    w.home = "s1"
+    w.take(SMALL)
+    fill(w, grant("a"))
+    u = w.take(SMALL)
+    assert u is not None
+    w.settled(u, None, refused=True)
+    req = w.begin_sync("s1")
+    w.end_sync(req, None)  # the grantor is gone, and its holds with it
+    assert not w.returns_outstanding()
+
+
 def test_refused_create_returns_the_credit_marked_refused() -> None:
     clock = ManualClock()
     w = wallet(clock)
