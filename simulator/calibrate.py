@@ -11,9 +11,13 @@ loop; read every process's CPU seconds (/proc/<pid>/stat) over the measured
 phase and divide by the operations it served:
 
 - ``warm``: Dispatch + Release to warm functions -> Dispatch's cost of a
-  request and its release (split evenly: both are one unary RPC into the
-  same router; measuring Dispatch alone with held leases gave about the
-  whole warm figure, which we could not explain, so we do not use it); and,
+  request and its release (split evenly between ``dispatch.dispatch`` and
+  ``dispatch.release``: the model charges both per request, so only their
+  sum matters. Since session 22 the generator, like the SDK, sends both as
+  messages on one DispatchStream, a release riding on the next request;
+  before, each was a unary RPC. Measuring Dispatch alone with held leases
+  gave about the whole warm figure, which we could not explain, so we do
+  not use it); and,
   since warm requests never touch them, the background CPU of ClusterMgr,
   Schedule and the node agents = heartbeats (one per node per second) and
   the ModNode each one causes;
@@ -293,8 +297,8 @@ def build(
     """A Calibration from the measured figures."""
     how = "galaxy simulate-calibrate (CPU seconds of the real processes)"
     src = {
-        "dispatch.dispatch": "warm: Dispatch CPU / request / 2 (Dispatch + Release)",
-        "dispatch.release": "warm: Dispatch CPU / request / 2 (Dispatch + Release)",
+        "dispatch.dispatch": "warm: Dispatch CPU / request / 2 (request + release)",
+        "dispatch.release": "warm: Dispatch CPU / request / 2 (request + release)",
         "dispatch.scale_up": "cold: Dispatch CPU / cold request - (dispatch.dispatch"
         " + dispatch.release)",
         "schedule.probe": "echo: client CPU per unary call",
