@@ -43,6 +43,16 @@ STREAM_DEADLINE_S = 700.0
 #: After an UNIMPLEMENTED, the address gets unary calls this long.
 RETRY_STREAM_S = 30.0
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+#: A stream refused when it opens ends with the status the unary call would
+#: get (UNIMPLEMENTED: an older agent, the caller falls back; the guards'
+#: refusals): passed on as they are, not as a broken stream.
+_AS_UNARY = frozenset(
+    {
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+    }
+)
 
 Reply = nodeagent_pb2.InstanceStreamReply
 
@@ -107,8 +117,8 @@ class _Stream:
                 if not self.accepting and not self.pending:
                     self._half_close()
         except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                err = e  # an older agent: the callers fall back to unary calls
+            if e.code() in _AS_UNARY:
+                err = e  # what the unary call would have answered too
             else:
                 # Whatever ended it (a dead peer ends a stream INTERNAL or
                 # UNAVAILABLE; a protocol error INVALID_ARGUMENT), the
