@@ -20,8 +20,9 @@ and spilling stay where they are.
 - Unary calls instead, per request: when streams are off (``RpcConfig.
   agent_streams`` false, or the connection cache is: there is no channel
   for a stream to live on), when the agent does not know the method
-  (UNIMPLEMENTED: an older agent; tried again after ``RETRY_STREAM_S``), or
-  when ``MAX_IN_FLIGHT`` requests are already out on the stream.
+  (UNIMPLEMENTED: an older agent) or ended the last stream with an error
+  before answering anything (tried again after ``RETRY_STREAM_S`` both),
+  or when ``MAX_IN_FLIGHT`` requests are already out on the stream.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 class _Stream:
     """One open InstanceStream: requests in flight by seq."""
 
-    def __init__(self, stub: Any, on_closed: Callable[[_Stream], None]) -> None:
+    def __init__(self, address: str, stub: Any, on_closed: Callable[[_Stream], None]) -> None:
+        self.address = address
         self.loop = asyncio.get_running_loop()
         self.pending: dict[int, asyncio.Future[Reply]] = {}
         #: False once the agent said goaway or the stream failed.
@@ -74,6 +76,9 @@ class _Stream:
         self._out: asyncio.Queue[nodeagent_pb2.InstanceStreamRequest | None] = asyncio.Queue()
         self._half_closed = False
         self._on_closed = on_closed
+        #: Replies received, and whether the stream ended with an error.
+        self.answered = 0
+        self.failed = False
         # The reader/writer API with a writer task of our own, not a request
         # iterator: grpc.aio drives an iterator in a task that outlives a
         # cancelled call (see controlplane.nodeagent.heartbeat_stream).
@@ -111,12 +116,14 @@ class _Stream:
                     if r.goaway:
                         self.retire()
                     continue
+                self.answered += 1
                 fut = self.pending.pop(r.seq, None)
                 if fut is not None and not fut.done():
                     fut.set_result(r)
                 if not self.accepting and not self.pending:
                     self._half_close()
         except grpc.aio.AioRpcError as e:
+            self.failed = True
             if e.code() in _AS_UNARY:
                 err = e  # what the unary call would have answered too
             else:
@@ -251,7 +258,7 @@ class AgentCalls:
         if stream is not None and stream.accepting:
             return stream
         async with self._pool().stub(address, nodeagent_pb2_grpc.NodeAgentStub) as s:
-            stream = _Stream(s, self._closed)
+            stream = _Stream(address, s, self._closed)
         self._live.add(stream)
         self._streams[address] = stream
         self.opened += 1
@@ -259,6 +266,14 @@ class AgentCalls:
 
     def _closed(self, stream: _Stream) -> None:
         self._live.discard(stream)
+        if stream.failed and not stream.answered:
+            # Streams do not work with this peer (it ends them before any
+            # reply: a server whose servicer only has the base class's stub
+            # ends it INTERNAL, not UNIMPLEMENTED; or a proxy in between):
+            # unary calls for a while, as after an UNIMPLEMENTED. The calls
+            # the stream carried failed UNAVAILABLE and are retried so.
+            until = asyncio.get_running_loop().time() + RETRY_STREAM_S
+            self._unary_until[stream.address] = until
         for address in [a for a, s in self._streams.items() if s is stream]:
             del self._streams[address]
 

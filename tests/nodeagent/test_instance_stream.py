@@ -327,7 +327,9 @@ async def test_a_broken_stream_fails_what_it_carried_unavailable(tmp_path, pool,
             except grpc.aio.AioRpcError as e:
                 assert e.code() == grpc.StatusCode.UNAVAILABLE, e
                 assert e.details().startswith("the InstanceStream to the node agent broke")
-        assert not calls._live  # the next call opens a new stream
+        assert not calls._live
+        # It broke before answering anything: unary calls for a while.
+        assert not calls.streaming(address)
     finally:
         if agent.returncode is None:
             agent.kill()
