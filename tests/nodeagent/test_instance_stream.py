@@ -338,3 +338,31 @@ async def test_a_broken_stream_fails_what_it_carried_unavailable(tmp_path, pool,
 
 def test_max_in_flight_matches_the_server() -> None:
     assert agent_streams.MAX_IN_FLIGHT == instance_stream.MAX_IN_FLIGHT
+
+
+async def test_in_flight_is_bounded_on_both_sides(make_agent, pool, monkeypatch) -> None:
+    backend = GatedBackend()
+    agent = await make_agent(NODES, backend)
+    monkeypatch.setattr(instance_stream, "MAX_IN_FLIGHT", 1)
+    calls = AgentCalls(lambda: pool)
+    try:
+        first = asyncio.create_task(calls.create(agent.address, _create("one"), 10.0))
+        await eventually(lambda: backend.waiting == 1, what="the first start under way")
+        # The agent's bound: one more on the stream is refused, not queued.
+        try:
+            await calls.create(agent.address, _create("two"), 10.0)
+            raise AssertionError("the agent took a second request in flight")
+        except grpc.aio.AioRpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert e.details() == "stream: 1 requests already in flight; try another node"
+        assert "two" not in agent.servicer.nodes["node-0"].instances
+        # The caller's bound: beyond it, a unary call.
+        monkeypatch.setattr(agent_streams, "MAX_IN_FLIGHT", 1)
+        third = asyncio.create_task(calls.create(agent.address, _create("three"), 10.0))
+        await eventually(lambda: backend.waiting == 2, what="the third start under way")
+        assert calls.sent == {"stream": 2, "unary": 1}
+        backend.gate.set()
+        assert (await first).instance.instance_id == "one"
+        assert (await third).instance.instance_id == "three"
+    finally:
+        await calls.close()
