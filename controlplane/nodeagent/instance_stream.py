@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from prometheus_client import Gauge
 
+from controlplane.runtime.agent_streams import MAX_IN_FLIGHT, MAX_TIMEOUT_MS
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
 from controlplane.runtime.rpc import Undecodable
@@ -53,13 +54,12 @@ log = logging.getLogger(__name__)
 #: The per-message metric labels: the unary methods' (see rpc's interceptor).
 CREATE = "NodeAgent/CreateInstance"
 DELETE = "NodeAgent/DeleteInstance"
-#: Requests one stream may have in flight.
-MAX_IN_FLIGHT = 1024
 #: After this long the caller is asked to move to a new stream.
 MAX_AGE_S = 30.0
-#: A request's deadline when the message names none, and the longest allowed.
+#: A request's deadline when the message names none (the longest allowed,
+#: and the requests one stream may have in flight: MAX_TIMEOUT_MS and
+#: MAX_IN_FLIGHT, shared with the callers).
 DEFAULT_TIMEOUT_S = 60.0
-MAX_TIMEOUT_MS = 600_000
 #: The stream ends here at the latest (what is in flight is withdrawn):
 #: long enough for a request sent just before the goaway to finish.
 HARD_LIMIT_S = MAX_AGE_S + MAX_TIMEOUT_MS / 1000.0 + 5.0

@@ -36,12 +36,16 @@ from typing import Any
 import grpc
 
 from controlplane.runtime.rpc import ChannelPool
+from controlplane.runtime.validation import STARTUP_TIMEOUT_MS_MAX
 from galaxy.v1 import nodeagent_pb2, nodeagent_pb2_grpc
 
-#: The agent's bound on one stream's requests in flight.
+#: The stream's bounds, the agent's and the caller's: requests in flight on
+#: one stream, and the longest deadline a request may name (the longest
+#: sandbox start a spec may ask for, plus the callers' margins).
 MAX_IN_FLIGHT = 1024
-#: The stream's own deadline: a backstop, the agent ends it by 635 s.
-STREAM_DEADLINE_S = 700.0
+MAX_TIMEOUT_MS = STARTUP_TIMEOUT_MS_MAX + 60_000
+#: The stream's own deadline: a backstop, the agent ends it by 695 s.
+STREAM_DEADLINE_S = 760.0
 #: After an UNIMPLEMENTED, the address gets unary calls this long.
 RETRY_STREAM_S = 30.0
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -161,7 +165,8 @@ class _Stream:
         """Send msg (its seq is set here); its reply, or the error that ended it."""
         self._seq += 1
         seq = msg.seq = self._seq
-        msg.timeout_ms = max(1, int(timeout_s * 1000))
+        # Never more than the agent takes (the timer here keeps the rest).
+        msg.timeout_ms = min(max(1, int(timeout_s * 1000)), MAX_TIMEOUT_MS)
         fut: asyncio.Future[Reply] = self.loop.create_future()
         self.pending[seq] = fut
         self._out.put_nowait(msg)

@@ -107,7 +107,7 @@ class NodeAgentServicer:
         are answered RESOURCE_EXHAUSTED). After 30 s the server asks the caller
         to move to a new stream (goaway); once the caller half-closes, the
         stream ends (OK) when every request on it is answered, and the server
-        ends it itself 635 s after it opened at the latest. A message that does
+        ends it itself 695 s after it opened at the latest. A message that does
         not decode, a seq <= 0 or a seq already in flight ends the stream with
         INVALID_ARGUMENT. Authorized as CreateInstance: components only.
         """

@@ -26,6 +26,7 @@ from controlplane.runtime.agent_streams import AgentCalls
 from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import READY_PREFIX
 from controlplane.runtime.resources import Res
+from controlplane.runtime.validation import STARTUP_TIMEOUT_MS_MAX
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 from tests.cluster import eventually, eventually_async
 
@@ -265,7 +266,7 @@ async def test_grpcurl_sends_creates_and_deletes_on_one_stream(make_agent) -> No
     assert replies["1"]["created"]["instance"]["instance_id"] == "g-1"
     assert replies["2"]["code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert replies["2"]["message"] == "op: one of create, delete is required"
-    assert replies["3"]["message"] == "timeout_ms: at most 600000, got 700000"
+    assert replies["3"]["message"] == "timeout_ms: at most 660000, got 700000"
     assert replies["4"]["message"] == "instance_id must be set"
     assert "g-1" in agent.servicer.nodes["node-1"].instances  # grpcurl made a real one
 
@@ -336,8 +337,17 @@ async def test_a_broken_stream_fails_what_it_carried_unavailable(tmp_path, pool,
         await agent.wait()
 
 
-def test_max_in_flight_matches_the_server() -> None:
-    assert agent_streams.MAX_IN_FLIGHT == instance_stream.MAX_IN_FLIGHT
+async def test_the_longest_startup_timeout_fits_a_message(make_agent, calls) -> None:
+    # Dispatch gives a create the spec's startup timeout plus 5 s; the
+    # longest a spec may set must not turn into an invalid message.
+    agent = await make_agent(NODES, EmulatedBackend())
+    longest = STARTUP_TIMEOUT_MS_MAX / 1000 + 5.0
+    r = await calls.create(agent.address, _create("slowest"), longest)
+    assert r.instance.instance_id == "slowest" and calls.sent == {"stream": 1, "unary": 0}
+    # Beyond what the agent takes, the message says the most it takes and
+    # the caller's own timer keeps the rest.
+    r = await calls.create(agent.address, _create("beyond"), 10 * longest)
+    assert r.instance.instance_id == "beyond"
 
 
 async def test_in_flight_is_bounded_on_both_sides(make_agent, pool, monkeypatch) -> None:
