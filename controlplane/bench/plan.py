@@ -187,6 +187,7 @@ def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
         connection_cache=bool(cp["connection_cache"]),
         probe_cache=bool(cp["probe_cache"]),
         credits=bool(cp["credits"]),
+        agent_streams=bool(cp["agent_streams"]),
         node_cpu_millis=cp["node_cpu_millis"],
         node_memory_mib=cp["node_memory_mib"],
         start_delay_ms=cp["start_delay_ms"],

@@ -27,6 +27,8 @@ class ControlPlanePlan(Config):
     state: str = setting("memory", "memory, etcd (a local etcd is started) or etcd://host:port")
     connection_cache: bool = same_as(UpConfig, "connection_cache")
     probe_cache: bool = same_as(UpConfig, "probe_cache")
+    #: CreateInstance/DeleteInstance on a stream per node agent: the A/B switch
+    agent_streams: bool = same_as(UpConfig, "agent_streams")
     #: capacity credits (Schedule lends, Dispatch creates directly): the A/B switch
     credits: bool = same_as(UpConfig, "credits")
     start_delay_ms: float = same_as(UpConfig, "start_delay_ms")

@@ -245,7 +245,11 @@ class Supervisor:
 
     def _rpc_flags(self) -> list[str]:
         """The connection cache switch every component takes (``RpcConfig``)."""
-        return config.to_flags(RpcConfig(connection_cache=self.cfg.connection_cache))
+        return config.to_flags(
+            RpcConfig(
+                connection_cache=self.cfg.connection_cache, agent_streams=self.cfg.agent_streams
+            )
+        )
 
     async def _start_controllers(self) -> str:
         """The controller, or with ``ha`` two of them (and etcd if needed);

@@ -117,6 +117,11 @@ class UpConfig(Config):
     )
     connection_cache: bool = setting(True, "ablation: a new gRPC channel per call")
     probe_cache: bool = setting(True, "ablation: Schedule probes on every placement")
+    #: CreateInstance/DeleteInstance on a stream per node agent; off:
+    #: --no-agent-streams to every component (RpcConfig)
+    agent_streams: bool = setting(
+        True, "ablation: a unary call per CreateInstance/DeleteInstance (no InstanceStream)"
+    )
     #: Schedule trusts its exact view of its partition (off: the G_n-CP step)
     exact_partition: bool = setting(
         True, "ablation: Schedule probes unless a cached probe answer fits (the G_n-CP step)"

@@ -12,11 +12,12 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
 
+from controlplane.nodeagent import instance_stream
 from controlplane.nodeagent.capacity import NodeCapacity, Res
 from controlplane.nodeagent.sandbox import Sandbox, SandboxBackend, describe_exit
 from controlplane.runtime import rpc
@@ -205,6 +206,16 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
             return nodeagent_pb2.DeleteInstanceReply(deleted=False)
         await self._end(inst)
         return nodeagent_pb2.DeleteInstanceReply(deleted=True)
+
+    async def InstanceStream(
+        self,
+        request_iterator: AsyncIterator[nodeagent_pb2.InstanceStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[nodeagent_pb2.InstanceStreamReply]:
+        """CreateInstance and DeleteInstance as messages on one stream
+        (``controlplane.nodeagent.instance_stream``)."""
+        async for reply in instance_stream.serve(self, request_iterator, context):
+            yield reply
 
     async def Probe(
         self, request: nodeagent_pb2.ProbeRequest, context: grpc.aio.ServicerContext

@@ -275,6 +275,12 @@ class RpcConfig(Config):
         "the ablation of the connection cache)",
         flag="--no-connection-cache",
     )
+    agent_streams: bool = setting(
+        True,
+        "send CreateInstance and DeleteInstance to node agents as messages on one "
+        "InstanceStream per agent (off: a unary call each; the A/B switch of the stream)",
+        flag="--no-agent-streams",
+    )
     deadline_s: float = setting(
         10.0, "deadline of an outgoing RPC that sets none, seconds", gt=0, flag="--rpc-deadline-s"
     )

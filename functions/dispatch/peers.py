@@ -16,6 +16,7 @@ import grpc
 from prometheus_client import Counter
 
 from controlplane.runtime import controllers, metrics, rpc
+from controlplane.runtime.agent_streams import AgentCalls
 from controlplane.runtime.credits import Grant
 from controlplane.runtime.errors import (
     FailedPrecondition,
@@ -120,6 +121,8 @@ class Peers:
         # DeleteInstance calls in flight (bounded), and instances not deleted.
         self._deletes = asyncio.Semaphore(delete_concurrency)
         self.deletes_failed = 0
+        #: CreateInstance/DeleteInstance, on a stream per node agent
+        self.agents = AgentCalls(lambda: self.pool)
 
     def report_unreachable(self, controller: str, inst: common_pb2.ControlInstance) -> None:
         """Tell the controller inst did not answer (in the background, once
@@ -240,8 +243,7 @@ class Peers:
             notify_address=self.address,
         )  # fmt: skip
         try:
-            async with self.pool.stub(use.address, nodeagent_pb2_grpc.NodeAgentStub) as s:
-                reply = await s.CreateInstance(req, timeout=startup + SCHEDULE_SLACK_S)
+            reply = await self.agents.create(use.address, req, startup + SCHEDULE_SLACK_S)
         except grpc.aio.AioRpcError as e:
             refused = e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
             wallet.settled(use, None, refused=refused)
@@ -375,11 +377,13 @@ class Peers:
             wallet.end_sync(req, grants)
 
     async def close(self) -> None:
-        """Cancel background calls (credit exchanges, reports)."""
+        """Cancel background calls (credit exchanges, reports) and the
+        streams to node agents."""
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.agents.close()
 
     async def delete_on_node(self, info: common_pb2.InstanceInfo) -> bool:
         """Stop an instance on its node; True once its node agent answered.
@@ -401,10 +405,7 @@ class Peers:
                 await asyncio.sleep(DELETE_BACKOFF_S * 2 ** (attempt - 1))
             async with self._deletes:
                 try:
-                    async with self.pool.stub(
-                        info.node_address, nodeagent_pb2_grpc.NodeAgentStub
-                    ) as s:
-                        await s.DeleteInstance(req)
+                    await self.agents.delete(info.node_address, req)
                     return True
                 except grpc.aio.AioRpcError as e:
                     code, details = e.code().name, e.details() or ""

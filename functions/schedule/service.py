@@ -14,6 +14,7 @@ from collections import OrderedDict
 import grpc
 
 from controlplane.runtime import rpc
+from controlplane.runtime.agent_streams import AgentCalls
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.errors import (
     FailedPrecondition,
@@ -127,6 +128,8 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
         self._running: dict[str, asyncio.Task[schedule_pb2.ScheduleReply]] = {}
         #: Schedule requests received (the SRPS the load reporter sends).
         self.arrivals = 0
+        #: CreateInstance/DeleteInstance, on a stream per node agent
+        self.agents = AgentCalls(lambda: self.pool)
         self.bind(schedule_id or policy.schedule_id, self.pool)
 
     def bind(self, schedule_id: str, pool: rpc.ChannelPool) -> None:
@@ -141,6 +144,7 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.agents.close()
 
     # ----- API ---------------------------------------------------------------
 
@@ -389,10 +393,8 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
     async def _undo_create(self, node_id: str, address: str, instance_id: str) -> None:
         """Stop a start that may be under way on a node (best effort, logged)."""
         try:
-            async with self.pool.stub(address, nodeagent_pb2_grpc.NodeAgentStub) as stub:
-                await stub.DeleteInstance(
-                    nodeagent_pb2.DeleteInstanceRequest(node_id=node_id, instance_id=instance_id)
-                )
+            req = nodeagent_pb2.DeleteInstanceRequest(node_id=node_id, instance_id=instance_id)
+            await self.agents.delete(address, req)
         except grpc.aio.AioRpcError as e:
             log.warning(
                 "could not stop the start of %s on node %s: %s", instance_id, node_id, _rpc_error(e)
@@ -409,8 +411,4 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
             function=request.function,
             notify_address=request.notify_address,
         )
-        async with self.pool.stub(address, nodeagent_pb2_grpc.NodeAgentStub) as stub:
-            reply: nodeagent_pb2.CreateInstanceReply = await stub.CreateInstance(
-                req, timeout=timeout
-            )
-        return reply
+        return await self.agents.create(address, req, timeout)

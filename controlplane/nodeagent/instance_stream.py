@@ -1,0 +1,238 @@
+"""NodeAgent.InstanceStream: CreateInstance and DeleteInstance as messages
+on one long-lived stream per caller process.
+
+Every cold start costs a CreateInstance and, later, a DeleteInstance. On
+grpc.aio a unary call costs the server about 460 us of CPU, a message on an
+open stream about 200 us (docs/benchmarks.md), and the agent's own work per
+start is a fraction of either. So Dispatch and Schedule keep one stream per
+node agent (``controlplane.runtime.agent_streams``) and send each call as a
+message. Every message is served by the unary handler's code
+(``NodeAgentServicer.CreateInstance`` / ``DeleteInstance``) in a task of its
+own, under its own deadline, and answered as soon as it is done, tagged with
+the request's ``seq`` (a slow sandbox start holds up nothing behind it).
+
+Bounded: at most ``MAX_IN_FLIGHT`` requests in flight per stream (one more
+is answered RESOURCE_EXHAUSTED: the caller tries another node, as after a
+full agent), and a caller that does not read its replies is held back
+(reading stops, then HTTP/2 flow control). After ``MAX_AGE_S`` the stream
+asks for a new one (goaway); at ``HARD_LIMIT_S`` it ends, withdrawing what
+is still in flight (a withdrawn CreateInstance is like a cancelled unary
+call: the start goes on, a retry with the same id joins it).
+
+A message that breaks the stream's protocol (does not decode, seq <= 0, a
+seq already in flight) ends the stream with INVALID_ARGUMENT and a message
+naming the field. Each message is counted and timed under the unary
+method's name (``NodeAgent/CreateInstance``...), as the interceptor counts
+unary calls, so dashboards see the same figures whichever transport
+carried them; open streams are in ``galaxy_nodeagent_instance_streams``.
+Who may open the stream is decided as for the unary methods (an internal
+method: components only, ``controlplane.runtime.authz``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from prometheus_client import Gauge
+
+from controlplane.runtime.agent_streams import MAX_IN_FLIGHT, MAX_TIMEOUT_MS
+from controlplane.runtime.errors import GalaxyError
+from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
+from controlplane.runtime.rpc import Undecodable
+from galaxy.v1 import nodeagent_pb2
+
+if TYPE_CHECKING:
+    from controlplane.nodeagent.service import NodeAgentServicer
+
+log = logging.getLogger(__name__)
+
+#: The per-message metric labels: the unary methods' (see rpc's interceptor).
+CREATE = "NodeAgent/CreateInstance"
+DELETE = "NodeAgent/DeleteInstance"
+#: After this long the caller is asked to move to a new stream.
+MAX_AGE_S = 30.0
+#: A request's deadline when the message names none (the longest allowed,
+#: and the requests one stream may have in flight: MAX_TIMEOUT_MS and
+#: MAX_IN_FLIGHT, shared with the callers).
+DEFAULT_TIMEOUT_S = 60.0
+#: The stream ends here at the latest (what is in flight is withdrawn):
+#: long enough for a request sent just before the goaway to finish.
+HARD_LIMIT_S = MAX_AGE_S + MAX_TIMEOUT_MS / 1000.0 + 5.0
+
+STREAMS_OPEN = Gauge(
+    "galaxy_nodeagent_instance_streams", "NodeAgent.InstanceStream calls open on this agent"
+)
+_LATENCY = {m: RPC_LATENCY.labels(m) for m in (CREATE, DELETE)}
+_GOAWAY = nodeagent_pb2.InstanceStreamReply(seq=0, goaway=True)
+
+
+class _Fatal:
+    """Ends the stream with code: the caller broke the stream's protocol."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
+        self.message = message
+
+
+_Item = nodeagent_pb2.InstanceStreamReply | _Fatal | None
+
+
+def _error(seq: int, code: grpc.StatusCode, message: str) -> nodeagent_pb2.InstanceStreamReply:
+    return nodeagent_pb2.InstanceStreamReply(seq=seq, code=code.value[0], message=message)
+
+
+def check(msg: nodeagent_pb2.InstanceStreamRequest) -> str | None:
+    """What is wrong with one message, naming the field (None: nothing).
+    The operation's own fields are the unary handler's to check."""
+    if msg.WhichOneof("op") is None:
+        return "op: one of create, delete is required"
+    if msg.timeout_ms > MAX_TIMEOUT_MS:
+        return f"timeout_ms: at most {MAX_TIMEOUT_MS}, got {msg.timeout_ms}"
+    return None
+
+
+class _Stream:
+    """The state of one open stream (see module docstring)."""
+
+    def __init__(self, servicer: NodeAgentServicer, context: grpc.aio.ServicerContext) -> None:
+        self.servicer = servicer
+        self.context = context
+        self.loop = asyncio.get_running_loop()
+        self.out: asyncio.Queue[_Item] = asyncio.Queue()
+        self.calls: dict[int, asyncio.Task[None]] = {}
+        self.reading = True
+        # Cleared while MAX_IN_FLIGHT replies wait to be written: reading
+        # pauses, so a caller that never reads cannot grow `out`.
+        self.drained = asyncio.Event()
+        self.drained.set()
+
+    def _done_if_idle(self) -> None:
+        if not self.reading and not self.calls:
+            self.out.put_nowait(None)  # half-closed and all answered: end OK
+
+    async def read(self, requests: AsyncIterator[Any]) -> None:
+        """A task per request; the stream ends on a broken protocol."""
+        try:
+            async for msg in requests:
+                if self.out.qsize() >= MAX_IN_FLIGHT:
+                    self.drained.clear()
+                    await self.drained.wait()
+                fatal = self._accept(msg)
+                if fatal is not None:
+                    self.out.put_nowait(fatal)
+                    return
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError) as e:
+            log.debug("InstanceStream from %s ended: %s", self.context.peer(), e)
+        finally:
+            self.reading = False
+            self._done_if_idle()
+
+    def _accept(self, msg: Any) -> _Fatal | None:
+        if isinstance(msg, Undecodable):
+            return _Fatal(grpc.StatusCode.INVALID_ARGUMENT, f"request: {msg.reason}")
+        seq = msg.seq
+        if seq <= 0:
+            return _Fatal(grpc.StatusCode.INVALID_ARGUMENT, "seq: must be > 0")
+        if seq in self.calls:
+            return _Fatal(
+                grpc.StatusCode.INVALID_ARGUMENT, f"seq: {seq} is already in flight on this stream"
+            )
+        problem = check(msg)
+        if problem is not None:
+            self.out.put_nowait(_error(seq, grpc.StatusCode.INVALID_ARGUMENT, problem))
+        elif len(self.calls) >= MAX_IN_FLIGHT:
+            self.out.put_nowait(
+                _error(
+                    seq,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"stream: {MAX_IN_FLIGHT} requests already in flight; try another node",
+                )
+            )
+        else:
+            timeout = msg.timeout_ms / 1000.0 if msg.timeout_ms else DEFAULT_TIMEOUT_S
+            due = self.loop.time() + timeout
+            self.calls[seq] = self.loop.create_task(self.serve(seq, msg, due))
+        return None
+
+    async def serve(self, seq: int, msg: nodeagent_pb2.InstanceStreamRequest, due: float) -> None:
+        """One request, through the unary handler's code."""
+        create = msg.WhichOneof("op") == "create"
+        method = CREATE if create else DELETE
+        start = time.perf_counter()
+        code = grpc.StatusCode.OK
+        reply: nodeagent_pb2.InstanceStreamReply | None = None
+        ctx = self.context
+        try:
+            async with asyncio.timeout_at(due):
+                if create:
+                    created = await self.servicer.CreateInstance(msg.create, ctx)
+                    reply = nodeagent_pb2.InstanceStreamReply(seq=seq, created=created)
+                else:
+                    deleted = await self.servicer.DeleteInstance(msg.delete, ctx)
+                    reply = nodeagent_pb2.InstanceStreamReply(seq=seq, deleted=deleted)
+        except GalaxyError as e:
+            code = e.code
+            reply = _error(seq, e.code, e.message)
+        except TimeoutError:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
+            reply = _error(seq, code, f"{method}: the request's timeout_ms ran out")
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            log.exception("unhandled error in %s (InstanceStream)", method)
+            reply = _error(seq, code, f"internal error in {method}; see the server log")
+        finally:
+            _LATENCY[method].observe(time.perf_counter() - start)
+            RPC_REQUESTS.labels(method, code.name).inc()
+            if self.calls.get(seq) is asyncio.current_task():
+                del self.calls[seq]
+            if reply is not None:
+                self.out.put_nowait(reply)
+            self._done_if_idle()
+
+    def close(self) -> None:
+        """Withdraw what is in flight (a start goes on, as after a cancelled call)."""
+        for task in self.calls.values():
+            task.cancel()
+        self.calls.clear()
+
+
+async def serve(
+    servicer: NodeAgentServicer,
+    requests: AsyncIterator[nodeagent_pb2.InstanceStreamRequest],
+    context: grpc.aio.ServicerContext,
+) -> AsyncIterator[nodeagent_pb2.InstanceStreamReply]:
+    """The InstanceStream handler (``NodeAgentServicer.InstanceStream``)."""
+    stream = _Stream(servicer, context)
+    loop = stream.loop
+    reader = loop.create_task(stream.read(requests))
+    # Timers, not a timeout per wait: a reply costs one queue get.
+    goaway = loop.call_later(MAX_AGE_S, stream.out.put_nowait, _GOAWAY)
+    hard_end = loop.call_later(HARD_LIMIT_S, stream.out.put_nowait, None)
+    STREAMS_OPEN.inc()
+    try:
+        while True:
+            item = await stream.out.get()
+            if stream.out.qsize() < MAX_IN_FLIGHT:
+                stream.drained.set()
+            if item is None:
+                return
+            if isinstance(item, _Fatal):
+                await context.abort(item.code, item.message)
+                return
+            yield item
+    finally:
+        goaway.cancel()
+        hard_end.cancel()
+        reader.cancel()
+        stream.close()
+        STREAMS_OPEN.dec()
