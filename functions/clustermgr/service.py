@@ -128,6 +128,9 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         if outcome is Registered.RESTARTED:
             self._tell_owner(rec, REMOVE)  # so the owner accepts the lower seq
         self._tell_owner(rec, UPSERT)
+        # The owner has it now: its next unchanged beat is no news (as the
+        # simulator, which registers through the forwarding rule).
+        self.forwarding.sent(rec.status.node_id, self.registry.clock.now())
         self._record(rec.status.node_id, rec.status)
         self._gauges()
         self._arm()
@@ -221,6 +224,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         moved = self.registry.not_mine(self.clustermgr_id)
         for nid in moved:
             self.registry.forget(nid)
+            self.forwarding.forget(nid)
         log.info(
             "clustermgr %s: membership epoch %d, %d nodes changed schedule owner, "
             "%d moved to another clustermgr",
@@ -332,6 +336,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         # A node agent with a stale membership: record nothing (a record here
         # would linger as a dead node) and send it to the owner.
         self.registry.forget(node_id)
+        self.forwarding.forget(node_id)
         reply = self._reply()
         reply.wrong_owner = True
         return reply
