@@ -5,14 +5,15 @@ Heartbeats are answered at once; telling the owning Schedule instance
 address in which the newest message per node replaces an unsent older one,
 drained by one task per address. So messages for a node reach its owner in
 order, and a slow Schedule instance costs coalescing, not memory or latency
-of heartbeats.
+of heartbeats. Changes go at once; refreshes of unchanged statuses wait up
+to a heartbeat period for company, so that they cost Schedule one RPC per
+period rather than one per beat (docs/benchmarks.md, session 23).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -23,6 +24,7 @@ from controlplane.runtime.membership import NODE_HEARTBEAT_MS
 from controlplane.runtime.metrics import NODES
 from functions.clustermgr import heartbeats
 from functions.clustermgr.forwarding import HeartbeatForwarding
+from functions.clustermgr.outbox import Outbox
 from functions.clustermgr.policy import (
     CLUSTERMGR,
     SCHEDULE,
@@ -38,7 +40,6 @@ from galaxy.v1 import (
     dispatch_pb2_grpc,
     schedule_pb2,
 )
-from galaxy.v1 import schedule_pb2_grpc as sf_grpc
 
 log = logging.getLogger(__name__)
 
@@ -54,107 +55,6 @@ Record = Callable[[str, bytes | None], None]
 def node_key(node_id: str) -> str:
     """State store key of a node record."""
     return NODE_KEY_PREFIX + node_id
-
-
-class Outbox:
-    """ModNode messages to Schedule instances, in order per node, newest
-    wins. A failed message is retried (up to ``tries`` sends, with backoff)
-    unless a newer one for the node was queued meanwhile."""
-
-    def __init__(
-        self,
-        pool: rpc.ChannelPool,
-        *,
-        timeout_s: float = 2.0,
-        batch: int = 64,
-        tries: int = 3,
-        backoff_s: float = 0.1,
-    ) -> None:
-        self.pool = pool
-        self.timeout_s = timeout_s
-        self.batch = batch
-        self.tries = tries
-        self.backoff_s = backoff_s
-        self.sent = 0
-        self.failed = 0
-        # address -> node_id -> (message, sends tried, send a REMOVE first)
-        self._queues: dict[
-            str, OrderedDict[str, tuple[schedule_pb2.ModNodeRequest, int, bool]]
-        ] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def put(self, address: str, req: schedule_pb2.ModNodeRequest) -> None:
-        """Queue req for the Schedule instance at address."""
-        q = self._queues.setdefault(address, OrderedDict())
-        prev = q.pop(req.node.node_id, None)
-        # An UPSERT may replace a pending REMOVE only by carrying it along:
-        # REMOVE + UPSERT means "forget the old incarnation, learn this one".
-        reset = prev is not None and req.op == UPSERT and (prev[0].op == REMOVE or prev[2])
-        q[req.node.node_id] = (req, 0, reset)
-        if address not in self._tasks:
-            self._idle.clear()
-            self._tasks[address] = asyncio.create_task(self._drain(address))
-
-    async def flush(self) -> None:
-        """Wait until every queued message was sent or given up."""
-        await self._idle.wait()
-
-    async def close(self) -> None:
-        """Stop sending; unsent messages are dropped (heartbeats resend)."""
-        tasks = list(self._tasks.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _drain(self, address: str) -> None:
-        q = self._queues[address]
-        failures = 0
-        try:
-            while q:
-                items = [q.popitem(last=False)[1] for _ in range(min(self.batch, len(q)))]
-                # One message per node per batch and batches in sequence, so
-                # the order per node holds; the batch is one ModNodes RPC.
-                err = await self._send_batch(address, items)
-                if err is None:
-                    self.sent += len(items)
-                    failures = 0
-                    continue
-                failures += 1
-                for req, tried, reset in items:
-                    nid = req.node.node_id
-                    if tried + 1 < self.tries and nid not in q:
-                        q[nid] = (req, tried + 1, reset)
-                    else:
-                        self.failed += 1
-                        log.warning("ModNode %s for %s to %s lost: %s", req.op, nid, address, err)
-                await asyncio.sleep(self.backoff_s * 2 ** min(failures - 1, 5))  # backoff
-        finally:
-            # No await between the loop's last check and here: put() cannot
-            # slip a message in that no task would send.
-            del self._tasks[address]
-            if not q:
-                del self._queues[address]
-            if not self._tasks:
-                self._idle.set()
-
-    async def _send_batch(
-        self, address: str, items: list[tuple[schedule_pb2.ModNodeRequest, int, bool]]
-    ) -> Exception | None:
-        changes: list[schedule_pb2.ModNodeRequest] = []
-        for req, _, reset in items:
-            if reset:
-                changes.append(schedule_pb2.ModNodeRequest(op=REMOVE, node=req.node))
-            changes.append(req)
-        try:
-            async with self.pool.stub(address, sf_grpc.ScheduleStub) as stub:
-                await stub.ModNodes(
-                    schedule_pb2.ModNodesRequest(changes=changes), timeout=self.timeout_s
-                )
-        except grpc.aio.AioRpcError as e:
-            return e
-        return None
 
 
 class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
@@ -175,11 +75,18 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         heartbeat_s: float = NODE_HEARTBEAT_MS / 1000.0,
         record: Record | None = None,
         modnode_timeout_s: float = 2.0,
+        refresh_linger_s: float | None = None,
     ) -> None:
         self.registry = registry
         self.heartbeat_s = heartbeat_s
         self._record_fn = record
-        self.outbox = Outbox(pool or rpc.ChannelPool(), timeout_s=modnode_timeout_s)
+        # Refreshes wait up to a heartbeat period (None): at most one
+        # ModNodes RPC of refreshes per period and Schedule instance, and a
+        # refresh (itself due every REFRESH_BEATS periods) at most one late.
+        linger = heartbeat_s if refresh_linger_s is None else refresh_linger_s
+        self.outbox = Outbox(
+            pool or rpc.ChannelPool(), timeout_s=modnode_timeout_s, linger_s=linger
+        )
         self.clustermgr_id = clustermgr_id
         self.modnode_timeout_s = modnode_timeout_s
         #: RegisterNode calls and heartbeat statuses (Update or one on
@@ -221,6 +128,9 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         if outcome is Registered.RESTARTED:
             self._tell_owner(rec, REMOVE)  # so the owner accepts the lower seq
         self._tell_owner(rec, UPSERT)
+        # The owner has it now: its next unchanged beat is no news (as the
+        # simulator, which registers through the forwarding rule).
+        self.forwarding.sent(rec.status.node_id, self.registry.clock.now())
         self._record(rec.status.node_id, rec.status)
         self._gauges()
         self._arm()
@@ -256,7 +166,8 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         rec = self.registry.get(request.node_id)
         assert rec is not None
         if self.forwarding.should_forward(rec.status.node_id, outcome, self.registry.clock.now()):
-            self._tell_owner(rec, UPSERT)
+            # An unchanged status is a refresh: it may wait for company.
+            self._tell_owner(rec, UPSERT, urgent=outcome is not Updated.SAME)
         if outcome is not Updated.SAME:
             self._record(rec.status.node_id, rec.status)
         if outcome is Updated.REVIVED:
@@ -313,6 +224,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         moved = self.registry.not_mine(self.clustermgr_id)
         for nid in moved:
             self.registry.forget(nid)
+            self.forwarding.forget(nid)
         log.info(
             "clustermgr %s: membership epoch %d, %d nodes changed schedule owner, "
             "%d moved to another clustermgr",
@@ -424,6 +336,7 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         # A node agent with a stale membership: record nothing (a record here
         # would linger as a dead node) and send it to the owner.
         self.registry.forget(node_id)
+        self.forwarding.forget(node_id)
         reply = self._reply()
         reply.wrong_owner = True
         return reply
@@ -433,11 +346,14 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
             reregister=reregister, heartbeat_interval_ms=round(self.heartbeat_s * 1000)
         )
 
-    def _tell_owner(self, rec: NodeRecord, op: schedule_pb2.ModNodeRequest.Op) -> None:
+    def _tell_owner(
+        self, rec: NodeRecord, op: schedule_pb2.ModNodeRequest.Op, *, urgent: bool = True
+    ) -> None:
         owner = self.registry.membership.get(SCHEDULE, rec.owner) if rec.owner else None
         if owner is None:
             return  # no Schedule instance yet: Coordinate will send it
-        self.outbox.put(owner.address, schedule_pb2.ModNodeRequest(op=op, node=rec.status))
+        req = schedule_pb2.ModNodeRequest(op=op, node=rec.status)
+        self.outbox.put(owner.address, req, urgent=urgent)
 
     def _record(self, node_id: str, status: common_pb2.NodeStatus | None) -> None:
         if self._record_fn is None:

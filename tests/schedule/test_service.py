@@ -148,8 +148,11 @@ async def test_nodes_flow_from_clustermgr_to_schedule(make_stack) -> None:
     # Node records were written behind, keyed by node id.
     stored = {k: common_pb2.NodeStatus.FromString(v) for k, v in st.records.items() if v}
     assert {k: v.node_id for k, v in stored.items()} == {f"/galaxy/nodes/{n}": n for n in NODES}
-    # A heartbeat with a higher seq reaches Schedule; an old one does not.
+    # A heartbeat with a higher seq that changed the node reaches Schedule
+    # (an unchanged one right after registering is no news: it waits for
+    # the refresh period); an old one does not.
     beat = st.agent.heartbeat_status("big")
+    beat.allocated.memory_mib += 256
     await st.cmf.Update(beat, timeout=5)
     await st.cm.outbox.flush()
     old = common_pb2.NodeStatus()
