@@ -170,10 +170,12 @@ async def test_liveness_loop_runs_by_itself(env: Env) -> None:
 
 
 async def test_a_silent_node_is_declared_dead_at_its_deadline(env: Env) -> None:
-    # Nodes fall silent at phases spread over what a periodic sweep's round
-    # would be (heartbeat / 2): a sweep would find some of them late by up
-    # to a round; a timer on each deadline finds every one on time.
-    dead_after, heartbeat, spacing = 0.4, 0.5, 0.05
+    # Nodes fall silent at phases spread over a whole round of what a
+    # periodic sweep would be (heartbeat / 2 = 1 s): a sweep would find one
+    # of them late by most of a round (>= 0.8 s); a timer on each deadline
+    # finds every one on time, late only by the event loop's latency (the
+    # bound leaves half a second for a loaded machine).
+    dead_after, heartbeat, spacing = 0.4, 2.0, 0.2
     declared: dict[str, float] = {}
     all_dead = asyncio.Event()
     names = [f"quiet-{i}" for i in range(6)]
@@ -199,7 +201,7 @@ async def test_a_silent_node_is_declared_dead_at_its_deadline(env: Env) -> None:
         assert rec is not None and not rec.alive
         late = declared[nid] - (rec.last_seen + dead_after)
         # Never early; late only by the event loop's own latency.
-        assert 0.0 <= late < 0.1, (nid, late)
+        assert 0.0 <= late < 0.5, (nid, late)
 
 
 async def test_restarted_agent_with_lower_seq_replaces_the_old_one(env: Env) -> None:

@@ -131,7 +131,9 @@ async def test_a_burst_never_over_commits_a_node(parts: Parts) -> None:
     await p.client.release(await p.client.dispatch("f"))  # credits flow from here
     await eventually(lambda: live_credits(p) > 0, what="credits")
     got = await asyncio.gather(
-        *(p.client.dispatch("f", deadline_s=5.0) for _ in range(18)),
+        # A bound, not a wait: all 18 are placed in well under a second
+        # unless the machine is very loaded.
+        *(p.client.dispatch("f", deadline_s=10.0) for _ in range(18)),
         return_exceptions=True,
     )
     placed = [g for g in got if not isinstance(g, BaseException)]
