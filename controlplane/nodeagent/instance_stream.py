@@ -31,9 +31,7 @@ method: components only, ``controlplane.runtime.authz``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +40,6 @@ from prometheus_client import Gauge
 
 from controlplane.runtime import multiplex
 from controlplane.runtime.agent_streams import MAX_IN_FLIGHT, MAX_TIMEOUT_MS
-from controlplane.runtime.errors import GalaxyError
 from galaxy.v1 import nodeagent_pb2
 
 if TYPE_CHECKING:
@@ -84,6 +81,7 @@ class _Stream(multiplex.ServerStream[nodeagent_pb2.InstanceStreamReply]):
 
     name = "InstanceStream"
     log = log
+    unhandled = "unhandled error in %s (InstanceStream)"
 
     def __init__(self, servicer: NodeAgentServicer, context: grpc.aio.ServicerContext) -> None:
         super().__init__(context, nodeagent_pb2.InstanceStreamReply, MAX_IN_FLIGHT)
@@ -98,41 +96,19 @@ class _Stream(multiplex.ServerStream[nodeagent_pb2.InstanceStreamReply]):
         if self.admit(seq, check(msg), "try another node"):
             timeout = msg.timeout_ms / 1000.0 if msg.timeout_ms else DEFAULT_TIMEOUT_S
             due = self.loop.time() + timeout
-            self.calls[seq] = self.loop.create_task(self.serve(seq, msg, due))
+            method = CREATE if msg.WhichOneof("op") == "create" else DELETE
+            self.calls[seq] = self.loop.create_task(self.answer(seq, method, msg, due, method))
         return None
 
-    async def serve(self, seq: int, msg: nodeagent_pb2.InstanceStreamRequest, due: float) -> None:
+    async def call(
+        self, seq: int, method: str, msg: Any, sent: multiplex.Sent | None
+    ) -> nodeagent_pb2.InstanceStreamReply:
         """One request, through the unary handler's code."""
-        create = msg.WhichOneof("op") == "create"
-        method = CREATE if create else DELETE
-        start = time.perf_counter()
-        code = grpc.StatusCode.OK
-        reply: nodeagent_pb2.InstanceStreamReply | None = None
-        ctx = self.context
-        try:
-            async with asyncio.timeout_at(due):
-                if create:
-                    created = await self.servicer.CreateInstance(msg.create, ctx)
-                    reply = nodeagent_pb2.InstanceStreamReply(seq=seq, created=created)
-                else:
-                    deleted = await self.servicer.DeleteInstance(msg.delete, ctx)
-                    reply = nodeagent_pb2.InstanceStreamReply(seq=seq, deleted=deleted)
-        except GalaxyError as e:
-            code = e.code
-            reply = self.error(seq, e.code, e.message)
-        except TimeoutError:
-            code = grpc.StatusCode.DEADLINE_EXCEEDED
-            reply = self.error(seq, code, f"{method}: the request's timeout_ms ran out")
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
-            log.exception("unhandled error in %s (InstanceStream)", method)
-            reply = self.error(seq, code, f"internal error in {method}; see the server log")
-        finally:
-            multiplex.count(method, start, code)
-            self.finished(seq, reply)
+        if method is CREATE:
+            created = await self.servicer.CreateInstance(msg.create, self.context)
+            return nodeagent_pb2.InstanceStreamReply(seq=seq, created=created)
+        deleted = await self.servicer.DeleteInstance(msg.delete, self.context)
+        return nodeagent_pb2.InstanceStreamReply(seq=seq, deleted=deleted)
 
 
 def serve(

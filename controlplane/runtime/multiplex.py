@@ -29,6 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import grpc
 from prometheus_client import Gauge
 
+from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
 from controlplane.runtime.rpc import Undecodable
 
@@ -58,6 +59,15 @@ def count(method: str, start: float, code: grpc.StatusCode) -> None:
     RPC_REQUESTS.labels(method, code.name).inc()
 
 
+class Aborted(Exception):
+    """A message's context's abort: ends one message, not the stream."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
 class Fatal:
     """Ends the stream with code: the caller broke the stream's protocol."""
 
@@ -85,9 +95,11 @@ class ServerStream(Generic[Reply]):
     each call in a task of its own in ``calls``, which ends with
     ``finished``."""
 
-    #: The stream's name in log lines, and the protocol module's logger.
+    #: The stream's name in log lines, the protocol module's logger, and
+    #: its line for an error the handler did not expect (%s: the method).
     name = "stream"
     log = log
+    unhandled = "unhandled error in %s"
 
     def __init__(
         self, context: grpc.aio.ServicerContext, reply_type: Any, max_in_flight: int
@@ -172,6 +184,50 @@ class ServerStream(Generic[Reply]):
             )
             return False
         return True
+
+    async def call(self, seq: int, method: str, msg: Any, sent: Sent | None) -> Reply:
+        """seq's reply from the unary handler's code (its errors raised)."""
+        raise NotImplementedError
+
+    async def answer(
+        self,
+        seq: int,
+        method: str,
+        msg: Any,
+        deadline: float,
+        timed_out: str,
+        sent: Sent | None = None,
+    ) -> None:
+        """Serve seq (the task in ``calls``): ``call``'s reply by deadline
+        (loop time), or the error it ended with, counted under method. A
+        timeout is answered "<timed_out>: the request's timeout_ms ran out"."""
+        start = time.perf_counter()
+        code = grpc.StatusCode.OK
+        reply: Reply | None = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                reply = await self.call(seq, method, msg, sent)
+        except GalaxyError as e:
+            code = e.code
+            reply = self.error(seq, e.code, e.message)
+        except Aborted as e:
+            code = e.code
+            reply = self.error(seq, e.code, e.details)
+        except TimeoutError:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
+            reply = self.error(seq, code, f"{timed_out}: the request's timeout_ms ran out")
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            if sent is not None:
+                sent.finish(cancelled=True)
+            raise
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            self.log.exception(self.unhandled, method)
+            reply = self.error(seq, code, f"internal error in {method}; see the server log")
+        finally:
+            count(method, start, code)
+            self.finished(seq, reply, sent)
 
     def finished(self, seq: int, reply: Reply | None, sent: Sent | None = None) -> None:
         """seq's call is over: queue its reply (None: withdrawn)."""

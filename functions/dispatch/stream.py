@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -53,15 +52,6 @@ HARD_LIMIT_S = MAX_AGE_S + DEFAULT_TIMEOUT_S + 5.0
 
 STREAMS_OPEN = Gauge("galaxy_dispatch_streams_open", "DispatchStream calls open on this instance")
 multiplex.timed(METHOD)
-
-
-class _Aborted(Exception):
-    """MessageContext.abort: ends one message, not the stream."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
 
 
 class MessageContext:
@@ -100,7 +90,7 @@ class MessageContext:
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         """Fail this message with code (the stream stays open)."""
-        raise _Aborted(code, details)
+        raise multiplex.Aborted(code, details)
 
     def finish(self, cancelled: bool) -> None:
         """Run the done callbacks (once)."""
@@ -147,41 +137,19 @@ class _Stream(multiplex.ServerStream[dispatch_pb2.DispatchStreamReply]):
             return fatal
         if self.admit(seq, _check(msg), "open another stream"):
             timeout = msg.timeout_ms / 1000.0 if msg.timeout_ms else DEFAULT_TIMEOUT_S
-            mctx = MessageContext(self.context, self.loop.time() + timeout, self.loop)
-            self.calls[seq] = self.loop.create_task(self.serve(seq, msg.request, mctx))
+            due = self.loop.time() + timeout
+            mctx = MessageContext(self.context, due, self.loop)
+            self.calls[seq] = self.loop.create_task(
+                self.answer(seq, METHOD, msg.request, due, "dispatch", mctx)
+            )
         return None
 
-    async def serve(
-        self, seq: int, request: dispatch_pb2.DispatchRequest, mctx: MessageContext
-    ) -> None:
+    async def call(
+        self, seq: int, method: str, msg: Any, sent: multiplex.Sent | None
+    ) -> dispatch_pb2.DispatchStreamReply:
         """One request, through the unary handler's code."""
-        start = time.perf_counter()
-        code = grpc.StatusCode.OK
-        reply: dispatch_pb2.DispatchStreamReply | None = None
-        try:
-            async with asyncio.timeout(mctx.time_remaining()):
-                addr = await self.servicer.Dispatch(request, mctx)  # type: ignore[arg-type]
-            reply = dispatch_pb2.DispatchStreamReply(seq=seq, addr=addr)
-        except GalaxyError as e:
-            code = e.code
-            reply = self.error(seq, e.code, e.message)
-        except _Aborted as e:
-            code = e.code
-            reply = self.error(seq, e.code, e.details)
-        except TimeoutError:
-            code = grpc.StatusCode.DEADLINE_EXCEEDED
-            reply = self.error(seq, code, "dispatch: the request's timeout_ms ran out")
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            mctx.finish(cancelled=True)
-            raise
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
-            log.exception("unhandled error in %s", METHOD)
-            reply = self.error(seq, code, f"internal error in {METHOD}; see the server log")
-        finally:
-            multiplex.count(METHOD, start, code)
-            self.finished(seq, reply, mctx)
+        addr = await self.servicer.Dispatch(msg, sent)  # type: ignore[arg-type]
+        return dispatch_pb2.DispatchStreamReply(seq=seq, addr=addr)
 
 
 def _check(msg: dispatch_pb2.DispatchStreamRequest) -> str | None:
