@@ -35,6 +35,8 @@ from typing import Any
 
 import grpc
 
+from controlplane.runtime import multiplex
+from controlplane.runtime.multiplex import rpc_error
 from controlplane.runtime.rpc import ChannelPool
 from controlplane.runtime.validation import STARTUP_TIMEOUT_MS_MAX
 from galaxy.v1 import nodeagent_pb2, nodeagent_pb2_grpc
@@ -63,23 +65,12 @@ _AS_UNARY = frozenset(
 Reply = nodeagent_pb2.InstanceStreamReply
 
 
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    """The error a unary call ending with code and details raises."""
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
-
-
-class _Stream:
+class _Stream(multiplex.ClientStream[nodeagent_pb2.InstanceStreamRequest, Reply]):
     """One open InstanceStream: requests in flight by seq."""
 
     def __init__(self, address: str, stub: Any, on_closed: Callable[[_Stream], None]) -> None:
+        super().__init__()
         self.address = address
-        self.loop = asyncio.get_running_loop()
-        self.pending: dict[int, asyncio.Future[Reply]] = {}
-        #: False once the agent said goaway or the stream failed.
-        self.accepting = True
-        self._seq = 0
-        self._out: asyncio.Queue[nodeagent_pb2.InstanceStreamRequest | None] = asyncio.Queue()
-        self._half_closed = False
         self._on_closed = on_closed
         #: Replies received, and whether the stream ended with an error.
         self.answered = 0
@@ -90,17 +81,6 @@ class _Stream:
         self.call = stub.InstanceStream(None, timeout=STREAM_DEADLINE_S)
         self._writer = self.loop.create_task(self._write(), name="instance-stream-writer")
         self.reader = self.loop.create_task(self._read(), name="instance-stream-reader")
-
-    def _half_close(self) -> None:
-        if not self._half_closed:
-            self._half_closed = True
-            self._out.put_nowait(None)
-
-    def retire(self) -> None:
-        """Take no new requests; half-close once the last reply is in."""
-        self.accepting = False
-        if not self.pending:
-            self._half_close()
 
     async def _write(self) -> None:
         try:
@@ -117,16 +97,13 @@ class _Stream:
         try:
             while (r := await self.call.read()) is not grpc.aio.EOF:
                 assert isinstance(r, Reply)
-                if r.seq == 0:
-                    if r.goaway:
-                        self.retire()
+                if self.control(r.seq, r.goaway):
                     continue
                 self.answered += 1
-                fut = self.pending.pop(r.seq, None)
-                if fut is not None and not fut.done():
+                fut = self.take(r.seq)
+                if fut is not None:
                     fut.set_result(r)
-                if not self.accepting and not self.pending:
-                    self._half_close()
+                self._half_close_if_done()
         except grpc.aio.AioRpcError as e:
             self.failed = True
             if e.code() in _AS_UNARY:
@@ -144,12 +121,7 @@ class _Stream:
             err = rpc_error(grpc.StatusCode.CANCELLED, "the InstanceStream was closed")
             raise
         finally:
-            self.accepting = False
-            pending, self.pending = self.pending, {}
-            for fut in pending.values():
-                if not fut.done():
-                    fut.set_exception(err)
-            self._half_close()
+            self.fail_pending(err)
             self._on_closed(self)
 
     def _expire(self, seq: int) -> None:
@@ -158,17 +130,14 @@ class _Stream:
             fut.set_exception(
                 rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded (InstanceStream)")
             )
-        if not self.accepting and not self.pending:
-            self._half_close()
+        self._half_close_if_done()
 
     async def request(self, msg: nodeagent_pb2.InstanceStreamRequest, timeout_s: float) -> Reply:
         """Send msg (its seq is set here); its reply, or the error that ended it."""
-        self._seq += 1
-        seq = msg.seq = self._seq
+        seq, fut = self._new_call()
+        msg.seq = seq
         # Never more than the agent takes (the timer here keeps the rest).
         msg.timeout_ms = min(max(1, int(timeout_s * 1000)), MAX_TIMEOUT_MS)
-        fut: asyncio.Future[Reply] = self.loop.create_future()
-        self.pending[seq] = fut
         self._out.put_nowait(msg)
         # A timer, not wait_for: no task per request.
         timer = self.loop.call_later(timeout_s, self._expire, seq)
@@ -178,8 +147,7 @@ class _Stream:
             timer.cancel()
             if self.pending.get(seq) is fut:  # the caller gave up (cancelled)
                 del self.pending[seq]
-                if not self.accepting and not self.pending:
-                    self._half_close()
+                self._half_close_if_done()
 
     def cancel(self) -> None:
         """End the stream now (what is in flight fails CANCELLED)."""

@@ -26,6 +26,8 @@ from typing import Any
 
 import grpc
 
+from controlplane.runtime import multiplex
+from controlplane.runtime.multiplex import rpc_error
 from controlplane.runtime.rpc import ChannelPool
 from galaxy.v1 import dispatch_pb2, dispatch_pb2_grpc
 
@@ -48,12 +50,9 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 Metadata = tuple[tuple[str, str], ...] | None
 
 
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    """The error a unary call ending with code and details raises."""
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
-
-
-class _Stream:
+class _Stream(
+    multiplex.ClientStream[dispatch_pb2.DispatchStreamRequest, dispatch_pb2.DispatchStreamReply]
+):
     """One open DispatchStream: requests in flight by seq."""
 
     def __init__(
@@ -63,13 +62,7 @@ class _Stream:
         on_orphan: Callable[[dispatch_pb2.InstanceAddr], None],
         on_closed: Callable[[_Stream], None],
     ) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.pending: dict[int, asyncio.Future[dispatch_pb2.DispatchStreamReply]] = {}
-        #: False once the server said goaway or the stream failed.
-        self.accepting = True
-        self._seq = 0
-        self._out: asyncio.Queue[dispatch_pb2.DispatchStreamRequest | None] = asyncio.Queue()
-        self._half_closed = False
+        super().__init__()
         self._on_orphan = on_orphan
         self._on_closed = on_closed
         self.call = stub.DispatchStream(
@@ -81,32 +74,18 @@ class _Stream:
         while (msg := await self._out.get()) is not None:
             yield msg
 
-    def _half_close(self) -> None:
-        if not self._half_closed:
-            self._half_closed = True
-            self._out.put_nowait(None)
-
-    def retire(self) -> None:
-        """Take no new requests; end the stream once the last answer is in."""
-        self.accepting = False
-        if not self.pending:
-            self._half_close()
-
     async def _read(self) -> None:
         err = rpc_error(grpc.StatusCode.UNAVAILABLE, "Dispatch ended the stream")
         try:
             async for r in self.call:
-                if r.seq == 0:
-                    if r.goaway:
-                        self.retire()
+                if self.control(r.seq, r.goaway):
                     continue
-                fut = self.pending.pop(r.seq, None)
-                if fut is not None and not fut.done():
+                fut = self.take(r.seq)
+                if fut is not None:
                     fut.set_result(r)
                 elif r.code == 0 and r.HasField("addr"):
                     self._on_orphan(r.addr)  # granted after its caller gave up
-                if not self.accepting and not self.pending:
-                    self._half_close()
+                self._half_close_if_done()
         except grpc.aio.AioRpcError as e:
             err = e
             if e.code() in _BROKEN:
@@ -123,19 +102,13 @@ class _Stream:
             err = rpc_error(grpc.StatusCode.CANCELLED, "the client closed the stream")
             raise
         finally:
-            self.accepting = False
-            for fut in self.pending.values():
-                if not fut.done():
-                    fut.set_exception(err)
-            self.pending.clear()
-            self._half_close()
+            self.fail_pending(err)
             self._on_closed(self)
 
     def _withdraw(self, seq: int) -> None:
         if self.pending.pop(seq, None) is not None and not self._half_closed:
             self._out.put_nowait(dispatch_pb2.DispatchStreamRequest(seq=seq, cancel=True))
-            if not self.accepting and not self.pending:
-                self._half_close()
+            self._half_close_if_done()
 
     def _expire(self, seq: int) -> None:
         fut = self.pending.get(seq)
@@ -149,10 +122,7 @@ class _Stream:
         self, req: dispatch_pb2.DispatchRequest, timeout_s: float
     ) -> dispatch_pb2.DispatchStreamReply:
         """Send req; its reply, or the error that ended it."""
-        self._seq += 1
-        seq = self._seq
-        fut: asyncio.Future[dispatch_pb2.DispatchStreamReply] = self.loop.create_future()
-        self.pending[seq] = fut
+        seq, fut = self._new_call()
         self._out.put_nowait(
             dispatch_pb2.DispatchStreamRequest(
                 seq=seq, request=req, timeout_ms=max(1, int(timeout_s * 1000))

@@ -19,18 +19,16 @@ honoured once the caller reopens), and an end at ``HARD_LIMIT_S``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import Gauge
 
-from controlplane.runtime import validation
+from controlplane.runtime import multiplex, validation
 from controlplane.runtime.errors import GalaxyError
-from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
-from controlplane.runtime.rpc import Undecodable
 from galaxy.v1 import dispatch_pb2
 
 if TYPE_CHECKING:
@@ -53,16 +51,7 @@ MAX_TIMEOUT_MS = 600_000
 HARD_LIMIT_S = MAX_AGE_S + DEFAULT_TIMEOUT_S + 5.0
 
 STREAMS_OPEN = Gauge("galaxy_dispatch_streams_open", "DispatchStream calls open on this instance")
-_LATENCY = RPC_LATENCY.labels(METHOD)
-
-
-class _Aborted(Exception):
-    """MessageContext.abort: ends one message, not the stream."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
+multiplex.timed(METHOD)
 
 
 class MessageContext:
@@ -101,7 +90,7 @@ class MessageContext:
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         """Fail this message with code (the stream stays open)."""
-        raise _Aborted(code, details)
+        raise multiplex.Aborted(code, details)
 
     def finish(self, cancelled: bool) -> None:
         """Run the done callbacks (once)."""
@@ -114,160 +103,53 @@ class MessageContext:
                 log.exception("a DispatchStream done callback failed")
 
 
-def _error(seq: int, code: grpc.StatusCode, message: str) -> dispatch_pb2.DispatchStreamReply:
-    return dispatch_pb2.DispatchStreamReply(seq=seq, code=code.value[0], message=message)
-
-
-class _Fatal:
-    """Ends the stream with code: the caller broke the stream's protocol."""
-
-    __slots__ = ("code", "message")
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        self.code = code
-        self.message = message
-
-
-_GOAWAY = dispatch_pb2.DispatchStreamReply(seq=0, goaway=True)
-_Item = tuple[dispatch_pb2.DispatchStreamReply, MessageContext | None] | _Fatal | None
-
-
-class _Stream:
+class _Stream(multiplex.ServerStream[dispatch_pb2.DispatchStreamReply]):
     """The state of one open stream (see module docstring)."""
 
+    name = "DispatchStream"
+    log = log
+
     def __init__(self, servicer: DispatchServicer, context: grpc.aio.ServicerContext) -> None:
+        super().__init__(context, dispatch_pb2.DispatchStreamReply, MAX_IN_FLIGHT)
         self.servicer = servicer
-        self.context = context
-        self.loop = asyncio.get_running_loop()
-        self.out: asyncio.Queue[_Item] = asyncio.Queue()
-        self.calls: dict[int, asyncio.Task[None]] = {}
-        self.reading = True
-        # Set while the replies not yet written are few enough to read on:
-        # a caller that sends and never reads is held back here (and by
-        # HTTP/2 flow control behind it), so `out` stays bounded.
-        self.drained = asyncio.Event()
-        self.drained.set()
 
-    def _done_if_idle(self) -> None:
-        if not self.reading and not self.calls:
-            self.out.put_nowait(None)
-
-    async def read(self, requests: AsyncIterator[Any]) -> None:
+    def accept(self, msg: Any) -> multiplex.Fatal | None:
         """Start a task per request; withdraw on cancel; stop on a broken protocol."""
-        try:
-            async for msg in requests:
-                if self.out.qsize() >= MAX_IN_FLIGHT:
-                    self.drained.clear()
-                    await self.drained.wait()
-                if isinstance(msg, Undecodable):
-                    self.out.put_nowait(
-                        _Fatal(grpc.StatusCode.INVALID_ARGUMENT, f"request: {msg.reason}")
-                    )
-                    return
-                seq = msg.seq
-                if msg.releases:
-                    try:
-                        validation.check_releases(msg.releases, required=True)
-                    except GalaxyError as e:
-                        self.out.put_nowait(_Fatal(e.code, e.message))
-                        return
-                    self.servicer.release_many(msg.releases)
-                    if not seq:
-                        continue  # releases only
-                if msg.cancel:
-                    task = self.calls.pop(seq, None)
-                    if task is not None:
-                        task.cancel()
-                    continue
-                if seq <= 0:
-                    self.out.put_nowait(
-                        _Fatal(grpc.StatusCode.INVALID_ARGUMENT, "seq: must be > 0")
-                    )
-                    return
-                if seq in self.calls:
-                    self.out.put_nowait(
-                        _Fatal(
-                            grpc.StatusCode.INVALID_ARGUMENT,
-                            f"seq: {seq} is already in flight on this stream",
-                        )
-                    )
-                    return
-                problem = _check(msg)
-                if problem is not None:
-                    self.out.put_nowait(
-                        (_error(seq, grpc.StatusCode.INVALID_ARGUMENT, problem), None)
-                    )
-                    continue
-                if len(self.calls) >= MAX_IN_FLIGHT:
-                    self.out.put_nowait(
-                        (
-                            _error(
-                                seq,
-                                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"stream: {MAX_IN_FLIGHT} requests already in flight; "
-                                "open another stream",
-                            ),
-                            None,
-                        )
-                    )
-                    continue
-                timeout = msg.timeout_ms / 1000.0 if msg.timeout_ms else DEFAULT_TIMEOUT_S
-                mctx = MessageContext(self.context, self.loop.time() + timeout, self.loop)
-                self.calls[seq] = self.loop.create_task(self.serve(seq, msg.request, mctx))
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError) as e:
-            # The caller went away mid-stream: what it sent is withdrawn.
-            log.debug("DispatchStream from %s ended: %s", self.context.peer(), e)
-        finally:
-            self.reading = False
-            self._done_if_idle()
-
-    async def serve(
-        self, seq: int, request: dispatch_pb2.DispatchRequest, mctx: MessageContext
-    ) -> None:
-        """One request, through the unary handler's code."""
-        start = time.perf_counter()
-        code = grpc.StatusCode.OK
-        try:
+        fatal = self.undecodable(msg)
+        if fatal is not None:
+            return fatal
+        seq = msg.seq
+        if msg.releases:
             try:
-                async with asyncio.timeout(mctx.time_remaining()):
-                    addr = await self.servicer.Dispatch(request, mctx)  # type: ignore[arg-type]
-                reply = dispatch_pb2.DispatchStreamReply(seq=seq, addr=addr)
+                validation.check_releases(msg.releases, required=True)
             except GalaxyError as e:
-                code = e.code
-                reply = _error(seq, e.code, e.message)
-            except _Aborted as e:
-                code = e.code
-                reply = _error(seq, e.code, e.details)
-            except TimeoutError:
-                code = grpc.StatusCode.DEADLINE_EXCEEDED
-                reply = _error(seq, code, "dispatch: the request's timeout_ms ran out")
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                mctx.finish(cancelled=True)
-                raise
-            except Exception:
-                code = grpc.StatusCode.INTERNAL
-                log.exception("unhandled error in %s", METHOD)
-                reply = _error(seq, code, f"internal error in {METHOD}; see the server log")
-        finally:
-            _LATENCY.observe(time.perf_counter() - start)
-            RPC_REQUESTS.labels(METHOD, code.name).inc()
-            if self.calls.get(seq) is asyncio.current_task():
-                del self.calls[seq]
-            if code is grpc.StatusCode.CANCELLED:
-                self._done_if_idle()
-        self.out.put_nowait((reply, mctx))
-        self._done_if_idle()
+                return multiplex.Fatal(e.code, e.message)
+            self.servicer.release_many(msg.releases)
+            if not seq:
+                return None  # releases only
+        if msg.cancel:
+            task = self.calls.pop(seq, None)
+            if task is not None:
+                task.cancel()
+            return None
+        fatal = self.check_new_seq(seq)
+        if fatal is not None:
+            return fatal
+        if self.admit(seq, _check(msg), "open another stream"):
+            timeout = msg.timeout_ms / 1000.0 if msg.timeout_ms else DEFAULT_TIMEOUT_S
+            due = self.loop.time() + timeout
+            mctx = MessageContext(self.context, due, self.loop)
+            self.calls[seq] = self.loop.create_task(
+                self.answer(seq, METHOD, msg.request, due, "dispatch", mctx)
+            )
+        return None
 
-    def close(self) -> None:
-        """Withdraw what is in flight and give up answers not sent."""
-        for task in self.calls.values():
-            task.cancel()
-        self.calls.clear()
-        while not self.out.empty():
-            item = self.out.get_nowait()
-            if isinstance(item, tuple) and item[1] is not None:
-                item[1].finish(cancelled=True)
+    async def call(
+        self, seq: int, method: str, msg: Any, sent: multiplex.Sent | None
+    ) -> dispatch_pb2.DispatchStreamReply:
+        """One request, through the unary handler's code."""
+        addr = await self.servicer.Dispatch(msg, sent)  # type: ignore[arg-type]
+        return dispatch_pb2.DispatchStreamReply(seq=seq, addr=addr)
 
 
 def _check(msg: dispatch_pb2.DispatchStreamRequest) -> str | None:
@@ -284,40 +166,12 @@ async def serve(
     requests: AsyncIterator[dispatch_pb2.DispatchStreamRequest],
     context: grpc.aio.ServicerContext,
 ) -> AsyncIterator[dispatch_pb2.DispatchStreamReply]:
-    """The DispatchStream handler (``DispatchServicer.DispatchStream``)."""
+    """The DispatchStream handler (``DispatchServicer.DispatchStream``): an
+    async generator function, as grpc.aio tells handler kinds apart by that."""
     stream = _Stream(servicer, context)
-    loop = stream.loop
-    reader = loop.create_task(stream.read(requests))
-    # Timers, not a timeout per wait: a reply costs one queue get, no timer.
-    goaway = loop.call_later(MAX_AGE_S, stream.out.put_nowait, _GOAWAY_ITEM)
-    hard_end = loop.call_later(HARD_LIMIT_S, stream.out.put_nowait, None)
-    STREAMS_OPEN.inc()
-    sending: MessageContext | None = None
-    try:
-        while True:
-            item = await stream.out.get()
-            if stream.out.qsize() < MAX_IN_FLIGHT:
-                stream.drained.set()
-            if item is None:
-                return
-            if isinstance(item, _Fatal):
-                await context.abort(item.code, item.message)
-                return
-            reply, sending = item
+    # aclosing: when gRPC closes this handler, the stream's cleanup runs now.
+    async with contextlib.aclosing(
+        stream.replies(requests, MAX_AGE_S, HARD_LIMIT_S, STREAMS_OPEN)
+    ) as replies:
+        async for reply in replies:
             yield reply
-            # gRPC resumes the handler once the reply is written; if the
-            # stream broke, it closes the handler here instead.
-            if sending is not None:
-                sending.finish(cancelled=False)
-                sending = None
-    finally:
-        if sending is not None:
-            sending.finish(cancelled=True)
-        goaway.cancel()
-        hard_end.cancel()
-        reader.cancel()
-        stream.close()
-        STREAMS_OPEN.dec()
-
-
-_GOAWAY_ITEM: _Item = (_GOAWAY, None)
