@@ -80,19 +80,28 @@ def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
 
 
 async def settle(
-    pids: dict[str, int], below_cores: float, within_s: float, step_s: float = 0.5
+    pids: dict[str, int],
+    below_cores: float,
+    within_s: float,
+    step_s: float = 0.5,
+    quiet_s: float = 0.0,
 ) -> float:
-    """Wait until the processes together use less than below_cores (over
-    step_s), at most within_s; returns the seconds waited. After a plan the
-    control plane may still be busy with its aftermath (thousands of idle
-    instances deleted): the echo measured after it would count that."""
+    """Wait until the processes together use less than below_cores over
+    every step_s of quiet_s in a row (one step when quiet_s <= step_s), at
+    most within_s; returns the seconds waited. After a plan the control
+    plane may still be busy with its aftermath (thousands of idle
+    instances deleted): the echo measured after it would count that. The
+    aftermath comes in waves (the autoscaler decides every 2 s), so one
+    quiet step can fall before the first wave."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     before = sum(cpu_snapshot(pids).values())
+    quiet = 0.0
     while loop.time() - start < within_s:
         await asyncio.sleep(step_s)
         now = sum(cpu_snapshot(pids).values())
-        if (now - before) / step_s < below_cores:
+        quiet = quiet + step_s if (now - before) / step_s < below_cores else 0.0
+        if quiet >= max(quiet_s, step_s):
             break
         before = now
     return loop.time() - start

@@ -41,6 +41,12 @@ _DEPLOY_CONCURRENCY = 32
 # this (210 idle emulated nodes heartbeating use ~0.3 cores), at most so long.
 SETTLED_CORES = 0.6
 SETTLE_MAX_S = 30.0
+#: ... for this long in a row: longer than a Dispatch autoscaler round (2 s),
+#: whose retirements of the plan's idle instances come as a wave. With one
+#: quiet step, 3 of 6 phases of a cold-streams run (session 23) measured
+#: the echo after them at 579-696 req/s instead of ~1,700: each had settled
+#: in its first 0.5 s step, before the wave.
+SETTLE_QUIET_S = 2.5
 
 
 @dataclass
@@ -258,7 +264,7 @@ async def _run_plan(
     # The echo is measured before and after the plan: on a shared machine the
     # two differ, and their spread says how far to trust the ratios. The
     # plan's aftermath (idle instances deleted) is let pass first.
-    settled_s = await prof.settle(pids, SETTLED_CORES, SETTLE_MAX_S)
+    settled_s = await prof.settle(pids, SETTLED_CORES, SETTLE_MAX_S, quiet_s=SETTLE_QUIET_S)
     echo_b = await _echo(bf, echo, s.concurrency, work, f"{prefix}-echo-after")
     echo_res = sm.merge_runs(echo_a[0], echo_b[0])
     out = sm.summarize_plan(plan, cp, s, wl, res, echo_res, scr)

@@ -32,3 +32,32 @@ async def test_settle_waits_until_the_processes_are_idle() -> None:
     finally:
         proc.kill()
         await proc.wait()
+
+
+_IDLE_THEN_BUSY = (
+    "import sys, time\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(0.5)\n"
+    "t = time.process_time()\n"
+    "while time.process_time() - t < 0.6: pass\n"
+    "print('idle', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+async def test_a_quiet_spell_before_the_wave_is_not_settled() -> None:
+    # The aftermath of a plan can start after a quiet moment (the next
+    # autoscaler round): with quiet_s, a quiet step before it does not
+    # count as settled (with one step it would: 0.2 s of sleep).
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _IDLE_THEN_BUSY, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"ready\n"
+        await profile.settle({"p": proc.pid}, 0.05, 30, step_s=0.2, quiet_s=1.0)
+        line = await asyncio.wait_for(proc.stdout.readline(), 0.1)
+        assert line == b"idle\n"  # it returned only after the busy wave
+    finally:
+        proc.kill()
+        await proc.wait()
