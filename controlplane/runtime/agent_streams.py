@@ -36,7 +36,7 @@ from typing import Any
 import grpc
 
 from controlplane.runtime import multiplex
-from controlplane.runtime.multiplex import rpc_error
+from controlplane.runtime.multiplex import reply_error, rpc_error
 from controlplane.runtime.rpc import ChannelPool
 from controlplane.runtime.validation import STARTUP_TIMEOUT_MS_MAX
 from galaxy.v1 import nodeagent_pb2, nodeagent_pb2_grpc
@@ -50,7 +50,6 @@ MAX_TIMEOUT_MS = STARTUP_TIMEOUT_MS_MAX + 60_000
 STREAM_DEADLINE_S = 760.0
 #: After an UNIMPLEMENTED, the address gets unary calls this long.
 RETRY_STREAM_S = 30.0
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
 #: A stream refused when it opens ends with the status the unary call would
 #: get (UNIMPLEMENTED: an older agent, the caller falls back; the guards'
 #: refusals): passed on as they are, not as a broken stream.
@@ -224,7 +223,7 @@ class AgentCalls:
             self.sent["unary"] += 1
             return None
         if r.code:
-            raise rpc_error(_CODES.get(r.code, grpc.StatusCode.UNKNOWN), r.message)
+            raise reply_error(r.code, r.message)
         return r
 
     async def _stream(self, address: str) -> _Stream:

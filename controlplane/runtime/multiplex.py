@@ -296,6 +296,15 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
 
 
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def reply_error(code: int, message: str) -> grpc.aio.AioRpcError:
+    """The error a unary call would raise for a reply message's numeric
+    ``code`` and ``message`` (an unknown number: UNKNOWN)."""
+    return rpc_error(_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+
+
 class ClientStream(Generic[Request, Reply]):
     """The caller's state of one open stream: calls in flight by seq, and
     the messages to write (None: half-close). A subclass opens the call and

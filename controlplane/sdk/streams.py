@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 
 from controlplane.runtime import multiplex
-from controlplane.runtime.multiplex import rpc_error
+from controlplane.runtime.multiplex import reply_error, rpc_error
 from controlplane.runtime.rpc import ChannelPool
 from galaxy.v1 import dispatch_pb2, dispatch_pb2_grpc
 
@@ -46,7 +46,6 @@ STREAM_DEADLINE_S = 120.0
 CLOSE_WAIT_S = 2.0
 
 _BROKEN = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
 Metadata = tuple[tuple[str, str], ...] | None
 
 
@@ -194,7 +193,7 @@ class DispatchStreams:
                     self._unary_only.add(address)  # an older Dispatch
                 else:
                     if r.code:
-                        raise rpc_error(_CODES.get(r.code, grpc.StatusCode.UNKNOWN), r.message)
+                        raise reply_error(r.code, r.message)
                     return r.addr
         self.sent["unary"] += 1
         async with self.pool.stub(address, dispatch_pb2_grpc.DispatchStub) as s:

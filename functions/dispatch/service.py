@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
-SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
 # Time kept back from the caller's deadline to send a clear answer in time.
 DEADLINE_MARGIN_S = 0.05
 # A call with less time left than this gets no slot: its answer would likely

@@ -12,6 +12,7 @@ from prometheus_client import Counter
 
 from controlplane.runtime import metrics
 from controlplane.runtime.errors import GalaxyError, ResourceExhausted, Unavailable
+from functions.dispatch.peers import SCHEDULE
 from functions.dispatch.policy import FunctionRouter, Grant
 from galaxy.v1 import common_pb2
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
 #: Attempts of one instance start (under one id) that fails UNAVAILABLE, and
 #: the pause before the second (doubling after).
 START_ATTEMPTS = 3
