@@ -52,6 +52,11 @@ class LoadSettings(Config):
     seed: int = setting(1, "seed of arrivals and cold/warm choices")
     echo_requests: int = setting(4000, "requests of the plain-gRPC echo yardstick", ge=0)
     echo_max_s: float = setting(3.0, "the echo yardstick's time limit, seconds", gt=0)
+    echo_same_rate: bool = setting(
+        True,
+        "open-loop plans: also send the raw echo the plan's own arrival schedule (its "
+        "latency at the same rate is this machine's floor for one RPC)",
+    )
     mode: str = setting(
         "open",
         "open: arrivals on schedule; closed: `concurrency` workers back to back",

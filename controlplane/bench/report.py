@@ -133,9 +133,21 @@ def markdown(r: dict[str, Any]) -> str:
         cells.append(_f(p["throughput"].get("probes_per_placement")))
         cells.append(_f(lat["send_lag"]["p99"]))
         cells.append(_f(p["baseline"]["echo"]["latency_ms"]["p50"]))
+        same = p["baseline"].get("echo_same_rate")
+        if same is not None:
+            e = same["latency_ms"]
+            ratio = _f(p["ratio_to_echo"].get("warm_p99"))
+            cells.append(f"{_f(e['p50'])} / {_f(e['p99'])} (x{ratio})")
+        else:
+            cells.append("-")
         rows.append(cells)
     head = ["plan", "warm dispatch", "cold start", "scheduling", "probes/placement"]
-    out.append(_table([*head, "lag p99", "echo p50"], rows))
+    out.append(_table([*head, "lag p99", "echo p50", "echo at the same rate"], rows))
+    out.append(
+        "`echo at the same rate`: the raw echo sent an open-loop plan's own arrival "
+        "schedule, p50 / p99 (x: the plan's warm p99 over it): the machine's floor for "
+        "one RPC at that rate.\n"
+    )
     out.append("## Full statistics (ms)\n")
     for key, title in LATENCIES:
         rows = [

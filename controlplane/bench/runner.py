@@ -268,6 +268,9 @@ async def _run_plan(
     echo_b = await _echo(bf, echo, s.concurrency, work, f"{prefix}-echo-after")
     echo_res = sm.merge_runs(echo_a[0], echo_b[0])
     out = sm.summarize_plan(plan, cp, s, wl, res, echo_res, scr)
+    if s.mode == "open" and s.echo_same_rate:
+        same = await _echo_same_rate(echo, wl, s, work, f"{prefix}-echo-same-rate")
+        sm.add_same_rate_echo(out, same)
     out["loadavg"] = [load_before, os.getloadavg()[0]]
     out["settled_s"] = settled_s
     out["cpu_cores"] = sm.cores(cpu, res)
@@ -321,6 +324,25 @@ async def _echo(
     cores = sm.cores(snaps, res)
     cores.setdefault("echo_server", math.nan)
     return res, cores
+
+
+async def _echo_same_rate(
+    echo: EchoProcess, wl: pl.Workload, s: pl.LoadSettings, work: Path, name: str
+) -> dict[str, Any]:
+    """The raw echo sent the plan's own open-loop schedule (the same send
+    times, warm-up and bound on requests in flight): what one plain RPC's
+    latency is on this machine at that rate, the floor under the plan's."""
+    job = {
+        "target": "echo",
+        "address": echo.address,
+        "mode": "open",
+        "concurrency": s.concurrency,
+        "requests": [(t, 0, 0.0) for t, _, _ in wl.requests],
+        "warmup": wl.warmup,
+        "timeout_s": s.timeout_s,
+        "max_duration_s": s.max_duration_s,
+    }
+    return await run_loadgen(job, work, name)
 
 
 async def _deploy(controller: str, wl: pl.Workload) -> None:

@@ -3,7 +3,9 @@
 Grammar: ``METRIC OP VALUE[UNIT]``, several joined by commas. METRIC is
 ``pNN_`` or ``mean_`` followed by ``dispatch`` (warm dispatch), ``cold_start``
 or ``scheduling``; or a throughput (``requests_per_s``, ``instances_per_s``,
-``rpcs_per_s``), its ``ratio_`` to the raw echo, or ``error_rate``. OP is one
+``rpcs_per_s``), its ``ratio_`` to the raw echo, ``ratio_warm_p99`` (the
+warm p99 over the raw echo's p99 on the same open-loop schedule), or
+``error_rate``. OP is one
 of < <= > >=. Latency units: us, ms (default), s. Rates: ``2000/s``. Error
 rate: ``1%`` or ``0.01``.
 """
@@ -20,6 +22,8 @@ from typing import Any
 _LAT = {"dispatch": "warm_dispatch", "warm_dispatch": "warm_dispatch"}
 _LAT.update(cold_start="cold_start", scheduling="scheduling")
 _TPUT = ("requests_per_s", "instances_per_s", "rpcs_per_s")
+#: ratio_ metrics: the throughputs', and the warm tail's to the same-rate echo
+_RATIOS = (*_TPUT, "warm_p99")
 _OPS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
@@ -81,7 +85,7 @@ def parse(text: str) -> list[Objective]:
             value = float(num)
         except ValueError:
             raise SloError(f"objective {part!r}: {num!r} is not a number") from None
-        if (metric.startswith("ratio_") and metric[6:] in _TPUT) or metric == "error_rate":
+        if (metric.startswith("ratio_") and metric[6:] in _RATIOS) or metric == "error_rate":
             if unit == "%":
                 value /= 100.0
             elif unit not in ("", "x"):
@@ -95,7 +99,7 @@ def parse(text: str) -> list[Objective]:
                 raise SloError(
                     f"objective {part!r}: unknown metric {metric!r} (pNN_ or mean_ + "
                     "dispatch/cold_start/scheduling, requests_per_s, instances_per_s, "
-                    "ratio_requests_per_s, error_rate)"
+                    "ratio_requests_per_s, ratio_warm_p99, error_rate)"
                 )
             if unit not in _UNITS_MS:
                 raise SloError(f"objective {part!r}: latency unit must be us, ms or s")

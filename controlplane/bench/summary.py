@@ -132,6 +132,24 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
 
 
+def add_same_rate_echo(out: dict[str, Any], res: dict[str, Any]) -> None:
+    """Add the raw echo run on the plan's own open-loop schedule to a plan's
+    entry: ``baseline.echo_same_rate``, and ``ratio_to_echo.warm_p99`` (the
+    plan's warm p99 over the echo's p99 at the same rate: how much of the
+    tail is Galaxy's rather than the machine's)."""
+    dur = res["duration_s"]
+    lat = ex.summarize(res["lat_ms"])
+    out["baseline"]["echo_same_rate"] = {
+        "requests_per_s": res["ok"] / dur if dur else math.nan,
+        "errors": sum(res["errors"].values()),
+        "latency_ms": lat,
+        "send_lag": ex.summarize(res["lag_ms"]),
+    }
+    warm = out["latency_ms"]["warm_dispatch"]
+    if warm.get("count") and lat.get("count"):
+        out["ratio_to_echo"]["warm_p99"] = _ratio(float(warm["p99"]), float(lat["p99"]))
+
+
 def summarize_plan(
     plan: ex.Plan,
     cp: dict[str, Any],

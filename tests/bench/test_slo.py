@@ -13,7 +13,7 @@ PLAN = {
         "scheduling": {"count": 0, "p99": math.nan},
     },
     "throughput": {"requests_per_s": 1000.0, "instances_per_s": 300.0},
-    "ratio_to_echo": {"requests_per_s": 0.5},
+    "ratio_to_echo": {"requests_per_s": 0.5, "warm_p99": 1.6},
     "requests": {"measured": 100, "errors": 2},
 }
 
@@ -39,8 +39,24 @@ def test_checks_against_a_plan():
     assert err.check(PLAN) == (0.02, True)
 
 
+def test_the_warm_tail_against_the_same_rate_echo():
+    (tail,) = slo.parse("ratio_warm_p99<1.5x")
+    assert tail.check(PLAN) == (1.6, False)
+    (missing,) = slo.parse("ratio_warm_p99<2")
+    value, met = missing.check({"ratio_to_echo": {}})  # a closed-loop plan
+    assert math.isnan(value) and met is None
+
+
 @pytest.mark.parametrize(
-    "bad", ["p99_cold_start", "p98_cold_start<5ms", "p99_foo<5ms", "p99_dispatch<5kg", ""]
+    "bad",
+    [
+        "ratio_cold_p99<2",
+        "p99_cold_start",
+        "p98_cold_start<5ms",
+        "p99_foo<5ms",
+        "p99_dispatch<5kg",
+        "",
+    ],
 )
 def test_bad_objectives_say_what_is_expected(bad):
     with pytest.raises(slo.SloError, match=r"objective|no objective"):

@@ -87,6 +87,16 @@ def test_results_schema_and_counts(smoke):
             "ratio_requests_per_s>0",
         }
         assert p["cpu_cores"]["load_generator"] >= 0
+    # Open-loop plans also send the raw echo their own schedule: as many
+    # measured requests, and the warm tail's ratio to that floor.
+    assert "echo_same_rate" not in plans[0]["baseline"]  # closed loop
+    for p in plans[1:]:
+        same = p["baseline"]["echo_same_rate"]
+        assert same["latency_ms"]["count"] + same["errors"] == p["requests"]["measured"]
+        assert same["latency_ms"]["p99"] >= same["latency_ms"]["p50"] > 0
+        assert p["ratio_to_echo"]["warm_p99"] == pytest.approx(
+            p["latency_ms"]["warm_dispatch"]["p99"] / same["latency_ms"]["p99"]
+        )
     mixed = plans[1]
     assert mixed["requests"]["cold"] > 0  # a cold share was asked for
     # Every cold start was a placement by Schedule (read from /metrics).
@@ -102,7 +112,8 @@ def test_results_schema_and_counts(smoke):
 
 def test_report_and_no_processes_left(smoke):
     md = (smoke / "report.md").read_text()
-    for text in ("# Bench: smoke", "## Throughput", "x echo", "## Objectives", "mixed"):
+    heads = ("# Bench: smoke", "## Throughput", "x echo", "## Objectives", "mixed")
+    for text in (*heads, "echo at the same rate"):
         assert text in md
     assert _leftovers(str(smoke)) == []
     doc = json.loads((smoke / "results.json").read_text())
