@@ -29,6 +29,7 @@ class ControlPlanePlan(Config):
     probe_cache: bool = same_as(UpConfig, "probe_cache")
     #: CreateInstance/DeleteInstance on a stream per node agent: the A/B switch
     agent_streams: bool = same_as(UpConfig, "agent_streams")
+    stream_batches: bool = same_as(UpConfig, "stream_batches")
     #: capacity credits (Schedule lends, Dispatch creates directly): the A/B switch
     credits: bool = same_as(UpConfig, "credits")
     start_delay_ms: float = same_as(UpConfig, "start_delay_ms")

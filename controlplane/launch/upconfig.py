@@ -122,6 +122,11 @@ class UpConfig(Config):
     agent_streams: bool = setting(
         True, "ablation: a unary call per CreateInstance/DeleteInstance (no InstanceStream)"
     )
+    #: what queues on a stream during a write goes as one message; off:
+    #: --no-stream-batches to every component (RpcConfig)
+    stream_batches: bool = setting(
+        True, "ablation: one message per write on DispatchStream and InstanceStream"
+    )
     #: Schedule trusts its exact view of its partition (off: the G_n-CP step)
     exact_partition: bool = setting(
         True, "ablation: Schedule probes unless a cached probe answer fits (the G_n-CP step)"

@@ -84,7 +84,9 @@ class _Stream(multiplex.ServerStream[nodeagent_pb2.InstanceStreamReply]):
     unhandled = "unhandled error in %s (InstanceStream)"
 
     def __init__(self, servicer: NodeAgentServicer, context: grpc.aio.ServicerContext) -> None:
-        super().__init__(context, nodeagent_pb2.InstanceStreamReply, MAX_IN_FLIGHT)
+        pool = servicer.pool
+        batches = pool is None or pool.config.stream_batches
+        super().__init__(context, nodeagent_pb2.InstanceStreamReply, MAX_IN_FLIGHT, batches)
         self.servicer = servicer
 
     def accept(self, msg: Any) -> multiplex.Fatal | None:

@@ -67,6 +67,8 @@ Reply = nodeagent_pb2.InstanceStreamReply
 class _Stream(multiplex.ClientStream[nodeagent_pb2.InstanceStreamRequest, Reply]):
     """One open InstanceStream: requests in flight by seq."""
 
+    name = "InstanceStream"
+
     def __init__(self, address: str, stub: Any, on_closed: Callable[[_Stream], None]) -> None:
         super().__init__()
         self.address = address
@@ -77,13 +79,15 @@ class _Stream(multiplex.ClientStream[nodeagent_pb2.InstanceStreamRequest, Reply]
         # The reader/writer API with a writer task of our own, not a request
         # iterator: grpc.aio drives an iterator in a task that outlives a
         # cancelled call (see controlplane.nodeagent.heartbeat_stream).
-        self.call = stub.InstanceStream(None, timeout=STREAM_DEADLINE_S)
+        self.call = stub.InstanceStream(
+            None, timeout=STREAM_DEADLINE_S, metadata=(multiplex.BATCH_ON,)
+        )
         self._writer = self.loop.create_task(self._write(), name="instance-stream-writer")
         self.reader = self.loop.create_task(self._read(), name="instance-stream-reader")
 
     async def _write(self) -> None:
         try:
-            while (msg := await self._out.get()) is not None:
+            async for msg in self.outgoing():
                 await self.call.write(msg)
             await self.call.done_writing()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
@@ -94,15 +98,17 @@ class _Stream(multiplex.ClientStream[nodeagent_pb2.InstanceStreamRequest, Reply]
     async def _read(self) -> None:
         err = rpc_error(grpc.StatusCode.UNAVAILABLE, "the node agent ended the InstanceStream")
         try:
-            while (r := await self.call.read()) is not grpc.aio.EOF:
-                assert isinstance(r, Reply)
-                if self.control(r.seq, r.goaway):
-                    continue
-                self.answered += 1
-                fut = self.take(r.seq)
-                if fut is not None:
-                    fut.set_result(r)
-                self._half_close_if_done()
+            await self.learn_batching(self.call)
+            while (msg := await self.call.read()) is not grpc.aio.EOF:
+                assert isinstance(msg, Reply)
+                for r in multiplex.items(msg):
+                    if self.control(r.seq, r.goaway):
+                        continue
+                    self.answered += 1
+                    fut = self.take(r.seq)
+                    if fut is not None:
+                        fut.set_result(r)
+                    self._half_close_if_done()
         except grpc.aio.AioRpcError as e:
             self.failed = True
             if e.code() in _AS_UNARY:

@@ -281,6 +281,13 @@ class RpcConfig(Config):
         "InstanceStream per agent (off: a unary call each; the A/B switch of the stream)",
         flag="--no-agent-streams",
     )
+    stream_batches: bool = setting(
+        True,
+        "DispatchStream and InstanceStream servers read batched messages and batch their "
+        "replies: what queued during a write goes as one (off: a message per write; the "
+        "A/B switch)",
+        flag="--no-stream-batches",
+    )
     deadline_s: float = setting(
         10.0, "deadline of an outgoing RPC that sets none, seconds", gt=0, flag="--rpc-deadline-s"
     )

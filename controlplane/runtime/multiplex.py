@@ -16,6 +16,16 @@ messages hold, how one is served, and the metrics' names are each
 protocol's own (``functions.dispatch.stream``,
 ``controlplane.nodeagent.instance_stream``, ``controlplane.sdk.streams``,
 ``controlplane.runtime.agent_streams``).
+
+**Batches.** A write on grpc.aio costs its caller ~0.15 ms of CPU whatever
+the message's size, and under load messages queue behind it. So each side
+sends what queued while its previous write was in flight as one message:
+the first, with the others in its ``more`` field, handled in order as if
+each had come alone. Nothing waits to fill a batch (light load sends one
+message per write, as before). Both sides opt in: a caller that reads
+batched replies says so in its request metadata (``galaxy-batch: 1``), a
+server that reads batched requests in its response metadata; a batch holds
+at most ``MAX_BATCH`` messages and nests no further.
 """
 
 from __future__ import annotations
@@ -27,13 +37,25 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
 from controlplane.runtime.rpc import Undecodable
 
 log = logging.getLogger(__name__)
+
+#: Metadata by which each side says it reads batched messages (``more``).
+BATCH_KEY = "galaxy-batch"
+BATCH_ON = (BATCH_KEY, "1")
+#: The most messages one batch carries (the first and its ``more``).
+MAX_BATCH = 256
+
+BATCHED = Counter(
+    "galaxy_stream_batched_messages_total",
+    "Stream messages sent inside another's batch (more), by stream and side: each saved a write",
+    ["stream", "side"],
+)
 
 Reply = TypeVar("Reply")
 Request = TypeVar("Request")
@@ -78,6 +100,34 @@ class Fatal:
         self.message = message
 
 
+def unbatch(msg: Any) -> Fatal | list[Any]:
+    """The messages one received message stands for (itself, then its
+    ``more``), or the end of the stream when the batch is malformed."""
+    more = msg.more
+    if not more:
+        return [msg]
+    if len(more) >= MAX_BATCH:
+        return Fatal(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"more: at most {MAX_BATCH - 1} messages, got {len(more)}",
+        )
+    for i, m in enumerate(more):
+        if m.more:
+            return Fatal(grpc.StatusCode.INVALID_ARGUMENT, f"more[{i}].more: must be empty")
+    return [msg, *more]
+
+
+def items(msg: Any) -> list[Any] | tuple[Any]:
+    """The messages a received batch stands for (the caller's side: the
+    server's batches are well formed)."""
+    return [msg, *msg.more] if msg.more else (msg,)
+
+
+def batching(metadata: Any) -> bool:
+    """Whether metadata (request or response) says its sender reads batches."""
+    return any(k == BATCH_KEY and v == "1" for k, v in metadata or ())
+
+
 class Sent(Protocol):
     """Told once a reply was written (``cancelled`` False) or never can be."""
 
@@ -102,11 +152,18 @@ class ServerStream(Generic[Reply]):
     unhandled = "unhandled error in %s"
 
     def __init__(
-        self, context: grpc.aio.ServicerContext, reply_type: Any, max_in_flight: int
+        self,
+        context: grpc.aio.ServicerContext,
+        reply_type: Any,
+        max_in_flight: int,
+        batches: bool = True,
     ) -> None:
         self.context = context
         self.reply_type = reply_type
         self.max_in_flight = max_in_flight
+        #: Announce that batched requests are read, and batch the replies of a
+        #: caller that reads them (off: one message per write both ways).
+        self.batches = batches
         self.loop = asyncio.get_running_loop()
         self.out: asyncio.Queue[Item] = asyncio.Queue()
         self.calls: dict[int, asyncio.Task[None]] = {}
@@ -137,10 +194,15 @@ class ServerStream(Generic[Reply]):
                 if self.out.qsize() >= self.max_in_flight:
                     self.drained.clear()
                     await self.drained.wait()
-                fatal = self.accept(msg)
-                if fatal is not None:
-                    self.out.put_nowait(fatal)
+                items = [msg] if isinstance(msg, Undecodable) else unbatch(msg)
+                if isinstance(items, Fatal):
+                    self.out.put_nowait(items)
                     return
+                for m in items:
+                    fatal = self.accept(m)
+                    if fatal is not None:
+                        self.out.put_nowait(fatal)
+                        return
         except (grpc.aio.AioRpcError, grpc.aio.UsageError) as e:
             # The caller went away mid-stream: what it sent is withdrawn.
             self.log.debug("%s from %s ended: %s", self.name, self.context.peer(), e)
@@ -263,27 +325,54 @@ class ServerStream(Generic[Reply]):
         goaway_timer = loop.call_later(max_age_s, self.out.put_nowait, goaway)
         hard_end = loop.call_later(hard_limit_s, self.out.put_nowait, None)
         streams_open.inc()
-        sending: Sent | None = None
+        sending: list[Sent] = []
+        batch = False
+        if self.batches:
+            batch = batching(self.context.invocation_metadata())
+            await self.context.send_initial_metadata((BATCH_ON,))
+        batched = BATCHED.labels(self.name, "reply")
+        out = self.out
+        held: Item = None  # taken while filling a batch, not a reply: next
+        holding = False
         try:
             while True:
-                item = await self.out.get()
-                if self.out.qsize() < self.max_in_flight:
+                if holding:
+                    item, held, holding = held, None, False
+                else:
+                    item = await out.get()
+                if out.qsize() < self.max_in_flight:
                     self.drained.set()
                 if item is None:
                     return
                 if isinstance(item, Fatal):
                     await self.context.abort(item.code, item.message)
                     return
-                reply, sending = item
+                reply, sent = item
+                if sent is not None:
+                    sending.append(sent)
+                if batch and not out.empty():
+                    # What queued while the last write was out goes as one.
+                    more: list[Any] = []
+                    while not out.empty() and len(more) < MAX_BATCH - 1:
+                        nxt = out.get_nowait()
+                        if not isinstance(nxt, tuple):
+                            held, holding = nxt, True
+                            break
+                        more.append(nxt[0])
+                        if nxt[1] is not None:
+                            sending.append(nxt[1])
+                    if more:
+                        reply.more.extend(more)
+                        batched.inc(len(more))
                 yield reply
                 # gRPC resumes the handler once the reply is written; if the
                 # stream broke, it closes the handler here instead.
-                if sending is not None:
-                    sending.finish(cancelled=False)
-                    sending = None
+                for sent in sending:
+                    sent.finish(cancelled=False)
+                sending.clear()
         finally:
-            if sending is not None:
-                sending.finish(cancelled=True)
+            for sent in sending:
+                sent.finish(cancelled=True)
             goaway_timer.cancel()
             hard_end.cancel()
             reader.cancel()
@@ -311,14 +400,49 @@ class ClientStream(Generic[Request, Reply]):
     reads it, passing each reply to ``received`` and, at the end, the error
     for what was not answered to ``fail_pending``."""
 
+    #: The stream's name in the batching metric.
+    name = "stream"
+
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.pending: dict[int, asyncio.Future[Reply]] = {}
+        #: The server reads batched requests (its response metadata said so).
+        self.batch_ok = False
         #: False once the server said goaway or the stream failed.
         self.accepting = True
         self._seq = 0
         self._out: asyncio.Queue[Request | None] = asyncio.Queue()
         self._half_closed = False
+
+    async def learn_batching(self, call: Any) -> None:
+        """Read whether the server takes batched requests (its response
+        metadata; call before reading the first reply)."""
+        self.batch_ok = batching(await call.initial_metadata())
+
+    async def outgoing(self) -> AsyncIterator[Request]:
+        """The messages to write, until the half-close: what queued while
+        the previous write was out goes as one batch once the server reads
+        them."""
+        out = self._out
+        batched = BATCHED.labels(self.name, "request")
+        while (msg := await out.get()) is not None:
+            if not self.batch_ok or out.empty():
+                yield msg
+                continue
+            more: list[Request] = []
+            end = False
+            while not out.empty() and len(more) < MAX_BATCH - 1:
+                nxt = out.get_nowait()
+                if nxt is None:
+                    end = True
+                    break
+                more.append(nxt)
+            if more:
+                msg.more.extend(more)  # type: ignore[attr-defined]
+                batched.inc(len(more))
+            yield msg
+            if end:
+                return
 
     def _half_close(self) -> None:
         if not self._half_closed:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -54,6 +54,8 @@ class _Stream(
 ):
     """One open DispatchStream: requests in flight by seq."""
 
+    name = "DispatchStream"
+
     def __init__(
         self,
         stub: Any,
@@ -65,26 +67,26 @@ class _Stream(
         self._on_orphan = on_orphan
         self._on_closed = on_closed
         self.call = stub.DispatchStream(
-            self._requests(), timeout=STREAM_DEADLINE_S, metadata=metadata
+            self.outgoing(),
+            timeout=STREAM_DEADLINE_S,
+            metadata=(*(metadata or ()), multiplex.BATCH_ON),
         )
         self._reader = self.loop.create_task(self._read())
-
-    async def _requests(self) -> AsyncIterator[dispatch_pb2.DispatchStreamRequest]:
-        while (msg := await self._out.get()) is not None:
-            yield msg
 
     async def _read(self) -> None:
         err = rpc_error(grpc.StatusCode.UNAVAILABLE, "Dispatch ended the stream")
         try:
-            async for r in self.call:
-                if self.control(r.seq, r.goaway):
-                    continue
-                fut = self.take(r.seq)
-                if fut is not None:
-                    fut.set_result(r)
-                elif r.code == 0 and r.HasField("addr"):
-                    self._on_orphan(r.addr)  # granted after its caller gave up
-                self._half_close_if_done()
+            await self.learn_batching(self.call)
+            async for msg in self.call:
+                for r in multiplex.items(msg):
+                    if self.control(r.seq, r.goaway):
+                        continue
+                    fut = self.take(r.seq)
+                    if fut is not None:
+                        fut.set_result(r)
+                    elif r.code == 0 and r.HasField("addr"):
+                        self._on_orphan(r.addr)  # granted after its caller gave up
+                    self._half_close_if_done()
         except grpc.aio.AioRpcError as e:
             err = e
             if e.code() in _BROKEN:

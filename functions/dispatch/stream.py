@@ -110,7 +110,8 @@ class _Stream(multiplex.ServerStream[dispatch_pb2.DispatchStreamReply]):
     log = log
 
     def __init__(self, servicer: DispatchServicer, context: grpc.aio.ServicerContext) -> None:
-        super().__init__(context, dispatch_pb2.DispatchStreamReply, MAX_IN_FLIGHT)
+        batches = servicer.pool.config.stream_batches
+        super().__init__(context, dispatch_pb2.DispatchStreamReply, MAX_IN_FLIGHT, batches)
         self.servicer = servicer
 
     def accept(self, msg: Any) -> multiplex.Fatal | None:

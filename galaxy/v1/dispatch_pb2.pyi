@@ -25,32 +25,36 @@ class DispatchRequest(_message.Message):
     def __init__(self, function: _Optional[str] = ..., request_id: _Optional[str] = ..., forwarded: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., tag: _Optional[str] = ..., hold: _Optional[bool] = ...) -> None: ...
 
 class DispatchStreamRequest(_message.Message):
-    __slots__ = ("seq", "request", "timeout_ms", "cancel", "releases")
+    __slots__ = ("seq", "request", "timeout_ms", "cancel", "releases", "more")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     RELEASES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     request: DispatchRequest
     timeout_ms: int
     cancel: bool
     releases: _containers.RepeatedCompositeFieldContainer[ReleaseRequest]
-    def __init__(self, seq: _Optional[int] = ..., request: _Optional[_Union[DispatchRequest, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., cancel: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[DispatchStreamRequest]
+    def __init__(self, seq: _Optional[int] = ..., request: _Optional[_Union[DispatchRequest, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., cancel: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., more: _Optional[_Iterable[_Union[DispatchStreamRequest, _Mapping]]] = ...) -> None: ...
 
 class DispatchStreamReply(_message.Message):
-    __slots__ = ("seq", "addr", "code", "message", "goaway")
+    __slots__ = ("seq", "addr", "code", "message", "goaway", "more")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     GOAWAY_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     addr: InstanceAddr
     code: int
     message: str
     goaway: bool
-    def __init__(self, seq: _Optional[int] = ..., addr: _Optional[_Union[InstanceAddr, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., goaway: _Optional[bool] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[DispatchStreamReply]
+    def __init__(self, seq: _Optional[int] = ..., addr: _Optional[_Union[InstanceAddr, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., goaway: _Optional[bool] = ..., more: _Optional[_Iterable[_Union[DispatchStreamReply, _Mapping]]] = ...) -> None: ...
 
 class InstanceAddr(_message.Message):
     __slots__ = ("function", "instance_id", "address", "node_id", "lease_id", "cold_start", "wait_ms", "lease_ttl_ms", "hold_ms")

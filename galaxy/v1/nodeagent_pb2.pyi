@@ -8,32 +8,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InstanceStreamRequest(_message.Message):
-    __slots__ = ("seq", "timeout_ms", "create", "delete")
+    __slots__ = ("seq", "timeout_ms", "create", "delete", "more")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timeout_ms: int
     create: CreateInstanceRequest
     delete: DeleteInstanceRequest
-    def __init__(self, seq: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., create: _Optional[_Union[CreateInstanceRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteInstanceRequest, _Mapping]] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[InstanceStreamRequest]
+    def __init__(self, seq: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., create: _Optional[_Union[CreateInstanceRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteInstanceRequest, _Mapping]] = ..., more: _Optional[_Iterable[_Union[InstanceStreamRequest, _Mapping]]] = ...) -> None: ...
 
 class InstanceStreamReply(_message.Message):
-    __slots__ = ("seq", "code", "message", "created", "deleted", "goaway")
+    __slots__ = ("seq", "code", "message", "created", "deleted", "goaway", "more")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     DELETED_FIELD_NUMBER: _ClassVar[int]
     GOAWAY_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     code: int
     message: str
     created: CreateInstanceReply
     deleted: DeleteInstanceReply
     goaway: bool
-    def __init__(self, seq: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., created: _Optional[_Union[CreateInstanceReply, _Mapping]] = ..., deleted: _Optional[_Union[DeleteInstanceReply, _Mapping]] = ..., goaway: _Optional[bool] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[InstanceStreamReply]
+    def __init__(self, seq: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., created: _Optional[_Union[CreateInstanceReply, _Mapping]] = ..., deleted: _Optional[_Union[DeleteInstanceReply, _Mapping]] = ..., goaway: _Optional[bool] = ..., more: _Optional[_Iterable[_Union[InstanceStreamReply, _Mapping]]] = ...) -> None: ...
 
 class CreateInstanceRequest(_message.Message):
     __slots__ = ("node_id", "instance_id", "function", "notify_address")

@@ -5,6 +5,7 @@ caller gave up is handed to the release callback (client)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -18,8 +19,15 @@ from galaxy.v1 import dispatch_pb2
 class _Ctx:
     """The stream's own context, as much as serve() reads of it."""
 
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
+    def __init__(self, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        self.metadata = metadata
+        self.initial_metadata: tuple[tuple[str, str], ...] | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    async def send_initial_metadata(self, md: tuple[tuple[str, str], ...]) -> None:
+        self.initial_metadata = md
 
     def peer(self) -> str:
         return "ipv4:10.0.0.9:1234"
@@ -31,12 +39,30 @@ class _Ctx:
 class _Servicer:
     """Grants at once and records how each answer ended (cancelled or not)."""
 
-    def __init__(self) -> None:
+    def __init__(self, batches: bool = True) -> None:
         self.ended: dict[str, bool] = {}
+        self.pool = SimpleNamespace(config=SimpleNamespace(stream_batches=batches))
+        #: When set, each request waits for it; `held` is set once `expect`
+        #: requests wait, `all_ended` once `expect` answers ended.
+        self.gate: asyncio.Event | None = None
+        self.expect = 0
+        self.waiting = 0
+        self.held = asyncio.Event()
+        self.all_ended = asyncio.Event()
+
+    def _end(self, rid: str, cancelled: bool) -> None:
+        self.ended[rid] = cancelled
+        if len(self.ended) == self.expect:
+            self.all_ended.set()
 
     async def Dispatch(self, request: Any, ctx: server.MessageContext) -> Any:
         rid = request.request_id
-        ctx.add_done_callback(lambda c: self.ended.__setitem__(rid, c.cancelled()))
+        if self.gate is not None:
+            self.waiting += 1
+            if self.waiting == self.expect:
+                self.held.set()
+            await self.gate.wait()
+        ctx.add_done_callback(lambda c: self._end(rid, c.cancelled()))
         return dispatch_pb2.InstanceAddr(function=request.function, lease_id=f"lease-{rid}")
 
 
@@ -65,7 +91,8 @@ async def test_answers_not_written_when_the_stream_breaks_are_given_back() -> No
 
 
 class _FakeCall:
-    def __init__(self, requests: Any) -> None:
+    def __init__(self, requests: Any, metadata: Any = ()) -> None:
+        self.metadata = metadata
         self.replies: asyncio.Queue[Any] = asyncio.Queue()
         self.sent: asyncio.Queue[dispatch_pb2.DispatchStreamRequest] = asyncio.Queue()
         self._pump = asyncio.get_running_loop().create_task(self._consume(requests))
@@ -73,6 +100,9 @@ class _FakeCall:
     async def _consume(self, requests: Any) -> None:
         async for m in requests:
             self.sent.put_nowait(m)
+
+    async def initial_metadata(self) -> Any:
+        return self.metadata
 
     def __aiter__(self) -> _FakeCall:
         return self
@@ -90,11 +120,14 @@ class _FakeCall:
 
 
 class _FakeStub:
-    def __init__(self) -> None:
+    def __init__(self, server_metadata: Any = ()) -> None:
         self.call: _FakeCall | None = None
+        self.server_metadata = server_metadata
+        self.metadata: Any = None
 
     def DispatchStream(self, requests: Any, timeout: float, metadata: Any) -> _FakeCall:
-        self.call = _FakeCall(requests)
+        self.metadata = metadata
+        self.call = _FakeCall(requests, self.server_metadata)
         return self.call
 
 
