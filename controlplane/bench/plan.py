@@ -188,6 +188,7 @@ def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
         probe_cache=bool(cp["probe_cache"]),
         credits=bool(cp["credits"]),
         agent_streams=bool(cp["agent_streams"]),
+        heartbeat_batches=bool(cp["heartbeat_batches"]),
         node_cpu_millis=cp["node_cpu_millis"],
         node_memory_mib=cp["node_memory_mib"],
         start_delay_ms=cp["start_delay_ms"],

@@ -247,7 +247,9 @@ class Supervisor:
         """The connection cache switch every component takes (``RpcConfig``)."""
         return config.to_flags(
             RpcConfig(
-                connection_cache=self.cfg.connection_cache, agent_streams=self.cfg.agent_streams
+                connection_cache=self.cfg.connection_cache,
+                agent_streams=self.cfg.agent_streams,
+                heartbeat_batches=self.cfg.heartbeat_batches,
             )
         )
 

@@ -1,7 +1,9 @@
-"""Heartbeats over ClusterMgr.Heartbeats streams: a node agent's Registrar
-against the real Controller and ClusterMgr in-process on loopback gRPC (see
-peers.py), plus a ClusterMgr served without the method (an older version)
-and raw clients (a gRPC stream, grpcurl) for what the server answers."""
+"""Heartbeats over ClusterMgr.Heartbeats streams (one status per message:
+the agent's pool here has heartbeat batches off; test_heartbeat_batches.py
+has them on): a node agent's Registrar against the real Controller and
+ClusterMgr in-process on loopback gRPC (see peers.py), plus a ClusterMgr
+served without the method (an older version) and raw clients (a gRPC
+stream, grpcurl) for what the server answers."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import grpc
 import pytest
 
 from controlplane.runtime import rpc
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.loadreport import rpcs_handled
 from controlplane.runtime.metrics import HEARTBEAT_STREAMS
 from functions.clustermgr.policy import NodeRegistry
@@ -26,6 +29,14 @@ from .peers import CLUSTERMGR_FLAGS, heartbeats, known, owners
 
 STREAM = "ClusterMgr/Heartbeats"
 UPDATE = "ClusterMgr/Update"
+
+
+@pytest.fixture
+async def pool():
+    """The agent's pool (overrides conftest's): one status per message."""
+    p = rpc.ChannelPool(RpcConfig(deadline_s=5.0, heartbeat_batches=False))
+    yield p
+    await p.close()
 
 
 def open_streams() -> float:

