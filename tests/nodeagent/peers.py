@@ -8,7 +8,11 @@ knows about nodes.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
 from collections.abc import Iterable
+from typing import Any
 
 from controlplane.runtime import rpc
 from controlplane.runtime.membership import MembershipView
@@ -89,3 +93,22 @@ async def heartbeats(cm: Running, node_ids: Iterable[str], count: int) -> None:
         return min(seen.values()) >= count
 
     await eventually(counted, what=f"{count} heartbeats of each node at {cm.name}")
+
+
+async def grpcurl(address: str, method: str, messages: Iterable[dict[str, Any]]) -> list[Any]:
+    """Send messages (JSON) on method ("galaxy.v1.Service/Method") with
+    grpcurl over plaintext; the replies it printed, in order. Asserts that
+    grpcurl exited 0 (subprocess.run kills it after its timeout)."""
+    out = await asyncio.to_thread(
+        subprocess.run,
+        ["grpcurl", "-plaintext", "-d", "@", address, method],
+        input="\n".join(json.dumps(m) for m in messages), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    decoder, text, replies = json.JSONDecoder(), out.stdout.strip(), []
+    while text:
+        obj, end = decoder.raw_decode(text)
+        replies.append(obj)
+        text = text[end:].strip()
+    return replies

@@ -8,7 +8,6 @@ stream, grpcurl) for what the server answers."""
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 from collections import defaultdict
 from types import SimpleNamespace
@@ -25,7 +24,7 @@ from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
 from galaxy.v1 import clustermgr_pb2, clustermgr_pb2_grpc, common_pb2, controller_pb2_grpc
 from tests.cluster import eventually
 
-from .peers import CLUSTERMGR_FLAGS, heartbeats, known, owners
+from .peers import CLUSTERMGR_FLAGS, grpcurl, heartbeats, known, owners
 
 STREAM = "ClusterMgr/Heartbeats"
 UPDATE = "ClusterMgr/Update"
@@ -232,26 +231,7 @@ async def test_grpcurl_sends_two_statuses_and_gets_two_replies(peers):
         {"nodeId": "n1", "address": "127.0.0.1:1", "seq": 1},
         {"nodeId": "n2", "address": "127.0.0.1:1", "seq": 1},
     ]
-    proc = await asyncio.create_subprocess_exec(
-        "grpcurl", "-plaintext", "-d", "@", cm.address, f"{SERVICE_NAME}/Heartbeats",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        out, err = await asyncio.wait_for(
-            proc.communicate("\n".join(json.dumps(s) for s in statuses).encode()), 30
-        )
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 0, err.decode()
-    decoder, text, replies = json.JSONDecoder(), out.decode().strip(), []
-    while text:
-        obj, end = decoder.raw_decode(text)
-        replies.append(obj)
-        text = text[end:].strip()
+    replies = await grpcurl(cm.address, f"{SERVICE_NAME}/Heartbeats", statuses)
     # Unknown nodes: each is told to register, in the order sent.
-    assert [r["node_id"] for r in replies] == ["n1", "n2"], out.decode()
+    assert [r["node_id"] for r in replies] == ["n1", "n2"], replies
     assert all(r["reply"]["reregister"] for r in replies)
