@@ -68,8 +68,6 @@ class HeartbeatStream:
         loop = asyncio.get_running_loop()
         self.opened = loop.time()
         self.batched = batched
-        #: Messages written (a batch counts one; tests and debugging).
-        self.writes = 0
         self._queue: asyncio.Queue[common_pb2.NodeStatus | None] = asyncio.Queue()
         self._pending: deque[tuple[str, asyncio.Future[clustermgr_pb2.UpdateReply]]] = deque()
         self._error: BaseException | None = None
@@ -127,7 +125,6 @@ class HeartbeatStream:
         try:
             queue = self._queue
             while (status := await queue.get()) is not None:
-                self.writes += 1
                 if not self.batched:
                     await self._call.write(status)
                     continue

@@ -8,27 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from types import SimpleNamespace
 
 import grpc
 import pytest
 from prometheus_client import REGISTRY
 
 from controlplane.nodeagent.heartbeat_modes import Mode
-from controlplane.runtime import rpc
 from controlplane.runtime.loadreport import rpcs_handled
-from functions.clustermgr.policy import NodeRegistry
-from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
+from functions.clustermgr.service import SERVICE_NAME
 from galaxy.v1 import (
     clustermgr_pb2,
     clustermgr_pb2_grpc,
     common_pb2,
-    controller_pb2_grpc,
     nodeagent_pb2,
 )
 from tests.cluster import InProcessCluster, eventually
 
-from .peers import grpcurl, heartbeats
+from .peers import OldClusterMgr, grpcurl, heartbeats
 
 BATCHES = "ClusterMgr/HeartbeatBatches"
 STREAM = "ClusterMgr/Heartbeats"
@@ -104,19 +100,6 @@ async def test_nodes_stay_alive_and_a_free_reaches_schedule_in_a_batch():
         await c.close()
 
 
-async def _serve_old(
-    servicer: ClusterMgrServicer, methods: dict[str, grpc.RpcMethodHandler]
-) -> tuple[grpc.aio.Server, str]:
-    def add(_servicer: object, server: grpc.aio.Server) -> None:
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, methods),)
-        )
-
-    server, port, _ = rpc.create_server("127.0.0.1:0", [(add, servicer, SERVICE_NAME)])
-    await server.start()
-    return server, f"127.0.0.1:{port}"
-
-
 @pytest.mark.parametrize("has_stream", [True, False])
 async def test_a_clustermgr_without_batches_gets_what_it_serves(
     peers, start_registrar, pool, has_stream
@@ -125,48 +108,24 @@ async def test_a_clustermgr_without_batches_gets_what_it_serves(
     unary Update) answers the batch stream UNIMPLEMENTED: the agent sends
     it one status per message, or unary Updates; no beat is lost."""
     await peers.add("controller", "controller")
-    registry = NodeRegistry(dead_after_s=60.0)
-    old = ClusterMgrServicer(registry, heartbeat_s=0.02)
-    methods = {
-        name: grpc.unary_unary_rpc_method_handler(
-            getattr(old, name),
-            request_deserializer=common_pb2.NodeStatus.FromString,
-            response_serializer=clustermgr_pb2.UpdateReply.SerializeToString,
-        )
-        for name in ("RegisterNode", "Update")
-    }
-    if has_stream:
-        methods["Heartbeats"] = grpc.stream_stream_rpc_method_handler(
-            old.Heartbeats,
-            request_deserializer=common_pb2.NodeStatus.FromString,
-            response_serializer=clustermgr_pb2.HeartbeatReply.SerializeToString,
-        )
-    server, address = await _serve_old(old, methods)
+    old = OldClusterMgr(["RegisterNode", "Update"] + (["Heartbeats"] if has_stream else []))
     try:
-        async with pool.stub(peers.controller, controller_pb2_grpc.ControllerStub) as ctl:
-            await ctl.RegisterInstance(
-                common_pb2.ControlInstance(
-                    id="cm-old", kind=common_pb2.CONTROL_KIND_CLUSTERMGR, address=address
-                ),
-                timeout=5,
-            )
+        await old.start(pool, peers.controller)
         streamed, unary = rpcs_handled(STREAM), rpcs_handled(UPDATE)
         reg, agent = await start_registrar(4)
         await asyncio.wait_for(reg.registered.wait(), 10)
         ids = set(agent.servicer.nodes)
-        await heartbeats(
-            SimpleNamespace(component=SimpleNamespace(registry=registry), name="old"), ids, 3
-        )
+        await heartbeats(old.running, ids, 3)
         if has_stream:
-            assert reg.streams.mode(address) is Mode.STREAM
+            assert reg.streams.mode(old.address) is Mode.STREAM
             assert rpcs_handled(STREAM) - streamed >= 3 * len(ids)
             assert rpcs_handled(UPDATE) == unary  # none had to go unary
         else:
-            assert reg.streams.mode(address) is Mode.UNARY
+            assert reg.streams.mode(old.address) is Mode.UNARY
             assert rpcs_handled(UPDATE) - unary >= 3 * len(ids)
         assert all(reg.is_registered(n) for n in ids)
     finally:
-        await server.stop(None)
+        await old.stop()
 
 
 async def _batch_call(address: str, batch: clustermgr_pb2.NodeStatusBatch) -> grpc.aio.AioRpcError:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections import defaultdict
-from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -19,12 +18,11 @@ from controlplane.runtime import rpc
 from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.loadreport import rpcs_handled
 from controlplane.runtime.metrics import HEARTBEAT_STREAMS
-from functions.clustermgr.policy import NodeRegistry
-from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
-from galaxy.v1 import clustermgr_pb2, clustermgr_pb2_grpc, common_pb2, controller_pb2_grpc
+from functions.clustermgr.service import SERVICE_NAME
+from galaxy.v1 import clustermgr_pb2_grpc, common_pb2
 from tests.cluster import eventually
 
-from .peers import CLUSTERMGR_FLAGS, grpcurl, heartbeats, known, owners
+from .peers import CLUSTERMGR_FLAGS, OldClusterMgr, grpcurl, heartbeats, known, owners
 
 STREAM = "ClusterMgr/Heartbeats"
 UPDATE = "ClusterMgr/Update"
@@ -96,43 +94,17 @@ async def test_a_clustermgr_without_the_method_gets_unary_updates(peers, start_r
     """An older ClusterMgr answers the stream UNIMPLEMENTED: the agent sends
     it unary Updates, and its nodes register and beat as before."""
     await peers.add("controller", "controller")
-    registry = NodeRegistry(dead_after_s=60.0)
-    old = ClusterMgrServicer(registry, heartbeat_s=0.02)
-    unary = {
-        name: grpc.unary_unary_rpc_method_handler(
-            getattr(old, name),
-            request_deserializer=common_pb2.NodeStatus.FromString,
-            response_serializer=clustermgr_pb2.UpdateReply.SerializeToString,
-        )
-        for name in ("RegisterNode", "Update")
-    }
-
-    def add(_servicer: object, server: grpc.aio.Server) -> None:
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, unary),)
-        )
-
-    server, port, _ = rpc.create_server("127.0.0.1:0", [(add, old, SERVICE_NAME)])
-    await server.start()
-    address = f"127.0.0.1:{port}"
+    old = OldClusterMgr(["RegisterNode", "Update"])
     try:
-        async with pool.stub(peers.controller, controller_pb2_grpc.ControllerStub) as ctl:
-            await ctl.RegisterInstance(
-                common_pb2.ControlInstance(
-                    id="cm-old", kind=common_pb2.CONTROL_KIND_CLUSTERMGR, address=address
-                ),
-                timeout=5,
-            )
+        await old.start(pool, peers.controller)
         reg, agent = await start_registrar(4)
         await asyncio.wait_for(reg.registered.wait(), 10)
         ids = set(agent.servicer.nodes)
-        await heartbeats(
-            SimpleNamespace(component=SimpleNamespace(registry=registry), name="old"), ids, 3
-        )
-        assert not reg.streams.streaming(address)
+        await heartbeats(old.running, ids, 3)
+        assert not reg.streams.streaming(old.address)
         assert all(reg.is_registered(n) for n in ids)
     finally:
-        await server.stop(None)
+        await old.stop()
 
 
 @pytest.mark.parametrize("side", ["server", "agent"])

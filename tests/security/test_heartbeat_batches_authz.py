@@ -19,13 +19,6 @@ from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
 from galaxy.v1 import clustermgr_pb2, clustermgr_pb2_grpc, common_pb2
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("certs")
-    tls.ensure(d, tls.DEFAULT_IDENTITIES, ["localhost", "127.0.0.1"])
-    return d
-
-
 @pytest.fixture
 async def clustermgr(certs: Path) -> AsyncIterator[tuple[str, ClusterMgrServicer]]:
     servicer = ClusterMgrServicer(NodeRegistry(clock=ManualClock()))
