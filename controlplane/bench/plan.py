@@ -189,6 +189,7 @@ def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
         credits=bool(cp["credits"]),
         agent_streams=bool(cp["agent_streams"]),
         stream_batches=bool(cp["stream_batches"]),
+        heartbeat_batches=bool(cp["heartbeat_batches"]),
         node_cpu_millis=cp["node_cpu_millis"],
         node_memory_mib=cp["node_memory_mib"],
         start_delay_ms=cp["start_delay_ms"],

@@ -30,6 +30,8 @@ class ControlPlanePlan(Config):
     #: CreateInstance/DeleteInstance on a stream per node agent: the A/B switch
     agent_streams: bool = same_as(UpConfig, "agent_streams")
     stream_batches: bool = same_as(UpConfig, "stream_batches")
+    #: node heartbeats batched per agent (HeartbeatBatches): the A/B switch
+    heartbeat_batches: bool = same_as(UpConfig, "heartbeat_batches")
     #: capacity credits (Schedule lends, Dispatch creates directly): the A/B switch
     credits: bool = same_as(UpConfig, "credits")
     start_delay_ms: float = same_as(UpConfig, "start_delay_ms")

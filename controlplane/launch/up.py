@@ -250,6 +250,7 @@ class Supervisor:
                 connection_cache=self.cfg.connection_cache,
                 agent_streams=self.cfg.agent_streams,
                 stream_batches=self.cfg.stream_batches,
+                heartbeat_batches=self.cfg.heartbeat_batches,
             )
         )
 

@@ -127,6 +127,11 @@ class UpConfig(Config):
     stream_batches: bool = setting(
         True, "ablation: one message per write on DispatchStream and InstanceStream"
     )
+    #: node heartbeats batched per agent (HeartbeatBatches); off:
+    #: --no-heartbeat-batches to every component (RpcConfig)
+    heartbeat_batches: bool = setting(
+        True, "ablation: one heartbeat message per node (no HeartbeatBatches)"
+    )
     #: Schedule trusts its exact view of its partition (off: the G_n-CP step)
     exact_partition: bool = setting(
         True, "ablation: Schedule probes unless a cached probe answer fits (the G_n-CP step)"

@@ -1,4 +1,5 @@
-"""Node heartbeats over one ClusterMgr.Heartbeats stream per ClusterMgr address.
+"""Node heartbeats over one ClusterMgr.HeartbeatBatches (or Heartbeats)
+stream per ClusterMgr address.
 
 On grpc.aio a unary call costs both sides several times the CPU of one
 message on an open stream, and a node agent sends one heartbeat per node per
@@ -18,10 +19,18 @@ re-register, wrong_owner) is the same for both.
   a margin beyond that. Should the server end a stream before answering a
   status, the status was not handled and is sent again, once, on a new
   stream: no beat is lost.
-- A ClusterMgr without the method (UNIMPLEMENTED: an older version) gets
-  unary Updates; the stream is tried again after ``max_age_s``.
+- On HeartbeatBatches (the default), the statuses queued while the writer
+  was busy or in the same loop turn (the Registrar sends a round's beats
+  at once) go as one NodeStatusBatch of at most ``MAX_BATCH``; the server
+  answers each batch with the replies of its statuses in order, so the
+  FIFO matching is the same as for one status per message, and nothing
+  waits for company: a lone status goes at once.
+- A ClusterMgr without a method (UNIMPLEMENTED: an older version) gets the
+  next way (``heartbeat_modes``: batches, then one status per message, then
+  unary Updates); the better one is tried again after ``max_age_s``.
 - With the connection cache off (the ablation switch: a channel per call)
-  there is no channel for a stream to live on: unary Updates.
+  there is no channel for a stream to live on: unary Updates. With
+  ``--no-heartbeat-batches``, one status per message on Heartbeats.
 
 At most one status per node is in flight (the Registrar's busy flag), so a
 stream's queue holds at most the agent's node count.
@@ -31,9 +40,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Iterable
 
 import grpc
 
+from controlplane.nodeagent.heartbeat_modes import MAX_BATCH, HeartbeatModes, Mode
 from controlplane.runtime import rpc
 from controlplane.runtime.membership import HEARTBEAT_STREAM_MAX_AGE_S
 from galaxy.v1 import clustermgr_pb2, clustermgr_pb2_grpc, common_pb2
@@ -48,11 +59,15 @@ class NoReply(Exception):
 
 
 class HeartbeatStream:
-    """One open Heartbeats call: statuses in, replies matched FIFO."""
+    """One open HeartbeatBatches call (batched) or Heartbeats call:
+    statuses in, replies matched FIFO."""
 
-    def __init__(self, stub: clustermgr_pb2_grpc.ClusterMgrStub, deadline_s: float) -> None:
+    def __init__(
+        self, stub: clustermgr_pb2_grpc.ClusterMgrStub, deadline_s: float, batched: bool = True
+    ) -> None:
         loop = asyncio.get_running_loop()
         self.opened = loop.time()
+        self.batched = batched
         self._queue: asyncio.Queue[common_pb2.NodeStatus | None] = asyncio.Queue()
         self._pending: deque[tuple[str, asyncio.Future[clustermgr_pb2.UpdateReply]]] = deque()
         self._error: BaseException | None = None
@@ -62,7 +77,8 @@ class HeartbeatStream:
         # outlives a cancelled call, and at loop shutdown closing that
         # generator fails.
         # None: no request iterator (the pool's stub proxy wants it positional).
-        self._call = stub.Heartbeats(None, timeout=deadline_s)
+        method = stub.HeartbeatBatches if batched else stub.Heartbeats
+        self._call = method(None, timeout=deadline_s)
         self._writer = asyncio.create_task(self._write(), name="heartbeat-stream-writer")
         self.reader = asyncio.create_task(self._read(), name="heartbeat-stream-reader")
 
@@ -107,8 +123,23 @@ class HeartbeatStream:
 
     async def _write(self) -> None:
         try:
-            while (status := await self._queue.get()) is not None:
-                await self._call.write(status)
+            queue = self._queue
+            while (status := await queue.get()) is not None:
+                if not self.batched:
+                    await self._call.write(status)
+                    continue
+                # What queued meanwhile goes along (a round's statuses, or
+                # those that came while the last write was in flight).
+                statuses, end = [status], False
+                while len(statuses) < MAX_BATCH and not queue.empty():
+                    nxt = queue.get_nowait()
+                    if nxt is None:
+                        end = True
+                        break
+                    statuses.append(nxt)
+                await self._call.write(clustermgr_pb2.NodeStatusBatch(statuses=statuses))
+                if end:
+                    break
             await self._call.done_writing()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             # The call ended: the reader reports how, with the call's status
@@ -120,18 +151,17 @@ class HeartbeatStream:
     async def _read(self) -> None:
         err: BaseException
         try:
-            while (r := await self._call.read()) is not grpc.aio.EOF:
-                assert isinstance(r, clustermgr_pb2.HeartbeatReply)
-                if not self._pending:
-                    err = StreamEnded("a reply for no status")
+            while (msg := await self._call.read()) is not grpc.aio.EOF:
+                if isinstance(msg, clustermgr_pb2.HeartbeatBatchReply):
+                    replies, reopen = msg.replies, msg.reopen
+                else:
+                    assert isinstance(msg, clustermgr_pb2.HeartbeatReply)
+                    replies, reopen = [msg], msg.reopen
+                problem = self._match(replies)
+                if problem is not None:
+                    err = StreamEnded(problem)
                     break
-                node_id, fut = self._pending.popleft()
-                if r.node_id != node_id:
-                    err = StreamEnded(f"reply for {r.node_id!r}, expected {node_id!r}")
-                    break
-                if not fut.done():
-                    fut.set_result(r.reply)
-                if r.reopen:
+                if reopen:
                     self.close()  # the server's maximum age: the next status opens a new one
             else:
                 err = StreamEnded("the server ended the stream")
@@ -141,6 +171,20 @@ class HeartbeatStream:
             self.abort(StreamEnded("stream cancelled"))
             raise
         self.abort(err)
+
+    def _match(self, replies: Iterable[clustermgr_pb2.HeartbeatReply]) -> str | None:
+        """Settle the pending statuses replies answer, in order (a problem:
+        the stream can no longer be matched)."""
+        pending = self._pending
+        for r in replies:
+            if not pending:
+                return "a reply for no status"
+            node_id, fut = pending.popleft()
+            if r.node_id != node_id:
+                return f"reply for {r.node_id!r}, expected {node_id!r}"
+            if not fut.done():
+                fut.set_result(r.reply)
+        return None
 
     def _fail(self, err: BaseException) -> None:
         if self._error is None:
@@ -167,47 +211,68 @@ class Streams:
         self._streams: dict[str, HeartbeatStream] = {}
         # Retired streams still draining their last replies.
         self._draining: set[HeartbeatStream] = set()
-        # Address -> loop time until which it gets unary Updates (UNIMPLEMENTED).
-        self._unary: dict[str, float] = {}
+        #: The way to each address (the switches; UNIMPLEMENTED answers).
+        self.modes = HeartbeatModes(
+            batches=pool.config.heartbeat_batches, streams=pool.enabled, retry_s=max_age_s
+        )
         #: Streams opened (tests and debugging).
         self.opened = 0
 
+    @property
+    def batching(self) -> bool:
+        """Whether statuses go in batches where the server takes them."""
+        return self.modes.best is Mode.BATCHES
+
+    def mode(self, address: str) -> Mode:
+        """How statuses to address go now."""
+        return self.modes.mode(address, asyncio.get_running_loop().time())
+
     def streaming(self, address: str) -> bool:
         """Whether statuses to address go over a stream now."""
-        until = self._unary.get(address)
-        return self.pool.enabled and (until is None or asyncio.get_running_loop().time() >= until)
+        return self.mode(address) is not Mode.UNARY
 
     async def update(
         self, address: str, stub: clustermgr_pb2_grpc.ClusterMgrStub, status: common_pb2.NodeStatus
     ) -> clustermgr_pb2.UpdateReply:
         """status to the ClusterMgr at address (stub: its pooled stub); the
         reply, or an exception as a failed unary Update raises."""
-        for attempt in range(2):
-            if not self.streaming(address):
-                break
+        loop = asyncio.get_running_loop()
+        mode = self.modes.mode(address, loop.time())
+        resent = False
+        while mode is not Mode.UNARY:
             try:
-                return await self._stream(address, stub).update(status, self.rpc_timeout_s)
+                s = self._stream(address, stub, mode)
+                return await s.update(status, self.rpc_timeout_s)
             except StreamEnded:
-                if attempt:
+                if resent:
                     raise
-                continue  # not handled: once more on a new stream
+                resent = True  # not handled: once more on a new stream
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
-                until = asyncio.get_running_loop().time() + self.max_age_s
-                self._unary[address] = until
+                # Not handled either: the next way (batches -> one per message -> unary).
+                mode = self.modes.unimplemented(address, mode, loop.time())
+                continue
+            mode = self.modes.mode(address, loop.time())
         reply: clustermgr_pb2.UpdateReply = await stub.Update(status, timeout=self.rpc_timeout_s)
         return reply
 
-    def _stream(self, address: str, stub: clustermgr_pb2_grpc.ClusterMgrStub) -> HeartbeatStream:
+    def _stream(
+        self, address: str, stub: clustermgr_pb2_grpc.ClusterMgrStub, mode: Mode
+    ) -> HeartbeatStream:
+        batched = mode is Mode.BATCHES
         s = self._streams.get(address)
         if s is not None:
-            if s.usable and asyncio.get_running_loop().time() - s.opened < self.max_age_s:
+            if (
+                s.usable
+                and s.batched == batched
+                and asyncio.get_running_loop().time() - s.opened < self.max_age_s
+            ):
                 return s
-            self._retire(s)  # too old, told to reopen, or broken
+            self._retire(s)  # too old, told to reopen, broken, or the other method
         # The deadline leaves a retired stream time to drain its replies
         # (each due within rpc_timeout_s) and is never what fails a status.
-        s = HeartbeatStream(stub, self.max_age_s + 2 * self.rpc_timeout_s + 1.0)
+        s = HeartbeatStream(stub, self.max_age_s + 2 * self.rpc_timeout_s + 1.0, batched)
         self._streams[address] = s
         self.opened += 1
         return s

@@ -7,7 +7,10 @@ concurrently, so a pool of 210 emulated nodes costs one loop, not 210
 sleeping tasks. Each node's first heartbeat after registering is offset by a
 fraction of the interval, which spreads the pool's heartbeats over the period.
 Heartbeats (Update) to one ClusterMgr instance share one stream
-(heartbeat_stream.py); registering stays a unary RegisterNode.
+(heartbeat_stream.py), where a round's statuses go as one batch; with batches
+a round takes every node due within a quarter of the interval
+(heartbeat_modes.round_window_s), so the pool's beats gather into a few
+batches per interval. Registering stays a unary RegisterNode.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from controlplane.nodeagent.heartbeat_modes import ROUND_WINDOW_S, round_window_s
 from controlplane.nodeagent.heartbeat_stream import Streams
 from controlplane.runtime import controllers, rpc
 from controlplane.runtime.membership import (
@@ -34,9 +38,6 @@ from galaxy.v1 import clustermgr_pb2_grpc, common_pb2, controller_pb2
 log = logging.getLogger(__name__)
 
 DEFAULT_HEARTBEAT_MS = NODE_HEARTBEAT_MS
-# Heartbeats due within this window are sent in the same batch: fewer wakeups
-# for a big pool, at the cost of a node beating up to 10 ms early.
-_BATCH_S = 0.010
 _FIRST_BACKOFF_S = 0.05
 
 
@@ -95,6 +96,8 @@ class Registrar:
         #: Heartbeat streams by ClusterMgr address.
         self.streams = Streams(pool, rpc_timeout_s=rpc_timeout_s, max_age_s=stream_max_age_s)
         self._status_of = status_of
+        # The interval ClusterMgr last told (the round window follows it).
+        self._interval_s = heartbeat_interval_ms / 1000
         ids = list(node_ids)
         self._nodes = {n: _NodeState(n, phase=(i + 1) / len(ids)) for i, n in enumerate(ids)}
         #: Set once every node has registered at least once.
@@ -179,11 +182,8 @@ class Registrar:
                     self._refreshing = True
                     self._spawn(self._refresh_membership())
                 if self._fetched:
-                    due = [
-                        s
-                        for s in self._nodes.values()
-                        if not s.busy and s.next_due <= now + _BATCH_S
-                    ]
+                    ahead = now + round_window_s(self._interval_s, self.streams.batching)
+                    due = [s for s in self._nodes.values() if not s.busy and s.next_due <= ahead]
                     if due:
                         for s in due:
                             s.busy = True
@@ -194,8 +194,9 @@ class Registrar:
                 # Waits for the next heartbeat time or a finished task.
                 # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a
                 # cancel that races the wake-up, and stop() would never return.
+                delay = max(min(wake - loop.time(), 3600.0), ROUND_WINDOW_S)
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(min(wake - loop.time(), 3600.0), _BATCH_S)):
+                    async with asyncio.timeout(delay):
                         await self._wake.wait()
         finally:
             for t in list(self._inflight):
@@ -296,6 +297,7 @@ class Registrar:
             return _describe(e)
         st.failures = 0
         interval_s = (reply.heartbeat_interval_ms or self.heartbeat_interval_ms) / 1000
+        self._interval_s = interval_s
         st.next_due = 0.0 if st.again else loop.time() + interval_s * phase
         st.again = False
         return None

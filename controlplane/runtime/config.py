@@ -288,6 +288,13 @@ class RpcConfig(Config):
         "A/B switch)",
         flag="--no-stream-batches",
     )
+    heartbeat_batches: bool = setting(
+        True,
+        "node agents send the heartbeats of their nodes due together as one message on "
+        "ClusterMgr.HeartbeatBatches (off: one message per node on Heartbeats; the A/B "
+        "switch of the batches)",
+        flag="--no-heartbeat-batches",
+    )
     deadline_s: float = setting(
         10.0, "deadline of an outgoing RPC that sets none, seconds", gt=0, flag="--rpc-deadline-s"
     )

@@ -74,7 +74,13 @@ INSTANCES = Gauge(
 NODES = Gauge("galaxy_nodes", "Nodes known to this process.", ["state"])
 HEARTBEAT_STREAMS = Gauge(
     "galaxy_heartbeat_streams",
-    "ClusterMgr: open node heartbeat streams (ClusterMgr.Heartbeats, one per node agent).",
+    "ClusterMgr: open node heartbeat streams (ClusterMgr.Heartbeats or HeartbeatBatches, "
+    "one per node agent).",
+)
+HEARTBEAT_BATCH_STATUSES = Histogram(
+    "galaxy_heartbeat_batch_statuses",
+    "ClusterMgr: statuses per HeartbeatBatches message (the nodes of one agent due together).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 PROBES = Counter("galaxy_probes_total", "Probe RPCs sent by Schedule to node agents.")
 

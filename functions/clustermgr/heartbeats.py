@@ -1,4 +1,5 @@
-"""ClusterMgr.Heartbeats: node heartbeats over one long-lived stream.
+"""ClusterMgr.Heartbeats and HeartbeatBatches: node heartbeats over one
+long-lived stream.
 
 A node agent sends the statuses of all its nodes that this instance owns
 over one bidirectional stream instead of one unary Update each: on grpc.aio
@@ -25,6 +26,14 @@ traceback); the client's statuses are all well-formed, so this is a bug or a
 foreign client, and ending the stream makes it loud. Each status is counted
 in the RPC metrics under ``ClusterMgr/Heartbeats`` with its code, and open
 streams in the ``galaxy_heartbeat_streams`` gauge.
+
+``HeartbeatBatches`` is the same stream with a NodeStatusBatch per message
+(the statuses of one node agent's nodes due in the same round) answered by
+one HeartbeatBatchReply: one message, one read and one write for many
+nodes. A batch is checked whole (``check_batch``) before any of its
+statuses is handled; each batch counts once under
+``ClusterMgr/HeartbeatBatches`` and its size in
+``galaxy_heartbeat_batch_statuses``.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
@@ -47,8 +57,35 @@ log = logging.getLogger(__name__)
 
 #: The method label of per-status metrics (as the interceptor labels unary RPCs).
 METHOD = "ClusterMgr/Heartbeats"
+#: The method label of per-batch metrics.
+BATCH_METHOD = "ClusterMgr/HeartbeatBatches"
+#: Most statuses one NodeStatusBatch may carry (the agent sends at most this).
+MAX_BATCH = 256
 
 Update = Callable[[common_pb2.NodeStatus], clustermgr_pb2.UpdateReply]
+#: Answers one batch (reopen: the stream is past its maximum age).
+UpdateBatch = Callable[[clustermgr_pb2.NodeStatusBatch, bool], clustermgr_pb2.HeartbeatBatchReply]
+
+Reply = TypeVar("Reply")
+
+
+def check_batch(batch: clustermgr_pb2.NodeStatusBatch) -> str | None:
+    """What is wrong with batch, naming the field and index (None: nothing).
+    Never quotes what was sent."""
+    n = len(batch.statuses)
+    if n == 0:
+        return "statuses: a batch holds at least one status"
+    if n > MAX_BATCH:
+        return f"statuses: {n} statuses, at most {MAX_BATCH} per batch"
+    first: dict[str, int] = {}
+    for i, s in enumerate(batch.statuses):
+        nid = s.node_id
+        if not nid:
+            return f"statuses[{i}].node_id: must be set"
+        j = first.setdefault(nid, i)
+        if j != i:
+            return f"statuses[{i}].node_id: the same node as statuses[{j}]"
+    return None
 
 
 @dataclass
@@ -71,38 +108,67 @@ async def serve(
     the client half-closes, the stream outlives its grace, or a status
     fails validation (INVALID_ARGUMENT). Exceptions never escape as a
     traceback to the client: the stream ends with a short status."""
+
+    def answer(status: common_pb2.NodeStatus, reopen: bool) -> clustermgr_pb2.HeartbeatReply:
+        return clustermgr_pb2.HeartbeatReply(
+            node_id=status.node_id, reply=update(status), reopen=reopen
+        )
+
+    async for reply in _serve(answer, requests, context, limits, METHOD, "status"):
+        yield reply
+
+
+async def serve_batches(
+    update_batch: UpdateBatch,
+    requests: AsyncIterator[clustermgr_pb2.NodeStatusBatch],
+    context: grpc.aio.ServicerContext,
+    limits: StreamLimits,
+) -> AsyncIterator[clustermgr_pb2.HeartbeatBatchReply]:
+    """``serve`` for HeartbeatBatches: update_batch(batch, reopen) answers
+    each batch (raising InvalidArgument for a bad one)."""
+    async for reply in _serve(update_batch, requests, context, limits, BATCH_METHOD, "batch"):
+        yield reply
+
+
+async def _serve(
+    answer: Callable[[Any, bool], Reply],
+    requests: AsyncIterator[Any],
+    context: grpc.aio.ServicerContext,
+    limits: StreamLimits,
+    method: str,
+    what: str,
+) -> AsyncIterator[Reply]:
+    """The loop both methods share: answer(message, reopen) per message."""
     loop = asyncio.get_running_loop()
     reopen_at = loop.time() + limits.max_age_s
     ends = reopen_at + limits.grace_s
-    latency = RPC_LATENCY.labels(METHOD)
+    latency = RPC_LATENCY.labels(method)
     HEARTBEAT_STREAMS.inc()
     try:
         it = aiter(requests)
         while True:
             try:
-                status = await anext(it)
+                msg = await anext(it)
             except StopAsyncIteration:
                 return  # the client half-closed: end with OK
-            if isinstance(status, Undecodable):  # (rpc's interceptor decodes tolerantly)
-                RPC_REQUESTS.labels(METHOD, grpc.StatusCode.INVALID_ARGUMENT.name).inc()
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"status: {status.reason}")
+            if isinstance(msg, Undecodable):  # (rpc's interceptor decodes tolerantly)
+                RPC_REQUESTS.labels(method, grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {msg.reason}")
             start = time.perf_counter()
             code, message = grpc.StatusCode.OK, ""
+            now = loop.time()
             try:
-                reply = update(status)
+                reply = answer(msg, now >= reopen_at)
             except GalaxyError as e:
                 code, message = e.code, e.message
             except Exception:
-                log.exception("unhandled error in %s", METHOD)
-                code, message = grpc.StatusCode.INTERNAL, f"internal error in {METHOD}"
+                log.exception("unhandled error in %s", method)
+                code, message = grpc.StatusCode.INTERNAL, f"internal error in {method}"
             latency.observe(time.perf_counter() - start)
-            RPC_REQUESTS.labels(METHOD, code.name).inc()
+            RPC_REQUESTS.labels(method, code.name).inc()
             if code is not grpc.StatusCode.OK:
                 await context.abort(code, message)
-            now = loop.time()
-            yield clustermgr_pb2.HeartbeatReply(
-                node_id=status.node_id, reply=reply, reopen=now >= reopen_at
-            )
+            yield reply
             if now >= ends:
                 return
     finally:

@@ -21,7 +21,7 @@ import grpc
 from controlplane.runtime import rpc
 from controlplane.runtime.errors import InvalidArgument
 from controlplane.runtime.membership import NODE_HEARTBEAT_MS
-from controlplane.runtime.metrics import NODES
+from controlplane.runtime.metrics import HEARTBEAT_BATCH_STATUSES, NODES
 from functions.clustermgr import heartbeats
 from functions.clustermgr.forwarding import HeartbeatForwarding
 from functions.clustermgr.outbox import Outbox
@@ -47,6 +47,9 @@ SERVICE_NAME = clustermgr_pb2.DESCRIPTOR.services_by_name["ClusterMgr"].full_nam
 UPSERT = schedule_pb2.ModNodeRequest.OP_UPSERT
 REMOVE = schedule_pb2.ModNodeRequest.OP_REMOVE
 NODE_KEY_PREFIX = "/galaxy/nodes/"
+
+# What a heartbeat status is answered (ClusterMgrServicer._heartbeat).
+_OK, _REVIVED, _REREGISTER, _WRONG_OWNER = 0, 1, 2, 3
 
 #: Write-behind hook: (key, serialized value or None to delete).
 Record = Callable[[str, bytes | None], None]
@@ -89,8 +92,8 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         )
         self.clustermgr_id = clustermgr_id
         self.modnode_timeout_s = modnode_timeout_s
-        #: RegisterNode calls and heartbeat statuses (Update or one on
-        #: Heartbeats) received: the load reporter's rate.
+        #: RegisterNode calls and heartbeat statuses (Update, one on
+        #: Heartbeats or in a batch) received: the load reporter's rate.
         self.node_updates = 0
         #: Limits of Heartbeats streams (max age; tests shorten it).
         self.stream = heartbeats.StreamLimits()
@@ -150,29 +153,79 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         async for reply in heartbeats.serve(self.update, request_iterator, context, self.stream):
             yield reply
 
+    async def HeartbeatBatches(
+        self,
+        request_iterator: AsyncIterator[clustermgr_pb2.NodeStatusBatch],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[clustermgr_pb2.HeartbeatBatchReply]:
+        """update_batch for every batch on one stream (heartbeats.serve_batches)."""
+        async for reply in heartbeats.serve_batches(
+            self.update_batch, request_iterator, context, self.stream
+        ):
+            yield reply
+
     def update(self, request: common_pb2.NodeStatus) -> clustermgr_pb2.UpdateReply:
         """A heartbeat (Update, or one status on Heartbeats). Raises
         InvalidArgument for a status without node_id."""
         if not request.node_id:
             raise InvalidArgument("node_id must be set")
-        self.node_updates += 1
-        if not self._owns(request.node_id):
+        answer = self._heartbeat(request)
+        if answer == _REVIVED:
+            self._arm()
+        if answer == _WRONG_OWNER:
             return self._wrong_owner(request.node_id)
-        outcome = self.registry.update(request)
+        return self._reply(reregister=answer == _REREGISTER)
+
+    def update_batch(
+        self, batch: clustermgr_pb2.NodeStatusBatch, reopen: bool = False
+    ) -> clustermgr_pb2.HeartbeatBatchReply:
+        """The statuses of a batch (HeartbeatBatches) in one pass, each
+        handled as ``update`` would; one HeartbeatReply per status, in
+        order. Raises InvalidArgument (heartbeats.check_batch) before
+        handling any status of a bad batch."""
+        problem = heartbeats.check_batch(batch)
+        if problem is not None:
+            raise InvalidArgument(problem)
+        HEARTBEAT_BATCH_STATUSES.observe(len(batch.statuses))
+        out = clustermgr_pb2.HeartbeatBatchReply(reopen=reopen)
+        replies = out.replies
+        interval_ms = round(self.heartbeat_s * 1000)
+        revived = False
+        for status in batch.statuses:
+            answer = self._heartbeat(status)
+            r = replies.add()
+            r.node_id = status.node_id
+            r.reply.heartbeat_interval_ms = interval_ms
+            if answer == _REREGISTER:
+                r.reply.reregister = True
+            elif answer == _WRONG_OWNER:
+                self._forget(status.node_id)
+                r.reply.wrong_owner = True
+            elif answer == _REVIVED:
+                revived = True
+        if revived:  # once per batch, not per revived node
+            self._arm()
+        return out
+
+    def _heartbeat(self, status: common_pb2.NodeStatus) -> int:
+        """Apply one heartbeat status (node_id set); what to answer (_OK,
+        _REVIVED, _REREGISTER, _WRONG_OWNER: the caller forgets the node)."""
+        self.node_updates += 1
+        if not self._owns(status.node_id):
+            return _WRONG_OWNER
+        outcome = self.registry.update(status)
         if outcome is Updated.UNKNOWN:
-            return self._reply(reregister=True)
+            return _REREGISTER
         if outcome is Updated.STALE:
-            return self._reply()
-        rec = self.registry.get(request.node_id)
+            return _OK
+        rec = self.registry.get(status.node_id)
         assert rec is not None
         if self.forwarding.should_forward(rec.status.node_id, outcome, self.registry.clock.now()):
             # An unchanged status is a refresh: it may wait for company.
             self._tell_owner(rec, UPSERT, urgent=outcome is not Updated.SAME)
         if outcome is not Updated.SAME:
             self._record(rec.status.node_id, rec.status)
-        if outcome is Updated.REVIVED:
-            self._arm()
-        return self._reply()
+        return _REVIVED if outcome is Updated.REVIVED else _OK
 
     async def Coordinate(
         self, request: common_pb2.CoordinateRequest, context: grpc.aio.ServicerContext
@@ -332,11 +385,14 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         owner = m.owner(CLUSTERMGR, node_id)
         return owner is None or owner.id == self.clustermgr_id
 
-    def _wrong_owner(self, node_id: str) -> clustermgr_pb2.UpdateReply:
+    def _forget(self, node_id: str) -> None:
         # A node agent with a stale membership: record nothing (a record here
         # would linger as a dead node) and send it to the owner.
         self.registry.forget(node_id)
         self.forwarding.forget(node_id)
+
+    def _wrong_owner(self, node_id: str) -> clustermgr_pb2.UpdateReply:
+        self._forget(node_id)
         reply = self._reply()
         reply.wrong_owner = True
         return reply

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from galaxy.v1 import common_pb2 as galaxy_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agalaxy/v1/clustermgr.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"U\n\x0bUpdateReply\x12\x12\n\nreregister\x18\x01 \x01(\x08\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x13\n\x0bwrong_owner\x18\x03 \x01(\x08\"X\n\x0eHeartbeatReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12%\n\x05reply\x18\x02 \x01(\x0b\x32\x16.galaxy.v1.UpdateReply\x12\x0e\n\x06reopen\x18\x03 \x01(\x08\"\x19\n\x17ListClusterNodesRequest\"n\n\x0b\x43lusterNode\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.galaxy.v1.NodeStatus\x12\r\n\x05\x61live\x18\x02 \x01(\x08\x12\x14\n\x0clast_seen_ms\x18\x03 \x01(\x01\x12\x13\n\x0bschedule_id\x18\x04 \x01(\t\"U\n\x15ListClusterNodesReply\x12\x15\n\rclustermgr_id\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.galaxy.v1.ClusterNode2\xe3\x02\n\nClusterMgr\x12=\n\x0cRegisterNode\x12\x15.galaxy.v1.NodeStatus\x1a\x16.galaxy.v1.UpdateReply\x12\x37\n\x06Update\x12\x15.galaxy.v1.NodeStatus\x1a\x16.galaxy.v1.UpdateReply\x12\x42\n\nHeartbeats\x12\x15.galaxy.v1.NodeStatus\x1a\x19.galaxy.v1.HeartbeatReply(\x01\x30\x01\x12\x46\n\nCoordinate\x12\x1c.galaxy.v1.CoordinateRequest\x1a\x1a.galaxy.v1.CoordinateReply\x12Q\n\tListNodes\x12\".galaxy.v1.ListClusterNodesRequest\x1a .galaxy.v1.ListClusterNodesReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agalaxy/v1/clustermgr.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"U\n\x0bUpdateReply\x12\x12\n\nreregister\x18\x01 \x01(\x08\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x13\n\x0bwrong_owner\x18\x03 \x01(\x08\"X\n\x0eHeartbeatReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12%\n\x05reply\x18\x02 \x01(\x0b\x32\x16.galaxy.v1.UpdateReply\x12\x0e\n\x06reopen\x18\x03 \x01(\x08\":\n\x0fNodeStatusBatch\x12\'\n\x08statuses\x18\x01 \x03(\x0b\x32\x15.galaxy.v1.NodeStatus\"Q\n\x13HeartbeatBatchReply\x12*\n\x07replies\x18\x01 \x03(\x0b\x32\x19.galaxy.v1.HeartbeatReply\x12\x0e\n\x06reopen\x18\x02 \x01(\x08\"\x19\n\x17ListClusterNodesRequest\"n\n\x0b\x43lusterNode\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.galaxy.v1.NodeStatus\x12\r\n\x05\x61live\x18\x02 \x01(\x08\x12\x14\n\x0clast_seen_ms\x18\x03 \x01(\x01\x12\x13\n\x0bschedule_id\x18\x04 \x01(\t\"U\n\x15ListClusterNodesReply\x12\x15\n\rclustermgr_id\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.galaxy.v1.ClusterNode2\xb7\x03\n\nClusterMgr\x12=\n\x0cRegisterNode\x12\x15.galaxy.v1.NodeStatus\x1a\x16.galaxy.v1.UpdateReply\x12\x37\n\x06Update\x12\x15.galaxy.v1.NodeStatus\x1a\x16.galaxy.v1.UpdateReply\x12\x42\n\nHeartbeats\x12\x15.galaxy.v1.NodeStatus\x1a\x19.galaxy.v1.HeartbeatReply(\x01\x30\x01\x12R\n\x10HeartbeatBatches\x12\x1a.galaxy.v1.NodeStatusBatch\x1a\x1e.galaxy.v1.HeartbeatBatchReply(\x01\x30\x01\x12\x46\n\nCoordinate\x12\x1c.galaxy.v1.CoordinateRequest\x1a\x1a.galaxy.v1.CoordinateReply\x12Q\n\tListNodes\x12\".galaxy.v1.ListClusterNodesRequest\x1a .galaxy.v1.ListClusterNodesReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,12 +36,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPDATEREPLY']._serialized_end=150
   _globals['_HEARTBEATREPLY']._serialized_start=152
   _globals['_HEARTBEATREPLY']._serialized_end=240
-  _globals['_LISTCLUSTERNODESREQUEST']._serialized_start=242
-  _globals['_LISTCLUSTERNODESREQUEST']._serialized_end=267
-  _globals['_CLUSTERNODE']._serialized_start=269
-  _globals['_CLUSTERNODE']._serialized_end=379
-  _globals['_LISTCLUSTERNODESREPLY']._serialized_start=381
-  _globals['_LISTCLUSTERNODESREPLY']._serialized_end=466
-  _globals['_CLUSTERMGR']._serialized_start=469
-  _globals['_CLUSTERMGR']._serialized_end=824
+  _globals['_NODESTATUSBATCH']._serialized_start=242
+  _globals['_NODESTATUSBATCH']._serialized_end=300
+  _globals['_HEARTBEATBATCHREPLY']._serialized_start=302
+  _globals['_HEARTBEATBATCHREPLY']._serialized_end=383
+  _globals['_LISTCLUSTERNODESREQUEST']._serialized_start=385
+  _globals['_LISTCLUSTERNODESREQUEST']._serialized_end=410
+  _globals['_CLUSTERNODE']._serialized_start=412
+  _globals['_CLUSTERNODE']._serialized_end=522
+  _globals['_LISTCLUSTERNODESREPLY']._serialized_start=524
+  _globals['_LISTCLUSTERNODESREPLY']._serialized_end=609
+  _globals['_CLUSTERMGR']._serialized_start=612
+  _globals['_CLUSTERMGR']._serialized_end=1051
 # @@protoc_insertion_point(module_scope)

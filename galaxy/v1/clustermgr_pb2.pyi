@@ -27,6 +27,20 @@ class HeartbeatReply(_message.Message):
     reopen: bool
     def __init__(self, node_id: _Optional[str] = ..., reply: _Optional[_Union[UpdateReply, _Mapping]] = ..., reopen: _Optional[bool] = ...) -> None: ...
 
+class NodeStatusBatch(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedCompositeFieldContainer[_common_pb2.NodeStatus]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[_common_pb2.NodeStatus, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatBatchReply(_message.Message):
+    __slots__ = ("replies", "reopen")
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    REOPEN_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[HeartbeatReply]
+    reopen: bool
+    def __init__(self, replies: _Optional[_Iterable[_Union[HeartbeatReply, _Mapping]]] = ..., reopen: _Optional[bool] = ...) -> None: ...
+
 class ListClusterNodesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -50,6 +50,11 @@ class ClusterMgrStub:
                 request_serializer=galaxy_dot_v1_dot_common__pb2.NodeStatus.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_clustermgr__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.HeartbeatBatches = channel.stream_stream(
+                '/galaxy.v1.ClusterMgr/HeartbeatBatches',
+                request_serializer=galaxy_dot_v1_dot_clustermgr__pb2.NodeStatusBatch.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_clustermgr__pb2.HeartbeatBatchReply.FromString,
+                _registered_method=True)
         self.Coordinate = channel.unary_unary(
                 '/galaxy.v1.ClusterMgr/Coordinate',
                 request_serializer=galaxy_dot_v1_dot_common__pb2.CoordinateRequest.SerializeToString,
@@ -95,6 +100,22 @@ class ClusterMgrServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HeartbeatBatches(self, request_iterator, context):
+        """As Heartbeats, but each message carries the statuses of several nodes
+        (those of one node agent process due in the same round) and is answered
+        by one HeartbeatBatchReply holding one HeartbeatReply per status, in
+        the order of the statuses. A batch is checked whole before any status
+        in it is handled: an empty batch, more than 256 statuses, a status
+        without node_id or a node twice in one batch ends the stream with
+        INVALID_ARGUMENT naming the field and index (statuses[3].node_id).
+        Maximum age and `reopen` as on Heartbeats (`reopen` is set on the
+        batch reply). A server without this method answers UNIMPLEMENTED: the
+        agent then uses Heartbeats.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Coordinate(self, request, context):
         """Internal: membership changes from the controller.
         """
@@ -126,6 +147,11 @@ def add_ClusterMgrServicer_to_server(servicer, server):
                     servicer.Heartbeats,
                     request_deserializer=galaxy_dot_v1_dot_common__pb2.NodeStatus.FromString,
                     response_serializer=galaxy_dot_v1_dot_clustermgr__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'HeartbeatBatches': grpc.stream_stream_rpc_method_handler(
+                    servicer.HeartbeatBatches,
+                    request_deserializer=galaxy_dot_v1_dot_clustermgr__pb2.NodeStatusBatch.FromString,
+                    response_serializer=galaxy_dot_v1_dot_clustermgr__pb2.HeartbeatBatchReply.SerializeToString,
             ),
             'Coordinate': grpc.unary_unary_rpc_method_handler(
                     servicer.Coordinate,
@@ -219,6 +245,33 @@ class ClusterMgr:
             '/galaxy.v1.ClusterMgr/Heartbeats',
             galaxy_dot_v1_dot_common__pb2.NodeStatus.SerializeToString,
             galaxy_dot_v1_dot_clustermgr__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatBatches(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/galaxy.v1.ClusterMgr/HeartbeatBatches',
+            galaxy_dot_v1_dot_clustermgr__pb2.NodeStatusBatch.SerializeToString,
+            galaxy_dot_v1_dot_clustermgr__pb2.HeartbeatBatchReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,11 +8,19 @@ knows about nodes.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
 from collections.abc import Iterable
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
 
 from controlplane.runtime import rpc
 from controlplane.runtime.membership import MembershipView
-from functions.clustermgr.policy import NodeRecord
+from functions.clustermgr.policy import NodeRecord, NodeRegistry
+from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
 from galaxy.v1 import (
     clustermgr_pb2,
     clustermgr_pb2_grpc,
@@ -89,3 +97,78 @@ async def heartbeats(cm: Running, node_ids: Iterable[str], count: int) -> None:
         return min(seen.values()) >= count
 
     await eventually(counted, what=f"{count} heartbeats of each node at {cm.name}")
+
+
+async def grpcurl(address: str, method: str, messages: Iterable[dict[str, Any]]) -> list[Any]:
+    """Send messages (JSON) on method ("galaxy.v1.Service/Method") with
+    grpcurl over plaintext; the replies it printed, in order. Asserts that
+    grpcurl exited 0 (subprocess.run kills it after its timeout)."""
+    out = await asyncio.to_thread(
+        subprocess.run,
+        ["grpcurl", "-plaintext", "-d", "@", address, method],
+        input="\n".join(json.dumps(m) for m in messages), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    decoder, text, replies = json.JSONDecoder(), out.stdout.strip(), []
+    while text:
+        obj, end = decoder.raw_decode(text)
+        replies.append(obj)
+        text = text[end:].strip()
+    return replies
+
+
+class OldClusterMgr:
+    """A ClusterMgr of an older version: a real ClusterMgrServicer served
+    with only some of its methods (the others answer UNIMPLEMENTED), and
+    registered with the controller as instance ``cm-old``. ``stop()`` it."""
+
+    def __init__(self, methods: Iterable[str]) -> None:
+        self.registry = NodeRegistry(dead_after_s=60.0)
+        self.servicer = ClusterMgrServicer(self.registry, heartbeat_s=0.02)
+        #: As a Running for ``heartbeats``.
+        self.running = SimpleNamespace(
+            component=SimpleNamespace(registry=self.registry), name="old"
+        )
+        self._methods = list(methods)
+        self.address = ""
+        self._server: grpc.aio.Server | None = None
+
+    def _handler(self, name: str) -> grpc.RpcMethodHandler:
+        status = common_pb2.NodeStatus.FromString
+        if name == "Heartbeats":
+            return grpc.stream_stream_rpc_method_handler(
+                self.servicer.Heartbeats,
+                request_deserializer=status,
+                response_serializer=clustermgr_pb2.HeartbeatReply.SerializeToString,
+            )
+        return grpc.unary_unary_rpc_method_handler(
+            getattr(self.servicer, name),
+            request_deserializer=status,
+            response_serializer=clustermgr_pb2.UpdateReply.SerializeToString,
+        )
+
+    async def start(self, pool: rpc.ChannelPool, controller: str) -> None:
+        handlers = {name: self._handler(name) for name in self._methods}
+
+        def add(_servicer: object, server: grpc.aio.Server) -> None:
+            server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+            )
+
+        self._server, port, _ = rpc.create_server(
+            "127.0.0.1:0", [(add, self.servicer, SERVICE_NAME)]
+        )
+        await self._server.start()
+        self.address = f"127.0.0.1:{port}"
+        async with pool.stub(controller, controller_pb2_grpc.ControllerStub) as ctl:
+            await ctl.RegisterInstance(
+                common_pb2.ControlInstance(
+                    id="cm-old", kind=common_pb2.CONTROL_KIND_CLUSTERMGR, address=self.address
+                ),
+                timeout=5,
+            )
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(None)

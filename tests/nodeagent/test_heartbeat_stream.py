@@ -1,31 +1,39 @@
-"""Heartbeats over ClusterMgr.Heartbeats streams: a node agent's Registrar
-against the real Controller and ClusterMgr in-process on loopback gRPC (see
-peers.py), plus a ClusterMgr served without the method (an older version)
-and raw clients (a gRPC stream, grpcurl) for what the server answers."""
+"""Heartbeats over ClusterMgr.Heartbeats streams (one status per message:
+the agent's pool here has heartbeat batches off; test_heartbeat_batches.py
+has them on): a node agent's Registrar against the real Controller and
+ClusterMgr in-process on loopback gRPC (see peers.py), plus a ClusterMgr
+served without the method (an older version) and raw clients (a gRPC
+stream, grpcurl) for what the server answers."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 from collections import defaultdict
-from types import SimpleNamespace
 
 import grpc
 import pytest
 
 from controlplane.runtime import rpc
+from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.loadreport import rpcs_handled
 from controlplane.runtime.metrics import HEARTBEAT_STREAMS
-from functions.clustermgr.policy import NodeRegistry
-from functions.clustermgr.service import SERVICE_NAME, ClusterMgrServicer
-from galaxy.v1 import clustermgr_pb2, clustermgr_pb2_grpc, common_pb2, controller_pb2_grpc
+from functions.clustermgr.service import SERVICE_NAME
+from galaxy.v1 import clustermgr_pb2_grpc, common_pb2
 from tests.cluster import eventually
 
-from .peers import CLUSTERMGR_FLAGS, heartbeats, known, owners
+from .peers import CLUSTERMGR_FLAGS, OldClusterMgr, grpcurl, heartbeats, known, owners
 
 STREAM = "ClusterMgr/Heartbeats"
 UPDATE = "ClusterMgr/Update"
+
+
+@pytest.fixture
+async def pool():
+    """The agent's pool (overrides conftest's): one status per message."""
+    p = rpc.ChannelPool(RpcConfig(deadline_s=5.0, heartbeat_batches=False))
+    yield p
+    await p.close()
 
 
 def open_streams() -> float:
@@ -86,43 +94,17 @@ async def test_a_clustermgr_without_the_method_gets_unary_updates(peers, start_r
     """An older ClusterMgr answers the stream UNIMPLEMENTED: the agent sends
     it unary Updates, and its nodes register and beat as before."""
     await peers.add("controller", "controller")
-    registry = NodeRegistry(dead_after_s=60.0)
-    old = ClusterMgrServicer(registry, heartbeat_s=0.02)
-    unary = {
-        name: grpc.unary_unary_rpc_method_handler(
-            getattr(old, name),
-            request_deserializer=common_pb2.NodeStatus.FromString,
-            response_serializer=clustermgr_pb2.UpdateReply.SerializeToString,
-        )
-        for name in ("RegisterNode", "Update")
-    }
-
-    def add(_servicer: object, server: grpc.aio.Server) -> None:
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, unary),)
-        )
-
-    server, port, _ = rpc.create_server("127.0.0.1:0", [(add, old, SERVICE_NAME)])
-    await server.start()
-    address = f"127.0.0.1:{port}"
+    old = OldClusterMgr(["RegisterNode", "Update"])
     try:
-        async with pool.stub(peers.controller, controller_pb2_grpc.ControllerStub) as ctl:
-            await ctl.RegisterInstance(
-                common_pb2.ControlInstance(
-                    id="cm-old", kind=common_pb2.CONTROL_KIND_CLUSTERMGR, address=address
-                ),
-                timeout=5,
-            )
+        await old.start(pool, peers.controller)
         reg, agent = await start_registrar(4)
         await asyncio.wait_for(reg.registered.wait(), 10)
         ids = set(agent.servicer.nodes)
-        await heartbeats(
-            SimpleNamespace(component=SimpleNamespace(registry=registry), name="old"), ids, 3
-        )
-        assert not reg.streams.streaming(address)
+        await heartbeats(old.running, ids, 3)
+        assert not reg.streams.streaming(old.address)
         assert all(reg.is_registered(n) for n in ids)
     finally:
-        await server.stop(None)
+        await old.stop()
 
 
 @pytest.mark.parametrize("side", ["server", "agent"])
@@ -221,26 +203,7 @@ async def test_grpcurl_sends_two_statuses_and_gets_two_replies(peers):
         {"nodeId": "n1", "address": "127.0.0.1:1", "seq": 1},
         {"nodeId": "n2", "address": "127.0.0.1:1", "seq": 1},
     ]
-    proc = await asyncio.create_subprocess_exec(
-        "grpcurl", "-plaintext", "-d", "@", cm.address, f"{SERVICE_NAME}/Heartbeats",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        out, err = await asyncio.wait_for(
-            proc.communicate("\n".join(json.dumps(s) for s in statuses).encode()), 30
-        )
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 0, err.decode()
-    decoder, text, replies = json.JSONDecoder(), out.decode().strip(), []
-    while text:
-        obj, end = decoder.raw_decode(text)
-        replies.append(obj)
-        text = text[end:].strip()
+    replies = await grpcurl(cm.address, f"{SERVICE_NAME}/Heartbeats", statuses)
     # Unknown nodes: each is told to register, in the order sent.
-    assert [r["node_id"] for r in replies] == ["n1", "n2"], out.decode()
+    assert [r["node_id"] for r in replies] == ["n1", "n2"], replies
     assert all(r["reply"]["reregister"] for r in replies)

@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 import pytest
 
+from controlplane.runtime import tls
 from galaxy.v1 import common_pb2, controller_pb2, controller_pb2_grpc, dispatch_pb2_grpc
 from tests.cluster import InProcessCluster
 
@@ -94,3 +96,12 @@ def tcluster() -> Iterator[ThreadedCluster]:
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A `galaxy certs init` directory for 127.0.0.1 and localhost (a test
+    module may define its own)."""
+    d = tmp_path_factory.mktemp("certs")
+    tls.ensure(d, tls.DEFAULT_IDENTITIES, ["localhost", "127.0.0.1"])
+    return d

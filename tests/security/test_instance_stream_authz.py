@@ -20,13 +20,6 @@ from controlplane.runtime.resources import Res
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("certs")
-    tls.ensure(d, tls.DEFAULT_IDENTITIES, ["localhost", "127.0.0.1"])
-    return d
-
-
 @pytest.fixture
 async def agent(certs: Path) -> AsyncIterator[tuple[str, NodeAgentServicer]]:
     servicer = NodeAgentServicer([("node-0", Res(1000, 1000, 0))], EmulatedBackend())
