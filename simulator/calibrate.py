@@ -18,9 +18,13 @@ phase and divide by the operations it served:
   before, each was a unary RPC. Measuring Dispatch alone with held leases
   gave about the whole warm figure, which we could not explain, so we do
   not use it); and,
-  since warm requests never touch them, the background CPU of ClusterMgr,
-  Schedule and the node agents = heartbeats (one per node per second) and
-  the ModNode each one causes;
+  since warm requests never touch them, the background CPU of ClusterMgr
+  and the node agents = heartbeats (one per node per second), and of
+  Schedule (``schedule.modnode``, per heartbeat: recorded, not charged,
+  since how many ModNodes calls the beats cause depends on the outbox's
+  batching, which the model performs; a call is charged
+  ``schedule.modnodes`` = the echo's server CPU per unary call, plus
+  ``schedule.upsert`` per status, timed in-process);
 - ``cold``: every request cold-starts an instance -> per scale-up costs of
   Dispatch, Schedule (the Schedule RPC, the probes it sent per placement,
   one CreateInstance) and the node agents, background subtracted; and the
@@ -94,6 +98,7 @@ def derive(
     nodes: int,
     decide: float,
     heartbeat_s: float = 1.0,
+    upsert: float = 0.0,
 ) -> dict[str, float]:
     """Per-op means from the bench plans and the echo figures."""
     by = {p["scenario"]: p for p in plans}
@@ -136,7 +141,14 @@ def derive(
             1e-6, per("cold", "schedule", bg["schedule"]) - (probes + 1) * client - decide
         ),
         "schedule.decide": decide,
+        # Per heartbeat, not charged: how many ModNodes calls the beats
+        # caused is not known here (see "schedule.modnodes").
         "schedule.modnode": bg["schedule"] / beats,
+        # A ModNodes call costs Schedule a unary call and its statuses one
+        # upsert each; ClusterMgr, the client side of the call.
+        "schedule.modnodes": server,
+        "schedule.upsert": upsert,
+        "clustermgr.modnodes": client,
         "agent.probe": server,
         "agent.create": max(1e-6, agent_cold),
         "agent.delete": max(1e-6, agent_cold),
@@ -175,6 +187,66 @@ def decide_cost(nodes: int, placements: int = 20_000) -> float:
         assert isinstance(step, Reservation), step
         pol.confirm(step)
     return (time.process_time() - t0) / placements
+
+
+def upsert_cost(nodes: int, rounds: int = 50) -> float:
+    """CPU seconds of one status in a ModNodes call on Schedule, timed
+    in-process (pure Python but for protobuf): parse it from a 64-status
+    request, check it, the ownership test (rendezvous over 4 Schedule
+    instances), ``node_info`` and ``PlacementPolicy.upsert`` of a status
+    with a newer seq and a new allocation -- what ``ScheduleServicer.ModNodes``
+    does per status. The call's own cost is ``schedule.modnodes``."""
+    import random
+
+    from controlplane.runtime.clock import ManualClock
+    from controlplane.runtime.membership import MembershipView
+    from controlplane.runtime.resources import Res
+    from functions.schedule.policy import PlacementPolicy
+    from functions.schedule.service import ScheduleServicer, node_info
+    from galaxy.v1 import common_pb2, schedule_pb2
+
+    schedule = common_pb2.CONTROL_KIND_SCHEDULE
+    view = MembershipView()
+    view.update(
+        common_pb2.Membership(
+            epoch=1,
+            instances=[
+                common_pb2.ControlInstance(id=f"s{i}", kind=schedule, address=f"h:{i}")
+                for i in range(4)
+            ],
+        )
+    )
+    pol = PlacementPolicy("s0", clock=ManualClock(), rng=random.Random(1))
+    ids = [f"n{i}" for i in range(nodes)]
+    cap = Res(4000, 8192).to_proto()
+    batch = 64
+    bodies = []
+    for r in range(rounds):
+        changes = [
+            schedule_pb2.ModNodeRequest(
+                op=schedule_pb2.ModNodeRequest.OP_UPSERT,
+                node=common_pb2.NodeStatus(
+                    node_id=ids[(r * batch + k) % nodes],
+                    address="a:1",
+                    capacity=cap,
+                    allocated=Res(10 * (r + 1), 16 * (r + 1)).to_proto(),
+                    seq=r + 1,
+                    instances=r + 1,
+                ),
+            )
+            for k in range(batch)
+        ]
+        bodies.append(schedule_pb2.ModNodesRequest(changes=changes).SerializeToString())
+    t0 = time.process_time()
+    for body in bodies:
+        req = schedule_pb2.ModNodesRequest.FromString(body)
+        for i, c in enumerate(req.changes):
+            ScheduleServicer._check_mod(c, f"changes[{i}].")
+            # The ownership test's cost counts; every status is upserted
+            # (a status for another partition would cost less).
+            view.owner(schedule, c.node.node_id)
+            pol.upsert(node_info(c.node))
+    return (time.process_time() - t0) / (rounds * batch)
 
 
 async def echo_round_trip(n: int = 2000, batches: int = 10) -> dict[str, float]:
@@ -307,7 +379,14 @@ def build(
         " client calls - schedule.decide",
         "schedule.decide": "cold: median scheduling latency in the real Schedule (a"
         " placement without probes); else in-process timing of the policy calls",
-        "schedule.modnode": "warm: Schedule background CPU / heartbeats",
+        "schedule.modnode": "warm: Schedule background CPU / heartbeats (not charged: the"
+        " ModNodes calls per heartbeat depend on the outbox; see schedule.modnodes)",
+        "schedule.modnodes": "echo: server CPU per unary call (a ModNodes call, its"
+        " statuses excepted)",
+        "schedule.upsert": "in-process timing of one status of a 64-status ModNodes"
+        " request: parse, check, ownership, node_info, PlacementPolicy.upsert",
+        "clustermgr.modnodes": "echo: client CPU per unary call (a ModNodes call made by"
+        " ClusterMgr's outbox)",
         "agent.probe": "echo: server CPU per unary call",
         "agent.create": "cold: node agents' CPU / placement - probes per placement x agent.probe",
         "agent.delete": "= agent.create (not measured separately)",
@@ -351,6 +430,7 @@ async def measure(nodes: int, quick: bool, log: Any = print, repeat: int = 1) ->
     echo = await echo_round_trip(500 if quick else 2000)
     echo.update(await loop_steps())
     decide = decide_cost(nodes, 5_000 if quick else 20_000)
+    upsert = upsert_cost(nodes, 20 if quick else 200)
     runs = []
     for i in range(repeat):
         with tempfile.TemporaryDirectory(prefix="galaxy-calibrate-") as tmp:
@@ -358,7 +438,7 @@ async def measure(nodes: int, quick: bool, log: Any = print, repeat: int = 1) ->
             res = await run_bench(bf, RunOptions(Path(tmp), Path(tmp), log=lambda s: log(s)))
         if res["failures"]:
             raise RuntimeError(f"calibration run {i + 1} failed: {res['failures']}")
-        runs.append(derive(res["plans"], echo, nodes, decide))
+        runs.append(derive(res["plans"], echo, nodes, decide, upsert=upsert))
     means = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     start_s = await control_start(1 if quick else 3)
     meta = {

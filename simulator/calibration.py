@@ -35,12 +35,14 @@ OPS: dict[str, str] = {
     "schedule.decide": "PlacementPolicy begin/advance/confirm of one placement (pure Python)",
     "schedule.probe": "one Probe RPC made by Schedule and its answer recorded",
     "schedule.create": "one CreateInstance RPC made by Schedule",
-    "schedule.modnode": "ModNode RPC handled by a Schedule instance",
+    "schedule.modnodes": "ModNodes RPC handled by a Schedule instance (its statuses excepted)",
+    "schedule.upsert": "one status of a ModNodes RPC handled by Schedule (PlacementPolicy.upsert)",
     "agent.probe": "Probe RPC handled by a node agent",
     "agent.create": "CreateInstance handled by a node agent (sandbox start excluded)",
     "agent.delete": "DeleteInstance handled by a node agent",
     "agent.heartbeat": "a heartbeat sent by a node agent",
-    "clustermgr.update": "heartbeat handled by ClusterMgr (incl. the ModNode it forwards)",
+    "clustermgr.update": "heartbeat (or RegisterNode) handled by ClusterMgr",
+    "clustermgr.modnodes": "one ModNodes RPC made by ClusterMgr's outbox (client side)",
     "client.rpc": "one unary RPC made by a Python gRPC client (the load generator)",
 }
 

@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 UPSERT = schedule_pb2.ModNodeRequest.OP_UPSERT
 REMOVE = schedule_pb2.ModNodeRequest.OP_REMOVE
 
+#: Most ModNode messages one ModNodes RPC carries (the simulator's model of
+#: this outbox uses it too).
+BATCH = 64
+
 #: A queued ModNode: (message, sends tried, send a REMOVE first, urgent).
 _Item = tuple[schedule_pb2.ModNodeRequest, int, bool, bool]
 
@@ -45,7 +49,7 @@ class Outbox:
         pool: rpc.ChannelPool,
         *,
         timeout_s: float = 2.0,
-        batch: int = 64,
+        batch: int = BATCH,
         tries: int = 3,
         backoff_s: float = 0.1,
         linger_s: float = 0.0,

@@ -4,10 +4,13 @@ Membership is the production ``ControlRegistry`` (the controller's) and
 owners come from a ``MembershipView`` (rendezvous hashing). Each ClusterMgr
 instance holds a production ``NodeRegistry``: a node heartbeats to the
 ClusterMgr instance that owns it, which records the status and forwards it
-(ModNode) to the Schedule instance that owns the node, whose
-``PlacementPolicy.upsert`` takes it. On a membership change, Schedule
-instances ``retain`` only their partition and ClusterMgr re-sends the nodes
-whose owner changed (``NodeRegistry.set_membership``), as the servicers do.
+(ModNodes calls, batched as production's outbox batches them:
+``simulator.galaxy.modnodes``) to the Schedule instance that owns the node,
+whose ``PlacementPolicy.upsert`` takes it. On a membership change, Schedule
+instances ``retain`` only their partition, ClusterMgr re-sends the nodes
+whose owner changed (``NodeRegistry.set_membership``), as the servicers do,
+and a node that moved to another ClusterMgr instance registers there
+(one RegisterNode call from its agent).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from galaxy.v1 import common_pb2
 from simulator.cluster import SimNode
 from simulator.engine import Station
 from simulator.galaxy import credits
+from simulator.galaxy.modnodes import ModNodes
 from simulator.galaxy.scaling import make_control_scaling
 
 if TYPE_CHECKING:
@@ -131,17 +135,23 @@ class ControlPlane:
         #: node id -> id of the Schedule instance owning it ("" for none)
         self._sf_owner: dict[str, str] = {}
         self.s_update = env.op("clustermgr.update")
-        self.s_modnode = env.op("schedule.modnode")
         self.s_agent_beat = env.op("agent.heartbeat")
         self.repartition_s = env.cal.param("repartition_s", 0.03)
         self.start_s = env.cal.param("control_start_s", 1.0)
         self._rng = random.Random(env.rng.random())
         # Bound once (heartbeats schedule them by the hundred thousand).
-        self._on_update, self._on_upsert = self._update, self._upsert
+        self._on_update = self._update
+        # ClusterMgr's ModNodes calls; refreshes linger a heartbeat period,
+        # the servicer's default (``ClusterMgrServicer(refresh_linger_s=None)``).
+        self.modnodes = ModNodes(self, linger_s=self.cfg.heartbeat_s)
+        #: membership changes after the first one are charged (the first
+        #: builds the tables "as registration leaves them", before the run)
+        self._live = False
         for kind in KINDS:
             for _ in range(self.cfg.instances):
                 self._register(self._make(kind))
         self._apply(self.registry.membership())
+        self._live = True
         self.scaler = make_control_scaling(self)
 
     # -- instances ------------------------------------------------------------
@@ -239,18 +249,26 @@ class ControlPlane:
         self._sf_owner.clear()
         for sf in self.sfs.values():
             sf.policy.retain(functools.partial(self._owns, sf.id))
-        for node in self.env.cluster.nodes:
-            cmf = self.clustermgr_owner(node)
-            if cmf.registry.get(node.id) is None:
-                cmf.registry.register(node.status())
         for cmf in self.cmfs.values():
             changes = cmf.registry.set_membership(m) or []
             for c in changes:
                 rec = cmf.registry.get(c.node_id)
                 if rec is not None and c.new:
-                    self._modnode(self.sfs[c.new], rec.status, cmf.station)
+                    # Through the outbox, which batches them (up to 64 per
+                    # ModNodes call), as ``apply_membership`` queues them.
+                    self.modnodes.put(cmf, self.sfs[c.new], rec.status)
             for nid in cmf.registry.not_mine(cmf.id):
                 cmf.registry.forget(nid)
+                cmf.forwarding.forget(nid)
+        # Nodes new to their ClusterMgr instance register there, after it
+        # adopted the membership (so their owner is the new one, as for an
+        # agent's RegisterNode reaching a ClusterMgr that has it).
+        for node in self.env.cluster.nodes:
+            cmf = self.clustermgr_owner(node)
+            if cmf.registry.get(node.id) is None:
+                cmf.registry.register(node.status())
+                if self._live:
+                    self._reregister(cmf, node)
         # Credits on partitions that moved are dropped (both sides), as the
         # servicers do on a membership change.
         credits.on_membership(self)
@@ -258,6 +276,23 @@ class ControlPlane:
             # Functions whose owner changed are handed over by their
             # previous owner's protocol core, as events.
             self.m.handovers.repartition(routed)
+
+    def _reregister(self, cmf: ClusterMgrInst, node: SimNode) -> None:
+        """A node moved to cmf: its agent makes one RegisterNode call (an
+        agent's unary call, as a heartbeat was when calibrated; handled
+        like a heartbeat that changed the status), after which cmf tells
+        the node's Schedule owner (``ClusterMgrServicer.RegisterNode``)."""
+        self.rec.count("reregistrations")
+        cmf.forwarding.sent(node.id, self.sim.now)  # (RegisterNode: the owner has it)
+        t = node.agent.finish(self.sim.now, self.s_agent_beat()) + self.net.hop()
+        self.sim.stage(t, cmf.station, self.s_update(), self._registered, (cmf, node.id))
+
+    def _registered(self, a: tuple[ClusterMgrInst, str]) -> None:
+        cmf, node_id = a
+        rec = cmf.registry.get(node_id)
+        sf = self.sfs.get(rec.owner) if rec is not None else None
+        if rec is not None and sf is not None and self.cmfs.get(cmf.id) is cmf:
+            self.modnodes.put(cmf, sf, rec.status)
 
     def _owns(self, sf_id: str, node_id: str) -> bool:
         return self._sf_owner_id(node_id) == sf_id
@@ -327,6 +362,8 @@ class ControlPlane:
 
     def finish(self) -> None:
         """Final samples, and the CPU the control functions spent (overhead)."""
+        self.rec.count("modnodes_calls", self.modnodes.calls)
+        self.rec.count("modnodes_sent", self.modnodes.sent)
         for kind, live in self.insts.items():
             self.rec.control_instances(self.sim.now, kind, len(live))
             self.rec.add(f"cpu_s.{kind}", sum(i.station.busy for i in live.values()))
@@ -384,20 +421,10 @@ class ControlPlane:
         # Production's rule (``HeartbeatForwarding``): changes at once, an
         # unchanged status once per refresh period.
         if sf is not None and cmf.forwarding.should_forward(status.node_id, out, self.sim.now):
-            self._modnode(sf, status, None, info)
+            # An unchanged status is a refresh: it may linger (as the servicer).
+            self.modnodes.put(cmf, sf, status, info, urgent=out is not Updated.SAME)
 
-    def _modnode(
-        self,
-        sf: ControlInst,
-        status: common_pb2.NodeStatus,
-        src: Station | None,
-        info: NodeInfo | None = None,
-    ) -> None:
-        t = self.sim.now if src is None else src.finish(self.sim.now, self.s_update())
-        t += self.net.hop()
-        self.sim.stage(t, sf.station, self.s_modnode(), self._on_upsert, (sf, status, info))
-
-    def _upsert(self, a: tuple[ScheduleInst, common_pb2.NodeStatus, NodeInfo | None]) -> None:
+    def apply_modnode(self, a: tuple[ScheduleInst, common_pb2.NodeStatus, NodeInfo | None]) -> None:
         sf, status, info = a
         if info is None:
             info = node_info(status)

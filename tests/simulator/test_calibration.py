@@ -71,6 +71,11 @@ def test_derive_takes_the_decision_from_the_real_schedule_when_it_rarely_probes(
     # A cold request's Dispatch CPU less what a warm request costs (its
     # Dispatch and Release RPCs, which the model charges every request).
     assert ops["dispatch.scale_up"] == pytest.approx(0.5 / 500 - 0.4 / 1000)
+    # A ModNodes call: a unary call on each side (the echo's), plus the
+    # in-process upsert per status; per heartbeat is recorded, not charged.
+    assert ops["schedule.modnodes"] == 0.0003 and ops["clustermgr.modnodes"] == 0.0002
+    assert ops["schedule.modnode"] == pytest.approx(0.01 / 100)
+    assert "schedule.modnode" not in cb.OPS and "schedule.upsert" in cb.OPS
     # When most placements probe, their median includes probes: keep the
     # in-process timing.
     cold["throughput"]["probes_per_placement"] = 2.0
@@ -96,3 +101,11 @@ async def test_control_start_times_a_real_controller_and_stops_it() -> None:
 
     seconds = await control_start(1)
     assert 0 < seconds < 60
+
+
+def test_upsert_cost_times_the_modnodes_handling_of_one_status():
+    from simulator.calibrate import upsert_cost
+
+    # (Its value is CPU time, not checked against a threshold: it must be
+    # measured, i.e. positive.)
+    assert upsert_cost(50, rounds=5) > 0

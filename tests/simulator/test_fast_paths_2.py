@@ -57,14 +57,14 @@ def test_node_status_is_the_message_built_from_keywords():
 @pytest.mark.skipif(is_compiled(control), reason="patches a class of the compiled build")
 def test_heartbeats_carry_what_modnode_would_convert(cal, monkeypatch):
     seen = []
-    orig = ControlPlane._upsert
+    orig = ControlPlane.apply_modnode
 
     def check(self, a):
         _, status, info = a
         seen.append(info is None or info == node_info(status))
         orig(self, a)
 
-    monkeypatch.setattr(ControlPlane, "_upsert", check)
+    monkeypatch.setattr(ControlPlane, "apply_modnode", check)
     w = wl.poisson(100.0, 10.0, n_functions=8, mean_duration_s=0.5, seed=5)
     r = run_one("galaxy", w, SimConfig(nodes=30, seed=5), cal)
     assert r["counts"]["placements"] > 0 and len(seen) > 50 and all(seen)

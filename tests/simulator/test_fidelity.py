@@ -10,8 +10,14 @@ def test_simulated_phases_run_and_report_bucketed_quantiles(cal):
     assert closed["instances_per_s"] > 0
     s = closed["scheduling_ms"]
     assert 270 <= s["count"] <= 280 and 0 < s["p50"] <= s["p99"]  # after the warmup
-    opened = fidelity.sim_phase(cal, 40, 300, seed=1, rate=closed["instances_per_s"] / 2)
-    assert opened["scheduling_ms"]["p99"] <= s["p99"]  # half the load, no more queueing
+    rate = closed["instances_per_s"] / 2
+    opened = fidelity.sim_phase(cal, 40, 300, seed=1, rate=rate)
+    # Half the load is carried at the offered rate (Poisson arrivals: within
+    # 5%). (Its p99 is not compared with the closed loop's: at 40 nodes
+    # neither queues, and the two tails, ~0.2 ms, differ by which
+    # heartbeat ModNodes calls fall in them.)
+    assert opened["instances_per_s"] == pytest.approx(rate, rel=0.05)
+    assert 0 < opened["scheduling_ms"]["p50"] <= opened["scheduling_ms"]["p99"]
 
 
 def test_compare_passes_within_25_percent_only():

@@ -125,7 +125,9 @@ def test_credit_path_drives_the_production_wallet_and_ledger(monkeypatch, cal):
     assert n["instances_started"] == n["scale_ups"]
     # Off: no credit path at all.
     off = run_one("Gn-CPE", w, SimConfig(nodes=40, seed=2), cal)["counts"]
-    assert "credit_hits" not in off and off["instances_started"] == n["instances_started"]
+    assert "credit_hits" not in off
+    # About as many starts (the KPA decides them; the paths' timings differ).
+    assert abs(off["instances_started"] - n["instances_started"]) <= 0.02 * n["instances_started"]
 
 
 def test_ablation_variants_order_scheduling_latency(cal):
