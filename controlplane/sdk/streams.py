@@ -45,7 +45,10 @@ STREAM_DEADLINE_S = 120.0
 #: How long close() lets the streams finish what they carry.
 CLOSE_WAIT_S = 2.0
 
-_BROKEN = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+#: How a stream ends that Dispatch did not end on purpose: a dead peer
+#: (INTERNAL, UNKNOWN), or a server stopping, whose grace ran out on the
+#: stream (CANCELLED, when this side did not cancel it).
+_BROKEN = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED})
 Metadata = tuple[tuple[str, str], ...] | None
 
 
@@ -66,6 +69,7 @@ class _Stream(
         super().__init__()
         self._on_orphan = on_orphan
         self._on_closed = on_closed
+        self._cancelled = False  # by this side (cancel)
         self.call = stub.DispatchStream(
             self.outgoing(),
             timeout=STREAM_DEADLINE_S,
@@ -89,7 +93,7 @@ class _Stream(
                     self._half_close_if_done()
         except grpc.aio.AioRpcError as e:
             err = e
-            if e.code() in _BROKEN:
+            if e.code() in _BROKEN and not self._cancelled:
                 # A stream cut off by a dead peer ends INTERNAL ("Internal
                 # error from Core") where a unary call says UNAVAILABLE;
                 # Dispatch itself never ends a stream so (its errors travel
@@ -148,6 +152,7 @@ class _Stream(
 
     def cancel(self) -> None:
         """End the stream now (what is in flight fails CANCELLED)."""
+        self._cancelled = True
         self.call.cancel()
 
 

@@ -116,7 +116,8 @@ class _FakeCall:
         return r
 
     def cancel(self) -> None:
-        self.replies.put_nowait(None)
+        # As grpc.aio: reading a call cancelled here raises CANCELLED.
+        self.replies.put_nowait(grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, None, None))
 
 
 class _FakeStub:
@@ -175,6 +176,29 @@ async def test_a_stream_cut_off_by_a_dead_peer_fails_its_requests_unavailable() 
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "INTERNAL: Internal error from Core" in e.value.details()
     assert not s.accepting
+
+
+async def test_a_stream_a_stopping_server_cancels_fails_its_requests_unavailable() -> None:
+    """A Dispatch whose stop grace runs out cancels its streams: the
+    requests still out are retried elsewhere (UNAVAILABLE), not failed
+    CANCELLED (the SDK retries no CANCELLED); a stream this side cancels
+    fails them CANCELLED."""
+    for ours in (False, True):
+        stub = _FakeStub()
+        s = _Stream(stub, None, lambda a: None, lambda _s: None)
+        waiting = asyncio.create_task(s.request(dispatch_pb2.DispatchRequest(function="f"), 5.0))
+        assert stub.call is not None
+        await _next(stub.call)
+        if ours:
+            s.cancel()
+        else:  # the server's end
+            stub.call.replies.put_nowait(
+                grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, None, None)
+            )
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await waiting
+        want = grpc.StatusCode.CANCELLED if ours else grpc.StatusCode.UNAVAILABLE
+        assert e.value.code() == want
 
 
 async def test_a_caller_that_never_reads_is_held_back(monkeypatch: pytest.MonkeyPatch) -> None:
