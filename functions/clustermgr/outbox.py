@@ -1,20 +1,21 @@
 """ClusterMgr's outbox of ModNode messages to Schedule instances: one queue
-per Schedule address in which the newest message per node replaces an
-unsent older one, drained by one task per address (ModNodes RPCs of up to
-``batch`` messages). Changes go at once; refreshes of unchanged statuses
-may linger (``linger_s``) so that they travel together.
+per Schedule address, drained by one task per address (ModNodes RPCs of up
+to ``batch`` messages). What is sent when (newest message per node wins,
+changes go at once, refreshes may linger ``linger_s`` for company, retries
+with backoff) is decided by ``OutboxQueue``
+(``functions/clustermgr/outbox_queue.py``, pure; the simulator drives the
+same object); this module performs it: the waits, the RPCs, the counters.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections import OrderedDict
 
 import grpc
 
 from controlplane.runtime import rpc
+from functions.clustermgr.outbox_queue import BATCH, Entry, OutboxQueue
 from galaxy.v1 import schedule_pb2
 from galaxy.v1 import schedule_pb2_grpc as sf_grpc
 
@@ -23,12 +24,10 @@ log = logging.getLogger(__name__)
 UPSERT = schedule_pb2.ModNodeRequest.OP_UPSERT
 REMOVE = schedule_pb2.ModNodeRequest.OP_REMOVE
 
-#: Most ModNode messages one ModNodes RPC carries (the simulator's model of
-#: this outbox uses it too).
-BATCH = 64
+__all__ = ["BATCH", "REMOVE", "UPSERT", "Outbox"]
 
-#: A queued ModNode: (message, sends tried, send a REMOVE first, urgent).
-_Item = tuple[schedule_pb2.ModNodeRequest, int, bool, bool]
+_Queue = OutboxQueue[schedule_pb2.ModNodeRequest]
+_Entry = Entry[schedule_pb2.ModNodeRequest]
 
 
 class Outbox:
@@ -66,10 +65,9 @@ class Outbox:
         self.sent = 0
         self.failed = 0
         self.calls = 0
-        # address -> node_id -> queued message
-        self._queues: dict[str, OrderedDict[str, _Item]] = {}
-        # address -> set while an urgent message is queued there
-        self._urgent: dict[str, asyncio.Event] = {}
+        self._queues: dict[str, _Queue] = {}
+        # address -> set when put() brought the queue's next send forward
+        self._wake: dict[str, asyncio.Event] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
@@ -77,20 +75,21 @@ class Outbox:
     def put(self, address: str, req: schedule_pb2.ModNodeRequest, *, urgent: bool = True) -> None:
         """Queue req for the Schedule instance at address. urgent=False: a
         refresh that may linger (see the class docstring)."""
-        q = self._queues.setdefault(address, OrderedDict())
-        prev = q.pop(req.node.node_id, None)
-        # An UPSERT may replace a pending REMOVE only by carrying it along:
-        # REMOVE + UPSERT means "forget the old incarnation, learn this one".
-        reset = prev is not None and req.op == UPSERT and (prev[0].op == REMOVE or prev[2])
-        # A refresh replacing an unsent change still carries news.
-        urgent = urgent or (prev is not None and prev[3])
-        q[req.node.node_id] = (req, 0, reset, urgent)
-        wake = self._urgent.setdefault(address, asyncio.Event())
-        if urgent:
-            wake.set()
+        q = self._queues.get(address)
+        if q is None:
+            q = self._queues[address] = OutboxQueue(
+                batch=self.batch, tries=self.tries, backoff_s=self.backoff_s, linger_s=self.linger_s
+            )
+        loop = asyncio.get_running_loop()
+        sooner = q.put(
+            req.node.node_id, req, now=loop.time(), urgent=urgent, remove=req.op == REMOVE
+        )
         if address not in self._tasks:
             self._idle.clear()
-            self._tasks[address] = asyncio.create_task(self._drain(address))
+            wake = self._wake[address] = asyncio.Event()
+            self._tasks[address] = asyncio.create_task(self._drain(address, q, wake))
+        elif sooner is not None:
+            self._wake[address].set()
 
     async def flush(self) -> None:
         """Wait until every queued message was sent or given up."""
@@ -103,59 +102,56 @@ class Outbox:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _drain(self, address: str) -> None:
-        q = self._queues[address]
-        urgent = self._urgent[address]
-        failures = 0
+    async def _drain(self, address: str, q: _Queue, wake: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            while q:
-                if self.linger_s > 0 and not urgent.is_set():
-                    # Only refreshes queued: let more join them.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(urgent.wait(), self.linger_s)
-                urgent.clear()
-                # Then send all that is queued, in batches (what arrives
-                # meanwhile goes too: the round is paid for).
-                while q:
-                    items = [q.popitem(last=False)[1] for _ in range(min(self.batch, len(q)))]
-                    # One message per node per batch and batches in sequence,
-                    # so the order per node holds; a batch is one ModNodes RPC.
-                    err = await self._send_batch(address, items)
-                    self.calls += 1
-                    if err is None:
-                        self.sent += len(items)
-                        failures = 0
-                        continue
-                    failures += 1
-                    for req, tried, reset, hurry in items:
-                        nid = req.node.node_id
-                        if tried + 1 < self.tries and nid not in q:
-                            q[nid] = (req, tried + 1, reset, hurry)
-                            if hurry:
-                                urgent.set()
-                        else:
-                            self.failed += 1
-                            log.warning(
-                                "ModNode %s for %s to %s lost: %s", req.op, nid, address, err
-                            )
-                    await asyncio.sleep(self.backoff_s * 2 ** min(failures - 1, 5))  # backoff
-                    break  # a retry of refreshes alone may linger again
+            now = loop.time()
+            while True:
+                r = q.poll(now)
+                if r is None:
+                    break  # idle
+                if not isinstance(r, list):
+                    # Wait until r: a linger (an urgent put wakes us
+                    # sooner) or a backoff (put never wakes us then).
+                    wake.clear()
+                    try:
+                        await asyncio.wait_for(wake.wait(), r - now)
+                        now = loop.time()
+                    except TimeoutError:
+                        # The timer may fire a clock tick early: it is due.
+                        now = max(loop.time(), r)
+                    continue
+                err = await self._send_batch(address, r)
+                self.calls += 1
+                now = loop.time()
+                if err is None:
+                    self.sent += len(r)
+                    q.sent(now)
+                    continue
+                _, lost = q.failed(now)
+                for e in lost:
+                    self.failed += 1
+                    log.warning(
+                        "ModNode %s for %s to %s lost: %s", e.item.op, e.node_id, address, err
+                    )
         finally:
-            # No await between the loop's last check and here: put() cannot
-            # slip a message in that no task would send.
+            # No await between poll's None and here: put() cannot slip a
+            # message in that no task would send.
             del self._tasks[address]
+            if not q.idle:
+                q.halt()  # cancelled: a call in flight is lost
             if not q:
                 del self._queues[address]
-                del self._urgent[address]
+                del self._wake[address]
             if not self._tasks:
                 self._idle.set()
 
-    async def _send_batch(self, address: str, items: list[_Item]) -> Exception | None:
+    async def _send_batch(self, address: str, items: list[_Entry]) -> Exception | None:
         changes: list[schedule_pb2.ModNodeRequest] = []
-        for req, _, reset, _ in items:
-            if reset:
-                changes.append(schedule_pb2.ModNodeRequest(op=REMOVE, node=req.node))
-            changes.append(req)
+        for e in items:
+            if e.reset:
+                changes.append(schedule_pb2.ModNodeRequest(op=REMOVE, node=e.item.node))
+            changes.append(e.item)
         try:
             async with self.pool.stub(address, sf_grpc.ScheduleStub) as stub:
                 await stub.ModNodes(

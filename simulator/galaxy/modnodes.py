@@ -1,26 +1,31 @@
-"""ClusterMgr's ModNodes calls to Schedule, as production's outbox makes them.
+"""ClusterMgr's ModNodes calls to Schedule, made as production's outbox
+makes them: the queueing is production's own ``OutboxQueue``
+(``functions/clustermgr/outbox_queue.py``, which the asyncio ``Outbox``
+drives too), one per ClusterMgr instance and Schedule instance. This module
+only times it on the simulated clock: the wake-ups the queue asks for, the
+calls through the stations, their charges.
 
-``functions/clustermgr/outbox.py`` keeps one queue per Schedule address in
-which the newest status per node replaces an unsent one. A change sends the
-queue at once; a queue of refreshes only (unchanged statuses) lingers up to
-a heartbeat period (the servicer's default) for company. While a call is in
-flight what arrives waits and goes with the next call, up to ``BATCH``
-statuses per call, and the round goes on until the queue is empty. So a
-lone change costs a whole call, and a burst (a repartition's re-sends, many
-changes while Schedule is busy) shares calls.
+The queue's rules, in short: the newest status per node replaces an unsent
+one; a change sends the queue at once, a queue of refreshes only (unchanged
+statuses) lingers up to a heartbeat period (the servicer's default) for
+company; while a call is in flight what arrives waits and goes with the
+next call, up to ``BATCH`` statuses per call, and the round goes on until
+the queue is empty. So a lone change costs a whole call, and a burst (a
+repartition's re-sends, many changes while Schedule is busy) shares calls.
+Calls do not fail in the model, so the queue's retries never happen, and
+the model sends no REMOVE, so no REMOVE + UPSERT reset either.
 
 Charged per call: ClusterMgr the client side of a unary call
 (``clustermgr.modnodes``); Schedule a unary call (``schedule.modnodes``)
-plus ``schedule.upsert`` per status. The queues are this model's (the
-outbox is asyncio I/O); what Schedule does with each status is the
-production ``PlacementPolicy.upsert`` (``ControlPlane.apply_modnode``).
+plus ``schedule.upsert`` per status. What Schedule does with each status
+is the production ``PlacementPolicy.upsert`` (``ControlPlane.apply_modnode``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from functions.clustermgr.outbox import BATCH
+from functions.clustermgr.outbox_queue import BATCH, Entry, OutboxQueue
 from functions.schedule.model import NodeInfo
 from galaxy.v1 import common_pb2
 
@@ -31,23 +36,17 @@ if TYPE_CHECKING:
 #: converted when applied).
 Item = tuple[common_pb2.NodeStatus, NodeInfo | None]
 
-_IDLE, _WAITING, _IN_FLIGHT = 0, 1, 2
-
 
 class _Queue:
-    """One ClusterMgr instance's queue for one Schedule instance."""
+    """One ClusterMgr instance's queue for one Schedule instance, and the
+    wake-up scheduled for it."""
 
-    __slots__ = ("cmf", "items", "send_at", "sf", "state", "token", "urgent")
+    __slots__ = ("cmf", "q", "sf", "token")
 
-    def __init__(self, cmf: ClusterMgrInst, sf: ScheduleInst) -> None:
-        self.cmf, self.sf = cmf, sf
-        self.items: dict[str, Item] = {}
-        self.state = _IDLE
-        #: bumped to void a scheduled send (a linger cut short)
+    def __init__(self, cmf: ClusterMgrInst, sf: ScheduleInst, q: OutboxQueue[Item]) -> None:
+        self.cmf, self.sf, self.q = cmf, sf, q
+        #: bumped to void a scheduled wake-up (a linger cut short)
         self.token = 0
-        self.send_at = 0.0
-        #: a change is queued: send without lingering
-        self.urgent = False
 
 
 class ModNodes:
@@ -79,64 +78,51 @@ class ModNodes:
         """Queue a status from cmf for sf, now (``Outbox.put``): urgent=False
         for a refresh of an unchanged status, which may linger."""
         key = (cmf.id, sf.id)
-        q = self._queues.get(key)
-        if q is None:
-            q = self._queues[key] = _Queue(cmf, sf)
-        # Newest wins, and goes to the end (as the outbox's OrderedDict).
-        q.items.pop(status.node_id, None)
-        q.items[status.node_id] = (status, info)
-        if urgent:
-            q.urgent = True
-        if q.state == _IN_FLIGHT:
-            return  # goes with the next call, when this one returns
-        now = self.sim.now
-        if q.urgent:
-            if q.state == _WAITING and q.send_at <= now:
-                return  # a send is due now: it takes this one too
-            self._arm(q, now)
-        elif q.state == _IDLE:
-            self._arm(q, now + self.linger_s)
+        s = self._queues.get(key)
+        if s is None:
+            q: OutboxQueue[Item] = OutboxQueue(batch=self.batch, linger_s=self.linger_s)
+            s = self._queues[key] = _Queue(cmf, sf, q)
+        t = s.q.put(status.node_id, (status, info), now=self.sim.now, urgent=urgent)
+        if t is not None:
+            self._arm(s, t)
 
-    def _arm(self, q: _Queue, t: float) -> None:
-        q.state = _WAITING
-        q.token += 1
-        q.send_at = t
-        self.sim.at(t, self._send, (q, q.token))
+    def _arm(self, s: _Queue, t: float) -> None:
+        s.token += 1
+        self.sim.at(t, self._send, (s, s.token))
 
     def _send(self, a: tuple[_Queue, int]) -> None:
-        q, token = a
-        if token != q.token:
+        s, token = a
+        if token != s.token:
             return  # voided: an urgent status sent the queue earlier
-        items = q.items
-        if not items:
-            q.state = _IDLE
+        r = s.q.poll(self.sim.now)
+        if r is None:
+            return  # idle
+        if not isinstance(r, list):
+            self._arm(s, r)  # (after a backoff; calls do not fail here)
             return
-        q.state = _IN_FLIGHT
-        q.urgent = False
-        q.token += 1
-        n = min(self.batch, len(items))
-        keys = list(items)[:n] if n < len(items) else list(items)
-        batch = [items.pop(k) for k in keys]
+        s.token += 1
+        n = len(r)
         self.calls += 1
         self.sent += n
-        t = q.cmf.station.finish(self.sim.now, self.s_client()) + self.net.hop()
+        t = s.cmf.station.finish(self.sim.now, self.s_client()) + self.net.hop()
         service = self.s_call()
         for _ in range(n):
             service += self.s_status()
-        self.sim.stage(t, q.sf.station, service, self._served, (q, batch))
+        self.sim.stage(t, s.sf.station, service, self._served, (s, r))
 
-    def _served(self, a: tuple[_Queue, list[Item]]) -> None:
-        q, batch = a
+    def _served(self, a: tuple[_Queue, list[Entry[Item]]]) -> None:
+        s, batch = a
         upsert = self.cp.apply_modnode
-        for status, info in batch:
-            upsert((q.sf, status, info))
-        self.sim.at(self.sim.now + self.net.hop(), self._replied, q)
+        sf = s.sf
+        for e in batch:
+            status, info = e.item
+            upsert((sf, status, info))
+        self.sim.at(self.sim.now + self.net.hop(), self._replied, s)
 
-    def _replied(self, q: _Queue) -> None:
-        # The outbox sends what arrived meanwhile at once (the round is paid
+    def _replied(self, s: _Queue) -> None:
+        # The queue sends what arrived meanwhile at once (the round is paid
         # for), refreshes too.
-        if q.items:
-            q.token += 1
-            self._send((q, q.token))
-        else:
-            q.state = _IDLE
+        t = s.q.sent(self.sim.now)
+        if t is not None:
+            s.token += 1
+            self._send((s, s.token))
