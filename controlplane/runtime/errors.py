@@ -90,6 +90,11 @@ _BY_CODE: dict[grpc.StatusCode, type[GalaxyError]] = {
 #: Outcomes a client may retry (elsewhere, after a backoff): the request was
 #: not served and doing it again cannot do it twice.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+#: A Dispatch request may also be tried again elsewhere after CANCELLED: on
+#: the caller's side that status is the server's doing (a caller that
+#: cancels gets CancelledError), a Dispatch stopping whose grace ran out on
+#: the call, and the request id makes a repeat the same request.
+DISPATCH_RETRYABLE = RETRYABLE | {grpc.StatusCode.CANCELLED}
 
 
 def from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError) -> GalaxyError:

@@ -29,7 +29,7 @@ import grpc
 from controlplane.runtime import authn, controllers
 from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.errors import (
-    RETRYABLE,
+    DISPATCH_RETRYABLE,
     DeadlineExceeded,
     FailedPrecondition,
     GalaxyError,
@@ -328,7 +328,7 @@ class GalaxyClient:
                     self._pending.setdefault(target.address, []).extend(req.releases)
                     del req.releases[:]
                     self._flush_soon(target.address)
-                if e.code() not in RETRYABLE:
+                if e.code() not in DISPATCH_RETRYABLE:
                     raise from_rpc_error(e) from None
                 if not await self.failover_pause(attempts, deadline):
                     raise from_rpc_error(e) from None

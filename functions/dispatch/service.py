@@ -293,7 +293,13 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                 # the function moves here (or elsewhere) without waiting for
                 # the owner to fall silent.
                 self.peers.report_unreachable(self.controller, owner)
-            await context.abort(e.code(), e.details() or "forwarded dispatch failed")
+            code = e.code()
+            if code == grpc.StatusCode.CANCELLED:
+                # The owner is stopping and its grace ran out on this call
+                # (our own cancellation raises CancelledError instead): tell
+                # the caller to try again, as for an owner that is gone.
+                code = grpc.StatusCode.UNAVAILABLE
+            await context.abort(code, e.details() or "forwarded dispatch failed")
             raise  # unreachable: abort raises
 
     DispatchStream = stream.serve  # each message served by Dispatch above

@@ -7,6 +7,7 @@ import asyncio
 import socket
 from pathlib import Path
 
+import grpc
 import pytest
 
 from controlplane.runtime.errors import FailedPrecondition, GalaxyError, Unavailable
@@ -59,6 +60,63 @@ async def test_dispatch_fails_over_from_a_dead_dispatch_instance() -> None:
             await client.release(got)
     finally:
         await c.close()
+
+
+async def test_dispatch_tries_elsewhere_when_a_stopping_dispatch_cancels_it() -> None:
+    """A Dispatch instance whose stop grace runs out cancels the calls it
+    still holds: the caller sees CANCELLED, which it did not ask for, and
+    tries the next instance as after UNAVAILABLE (a chaos takeover failed
+    such requests before)."""
+
+    calls = 0
+
+    async def cancelled(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        # As a stopping Dispatch: it has left the membership (deregistered,
+        # then the server's stop), and its grace runs out on this call.
+        nonlocal calls
+        calls += 1
+        async with grpc.aio.insecure_channel(c.controller) as ch:
+            await controller_pb2_grpc.ControllerStub(ch).DeregisterInstance(inst, timeout=5)
+        await context.abort(grpc.StatusCode.CANCELLED, "")
+        raise AssertionError("abort raises")
+
+    stopping = grpc.aio.server()
+    stopping.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "galaxy.v1.Dispatch", {"Dispatch": grpc.unary_unary_rpc_method_handler(cancelled)}
+            ),
+        )
+    )
+    port = stopping.add_insecure_port("127.0.0.1:0")
+    await stopping.start()
+    inst = common_pb2.ControlInstance(
+        id="d-stopping", kind=common_pb2.CONTROL_KIND_DISPATCH, address=f"127.0.0.1:{port}"
+    )
+    c = InProcessCluster()
+    try:
+        await c.add("controller", "controller")
+        await c.add("clustermgr", "cm-0")
+        await c.add("schedule", "s-0")
+        await c.add("dispatch", "d-0")
+        await c.add("nodeagent", "agent-0", "--nodes", "2", "--sandbox", "emulated")
+        async with GalaxyClient(c.controller, timeout=20.0) as client:
+            async with client.pool.stub(c.controller, controller_pb2_grpc.ControllerStub) as s:
+                await s.RegisterInstance(inst)
+            await client.refresh_membership()
+            name = next(
+                f"fn-{i}"
+                for i in range(1000)
+                if client.membership.owner(common_pb2.CONTROL_KIND_DISPATCH, f"fn-{i}").id
+                == "d-stopping"
+            )
+            await deploy(client, common_pb2.FunctionSpec(name=name, command=["x"]))
+            got = await client.dispatch(name)
+            assert got.instance_id and client.failovers >= 1 and calls >= 1
+            await client.release(got)
+    finally:
+        await c.close()
+        await stopping.stop(0)
 
 
 async def test_dispatch_waits_for_a_dispatch_instance_within_its_deadline() -> None:
