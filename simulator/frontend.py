@@ -112,7 +112,7 @@ class Frontend:
         done = reply_at + hop() + req.duration + hop()
         self._at(done, self._on_done, (req.fn, grant.lease_id))
 
-    def _serve_all(self, grants: list[tuple[Waiter, Grant]]) -> None:
+    def serve_all(self, grants: list[tuple[Waiter, Grant]]) -> None:
         """Answer waiters that got slots, each one hop from now."""
         now = self.sim.now
         for w, g in grants:
@@ -133,7 +133,7 @@ class Frontend:
         router = self.routers[a[0]]
         known, grants = (False, []) if router is None else router.release(a[1])
         if grants:
-            self._serve_all(grants)
+            self.serve_all(grants)
         if not known and self.on_unknown_release is not None:
             self.on_unknown_release(a[0], a[1])
 
@@ -143,7 +143,7 @@ class Frontend:
         """A started instance is known to fn's router: waiters get its slots."""
         grants = self.router(fn).scale_up_done(inst)
         if grants:
-            self._serve_all(grants)
+            self.serve_all(grants)
 
     def add(self, fn: int, inst: Instance, leases: list[str] | None = None) -> None:
         """An instance handed over by another owner joins fn's router (not a
@@ -151,7 +151,7 @@ class Frontend:
         (counted first): waiters get its free slots."""
         grants = self.router(fn).add_instance(inst, leases=leases)
         if grants:
-            self._serve_all(grants)
+            self.serve_all(grants)
 
     def redispatch(self, req: Req) -> None:
         """A request forwarded by its function's previous owner reaches the
