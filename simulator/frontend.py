@@ -112,11 +112,16 @@ class Frontend:
         done = reply_at + hop() + req.duration + hop()
         self._at(done, self._on_done, (req.fn, grant.lease_id))
 
-    def serve_all(self, grants: list[tuple[Waiter, Grant]]) -> None:
+    def _serve_all(self, grants: list[tuple[Waiter, Grant]]) -> None:
         """Answer waiters that got slots, each one hop from now."""
         now = self.sim.now
         for w, g in grants:
             self._serve(w.token, g, now + self._hop())
+
+    def serve_all(self, grants: list[tuple[Waiter, Grant]]) -> None:
+        """Answer waiters served elsewhere than on this path (a handover's
+        ``Serve``), as ``_serve_all`` does."""
+        self._serve_all(grants)
 
     def _done(self, a: tuple[int, str]) -> None:
         """A request (of function a[0], holding lease a[1]) ended: its client
@@ -133,7 +138,7 @@ class Frontend:
         router = self.routers[a[0]]
         known, grants = (False, []) if router is None else router.release(a[1])
         if grants:
-            self.serve_all(grants)
+            self._serve_all(grants)
         if not known and self.on_unknown_release is not None:
             self.on_unknown_release(a[0], a[1])
 
@@ -143,7 +148,7 @@ class Frontend:
         """A started instance is known to fn's router: waiters get its slots."""
         grants = self.router(fn).scale_up_done(inst)
         if grants:
-            self.serve_all(grants)
+            self._serve_all(grants)
 
     def add(self, fn: int, inst: Instance, leases: list[str] | None = None) -> None:
         """An instance handed over by another owner joins fn's router (not a
@@ -151,7 +156,7 @@ class Frontend:
         (counted first): waiters get its free slots."""
         grants = self.router(fn).add_instance(inst, leases=leases)
         if grants:
-            self.serve_all(grants)
+            self._serve_all(grants)
 
     def redispatch(self, req: Req) -> None:
         """A request forwarded by its function's previous owner reaches the
