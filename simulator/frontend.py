@@ -118,6 +118,11 @@ class Frontend:
         for w, g in grants:
             self._serve(w.token, g, now + self._hop())
 
+    def serve_all(self, grants: list[tuple[Waiter, Grant]]) -> None:
+        """Answer waiters served elsewhere than on this path (a handover's
+        ``Serve``), as ``_serve_all`` does."""
+        self._serve_all(grants)
+
     def _done(self, a: tuple[int, str]) -> None:
         """A request (of function a[0], holding lease a[1]) ended: its client
         returns the slot to fn's owner (one hop), which releases it when

@@ -17,11 +17,13 @@ from controlplane.runtime.errors import InvalidArgument, NotFound
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch import ownership as own
 from functions.dispatch import revisions
-from functions.dispatch.policy import Grant, Waiter
+from functions.dispatch.policy import FunctionRouter, Grant, Instance, Waiter
 from galaxy.v1 import common_pb2, dispatch_pb2
 
 if TYPE_CHECKING:
     from functions.dispatch.service import DispatchServicer
+
+DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ def perform(svc: DispatchServicer, actions: Iterable[own.Action]) -> None:
                 len(a.instances),
             )
             svc._spawn(_send_instances(svc, a))
+        elif isinstance(a, own.Serve):
+            svc._wake(a.grants)
         elif isinstance(a, own.ForwardWaiters):
             _fail(a.waiters, Moved(a.owner))
         elif isinstance(a, own.FailWaiters):
@@ -86,6 +90,31 @@ async def _send_instances(svc: DispatchServicer, a: own.SendInstances[str, Any])
     finally:
         # Only now may the held requests go: see ``ownership``.
         perform(svc, svc.ownership.instances_sent(a.handover))
+
+
+def late_start_done(
+    svc: DispatchServicer, router: FunctionRouter, info: common_pb2.InstanceInfo
+) -> list[str]:
+    """A start ``router`` asked for is ready after ``router`` was handed over:
+    it serves the waiters kept for it (see ``ownership``). Returns the leases
+    it now carries, to go with it to whoever routes the function now."""
+    conc = info.concurrency or router.concurrency
+    inst = Instance(info.instance_id, info.address, info.node_id, conc, meta=info)
+    actions, leases = svc.ownership.start_done(router.name, router, inst)
+    perform(svc, actions)
+    return leases
+
+
+def late_start_failed(svc: DispatchServicer, router: FunctionRouter) -> bool:
+    """A start ``router`` asked for failed after ``router`` was handed over:
+    the waiters no start covers any more go to the owner (this instance
+    too, when the function came back: they queue on its new router).
+    False when no owner is known (the caller fails them)."""
+    owner = svc.membership.owner(DISPATCH, routing_key(router.name))
+    if owner is None:
+        return False
+    perform(svc, svc.ownership.start_failed(router.name, router, owner))
+    return True
 
 
 def hand_over_moved(svc: DispatchServicer) -> None:

@@ -22,6 +22,15 @@ A handover, in order (the order is the protocol):
    Forwarding first would make the new owner cold-start an instance it is
    about to receive.
 
+Starts under way stay with the previous owner, and so do the waiters they
+cover (the oldest, up to ``pending * concurrency``): forwarded, the new
+owner's router (which counts no start under way) would start instances for
+them a second time, and the first ones would arrive with no one left to
+serve (the surplus starts of docs/simulator.md's saturation flood). Each
+such start, once ready (``start_done``), serves the kept waiters here and
+then goes to the current owner with the leases it now carries; one that
+fails (``start_failed``) forwards the waiters no start covers any more.
+
 A ``Release`` that reaches the new owner before the lease it releases
 (``release`` of an unknown lease) is remembered, so ``adopt`` does not
 count that lease when the instance arrives.
@@ -107,6 +116,14 @@ class ScaleUp(Generic[K]):
 
 
 @dataclass(frozen=True)
+class Serve(Generic[K]):
+    """Give these waiters their grants (slots on an instance just started)."""
+
+    function: K
+    grants: list[tuple[Waiter, Grant]]
+
+
+@dataclass(frozen=True)
 class Record:
     """Write an instance record (``None``: delete it)."""
 
@@ -123,6 +140,7 @@ Action = (
     | FailWaiters[Any]
     | DeleteOnNode[Any]
     | ScaleUp[Any]
+    | Serve[Any]
     | Record
 )
 
@@ -166,6 +184,13 @@ class Ownership(Generic[K, O]):
                 continue
             moved = handover(router)
             held = router.fail_all()
+            # The oldest waiters wait here for the starts under way (see the
+            # module docstring); the router keeps only those and the starts.
+            kept = min(len(held), router.pending * router.concurrency)
+            for w in held[:kept]:
+                w.done = False  # (``fail_all`` marked it finished)
+                router.waiters.append(w)
+            held = held[kept:]
             out.append(DropRoute(key))
             for inst, _ in moved:
                 if router.remove_instance(inst.instance_id) is not None:
@@ -198,6 +223,30 @@ class Ownership(Generic[K, O]):
         if self.moving.get(key) == handover:
             del self.moving[key]
         return [ForwardWaiters(owner, key, held, handover)]
+
+    def start_done(
+        self, key: K, router: FunctionRouter, inst: Instance
+    ) -> tuple[list[Action], list[str]]:
+        """A start ``router`` asked for is ready after ``router`` was handed
+        over: it serves the waiters kept for it (``Serve``), then leaves
+        ``router``. Returns the actions and the leases now on the instance:
+        the caller gives both to whoever routes the function now."""
+        grants = router.scale_up_done(inst)
+        leases = [lid for lid, (iid, _) in router.leases.items() if iid == inst.instance_id]
+        router.remove_instance(inst.instance_id)
+        return ([Serve(key, grants)] if grants else []), leases
+
+    def start_failed(self, key: K, router: FunctionRouter, owner: O) -> list[Action]:
+        """A start ``router`` asked for failed after ``router`` was handed over
+        to ``owner``: the waiters no start under way covers now go there."""
+        out = router.scale_up_failed()  # all of them when nothing is starting
+        covered = router.pending * router.concurrency
+        while len(router.waiters) > covered:
+            w = router.waiters.pop()
+            w.done = True
+            out.append(w)
+        out.sort(key=lambda w: w.seq)
+        return [ForwardWaiters(owner, key, out)] if out else []
 
     # -- instances ---------------------------------------------------------------
 

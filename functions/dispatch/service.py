@@ -370,12 +370,15 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         """Route a started, handed-over (with ``leases``) or recovered instance."""
         if self.routers.get(router.name) is not router:
             # The function moved, or was deleted (and maybe redeployed), while
-            # this instance started: give it to whoever routes it now.
+            # this instance started: give it to whoever routes it now, after
+            # it served the waiters kept here for it (``ownership``).
             owner = self._owner(router.name)
+            current = self.routers.get(router.name)
+            if cold and (owner is not None or current is not None):
+                leases = coordination.late_start_done(self, router, info)
             if owner is not None:
                 self._spawn(self.peers.send_instance(owner, info, leases or []))
                 return False
-            current = self.routers.get(router.name)
             if current is None:
                 self._spawn(self.peers.delete_on_node(info))
                 return False

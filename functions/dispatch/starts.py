@@ -12,6 +12,7 @@ from prometheus_client import Counter
 
 from controlplane.runtime import metrics
 from controlplane.runtime.errors import GalaxyError, ResourceExhausted, Unavailable
+from functions.dispatch import coordination
 from functions.dispatch.peers import SCHEDULE
 from functions.dispatch.policy import FunctionRouter, Grant
 from galaxy.v1 import common_pb2
@@ -79,6 +80,10 @@ async def scale_up(
                 # A pause before the retry (a loaded Schedule), not a wait for an event.
                 await asyncio.sleep(START_RETRY_S * 2 ** (doubts - 1))
     except GalaxyError as err:
+        if svc.routers.get(router.name) is not router and coordination.late_start_failed(
+            svc, router
+        ):
+            return  # handed over meanwhile: what it covered went to the owner
         # Tell the waiters that nothing will serve them (if that is so).
         for w in router.scale_up_failed():
             fut: asyncio.Future[Grant] = w.token

@@ -18,8 +18,12 @@ actions it returns, as the servicer does with RPCs:
   request held by the old owner goes one hop to the new owner and is
   dispatched there.
 
-An instance whose start the old owner asked for and that becomes ready after
-the handover is sent on the same way (without leases), as ``_add`` does.
+Starts under way stay with the old owner with the waiters they cover
+(``Ownership.membership_changed``). One that becomes ready after the
+handover serves those waiters there (``Ownership.start_done``: ``Serve``)
+and is then sent on the same way with the leases it now carries, as
+``_add`` does; one that fails forwards the waiters no start covers any
+more (``Ownership.start_failed``).
 ModInstance has no calibrated cost of its own: it is charged as a Release
 (one map update on the receiving Dispatch instance).
 """
@@ -76,6 +80,8 @@ class Handovers:
                 self.rec.count("handovers")
             elif isinstance(a, own.SendInstances):
                 self._send(df, a)
+            elif isinstance(a, own.Serve):
+                self.m.front.serve_all(a.grants)
             elif isinstance(a, own.ForwardWaiters):
                 t = self.sim.now + self.net.hop()
                 for w in a.waiters:
@@ -122,21 +128,36 @@ class Handovers:
         # counts them before it serves a waiter), as the servicer does.
         self.m.front.add(fn, new, owner.ownership.unreleased(leases))
 
-    def late_instance(self, df: DispatchInst, fn: int, inst: Instance) -> None:
-        """A start ``df`` asked for became ready after its router was
-        dropped: send it to the owner now, or stop it if ``df`` owns the
-        function but no longer routes it."""
+    def late_instance(
+        self, df: DispatchInst, fn: int, inst: Instance, old: FunctionRouter | None
+    ) -> None:
+        """A start ``df`` asked for (on router ``old``) became ready after
+        ``old`` was dropped: it serves the waiters ``old`` kept for it, then
+        goes to the owner with their leases; or it is stopped if ``df`` owns
+        the function but no longer routes it."""
         owner = self.m.control.dispatch_owner(fn)
+        routed = self.m.front.routers[fn] is not None
+        leases: list[str] = []
+        if old is not None and (owner is not df or routed):
+            actions, leases = df.ownership.start_done(fn, old, inst)
+            self.perform(df, actions)
         if owner is not df:
             t = self.sim.now + self.net.hop()
-            self.sim.stage(t, owner.station, self.s_mod(), self._late, (owner, fn, inst))
-        elif self.m.front.routers[fn] is not None:
-            self.add(df, fn, inst, [])
+            self.sim.stage(t, owner.station, self.s_mod(), self._late, (owner, fn, inst, leases))
+        elif routed:
+            self.add(df, fn, inst, leases)
         else:
             self.m.delete_on_node(inst.meta, inst.instance_id, self.m.a_delete())
 
-    def _late(self, x: tuple[DispatchInst, int, Instance]) -> None:
-        self.add(x[0], x[1], x[2], [])
+    def late_failure(self, df: DispatchInst, fn: int, old: FunctionRouter) -> None:
+        """A start ``df`` asked for (on ``old``) failed after ``old`` was
+        dropped: the waiters no start covers now go to the owner (``df``
+        itself when the function came back: they queue on its new router)."""
+        owner = self.m.control.dispatch_owner(fn)
+        self.perform(df, df.ownership.start_failed(fn, old, owner))
+
+    def _late(self, x: tuple[DispatchInst, int, Instance, list[str]]) -> None:
+        self.add(x[0], x[1], x[2], x[3])
 
     def _forwarded(self, req: Any) -> None:
         assert isinstance(req, Req)

@@ -166,16 +166,15 @@ class GalaxyModel(RoutedModel):
         if su.router is self.front.routers[su.fn]:
             self.routable((su.fn, inst))
         else:  # handed over while it started
-            self.handovers.late_instance(su.df, su.fn, inst)
+            self.handovers.late_instance(su.df, su.fn, inst, su.router)
 
     def scale_up_failed(self, su: ScaleUp) -> None:
         """No Schedule instance could place it."""
         self.rec.gave_up(su.asked)
         if su.router is self.front.routers[su.fn]:
             self.front.failed(su.fn, "no_capacity")
-        elif su.router is not None:  # handed over: its waiters went along
-            for _ in su.router.scale_up_failed():
-                self.rec.failed("no_capacity")
+        elif su.router is not None:  # handed over: its waiters go to the owner
+            self.handovers.late_failure(su.df, su.fn, su.router)
 
     def release_unknown(self, fn: int, lease_id: str) -> None:
         """A release reached fn's owner before the lease it releases (a

@@ -103,3 +103,29 @@ def test_max_scale_bounds_live_and_pending_across_handovers(
     assert over == []
     # Each request holds its instance to the end: none past max_scale.
     assert len(routers) == 16 and all(x.live_count() <= 100 for x in routers.values())
+
+
+def test_a_handover_during_a_flood_starts_one_instance_per_request(
+    cal: Calibration, monkeypatch: Any
+) -> None:
+    # Each request keeps its instance to the end, so exactly one start per
+    # request is needed. Dispatch instances join mid-flood, while starts are
+    # under way: the old owner keeps the waiters they cover (the new owner,
+    # counting no start under way, would start instances for them again).
+    orig_start = gm.GalaxyModel.start
+
+    def start(self: gm.GalaxyModel) -> None:
+        orig_start(self)
+        c = self.control
+        for t in (0.05, 0.1):
+            self.sim.at(t, lambda _: c.add("dispatch"))
+
+    monkeypatch.setattr(gm.GalaxyModel, "start", start)
+    small = {"cpu_millis": 10, "memory_mib": 16, "cold_start_s": 0.0}
+    w = wl.flood(3000, 20000.0, 64, 20.0, seed=1, **small)
+    cfg = SimConfig(nodes=210, seed=1, params={"galaxy": {"controller_scaling": False}})
+    r = run_one("galaxy", w, cfg, cal)
+    c = r["counts"]
+    assert c["handovers"] > 0
+    assert c["instances_started"] == 3000
+    assert c.get("instances_retired", 0) == 0

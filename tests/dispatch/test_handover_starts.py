@@ -1,0 +1,77 @@
+"""A start under way when its function changes Dispatch owner (real
+components in one process, real RPCs): the request waiting for it is served
+by it on the old owner, the instance then goes to the new owner with that
+lease, and the new owner starts nothing (it used to start a second
+instance for the forwarded request; see ``functions/dispatch/ownership``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from controlplane.runtime import rendezvous
+from controlplane.sdk.client import GalaxyClient
+from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
+from tests.cluster import InProcessCluster, eventually
+from tests.runtimes import deploy
+
+
+@pytest.fixture
+async def cluster():
+    c = InProcessCluster()
+    await c.add("controller", "controller")
+    await c.add("clustermgr", "clustermgr-0")
+    await c.add("schedule", "schedule-0")
+    await c.add("dispatch", "d-0")
+    await c.add(
+        "nodeagent", "agent-0", "--nodes", "4", "--sandbox", "emulated", "--heartbeat-ms", "50"
+    )
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_a_start_under_way_serves_its_waiter_across_a_handover(cluster, monkeypatch):
+    fn = "slow"
+    d0 = cluster.parts["d-0"].component.servicer
+    # Hold the placement's answer until the function has moved.
+    gate, placing = asyncio.Event(), asyncio.Event()
+    place = d0.peers.place
+
+    async def gated(*a: Any, **k: Any) -> common_pb2.InstanceInfo:
+        placing.set()
+        await gate.wait()
+        return await place(*a, **k)
+
+    monkeypatch.setattr(d0.peers, "place", gated)
+    async with GalaxyClient(cluster.controller) as c:
+        spec = common_pb2.FunctionSpec(name=fn, command=["x"], concurrency=1, max_scale=5)
+        await deploy(c, spec)
+        await eventually(lambda: len(cluster.parts["schedule-0"].component.servicer.policy) == 4)
+        async with c.pool.stub(cluster.parts["d-0"].address, dispatch_pb2_grpc.DispatchStub) as s:
+            waiting = asyncio.ensure_future(
+                s.Dispatch(dispatch_pb2.DispatchRequest(function=fn), timeout=20)
+            )
+            await placing.wait()
+            assert d0.router_of(fn).pending == 1
+            new_id = next(
+                f"d-x{i}" for i in range(100) if rendezvous.owner(fn, ["d-0", f"d-x{i}"]) != "d-0"
+            )
+            d1 = (await cluster.add("dispatch", new_id)).component.servicer
+            await eventually(
+                lambda: not d0.routes(fn) and not d0.ownership.handing_over(fn), what="handover"
+            )
+            gate.set()
+            got = await waiting
+        assert got.cold_start
+        await eventually(lambda: d1.routes(fn) and got.instance_id in d1.router_of(fn).instances)
+        r1 = d1.router_of(fn)
+        # One start in all, on the old owner; its slot still held at the new one.
+        assert d1.ops["scale_up"] == 0 and d0.ops["scale_up"] == 1
+        assert list(r1.instances) == [got.instance_id]
+        assert r1.instances[got.instance_id].in_flight == 1
+        assert await c.release(got)
+        await eventually(lambda: r1.instances[got.instance_id].in_flight == 0, what="release")
