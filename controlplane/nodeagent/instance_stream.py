@@ -40,6 +40,7 @@ from prometheus_client import Gauge
 
 from controlplane.runtime import multiplex
 from controlplane.runtime.agent_streams import MAX_IN_FLIGHT, MAX_TIMEOUT_MS
+from controlplane.runtime.batches import batch_bytes
 from galaxy.v1 import nodeagent_pb2
 
 if TYPE_CHECKING:
@@ -87,6 +88,8 @@ class _Stream(multiplex.ServerStream[nodeagent_pb2.InstanceStreamReply]):
         pool = servicer.pool
         batches = pool is None or pool.config.stream_batches
         super().__init__(context, nodeagent_pb2.InstanceStreamReply, MAX_IN_FLIGHT, batches)
+        if pool is not None:
+            self.max_batch_bytes = batch_bytes(pool.config.max_message_bytes)
         self.servicer = servicer
 
     def accept(self, msg: Any) -> multiplex.Fatal | None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import grpc
 
-from controlplane.runtime import multiplex
+from controlplane.runtime import batches, multiplex
 from controlplane.runtime.multiplex import reply_error, rpc_error
 from controlplane.runtime.rpc import ChannelPool
 from controlplane.runtime.validation import STARTUP_TIMEOUT_MS_MAX
@@ -80,7 +80,7 @@ class _Stream(multiplex.ClientStream[nodeagent_pb2.InstanceStreamRequest, Reply]
         # iterator: grpc.aio drives an iterator in a task that outlives a
         # cancelled call (see controlplane.nodeagent.heartbeat_stream).
         self.call = stub.InstanceStream(
-            None, timeout=STREAM_DEADLINE_S, metadata=(multiplex.BATCH_ON,)
+            None, timeout=STREAM_DEADLINE_S, metadata=(batches.BATCH_ON,)
         )
         self._writer = self.loop.create_task(self._write(), name="instance-stream-writer")
         self.reader = self.loop.create_task(self._read(), name="instance-stream-reader")
@@ -101,7 +101,7 @@ class _Stream(multiplex.ClientStream[nodeagent_pb2.InstanceStreamRequest, Reply]
             await self.learn_batching(self.call)
             while (msg := await self.call.read()) is not grpc.aio.EOF:
                 assert isinstance(msg, Reply)
-                for r in multiplex.items(msg):
+                for r in batches.items(msg):
                     if self.control(r.seq, r.goaway):
                         continue
                     self.answered += 1
@@ -238,6 +238,7 @@ class AgentCalls:
             return stream
         async with self._pool().stub(address, nodeagent_pb2_grpc.NodeAgentStub) as s:
             stream = _Stream(address, s, self._closed)
+        stream.max_batch_bytes = batches.batch_bytes(self._pool().config.max_message_bytes)
         self._live.add(stream)
         self._streams[address] = stream
         self.opened += 1

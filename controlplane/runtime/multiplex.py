@@ -17,15 +17,7 @@ protocol's own (``functions.dispatch.stream``,
 ``controlplane.nodeagent.instance_stream``, ``controlplane.sdk.streams``,
 ``controlplane.runtime.agent_streams``).
 
-**Batches.** A write on grpc.aio costs its caller ~0.15 ms of CPU whatever
-the message's size, and under load messages queue behind it. So each side
-sends what queued while its previous write was in flight as one message:
-the first, with the others in its ``more`` field, handled in order as if
-each had come alone. Nothing waits to fill a batch (light load sends one
-message per write, as before). Both sides opt in: a caller that reads
-batched replies says so in its request metadata (``galaxy-batch: 1``), a
-server that reads batched requests in its response metadata; a batch holds
-at most ``MAX_BATCH`` messages and nests no further.
+Batches: ``controlplane.runtime.batches``.
 """
 
 from __future__ import annotations
@@ -37,25 +29,22 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
-from prometheus_client import Counter, Gauge
+from prometheus_client import Gauge
 
+from controlplane.runtime.batches import (
+    BATCH_ON,
+    BATCHED,
+    MAX_BATCH,
+    MAX_BATCH_BYTES,
+    batching,
+    items,
+    problem,
+)
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
 from controlplane.runtime.rpc import Undecodable
 
 log = logging.getLogger(__name__)
-
-#: Metadata by which each side says it reads batched messages (``more``).
-BATCH_KEY = "galaxy-batch"
-BATCH_ON = (BATCH_KEY, "1")
-#: The most messages one batch carries (the first and its ``more``).
-MAX_BATCH = 256
-
-BATCHED = Counter(
-    "galaxy_stream_batched_messages_total",
-    "Stream messages sent inside another's batch (more), by stream and side: each saved a write",
-    ["stream", "side"],
-)
 
 Reply = TypeVar("Reply")
 Request = TypeVar("Request")
@@ -100,34 +89,6 @@ class Fatal:
         self.message = message
 
 
-def unbatch(msg: Any) -> Fatal | list[Any]:
-    """The messages one received message stands for (itself, then its
-    ``more``), or the end of the stream when the batch is malformed."""
-    more = msg.more
-    if not more:
-        return [msg]
-    if len(more) >= MAX_BATCH:
-        return Fatal(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"more: at most {MAX_BATCH - 1} messages, got {len(more)}",
-        )
-    for i, m in enumerate(more):
-        if m.more:
-            return Fatal(grpc.StatusCode.INVALID_ARGUMENT, f"more[{i}].more: must be empty")
-    return [msg, *more]
-
-
-def items(msg: Any) -> list[Any] | tuple[Any]:
-    """The messages a received batch stands for (the caller's side: the
-    server's batches are well formed)."""
-    return [msg, *msg.more] if msg.more else (msg,)
-
-
-def batching(metadata: Any) -> bool:
-    """Whether metadata (request or response) says its sender reads batches."""
-    return any(k == BATCH_KEY and v == "1" for k, v in metadata or ())
-
-
 class Sent(Protocol):
     """Told once a reply was written (``cancelled`` False) or never can be."""
 
@@ -164,6 +125,8 @@ class ServerStream(Generic[Reply]):
         #: Announce that batched requests are read, and batch the replies of a
         #: caller that reads them (off: one message per write both ways).
         self.batches = batches
+        #: The byte bound of a batch of replies (``batches.batch_bytes``).
+        self.max_batch_bytes = MAX_BATCH_BYTES
         self.loop = asyncio.get_running_loop()
         self.out: asyncio.Queue[Item] = asyncio.Queue()
         self.calls: dict[int, asyncio.Task[None]] = {}
@@ -194,11 +157,14 @@ class ServerStream(Generic[Reply]):
                 if self.out.qsize() >= self.max_in_flight:
                     self.drained.clear()
                     await self.drained.wait()
-                items = [msg] if isinstance(msg, Undecodable) else unbatch(msg)
-                if isinstance(items, Fatal):
-                    self.out.put_nowait(items)
-                    return
-                for m in items:
+                batch: Any = (msg,)  # an Undecodable: accept ends the stream
+                if not isinstance(msg, Undecodable):
+                    bad = problem(msg)
+                    if bad is not None:
+                        self.out.put_nowait(Fatal(grpc.StatusCode.INVALID_ARGUMENT, bad))
+                        return
+                    batch = items(msg)
+                for m in batch:
                     fatal = self.accept(m)
                     if fatal is not None:
                         self.out.put_nowait(fatal)
@@ -351,19 +317,7 @@ class ServerStream(Generic[Reply]):
                 if sent is not None:
                     sending.append(sent)
                 if batch and not out.empty():
-                    # What queued while the last write was out goes as one.
-                    more: list[Any] = []
-                    while not out.empty() and len(more) < MAX_BATCH - 1:
-                        nxt = out.get_nowait()
-                        if not isinstance(nxt, tuple):
-                            held, holding = nxt, True
-                            break
-                        more.append(nxt[0])
-                        if nxt[1] is not None:
-                            sending.append(nxt[1])
-                    if more:
-                        reply.more.extend(more)
-                        batched.inc(len(more))
+                    holding, held = self._fill(reply, sending, batched)
                 yield reply
                 # gRPC resumes the handler once the reply is written; if the
                 # stream broke, it closes the handler here instead.
@@ -378,6 +332,28 @@ class ServerStream(Generic[Reply]):
             reader.cancel()
             self.close()
             streams_open.dec()
+
+    def _fill(self, reply: Any, sending: list[Sent], batched: Any) -> tuple[bool, Item]:
+        """Put the replies queued behind reply in its ``more``, within the
+        bounds; (True, item) when it took an item the next write must carry
+        (too big to join, or not a reply)."""
+        out, size = self.out, reply.ByteSize()
+        more: list[Any] = []
+        taken: tuple[bool, Item] = (False, None)
+        while not out.empty() and len(more) < MAX_BATCH - 1:
+            nxt = out.get_nowait()
+            if isinstance(nxt, tuple):
+                size += nxt[0].ByteSize()
+            if not isinstance(nxt, tuple) or size > self.max_batch_bytes:
+                taken = (True, nxt)
+                break
+            more.append(nxt[0])
+            if nxt[1] is not None:
+                sending.append(nxt[1])
+        if more:
+            reply.more.extend(more)
+            batched.inc(len(more))
+        return taken
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -408,6 +384,8 @@ class ClientStream(Generic[Request, Reply]):
         self.pending: dict[int, asyncio.Future[Reply]] = {}
         #: The server reads batched requests (its response metadata said so).
         self.batch_ok = False
+        #: The byte bound of a batch of requests (``batches.batch_bytes``).
+        self.max_batch_bytes = MAX_BATCH_BYTES
         #: False once the server said goaway or the stream failed.
         self.accepting = True
         self._seq = 0
@@ -425,16 +403,25 @@ class ClientStream(Generic[Request, Reply]):
         them."""
         out = self._out
         batched = BATCHED.labels(self.name, "request")
-        while (msg := await out.get()) is not None:
+        held: Request | None = None  # taken while filling a batch: the next write's
+        while True:
+            msg, held = (held, None) if held is not None else (await out.get(), None)
+            if msg is None:
+                return
             if not self.batch_ok or out.empty():
                 yield msg
                 continue
             more: list[Request] = []
             end = False
+            size = msg.ByteSize()  # type: ignore[attr-defined]
             while not out.empty() and len(more) < MAX_BATCH - 1:
                 nxt = out.get_nowait()
                 if nxt is None:
                     end = True
+                    break
+                size += nxt.ByteSize()  # type: ignore[attr-defined]
+                if size > self.max_batch_bytes:
+                    held = nxt
                     break
                 more.append(nxt)
             if more:

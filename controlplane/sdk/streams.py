@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from controlplane.runtime import multiplex
+from controlplane.runtime import batches, multiplex
 from controlplane.runtime.multiplex import reply_error, rpc_error
 from controlplane.runtime.rpc import ChannelPool
 from galaxy.v1 import dispatch_pb2, dispatch_pb2_grpc
@@ -73,7 +73,7 @@ class _Stream(
         self.call = stub.DispatchStream(
             self.outgoing(),
             timeout=STREAM_DEADLINE_S,
-            metadata=(*(metadata or ()), multiplex.BATCH_ON),
+            metadata=(*(metadata or ()), batches.BATCH_ON),
         )
         self._reader = self.loop.create_task(self._read())
 
@@ -82,7 +82,7 @@ class _Stream(
         try:
             await self.learn_batching(self.call)
             async for msg in self.call:
-                for r in multiplex.items(msg):
+                for r in batches.items(msg):
                     if self.control(r.seq, r.goaway):
                         continue
                     fut = self.take(r.seq)
@@ -226,6 +226,7 @@ class DispatchStreams:
                 return None
         async with self.pool.stub(address, dispatch_pb2_grpc.DispatchStub) as s:
             stream = _Stream(s, metadata, self._on_orphan, self._live.discard)
+        stream.max_batch_bytes = batches.batch_bytes(self.pool.config.max_message_bytes)
         self._live.add(stream)
         self._by_address[address] = stream
         self.opened += 1

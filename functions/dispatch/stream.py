@@ -28,6 +28,7 @@ import grpc
 from prometheus_client import Gauge
 
 from controlplane.runtime import multiplex, validation
+from controlplane.runtime.batches import batch_bytes
 from controlplane.runtime.errors import GalaxyError
 from galaxy.v1 import dispatch_pb2
 
@@ -110,8 +111,11 @@ class _Stream(multiplex.ServerStream[dispatch_pb2.DispatchStreamReply]):
     log = log
 
     def __init__(self, servicer: DispatchServicer, context: grpc.aio.ServicerContext) -> None:
-        batches = servicer.pool.config.stream_batches
-        super().__init__(context, dispatch_pb2.DispatchStreamReply, MAX_IN_FLIGHT, batches)
+        config = servicer.pool.config
+        super().__init__(
+            context, dispatch_pb2.DispatchStreamReply, MAX_IN_FLIGHT, config.stream_batches
+        )
+        self.max_batch_bytes = batch_bytes(config.max_message_bytes)
         self.servicer = servicer
 
     def accept(self, msg: Any) -> multiplex.Fatal | None:

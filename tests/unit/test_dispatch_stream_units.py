@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
+from controlplane.runtime.validation import MAX_MESSAGE_BYTES
 from controlplane.sdk.streams import _Stream
 from functions.dispatch import stream as server
 from galaxy.v1 import dispatch_pb2
@@ -41,7 +42,9 @@ class _Servicer:
 
     def __init__(self, batches: bool = True) -> None:
         self.ended: dict[str, bool] = {}
-        self.pool = SimpleNamespace(config=SimpleNamespace(stream_batches=batches))
+        self.pool = SimpleNamespace(
+            config=SimpleNamespace(stream_batches=batches, max_message_bytes=MAX_MESSAGE_BYTES)
+        )
         #: When set, each request waits for it; `held` is set once `expect`
         #: requests wait, `all_ended` once `expect` answers ended.
         self.gate: asyncio.Event | None = None

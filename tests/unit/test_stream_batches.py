@@ -12,13 +12,13 @@ from typing import Any
 import grpc
 import pytest
 
-from controlplane.runtime import multiplex
+from controlplane.runtime import batches
 from controlplane.sdk.streams import _Stream
 from functions.dispatch import stream as server
 from galaxy.v1 import dispatch_pb2
 from tests.unit.test_dispatch_stream_units import _Ctx, _FakeStub, _msg, _next, _Servicer
 
-ASKS = (multiplex.BATCH_ON,)
+ASKS = (batches.BATCH_ON,)
 
 
 async def _three_ready(svc: _Servicer, ctx: _Ctx) -> tuple[Any, list[Any]]:
@@ -43,7 +43,7 @@ async def test_replies_ready_together_go_as_one_batch_to_a_caller_that_reads_the
     svc, ctx = _Servicer(), _Ctx(ASKS)
     gen, (reply,) = await _three_ready(svc, ctx)
     assert ctx.initial_metadata == ASKS  # the server says it reads batches too
-    assert [r.seq for r in multiplex.items(reply)] == [1, 2, 3]
+    assert [r.seq for r in batches.items(reply)] == [1, 2, 3]
     assert [r.addr.lease_id for r in reply.more] == ["lease-r2", "lease-r3"]
     assert svc.ended == {}  # written once the loop resumes
     await gen.aclose()
@@ -77,7 +77,7 @@ async def test_no_batches_unless_both_sides_take_them(asks: Any, batches: bool) 
 @pytest.mark.parametrize(
     ("more", "problem"),
     [
-        ([_msg(s) for s in range(2, 2 + multiplex.MAX_BATCH)], "more: at most 255 messages"),
+        ([_msg(s) for s in range(2, 2 + batches.MAX_BATCH)], "more: at most 255 messages"),
         ([dispatch_pb2.DispatchStreamRequest(seq=2, more=[_msg(3)])], "more[0].more: must be"),
     ],
 )
@@ -111,7 +111,7 @@ async def test_a_batch_is_served_as_its_messages_in_order() -> None:
 
     svc = _Servicer()
     replies = [r async for r in server.serve(svc, requests(), _Ctx())]  # type: ignore[arg-type]
-    got = {r.seq: r for reply in replies for r in multiplex.items(reply)}
+    got = {r.seq: r for reply in replies for r in batches.items(reply)}
     assert sorted(got) == [1, 2, 3]
     assert got[2].addr.lease_id == "lease-r2"
     assert got[3].message == "request: required"  # each checked on its own
@@ -120,7 +120,7 @@ async def test_a_batch_is_served_as_its_messages_in_order() -> None:
 async def test_the_client_batches_what_queued_once_the_server_reads_batches() -> None:
     stub = _FakeStub(server_metadata=ASKS)
     s = _Stream(stub, (("authorization", "Bearer t"),), lambda a: None, lambda _s: None)
-    assert stub.metadata == (("authorization", "Bearer t"), multiplex.BATCH_ON)
+    assert stub.metadata == (("authorization", "Bearer t"), batches.BATCH_ON)
     assert stub.call is not None
     await s.learn_batching(stub.call)  # what the reader does first
     assert s.batch_ok
@@ -132,7 +132,7 @@ async def test_the_client_batches_what_queued_once_the_server_reads_batches() ->
     # Nothing waits to fill a batch: the first went alone, the rest queued
     # behind its write and went together.
     sent = [first] if first.more else [first, await _next(stub.call)]
-    seqs = [r.seq for m in sent for r in multiplex.items(m)]
+    seqs = [r.seq for m in sent for r in batches.items(m)]
     assert seqs == [1, 2, 3, 4] and len(sent) <= 2 and sent[-1].more
     reply = dispatch_pb2.DispatchStreamReply(seq=4, addr=dispatch_pb2.InstanceAddr(lease_id="d"))
     reply.more.extend(
@@ -157,6 +157,49 @@ async def test_the_client_sends_one_message_per_write_to_a_server_without_batche
     ]
     sent = [await _next(stub.call) for _ in range(3)]
     assert [m.seq for m in sent] == [1, 2, 3] and not any(m.more for m in sent)
+    for c in calls:
+        c.cancel()
+    s.cancel()
+
+
+def test_a_batch_stays_under_half_the_message_size_limit() -> None:
+    assert batches.batch_bytes(64 * 1024 * 1024) == batches.MAX_BATCH_BYTES
+    assert batches.batch_bytes(1024) == 512
+
+
+async def test_replies_over_the_byte_bound_go_in_the_next_write_in_order() -> None:
+    one = dispatch_pb2.DispatchStreamReply(
+        seq=1, addr=dispatch_pb2.InstanceAddr(function="f", lease_id="lease-r1")
+    ).ByteSize()
+    svc, ctx = _Servicer(), _Ctx(ASKS)
+    svc.pool.config.max_message_bytes = 2 * (2 * one + 1)  # a bound of two replies
+    gen, (first,) = await _three_ready(svc, ctx)
+    written = [first]
+    while sum(len(batches.items(m)) for m in written) < 3:
+        written.append(await gen.__anext__())
+    assert [r.seq for m in written for r in batches.items(m)] == [1, 2, 3]
+    assert [len(batches.items(m)) for m in written] == [2, 1]  # not all three at once
+    await gen.aclose()
+
+
+async def test_the_client_keeps_a_batch_under_its_byte_bound() -> None:
+    stub = _FakeStub(server_metadata=ASKS)
+    s = _Stream(stub, None, lambda a: None, lambda _s: None)
+    assert stub.call is not None
+    await s.learn_batching(stub.call)
+    one = dispatch_pb2.DispatchStreamRequest(
+        seq=1, request=dispatch_pb2.DispatchRequest(function="f"), timeout_ms=5000
+    ).ByteSize()
+    s.max_batch_bytes = 2 * one + 1  # two requests at most
+    calls = [
+        asyncio.ensure_future(s.request(dispatch_pb2.DispatchRequest(function="f"), 5.0))
+        for _ in range(6)
+    ]
+    sent: list[Any] = []
+    while sum(len(batches.items(m)) for m in sent) < 6:
+        sent.append(await _next(stub.call))
+    assert [r.seq for m in sent for r in batches.items(m)] == [1, 2, 3, 4, 5, 6]
+    assert len(sent) >= 3 and all(len(batches.items(m)) <= 2 for m in sent)
     for c in calls:
         c.cancel()
     s.cancel()
