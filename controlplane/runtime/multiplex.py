@@ -325,6 +325,8 @@ class ServerStream(Generic[Reply]):
                     sent.finish(cancelled=False)
                 sending.clear()
         finally:
+            if holding and isinstance(held, tuple) and held[1] is not None:
+                sending.append(held[1])  # taken for the next write, never sent
             for sent in sending:
                 sent.finish(cancelled=True)
             goaway_timer.cancel()

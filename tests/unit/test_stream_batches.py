@@ -203,3 +203,18 @@ async def test_the_client_keeps_a_batch_under_its_byte_bound() -> None:
     for c in calls:
         c.cancel()
     s.cancel()
+
+
+async def test_a_reply_held_for_the_next_write_is_given_back_when_the_stream_breaks() -> None:
+    """A reply taken off the queue while filling a batch but too big to join
+    it waits for the next write; if the stream breaks first, its slot is
+    given back like every other answer that never left."""
+    one = dispatch_pb2.DispatchStreamReply(
+        seq=1, addr=dispatch_pb2.InstanceAddr(function="f", lease_id="lease-r1")
+    ).ByteSize()
+    svc, ctx = _Servicer(), _Ctx(ASKS)
+    svc.pool.config.max_message_bytes = 2 * (2 * one + 1)  # a bound of two replies
+    gen, (first,) = await _three_ready(svc, ctx)
+    assert len(batches.items(first)) == 2  # r3 is held for the next write
+    await gen.aclose()  # the stream breaks before that write
+    assert svc.ended == {"r1": True, "r2": True, "r3": True}
