@@ -275,8 +275,8 @@ class Supervisor:
             cmd = etcd.child_command(data, host, etcd.free_port(host), etcd.free_port(host))
             state = (await self.spawn("etcd", cmd)).ready["state"]
             self.cfg = cfg = cfg.replace(state=state)
-        elif not cfg.state.startswith("etcd://"):
-            raise RuntimeError("--ha needs shared state: --state etcd://HOST:PORT")
+        elif not cfg.state.startswith(("etcd://", "etcds://")):
+            raise RuntimeError("--ha needs shared state: --state etcd[s]://HOST:PORT")
         ctls = await asyncio.gather(
             *(
                 self.spawn(

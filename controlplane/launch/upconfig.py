@@ -78,7 +78,9 @@ class UpConfig(Config):
     dispatch: int = setting(1, "Dispatch instances", ge=0)
     schedule: int = setting(1, "Schedule instances", ge=0)
     clustermgr: int = setting(1, "ClusterMgr instances", ge=0)
-    state: str = same_as(_CTL, "state", help="memory:// (default) or etcd://host:port[,host:port]")
+    state: str = same_as(
+        _CTL, "state", help="memory:// (default), etcd://host:port[,...] or etcds:// (TLS)"
+    )
     #: Two leader-elected controllers. They share state: an etcd://
     #: ``state``, or with memory:// a local etcd child in RUN_DIR/etcd.
     ha: bool = setting(
