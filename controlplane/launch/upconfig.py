@@ -110,6 +110,23 @@ class UpConfig(Config):
         ge=-1,
         le=65535,
     )
+    #: Fixed /metrics ports for a static Prometheus config: the supervisor
+    #: gets the base, each child the next port in start order (a restarted
+    #: child keeps its own). 0: any free port (RUN_DIR/prometheus/targets.json
+    #: names them for file_sd either way).
+    metrics_port_base: int = setting(
+        0,
+        "first of consecutive fixed /metrics ports (supervisor, then each process in start "
+        "order); default 0: any free port, listed in RUN_DIR/prometheus/targets.json",
+        ge=0,
+        le=65000,
+    )
+    prometheus: bool = setting(
+        False,
+        "also start a local Prometheus (the `prometheus` binary, Debian package prometheus) "
+        "scraping every process through RUN_DIR/prometheus/targets.json",
+    )
+    prometheus_port: int = setting(9090, "port of --prometheus's web UI and API", ge=0, le=65535)
     #: Serving runtime files (*.yaml) registered through the controller's
     #: API once it is ready, and again after it restarts (idempotent).
     runtimes: OptionalDir = setting(

@@ -15,9 +15,12 @@ import time
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
 
+from controlplane.runtime import version as _version
 from controlplane.runtime.netaddr import join_host_port
 
 # Latency buckets from 100 us to 10 s: dispatch is sub-millisecond when warm,
@@ -83,6 +86,24 @@ HEARTBEAT_BATCH_STATUSES = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 PROBES = Counter("galaxy_probes_total", "Probe RPCs sent by Schedule to node agents.")
+
+
+class _BuildInfo(Collector):
+    """``galaxy_build_info{version,commit} 1``: which build a process runs
+    (mixed versions during a rolling upgrade show as two series). The commit
+    is looked up at the first scrape, not at import, to keep starts fast."""
+
+    def collect(self) -> Any:
+        family = GaugeMetricFamily(
+            "galaxy_build_info",
+            "Galaxy build this process runs (value 1).",
+            labels=["version", "commit"],
+        )
+        family.add_metric([_version.version(), _version.commit()], 1)
+        yield family
+
+
+REGISTRY.register(_BuildInfo())
 
 
 # Pauses of Python's cycle collector: tens of microseconds for the young

@@ -7,7 +7,7 @@ galaxy invoke NAME --data X    call it (cold-starts an instance if needed)
 galaxy status                  control instances, nodes, functions, instances
 galaxy functions | delete NAME
 galaxy calibrate               measure T_DF, T_SF, T_CMF here (for control autoscaling)
-galaxy certs init --dir DIR    a CA and mutual-TLS certificates (not used by default yet)
+galaxy certs init --dir DIR    a CA and mutual-TLS certificates (`galaxy up` makes its own)
 galaxy serve KIND ...          run one component (used by `up` and Kubernetes)
 """
 
@@ -53,11 +53,12 @@ async def cmd_up(args: argparse.Namespace) -> int:
     import signal
 
     from controlplane.launch.endpoints import print_endpoints, read_endpoints
+    from controlplane.launch.promsd import start_prometheus
     from controlplane.launch.restart import RestartPolicy
     from controlplane.launch.supervise import supervise
     from controlplane.launch.up import Supervisor
     from controlplane.launch.upconfig import UpConfig
-    from controlplane.runtime import config
+    from controlplane.runtime import config, netaddr
     from controlplane.runtime.metrics import serve_metrics
 
     cfg = config.from_args(UpConfig, args, run_dir=Path(args.run_dir))
@@ -67,6 +68,10 @@ async def cmd_up(args: argparse.Namespace) -> int:
             "or pick another --run-dir"
         )
     sup = Supervisor(cfg)
+    prom: asyncio.subprocess.Process | None = None
+    # Before the children, so endpoints.json and the Prometheus targets
+    # name the supervisor's own /metrics from the first write.
+    sup.supervisor_metrics = serve_metrics(cfg.host, sup.metrics_port("supervisor"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -92,9 +97,14 @@ async def cmd_up(args: argparse.Namespace) -> int:
             print("stopped.", flush=True)
             return 0
         endpoints, alive = starting.result()
+        if cfg.prometheus:
+            prom = await start_prometheus(
+                cfg.run_dir, cfg.host, cfg.prometheus_port, cfg.run_dir / "logs"
+            )
+            sup.prometheus = netaddr.join_host_port(cfg.host, cfg.prometheus_port)
+            sup.write_run_files()
+            endpoints = sup.endpoints()
         print_endpoints(endpoints, alive)
-        metrics = serve_metrics(cfg.host, 0)
-        print(f"  supervisor     restarts at http://{metrics}/metrics", flush=True)
         why = await supervise(sup, stop, RestartPolicy())
     except RuntimeError as e:
         await sup.stop()
@@ -103,6 +113,9 @@ async def cmd_up(args: argparse.Namespace) -> int:
         await sup.stop()
         raise
     print("stopping..." if why is None else f"stopping: {why}", flush=True)
+    if prom is not None and prom.returncode is None:
+        prom.terminate()
+        await prom.wait()
     await sup.stop()
     print("stopped.", flush=True)
     return 0 if why is None else 1
@@ -208,7 +221,7 @@ CALLS = {
     "deploy": "deploy a function from a YAML spec",
     "invoke": "call a function",
     "status": "show the control plane",
-    "functions": "list functions (JSON lines)",
+    "functions": "list functions",
     "delete": "delete a function and its instances",
 }
 _GLOBAL_VALUED = ("--run-dir", "--log-level")
@@ -238,6 +251,20 @@ def _wanted(argv: list[str]) -> tuple[str | None, str | None]:
     return cmd, kind
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the version and commit, looked up only when asked
+    (asking git for the commit on every parse would slow every start)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from controlplane.runtime.version import describe
+
+        print(describe())
+        parser.exit()
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The `galaxy` parser. Given the command line it will parse, only the
     command it names is registered (same result, a fraction of the
@@ -252,6 +279,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "(default $GALAXY_RUN_DIR or ~/.galaxy/run)",
     )
     p.add_argument("--log-level", default=os.environ.get("GALAXY_LOG_LEVEL", "INFO"))
+    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     cmd, kind = _wanted(argv) if argv is not None else (None, None)
     local = {"up", "calibrate", "serve", *CALLS}
@@ -349,13 +377,28 @@ def _add_call(sub: Any, name: str, helptext: str) -> None:
         sp.add_argument("--data", default=None, help="request body (default: stdin)")
         sp.add_argument("--path", default="/", help="HTTP path on the instance")
         sp.add_argument("--timeout", type=float, default=60.0, help="seconds")
+    if name in ("status", "functions"):
+        from controlplane.tools.output import add_output_flag
+
+        add_output_flag(sp, json_alias=name == "status")
     if name == "status":
-        sp.add_argument("--json", action="store_true")
         sp.add_argument("--max-nodes", type=int, default=20)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `galaxy` command."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `galaxy status | head -1`: the reader left. Exit as a Unix filter
+        # killed by SIGPIPE would (128 + 13), without a traceback; stdout is
+        # pointed at /dev/null so the interpreter's final flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
