@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from prometheus_client import Gauge
 
+from controlplane.runtime.metrics import QUEUE_LIMIT
+
 from .base import StateStore, StoreUnavailable
 
 PENDING = Gauge(
@@ -74,6 +76,7 @@ class WriteBehind:
         self.max_batch = max(1, min(max_batch, store.max_txn_ops))
         self.flush_interval_s = flush_interval_s
         self.max_pending = max_pending
+        QUEUE_LIMIT.labels("galaxy_store_pending_writes").set(max_pending)
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
         self._sleep = sleep

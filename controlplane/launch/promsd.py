@@ -77,12 +77,21 @@ def write_targets(run_dir: Path, endpoints: dict[str, Any]) -> Path:
     return path
 
 
-def scrape_config(run_dir: Path, interval_s: float = 5.0) -> str:
-    """A minimal prometheus.yml that scrapes `galaxy up` through the file."""
+def shipped_rules() -> Path | None:
+    """deploy/monitoring/galaxy-rules.yaml when this is a checkout that has it."""
+    path = Path(__file__).resolve().parents[2] / "deploy" / "monitoring" / "galaxy-rules.yaml"
+    return path if path.is_file() else None
+
+
+def scrape_config(run_dir: Path, interval_s: float = 5.0, rules: Path | None = None) -> str:
+    """A minimal prometheus.yml that scrapes `galaxy up` through the file
+    (and evaluates the rule file given)."""
+    rule_files = f"rule_files: ['{rules}']\n" if rules is not None else ""
     return (
         "global:\n"
         f"  scrape_interval: {interval_s:g}s\n"
         f"  evaluation_interval: {interval_s:g}s\n"
+        f"{rule_files}"
         "scrape_configs:\n"
         "  - job_name: galaxy\n"
         "    file_sd_configs:\n"
@@ -100,7 +109,7 @@ def _prepare(run_dir: Path, log_dir: Path) -> Path:
     """Write RUN_DIR/prometheus/prometheus.yml; make the log dir."""
     d = run_dir / "prometheus"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "prometheus.yml").write_text(scrape_config(run_dir))
+    (d / "prometheus.yml").write_text(scrape_config(run_dir, rules=shipped_rules()))
     log_dir.mkdir(parents=True, exist_ok=True)
     return d
 

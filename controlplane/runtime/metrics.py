@@ -86,6 +86,14 @@ HEARTBEAT_BATCH_STATUSES = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 PROBES = Counter("galaxy_probes_total", "Probe RPCs sent by Schedule to node agents.")
+#: The configured bound of each bounded queue, labelled with the name of the
+#: gauge that reports its depth, so saturation is depth / limit in PromQL
+#: (deploy/monitoring/galaxy-rules.yaml, galaxy:queue_saturation:ratio).
+QUEUE_LIMIT = Gauge(
+    "galaxy_queue_limit",
+    "Configured bound of a bounded queue; queue names the gauge of its depth.",
+    ["queue"],
+)
 
 
 class _BuildInfo(Collector):
