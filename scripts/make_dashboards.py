@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from grafanalib._gen import DashboardEncoder
 from grafanalib.core import (
     Dashboard,
     GridPos,
@@ -24,7 +25,6 @@ from grafanalib.core import (
     Templating,
     TimeSeries,
 )
-from grafanalib._gen import DashboardEncoder
 
 OUT = Path(__file__).resolve().parents[1] / "deploy" / "monitoring" / "dashboards"
 DATASOURCE = "${datasource}"

@@ -48,7 +48,7 @@ class Prom:
         conf = work / "prometheus.yml"
         conf.write_text(promsd.scrape_config(run_dir, SCRAPE_S, rules=RULES))
         self.url = f"http://127.0.0.1:{_free_port()}"
-        self.log = open(work / "prometheus.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.log = open(work / "prometheus.log", "wb")
         self.proc = subprocess.Popen(
             [binary, f"--config.file={conf}", f"--storage.tsdb.path={work / 'data'}",
              f"--web.listen-address={self.url.removeprefix('http://')}"],
