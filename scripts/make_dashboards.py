@@ -1,6 +1,7 @@
-"""Generate the Grafana dashboards in deploy/monitoring/dashboards/ (grafanalib).
+"""Generate the Grafana dashboards in deploy/monitoring/dashboards/ (grafanalib)
+and the Prometheus Operator's PrometheusRule from deploy/monitoring/galaxy-rules.yaml.
 
-    python scripts/make_dashboards.py          # write the JSON files
+    python scripts/make_dashboards.py          # write the files
     python scripts/make_dashboards.py --check  # exit 1 if they are stale
 
 The panels' PromQL is defined here once; tests/monitoring/ checks that the
@@ -15,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import (
     Dashboard,
@@ -26,7 +28,9 @@ from grafanalib.core import (
     TimeSeries,
 )
 
-OUT = Path(__file__).resolve().parents[1] / "deploy" / "monitoring" / "dashboards"
+MONITORING = Path(__file__).resolve().parents[1] / "deploy" / "monitoring"
+OUT = MONITORING / "dashboards"
+RULE_CR = MONITORING / "kubernetes" / "prometheusrule.yaml"
 DATASOURCE = "${datasource}"
 
 #: (row title, [(panel title, unit, [(PromQL, legend)])]) for the control plane.
@@ -150,19 +154,42 @@ def render(d: Dashboard) -> str:
     return json.dumps(d.to_json_data(), cls=DashboardEncoder, indent=2, sort_keys=True) + "\n"
 
 
+def prometheus_rule() -> str:
+    """The rule file wrapped in a PrometheusRule (Prometheus Operator)."""
+    groups = yaml.safe_load((MONITORING / "galaxy-rules.yaml").read_text())["groups"]
+    cr = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "galaxy",
+            "namespace": "galaxy",
+            "labels": {"app.kubernetes.io/part-of": "galaxy"},
+        },
+        "spec": {"groups": groups},
+    }
+    header = "# Generated from ../galaxy-rules.yaml by scripts/make_dashboards.py: edit that.\n"
+    return header + yaml.safe_dump(cr, sort_keys=False, width=100)
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file and its content."""
+    out = {OUT / name: render(d) for name, d in dashboards().items()}
+    out[RULE_CR] = prometheus_rule()
+    return out
+
+
 def main() -> int:
-    """Write the dashboards, or with --check report stale ones."""
+    """Write the files, or with --check report stale ones."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="exit 1 if a committed file is stale")
     args = p.parse_args()
     stale = []
-    for name, d in dashboards().items():
-        path, text = OUT / name, render(d)
+    for path, text in outputs().items():
         if args.check:
             if not path.exists() or path.read_text() != text:
-                stale.append(name)
+                stale.append(path.name)
         else:
-            OUT.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(f"wrote {path}")
     if stale:
