@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def _member_args(
     out = []
     for a in args:
         a = a.replace("$(POD_NAME)", name)
-        for j, (client, peer, metrics) in enumerate(ports):
+        for j, (client, peer, _) in enumerate(ports):
             host = f"etcd-{j}.etcd-peers.galaxy.svc"
             a = a.replace(f"{host}:2380", f"127.0.0.1:{peer}")
             a = a.replace(f"{host}:2379", f"127.0.0.1:{client}")
@@ -84,8 +85,46 @@ def _member_args(
     return out
 
 
+def _healthy(url: str, tmp: Path) -> None:
+    """Poll a member's plaintext /health (an external process: no event to
+    await) until the cluster has a leader."""
+    for _ in range(300):
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if b'"health":"true"' in r.read().replace(b" ", b""):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    logs = "\n".join(p.read_text()[-1500:] for p in tmp.glob("etcd-*.log"))
+    raise AssertionError(f"{url} not healthy:\n{logs}")
+
+
+async def _store_checks(certs: Path, ports: list[tuple[int, int, int]], monkeypatch) -> None:
+    monkeypatch.setenv("GALAXY_ETCD_CA", str(certs / "ca.pem"))
+    monkeypatch.setenv("GALAXY_ETCD_CERT", str(certs / "dispatch.pem"))
+    monkeypatch.setenv("GALAXY_ETCD_KEY", str(certs / "dispatch-key.pem"))
+    endpoints = ",".join(f"127.0.0.1:{client}" for client, _, _ in ports)
+    store = open_store(f"etcds://{endpoints}")
+    try:
+        await store.put("/galaxy/deploy-test", b"replicated")
+        kv = await store.get("/galaxy/deploy-test")
+        assert kv is not None and kv.value == b"replicated"
+    finally:
+        await store.close()
+    # Without a client certificate the cluster refuses the connection.
+    monkeypatch.delenv("GALAXY_ETCD_CERT")
+    monkeypatch.delenv("GALAXY_ETCD_KEY")
+    store = open_store(f"etcds://127.0.0.1:{ports[0][0]}")
+    try:
+        with pytest.raises(StoreError):
+            await store.get("/galaxy/deploy-test")
+    finally:
+        await store.close()
+
+
 @pytest.mark.slow
-async def test_the_manifest_configuration_forms_a_tls_cluster(tmp_path: Path, monkeypatch) -> None:
+def test_the_manifest_configuration_forms_a_tls_cluster(tmp_path: Path, monkeypatch) -> None:
     binary = require_etcd()
     certs = tmp_path / "certs"
     tls.create_ca(certs)
@@ -97,34 +136,15 @@ async def test_the_manifest_configuration_forms_a_tls_cluster(tmp_path: Path, mo
     procs, logs = [], []
     try:
         for i in range(3):
-            log = open(tmp_path / f"etcd-{i}.log", "wb")  # noqa: ASYNC230 (closed below)
+            log = open(tmp_path / f"etcd-{i}.log", "wb")
             logs.append(log)
             procs.append(subprocess.Popen(
                 [binary, *_member_args(c["command"][1:], i, ports, tmp_path)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             ))  # fmt: skip
         for _, _, metrics in ports:
-            await _healthy(f"http://127.0.0.1:{metrics}/health", tmp_path)
-        monkeypatch.setenv("GALAXY_ETCD_CA", str(certs / "ca.pem"))
-        monkeypatch.setenv("GALAXY_ETCD_CERT", str(certs / "dispatch.pem"))
-        monkeypatch.setenv("GALAXY_ETCD_KEY", str(certs / "dispatch-key.pem"))
-        endpoints = ",".join(f"127.0.0.1:{client}" for client, _, _ in ports)
-        store = open_store(f"etcds://{endpoints}")
-        try:
-            await store.put("/galaxy/deploy-test", b"replicated")
-            kv = await store.get("/galaxy/deploy-test")
-            assert kv is not None and kv.value == b"replicated"
-        finally:
-            await store.close()
-        # Without a client certificate the cluster refuses the connection.
-        monkeypatch.delenv("GALAXY_ETCD_CERT")
-        monkeypatch.delenv("GALAXY_ETCD_KEY")
-        store = open_store(f"etcds://127.0.0.1:{ports[0][0]}")
-        try:
-            with pytest.raises(StoreError):
-                await store.get("/galaxy/deploy-test")
-        finally:
-            await store.close()
+            _healthy(f"http://127.0.0.1:{metrics}/health", tmp_path)
+        asyncio.run(_store_checks(certs, ports, monkeypatch))
     finally:
         for p in procs:
             p.terminate()
@@ -136,18 +156,3 @@ async def test_the_manifest_configuration_forms_a_tls_cluster(tmp_path: Path, mo
                 p.wait(timeout=10)
         for log in logs:
             log.close()
-
-
-async def _healthy(url: str, tmp: Path) -> None:
-    """Poll a member's plaintext /health (an external process: no event to
-    await) until the cluster has a leader."""
-    for _ in range(300):
-        try:
-            with await asyncio.to_thread(urllib.request.urlopen, url, timeout=1) as r:
-                if b'"health":"true"' in r.read().replace(b" ", b""):
-                    return
-        except OSError:
-            pass
-        await asyncio.sleep(0.1)
-    logs = "\n".join(p.read_text()[-1500:] for p in tmp.glob("etcd-*.log"))
-    raise AssertionError(f"{url} not healthy:\n{logs}")
