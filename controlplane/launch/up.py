@@ -148,6 +148,21 @@ class Supervisor:
             return {**os.environ, "GALAXY_AUTH": "none"}
         return None
 
+    def _with_log_file(self, cmd: list[str], log_path: Path) -> list[str]:
+        """A `galaxy` child logs to log_path itself, rotated by size (its
+        stderr follows the current file); other children (etcd) only have
+        their stderr there."""
+        cli = "controlplane.tools.cli"
+        if cli not in cmd or "--log-file" in cmd:
+            return cmd
+        i = cmd.index(cli) + 1
+        flags = [
+            "--log-file", str(log_path),
+            "--log-max-bytes", str(self.cfg.log_max_bytes),
+            "--log-backups", str(self.cfg.log_backups),
+        ]  # fmt: skip
+        return [*cmd[:i], *flags, *cmd[i:]]
+
     async def spawn(self, name: str, cmd: list[str]) -> Child:
         """Start one supervised child from its command line and wait for its
         ready line (raises RuntimeError naming the log if it never comes).
@@ -156,6 +171,7 @@ class Supervisor:
         which execs it, so the PID is the component's own)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
+        cmd = self._with_log_file(cmd, log_path)
         if "--metrics-listen" in cmd and self.cfg.metrics_port_base:
             i = cmd.index("--metrics-listen") + 1
             host, _ = netaddr.split_host_port(cmd[i])

@@ -121,6 +121,12 @@ class UpConfig(Config):
         ge=0,
         le=65000,
     )
+    log_max_bytes: int = setting(
+        10 * 1024 * 1024,
+        "each process's log (RUN_DIR/logs/NAME.log) rotates at this size",
+        ge=1024,
+    )
+    log_backups: int = setting(5, "rotated log files kept per process", ge=0, le=100)
     prometheus: bool = setting(
         False,
         "also start a local Prometheus (the `prometheus` binary, Debian package prometheus) "

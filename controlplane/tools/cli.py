@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import logging
 import os
 import sys
 import uuid
@@ -215,6 +214,7 @@ REGISTRARS: dict[str, tuple[str, str]] = {
     "certs": ("controlplane.tools.certs_cmd", "add_subparser"),
     "chaos": ("controlplane.tools.chaos", "add_subparser"),
     "tokens": ("controlplane.tools.tokens_cmd", "add_subparser"),
+    "logs": ("controlplane.tools.logs_cmd", "add_subparser"),
 }
 #: Commands that call the control plane (controlplane.tools.calls).
 CALLS = {
@@ -224,7 +224,14 @@ CALLS = {
     "functions": "list functions",
     "delete": "delete a function and its instances",
 }
-_GLOBAL_VALUED = ("--run-dir", "--log-level")
+_GLOBAL_VALUED = (
+    "--run-dir",
+    "--log-level",
+    "--log-format",
+    "--log-file",
+    "--log-max-bytes",
+    "--log-backups",
+)
 
 
 def _wanted(argv: list[str]) -> tuple[str | None, str | None]:
@@ -279,6 +286,17 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "(default $GALAXY_RUN_DIR or ~/.galaxy/run)",
     )
     p.add_argument("--log-level", default=os.environ.get("GALAXY_LOG_LEVEL", "INFO"))
+    p.add_argument(
+        "--log-format",
+        default=os.environ.get("GALAXY_LOG_FORMAT", "auto"),
+        choices=("auto", "json", "text"),
+        help="auto (default): JSON lines unless stderr is a terminal (docs/operations.md, Logs)",
+    )
+    p.add_argument("--log-file", default=None, help="log to this file, rotated by size")
+    p.add_argument(
+        "--log-max-bytes", type=int, default=10 * 1024 * 1024, help="rotate at this size"
+    )
+    p.add_argument("--log-backups", type=int, default=5, help="rotated files kept")
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     cmd, kind = _wanted(argv) if argv is not None else (None, None)
@@ -400,9 +418,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from controlplane.runtime import logs
+
+    try:
+        logs.configure(
+            level=args.log_level,
+            fmt=args.log_format,
+            component=getattr(args, "kind", None) or "cli",
+            instance=getattr(args, "id", "") or "",
+            file=args.log_file,
+            max_bytes=args.log_max_bytes,
+            backups=args.log_backups,
+        )
+    except (ValueError, OSError) as e:
+        print(f"galaxy: {e}", file=sys.stderr)
+        return 2
     from controlplane.runtime.host import install_uvloop
 
     install_uvloop()

@@ -180,3 +180,15 @@ def test_every_rule_and_panel_returns_data(cluster) -> None:
         prom.until("every rule and panel with data", all_have_data, timeout=60)
     except AssertionError:
         raise AssertionError(f"no data for: {missing}") from None
+
+
+def test_children_log_json_with_their_identity(cluster) -> None:
+    g, _ = cluster
+    for c in g.endpoints["components"]:
+        lines = Path(c["log"]).read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.startswith("{")]
+        assert records, c["name"]
+        assert {r["instance"] for r in records} == {c["id"]}, c["name"]
+        assert {r["component"] for r in records} == {c["kind"]}, c["name"]
+    r = g.cli("logs", "dispatch-0", "--since", "10m")
+    assert r.returncode == 0 and "serving on" in r.stdout, r.stderr
