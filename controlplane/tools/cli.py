@@ -300,7 +300,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     cmd, kind = _wanted(argv) if argv is not None else (None, None)
-    local = {"up", "calibrate", "serve", *CALLS}
+    local = {"up", "calibrate", "serve", "completion", *CALLS}
     if cmd not in local and cmd not in REGISTRARS:
         cmd = None
     done: set[tuple[str, str]] = set()
@@ -313,6 +313,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         _add_up(sub)
     if cmd in (None, "calibrate"):
         _add_calibrate(sub)
+    if cmd in (None, "completion"):
+        _add_completion(sub)
     if cmd in (None, "serve"):
         _add_serve(sub, kind if kind in SERVE_KINDS else None)
     for name, helptext in CALLS.items():
@@ -328,6 +330,25 @@ def _add_up(sub: Any) -> None:
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
     config.add_arguments(up, UpConfig)
     up.set_defaults(func=cmd_up)
+
+
+def _add_completion(sub: Any) -> None:
+    c = sub.add_parser(
+        "completion",
+        help="print the shell completion script (bash or zsh)",
+        description='bash: eval "$(galaxy completion bash)" (e.g. in ~/.bashrc); '
+        'zsh: eval "$(galaxy completion zsh)" (e.g. in ~/.zshrc).',
+    )
+    c.add_argument("shell", choices=("bash", "zsh"))
+    c.set_defaults(func=cmd_completion)
+
+
+async def cmd_completion(args: argparse.Namespace) -> int:
+    """Print argcomplete's completion script for the shell."""
+    import argcomplete
+
+    print(argcomplete.shellcode(["galaxy"], shell=args.shell))
+    return 0
 
 
 def _add_calibrate(sub: Any) -> None:
@@ -405,6 +426,14 @@ def _add_call(sub: Any, name: str, helptext: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `galaxy` command."""
+    if argv is None and "_ARGCOMPLETE" in os.environ:
+        # A shell asks for completions (galaxy completion bash|zsh): the
+        # full parser, answered by argcomplete, which exits. Imported only
+        # here, so ordinary starts pay nothing for it.
+        import argcomplete
+
+        argcomplete.autocomplete(build_parser())
+        return 0
     try:
         return _main(argv)
     except BrokenPipeError:
