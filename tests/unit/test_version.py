@@ -29,3 +29,17 @@ def test_build_info_metric() -> None:
     text = generate_latest(REGISTRY).decode()
     line = f'galaxy_build_info{{commit="{commit()}",version="{version()}"}} 1.0'
     assert line in text, [l for l in text.splitlines() if "build_info" in l]
+
+
+def test_help_says_what_the_tls_default_does() -> None:
+    """The top-level help's TLS line matches UpConfig's default (mutual TLS
+    on; `--insecure` turns it off), so help and behaviour cannot drift."""
+    from controlplane.launch.upconfig import UpConfig
+    from controlplane.tools import cli
+
+    assert UpConfig().tls is True
+    lines = [line for line in (cli.__doc__ or "").splitlines() if "TLS" in line]
+    assert lines and all("not used by default" not in line for line in lines), lines
+    assert any("`galaxy up` makes its own" in line for line in lines), lines
+    field = UpConfig.model_fields["tls"]
+    assert "--insecure" in str(field.json_schema_extra) or "no TLS" in (field.description or "")
