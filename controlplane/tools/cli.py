@@ -58,7 +58,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     from controlplane.launch.up import Supervisor
     from controlplane.launch.upconfig import UpConfig
     from controlplane.runtime import config, netaddr
-    from controlplane.runtime.metrics import serve_metrics
+    from controlplane.runtime.metrics import register_component, serve_metrics
 
     cfg = config.from_args(UpConfig, args, run_dir=Path(args.run_dir))
     if read_endpoints(cfg.run_dir):
@@ -70,6 +70,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     prom: asyncio.subprocess.Process | None = None
     # Before the children, so endpoints.json and the Prometheus targets
     # name the supervisor's own /metrics from the first write.
+    register_component("supervisor")
     sup.supervisor_metrics = serve_metrics(cfg.host, sup.metrics_port("supervisor"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -28,7 +28,7 @@ def test_version_flag_prints_version_and_commit() -> None:
 def test_build_info_metric() -> None:
     text = generate_latest(REGISTRY).decode()
     line = f'galaxy_build_info{{commit="{commit()}",version="{version()}"}} 1.0'
-    assert line in text, [l for l in text.splitlines() if "build_info" in l]
+    assert line in text, [x for x in text.splitlines() if "build_info" in x]
 
 
 def test_help_says_what_the_tls_default_does() -> None:
