@@ -3,7 +3,10 @@
 ``open_store(url)`` picks the backend from a URL:
 
 * ``memory://`` -> ``MemoryStore`` (in-process; the embedded default)
-* ``etcd://host:port[,host:port...]`` -> ``EtcdStore``
+* ``etcd://host:port[,host:port...]`` -> ``EtcdStore`` (plaintext)
+* ``etcds://host:port[,host:port...]`` -> ``EtcdStore`` over TLS; the CA and
+  client certificate come from ``GALAXY_ETCD_CA``/``_CERT``/``_KEY``
+  (``statestore.etcd_tls``)
 
 ``WriteBehind`` batches non-critical writes off the request path.
 """
@@ -25,6 +28,7 @@ from .base import (
     WatchEvent,
 )
 from .etcd import EtcdStore
+from .etcd_tls import EtcdTls, tls_env_set
 from .memory import MemoryStore
 from .writebehind import WriteBehind
 
@@ -44,7 +48,7 @@ __all__ = [
     "open_store",
 ]
 
-_ACCEPTED = "'memory://' or 'etcd://host:port[,host:port...]'"
+_ACCEPTED = "'memory://', 'etcd://host:port[,host:port...]' or 'etcds://...' (TLS)"
 
 
 def etcd_credentials(env: Mapping[str, str]) -> tuple[str | None, str | None]:
@@ -81,10 +85,20 @@ def open_store(url: str) -> StateStore:
         if rest.strip("/"):
             raise ValueError(f"memory store URL takes no address: {url!r}; use 'memory://'")
         return MemoryStore()
-    if scheme == "etcd":
+    if scheme in ("etcd", "etcds"):
         endpoints = [e.strip() for e in rest.rstrip("/").split(",") if e.strip()]
         if not endpoints:
             raise ValueError(f"etcd URL {url!r} names no endpoint; use {_ACCEPTED}")
         user, password = etcd_credentials(os.environ)
-        return EtcdStore(endpoints, username=user, password=password)
+        tls = None
+        if scheme == "etcds":
+            tls = EtcdTls.from_env(os.environ)
+        elif tls_env_set(os.environ):
+            # Certificates given but a plaintext URL: refuse rather than send
+            # the key space in clear while the operator believes it is not.
+            raise ValueError(
+                f"{', '.join(tls_env_set(os.environ))} set but the state URL is etcd:// "
+                "(plaintext); use etcds:// for TLS"
+            )
+        return EtcdStore(endpoints, username=user, password=password, tls=tls)
     raise ValueError(f"unknown state store scheme {scheme!r} in {url!r}; use {_ACCEPTED}")

@@ -47,6 +47,7 @@ from .base import (
     dedupe_items,
     dedupe_keys,
 )
+from .etcd_tls import EtcdTls, TlsClient
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +177,13 @@ class EtcdStore(StateStore):
         max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
         username: str | None = None,
         password: str | None = None,
+        tls: EtcdTls | None = None,
     ) -> None:
         """``endpoints`` are ``host:port`` strings; no connection is made until first use.
 
         ``timeout_s`` bounds every call; ``max_txn_ops`` must not exceed the
-        server's ``--max-txn-ops`` (default 128).
+        server's ``--max-txn-ops`` (default 128). ``tls``: talk TLS (with a
+        client certificate when it holds one) instead of plaintext.
         """
         if not endpoints:
             raise ValueError("EtcdStore needs at least one host:port endpoint")
@@ -190,6 +193,7 @@ class EtcdStore(StateStore):
         # never logged or put in a URL.
         self._username = username
         self._password = password
+        self._tls = tls
         self._endpoints = [parse_endpoint(e) for e in endpoints]
         self.timeout_s = timeout_s
         self.max_txn_ops = max_txn_ops
@@ -213,14 +217,16 @@ class EtcdStore(StateStore):
         if self._current is None:
             host, port = self._endpoints[self._index]
             # aetcd documents timeout as int but hands it to gRPC, which takes float.
-            self._current = aetcd.Client(
-                host,
-                port,
-                username=self._username,
-                password=self._password,
-                timeout=self.timeout_s,
-                options=_CHANNEL_OPTIONS,
-            )
+            common: dict[str, Any] = {
+                "username": self._username,
+                "password": self._password,
+                "timeout": self.timeout_s,
+                "options": _CHANNEL_OPTIONS,
+            }
+            if self._tls is None:
+                self._current = aetcd.Client(host, port, **common)
+            else:
+                self._current = TlsClient(host, port, tls=self._tls, **common)
         return self._current
 
     def _failover(self, failed: aetcd.Client | None) -> None:

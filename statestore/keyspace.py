@@ -97,6 +97,15 @@ KEYSPACE: tuple[Prefix, ...] = (
         _json,
     ),
     Prefix(
+        "/galaxy/controller/members/",
+        "controller (leader, --ha)",
+        "galaxy.v1.ControlInstance (protobuf); key .../members/KIND/ID: the membership "
+        "mirrored for a successor controller",
+        "leased to the leader (at least 60 s, 10 leader TTLs): a successor adopts it on "
+        "takeover; after the control plane stops it expires with that lease",
+        _proto(common_pb2.ControlInstance),
+    ),
+    Prefix(
         "/galaxy/controller/scale/",
         "controller (leader)",
         'JSON {"desired", "term", "code", "reason", ...}; key .../scale/KIND',

@@ -19,7 +19,7 @@ class RecordsConfig(Config):
     state: str = setting(
         "memory://",
         "state store for records written behind: memory:// (per process, the embedded "
-        "default) or etcd://host:port[,host:port]",
+        "default), etcd://host:port[,host:port] or etcds:// (TLS)",
         max_length=1024,
     )
     record_ttl_s: float = setting(

@@ -19,11 +19,14 @@ from dataclasses import dataclass
 
 from prometheus_client import Gauge
 
+from controlplane.runtime.metrics import QUEUE_LIMIT, ensure_registered
+
 from .base import StateStore, StoreUnavailable
 
 PENDING = Gauge(
     "galaxy_store_pending_writes",
     "Records queued for the state store and not yet written (bounded by max_pending)",
+    registry=None,  # exported by the processes that write behind (ensure_registered)
 )
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,8 @@ class WriteBehind:
         self.max_batch = max(1, min(max_batch, store.max_txn_ops))
         self.flush_interval_s = flush_interval_s
         self.max_pending = max_pending
+        ensure_registered(PENDING)
+        QUEUE_LIMIT.labels("galaxy_store_pending_writes").set(max_pending)
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
         self._sleep = sleep

@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -68,8 +69,17 @@ class EtcdServer:
     so that clients configured with ``endpoint`` keep working after a restart.
     """
 
-    def __init__(self, data_dir: str | os.PathLike[str], name: str = "default") -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        name: str = "default",
+        tls_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """``tls_dir``: serve clients over TLS and require a client certificate
+        (``--client-cert-auth``), with ``ca.pem`` and ``etcd.pem``/``etcd-key.pem``
+        from that directory (``controlplane.runtime.tls`` file names)."""
         self.binary = require_etcd()
+        self.tls_dir = Path(tls_dir) if tls_dir is not None else None
         self.data_dir = Path(data_dir)
         self.name = name
         self.client_port = _free_port()
@@ -85,7 +95,7 @@ class EtcdServer:
     @property
     def url(self) -> str:
         """A ``statestore.open_store`` URL for this server."""
-        return f"etcd://{self.endpoint}"
+        return f"{'etcds' if self.tls_dir else 'etcd'}://{self.endpoint}"
 
     @property
     def pid(self) -> int | None:
@@ -96,8 +106,20 @@ class EtcdServer:
         """True while the etcd process has not exited."""
         return self._proc is not None and self._proc.poll() is None
 
+    def _tls_args(self) -> list[str]:
+        if self.tls_dir is None:
+            return []
+        d = self.tls_dir
+        return [
+            "--cert-file", str(d / "etcd.pem"),
+            "--key-file", str(d / "etcd-key.pem"),
+            "--trusted-ca-file", str(d / "ca.pem"),
+            "--client-cert-auth",
+        ]  # fmt: skip
+
     def _command(self) -> list[str]:
-        client = f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls_dir else "http"
+        client = f"{scheme}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         return [
             self.binary,
@@ -125,6 +147,7 @@ class EtcdServer:
             "500",
             "--log-level",
             "warn",
+            *self._tls_args(),
         ]
 
     def start(self) -> None:
@@ -149,8 +172,18 @@ class EtcdServer:
             self.stop()
             raise
 
+    def _health_context(self) -> ssl.SSLContext | None:
+        if self.tls_dir is None:
+            return None
+        ctx = ssl.create_default_context(cafile=str(self.tls_dir / "ca.pem"))
+        ctx.load_cert_chain(self.tls_dir / "client" / "etcd-health.pem",
+                            self.tls_dir / "client" / "etcd-health-key.pem")  # fmt: skip
+        return ctx
+
     def _wait_healthy(self) -> None:
-        health_url = f"http://127.0.0.1:{self.client_port}/health"
+        scheme = "https" if self.tls_dir else "http"
+        health_url = f"{scheme}://127.0.0.1:{self.client_port}/health"
+        context = self._health_context()
         deadline = time.monotonic() + _START_TIMEOUT_S
         last_error = "no answer yet"
         # Polling is the only way to learn when an external process is ready.
@@ -162,7 +195,7 @@ class EtcdServer:
                     f"see {self._log_path}:\n{self._log_tail()}"
                 )
             try:
-                with urllib.request.urlopen(health_url, timeout=1.0) as resp:
+                with urllib.request.urlopen(health_url, timeout=1.0, context=context) as resp:
                     body = resp.read().decode()
                     if resp.status == 200 and '"health":"true"' in body.replace(" ", ""):
                         return

@@ -164,7 +164,9 @@ def control_plane_config(bf: BenchFile, params: dict[str, Any]) -> dict[str, Any
     t0 = cp["gc_threshold0"]
     if t0 is not None and (not isinstance(t0, int) or isinstance(t0, bool) or t0 < 0):
         raise BenchFileError(f"gc_threshold0: a whole number >= 0, got {t0!r}")
-    if not (cp["state"] in ("memory", "etcd") or str(cp["state"]).startswith("etcd://")):
+    if not (
+        cp["state"] in ("memory", "etcd") or str(cp["state"]).startswith(("etcd://", "etcds://"))
+    ):
         raise BenchFileError(f"state: memory, etcd or etcd://host:port, got {cp['state']!r}")
     try:
         return ControlPlanePlan(**cp).model_dump()

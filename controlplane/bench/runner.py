@@ -137,7 +137,7 @@ async def _run_config(
     if cp["state"] == "etcd":
         etcd = LocalEtcd(run_dir / "etcd-data")
         state_url = await etcd.start()
-    elif str(cp["state"]).startswith("etcd://"):
+    elif str(cp["state"]).startswith(("etcd://", "etcds://")):
         state_url = str(cp["state"])
     sup = Supervisor(pl.up_config(cp, run_dir, state_url))
     done: list[dict[str, Any]] = []

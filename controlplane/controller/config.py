@@ -70,7 +70,8 @@ class ControllerConfig(Config):
 
     state: str = setting(
         "memory://",
-        "state store URL: memory:// (embedded, default) or etcd://host:port[,host:port]",
+        "state store URL: memory:// (embedded, default), etcd://host:port[,host:port] "
+        "or etcds:// (TLS; GALAXY_ETCD_CA/_CERT/_KEY)",
     )
     max_functions: int = setting(
         validation.MAX_FUNCTIONS_DEFAULT,

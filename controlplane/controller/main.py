@@ -31,6 +31,7 @@ from controlplane.runtime.quotas import NamespaceQuotas
 from controlplane.runtime.rpc import ChannelPool
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from statestore import StateStore, StoreError, open_store
+from statestore.leased import LeasedStore
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class ControllerComponent:
         self.args = args
         self.state_url: str = self.cfg.state
         self.store: StateStore | None = None
+        self.mirror: LeasedStore | None = None
         self.servicer: ControllerServicer | None = None
         self.tokens: TokenStore | None = None
         self.authenticator: authn.Authenticator | None = None
@@ -155,11 +157,15 @@ class ControllerComponent:
         # The pool is replaced with the host's in start(); these objects must
         # exist before the server is built.
         pool = ChannelPool()
+        # The membership mirror (HA) is leased: a successor adopts it within
+        # the lease, and after the whole control plane stops it does not
+        # outlive MEMBERS_TTL_S (docs/state.md).
+        self.mirror = LeasedStore(self.store, members_ttl_s(c.ha_ttl_s)) if c.ha else None
         coordinator = Coordinator(
             registry,
             pool,
             warm_timeout_s=c.warm_timeout_s,
-            store=self.store if c.ha else None,
+            store=self.mirror,
             prefix=c.ha_prefix + "members/",
         )
         self.actuator = make_actuator(c, a)
@@ -286,8 +292,18 @@ class ControllerComponent:
         if self.servicer:
             await self.servicer.stop()
         await self.actuator.close()
+        if self.mirror is not None:
+            # Not revoked: a follower taking over now still needs the mirror.
+            await self.mirror.close()
         if self.store:
             await self.store.close()
+
+
+def members_ttl_s(ha_ttl_s: float) -> float:
+    """Lease of the HA membership mirror: long enough for any successor to
+    be elected and read it (many leader TTLs), short enough that a stopped
+    cluster's members are gone within a minute."""
+    return max(60.0, 10 * ha_ttl_s)
 
 
 def build(args: argparse.Namespace) -> ControllerComponent:

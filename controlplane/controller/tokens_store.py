@@ -119,6 +119,13 @@ class TokenStore:
         )
         await self._put(rec)
         log.info("bootstrap admin token %s registered from %s", tid, path)
+        # One bootstrap token at a time: each `galaxy up` on a shared store
+        # brings a new one, and the one it replaces must stop working rather
+        # than pile up as a forgotten admin credential.
+        for old in await self.records():
+            if old.name == BOOTSTRAP_NAME and old.id != tid:
+                await self.delete(old.id)
+                log.warning("bootstrap admin token %s replaced by %s: revoked", old.id, tid)
 
     async def records(self) -> list[access.TokenRecord]:
         """Every token's record, by id."""

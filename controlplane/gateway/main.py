@@ -18,7 +18,12 @@ from controlplane.gateway.proxy import Proxy
 from controlplane.runtime import config, gctune, netaddr
 from controlplane.runtime.config import GcConfig, RpcConfig
 from controlplane.runtime.host import READY_PREFIX, watch_lifeline
-from controlplane.runtime.metrics import serve_metrics, watch_gc
+from controlplane.runtime.metrics import (
+    QUEUE_LIMIT,
+    register_component,
+    serve_metrics,
+    watch_gc,
+)
 from controlplane.sdk.client import GalaxyClient
 
 log = logging.getLogger(__name__)
@@ -70,6 +75,7 @@ async def start(
     rpc = (rpc or RpcConfig()).replace(deadline_s=cfg.request_timeout_s)
     client = GalaxyClient(controller, rpc=rpc)
     proxy = Proxy(client, cfg, require_token=require_token)
+    QUEUE_LIMIT.labels("galaxy_gateway_in_flight").set(cfg.max_in_flight)
     ssl_context = https_context(cfg)
     runner = web.AppRunner(make_app(proxy, cfg), access_log=None, handle_signals=False)
     await runner.setup()
@@ -102,6 +108,7 @@ async def run(args: argparse.Namespace) -> int:
         netaddr.advertised_host(host, args.advertise_host), netaddr.split_host_port(bound)[1]
     )
     metrics = ""
+    register_component("gateway")
     if args.metrics_listen:
         mhost, mport = netaddr.split_host_port(args.metrics_listen)
         metrics = serve_metrics(mhost, mport)

@@ -53,6 +53,14 @@ def print_endpoints(endpoints: dict[str, Any], nodes_alive: int, out: Any = sys.
             f"  pid {c['pid']}{extra}",
             file=out,
         )
+    if endpoints.get("supervisor_metrics"):
+        sup = endpoints["supervisor_metrics"]
+        print(f"  {'supervisor':<14} restarts at http://{sup}/metrics", file=out)
+    if endpoints.get("prometheus_targets"):
+        targets = endpoints["prometheus_targets"]
+        print(f"  {'prometheus':<14} file_sd targets in {targets}", file=out)
+    if endpoints.get("prometheus"):
+        print(f"  {'prometheus':<14} http://{endpoints['prometheus']}", file=out)
     print(f"  nodes alive: {nodes_alive}", file=out)
     if endpoints.get("tls_dir"):
         print(

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 
 from prometheus_client import Counter
 
-from controlplane.launch.endpoints import ENDPOINTS_FILE
 from controlplane.launch.restart import RestartPolicy
 from controlplane.launch.up import Child, Supervisor, is_controller
 from controlplane.runtime import netaddr
@@ -94,5 +92,5 @@ async def supervise(sup: Supervisor, stop: asyncio.Event, policy: RestartPolicy)
                 except RuntimeError as e:
                     log.warning("serving runtimes not registered again: %s", e)
             policy.started(new.name, time.monotonic())
-            (sup.cfg.run_dir / ENDPOINTS_FILE).write_text(json.dumps(sup.endpoints(), indent=2))
+            sup.write_run_files()  # endpoints.json and Prometheus targets
             print(f"{new.name} restarted (pid {new.ready.get('pid')})", flush=True)

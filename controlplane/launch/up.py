@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.controller.config import ControllerConfig
-from controlplane.launch import etcd
+from controlplane.launch import etcd, promsd
 from controlplane.launch.endpoints import ENDPOINTS_FILE
 from controlplane.launch.upconfig import UpConfig
 from controlplane.nodeagent.config import NodeAgentConfig
-from controlplane.runtime import config, credentials, netaddr, procs, tls, tlsfiles
+from controlplane.runtime import config, credentials, netaddr, procs, tls, tlsfiles, version
 from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import READY_PREFIX, serve_command
 from controlplane.runtime.tls import TlsConfig
@@ -57,6 +57,30 @@ class Supervisor:
         #: Names of the serving runtimes registered at start.
         self.runtimes: list[str] = []
         self.log_dir = cfg.run_dir / "logs"
+        #: The supervisor's own /metrics (host:port), set by whoever serves it.
+        self.supervisor_metrics = ""
+        #: A local Prometheus's web address (`galaxy up --prometheus`).
+        self.prometheus = ""
+        #: Fixed metrics ports by child name (``metrics_port_base``): a
+        #: restarted child keeps its port.
+        self._metrics_ports: dict[str, int] = {}
+
+    def metrics_port(self, name: str) -> int:
+        """The /metrics port of the process called name: 0 (any free port)
+        unless ``metrics_port_base`` is set, then base + its start order
+        (the supervisor is base + 0)."""
+        base = self.cfg.metrics_port_base
+        if not base:
+            return 0
+        if name not in self._metrics_ports:
+            self._metrics_ports[name] = base + len(self._metrics_ports)
+        return self._metrics_ports[name]
+
+    def write_run_files(self) -> None:
+        """endpoints.json and the Prometheus file_sd targets, both current."""
+        endpoints = self.endpoints()
+        (self.cfg.run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints, indent=2))
+        promsd.write_targets(self.cfg.run_dir, endpoints)
 
     @property
     def tls_dir(self) -> Path | None:
@@ -124,6 +148,21 @@ class Supervisor:
             return {**os.environ, "GALAXY_AUTH": "none"}
         return None
 
+    def _with_log_file(self, cmd: list[str], log_path: Path) -> list[str]:
+        """A `galaxy` child logs to log_path itself, rotated by size (its
+        stderr follows the current file); other children (etcd) only have
+        their stderr there."""
+        cli = "controlplane.tools.cli"
+        if cli not in cmd or "--log-file" in cmd:
+            return cmd
+        i = cmd.index(cli) + 1
+        flags = [
+            "--log-file", str(log_path),
+            "--log-max-bytes", str(self.cfg.log_max_bytes),
+            "--log-backups", str(self.cfg.log_backups),
+        ]  # fmt: skip
+        return [*cmd[:i], *flags, *cmd[i:]]
+
     async def spawn(self, name: str, cmd: list[str]) -> Child:
         """Start one supervised child from its command line and wait for its
         ready line (raises RuntimeError naming the log if it never comes).
@@ -132,6 +171,11 @@ class Supervisor:
         which execs it, so the PID is the component's own)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
+        cmd = self._with_log_file(cmd, log_path)
+        if "--metrics-listen" in cmd and self.cfg.metrics_port_base:
+            i = cmd.index("--metrics-listen") + 1
+            host, _ = netaddr.split_host_port(cmd[i])
+            cmd = [*cmd[:i], netaddr.join_host_port(host, self.metrics_port(name)), *cmd[i + 1 :]]
         # Opening a local log file does not block the loop in any way that matters.
         with open(log_path, "ab") as logf:  # noqa: ASYNC230
             proc = await asyncio.create_subprocess_exec(
@@ -226,9 +270,8 @@ class Supervisor:
             # serve_command listens on any port; the gateway has a known one.
             cmd[cmd.index("--listen") + 1] = f"{cfg.host}:{cfg.gateway_port}"
             await self.spawn("gateway-0", cmd)
-        endpoints = self.endpoints()
-        (cfg.run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints, indent=2))
-        return endpoints
+        self.write_run_files()
+        return self.endpoints()
 
     def _schedule_flags(self) -> list[str]:
         """Ablation switches of the Schedule instances."""
@@ -275,8 +318,8 @@ class Supervisor:
             cmd = etcd.child_command(data, host, etcd.free_port(host), etcd.free_port(host))
             state = (await self.spawn("etcd", cmd)).ready["state"]
             self.cfg = cfg = cfg.replace(state=state)
-        elif not cfg.state.startswith("etcd://"):
-            raise RuntimeError("--ha needs shared state: --state etcd://HOST:PORT")
+        elif not cfg.state.startswith(("etcd://", "etcds://")):
+            raise RuntimeError("--ha needs shared state: --state etcd[s]://HOST:PORT")
         ctls = await asyncio.gather(
             *(
                 self.spawn(
@@ -296,7 +339,17 @@ class Supervisor:
         ``controller`` is one address, or with ``ha`` the controllers'
         comma-separated (any of them answers); ``controllers`` lists them.
         """
-        out: dict[str, Any] = {"controller": "", "components": [], "supervisor_pid": os.getpid()}
+        out: dict[str, Any] = {
+            "controller": "",
+            "components": [],
+            "supervisor_pid": os.getpid(),
+            "version": version.version(),
+        }
+        if self.supervisor_metrics:
+            out["supervisor_metrics"] = self.supervisor_metrics
+        out["prometheus_targets"] = str(self.cfg.run_dir / promsd.TARGETS_FILE)
+        if self.prometheus:
+            out["prometheus"] = self.prometheus
         if self.tls_dir is not None:
             out["tls_dir"] = str(self.tls_dir)
         if self.token_file is not None:

@@ -78,7 +78,9 @@ class UpConfig(Config):
     dispatch: int = setting(1, "Dispatch instances", ge=0)
     schedule: int = setting(1, "Schedule instances", ge=0)
     clustermgr: int = setting(1, "ClusterMgr instances", ge=0)
-    state: str = same_as(_CTL, "state", help="memory:// (default) or etcd://host:port[,host:port]")
+    state: str = same_as(
+        _CTL, "state", help="memory:// (default), etcd://host:port[,...] or etcds:// (TLS)"
+    )
     #: Two leader-elected controllers. They share state: an etcd://
     #: ``state``, or with memory:// a local etcd child in RUN_DIR/etcd.
     ha: bool = setting(
@@ -108,6 +110,29 @@ class UpConfig(Config):
         ge=-1,
         le=65535,
     )
+    #: Fixed /metrics ports for a static Prometheus config: the supervisor
+    #: gets the base, each child the next port in start order (a restarted
+    #: child keeps its own). 0: any free port (RUN_DIR/prometheus/targets.json
+    #: names them for file_sd either way).
+    metrics_port_base: int = setting(
+        0,
+        "first of consecutive fixed /metrics ports (supervisor, then each process in start "
+        "order); default 0: any free port, listed in RUN_DIR/prometheus/targets.json",
+        ge=0,
+        le=65000,
+    )
+    log_max_bytes: int = setting(
+        10 * 1024 * 1024,
+        "each process's log (RUN_DIR/logs/NAME.log) rotates at this size",
+        ge=1024,
+    )
+    log_backups: int = setting(5, "rotated log files kept per process", ge=0, le=100)
+    prometheus: bool = setting(
+        False,
+        "also start a local Prometheus (the `prometheus` binary, Debian package prometheus) "
+        "scraping every process through RUN_DIR/prometheus/targets.json",
+    )
+    prometheus_port: int = setting(9090, "port of --prometheus's web UI and API", ge=0, le=65535)
     #: Serving runtime files (*.yaml) registered through the controller's
     #: API once it is ready, and again after it restarts (idempotent).
     runtimes: OptionalDir = setting(

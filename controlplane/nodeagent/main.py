@@ -19,6 +19,7 @@ from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, open_cg
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
 from controlplane.runtime import config
 from controlplane.runtime.host import HostContext
+from controlplane.runtime.metrics import QUEUE_LIMIT
 from controlplane.runtime.netaddr import split_host_port
 from controlplane.runtime.resources import Res
 from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
@@ -128,6 +129,7 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
     cap = Res(cfg.cpu_millis, cfg.memory_mib, cfg.gpus)
     ids = node_ids(cfg.node_prefix, cfg.nodes, cfg.node_index_start)
     servicer = NodeAgentServicer([(n, cap) for n in ids], backend, max_starting=cfg.max_starting)
+    QUEUE_LIMIT.labels("galaxy_nodeagent_pending_creates").set(cfg.max_starting)
     return NodeAgentComponent(
         servicer, heartbeat_interval_ms=cfg.heartbeat_ms, orphan_check_s=cfg.orphan_check_s
     )

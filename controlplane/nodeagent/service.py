@@ -28,7 +28,7 @@ from controlplane.runtime.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from controlplane.runtime.metrics import INSTANCES, NODEAGENT_PENDING, NODEAGENT_REJECTED
+from controlplane.runtime.metrics import NODEAGENT_INSTANCES, NODEAGENT_PENDING, NODEAGENT_REJECTED
 from controlplane.runtime.validation import short
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc, nodeagent_pb2, nodeagent_pb2_grpc
 
@@ -323,7 +323,7 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
             concurrency=inst.spec.concurrency,
         )
         self._ready_count += 1
-        INSTANCES.set(self._ready_count)
+        NODEAGENT_INSTANCES.set(self._ready_count)
 
     def _forget(
         self, node: Node, instance_id: str, only: _Instance | None = None
@@ -344,7 +344,7 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         self.on_freed(node.node_id)
         if inst.info is not None:
             self._ready_count -= 1
-            INSTANCES.set(self._ready_count)
+            NODEAGENT_INSTANCES.set(self._ready_count)
         return inst
 
     async def _end(self, inst: _Instance) -> None:

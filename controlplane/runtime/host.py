@@ -22,7 +22,7 @@ from controlplane.runtime import authz, controllers, gctune, loadreport, netaddr
 from controlplane.runtime.authn import AccessInterceptor
 from controlplane.runtime.config import Config, GcConfig, RpcConfig, setting
 from controlplane.runtime.membership import KIND_NAMES
-from controlplane.runtime.metrics import serve_metrics, watch_gc
+from controlplane.runtime.metrics import register_component, serve_metrics, watch_gc
 from controlplane.runtime.tls import IdentityInterceptor
 from galaxy.v1 import common_pb2
 
@@ -287,6 +287,9 @@ async def serve(
     listen_host, _ = netaddr.split_host_port(listen)
     address = netaddr.join_host_port(netaddr.advertised_host(listen_host, advertise_host), port)
     metrics_address = ""
+    # The families this kind owns (and the common ones), before the first scrape.
+    kind_name = getattr(component, "name", None) or KIND_NAMES.get(component.kind, "nodeagent")
+    register_component(kind_name)
     if metrics_listen:
         mhost, mport = netaddr.split_host_port(metrics_listen)
         metrics_address = serve_metrics(mhost, mport)
@@ -305,7 +308,6 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     if lifeline:
         watch_lifeline(stop)
-    kind_name = getattr(component, "name", None) or KIND_NAMES.get(component.kind, "nodeagent")
     reporter: loadreport.LoadReporter | None = None
     try:
         await component.start(ctx)

@@ -3,6 +3,14 @@
 Each process serves its registry on an HTTP /metrics endpoint (see
 ``serve_metrics``). Names follow Prometheus conventions: ``galaxy_`` prefix,
 base units (seconds), ``_total`` for counters.
+
+The families here are created unregistered; a process registers the common
+ones and those of its own kind (``register_component``), so a node agent does
+not export Dispatch's credits as a misleading 0. Labelled counters start with
+a series for each known label value (a rate over a counter that appears only
+at its first event misses that event). Families defined in a component's own
+package are registered when that module is imported, which only that
+component's process does.
 """
 
 from __future__ import annotations
@@ -15,9 +23,12 @@ import time
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
 
+from controlplane.runtime import version as _version
 from controlplane.runtime.netaddr import join_host_port
 
 # Latency buckets from 100 us to 10 s: dispatch is sub-millisecond when warm,
@@ -39,50 +50,89 @@ RPC_REQUESTS = Counter(
     "galaxy_rpc_requests_total",
     "gRPC requests handled, by method and status code.",
     ["method", "code"],
+    registry=None,
 )
 RPC_LATENCY = Histogram(
     "galaxy_rpc_latency_seconds",
     "gRPC handler latency, by method.",
     ["method"],
     buckets=LATENCY_BUCKETS,
+    registry=None,
 )
 COLD_STARTS = Counter(
     "galaxy_cold_starts_total",
     "Function instances started because a request found no free instance.",
     ["function"],
+    registry=None,
 )
 COLD_START_LATENCY = Histogram(
     "galaxy_cold_start_latency_seconds",
     "From scale-up trigger to instance ready, as seen by Dispatch.",
     buckets=LATENCY_BUCKETS,
+    registry=None,
 )
 SCHEDULING_LATENCY = Histogram(
     "galaxy_scheduling_latency_seconds",
     "From Schedule request to placement decision.",
     buckets=SCHEDULING_BUCKETS,
+    registry=None,
 )
 PROBE_ROUND_TRIP = Histogram(
     "galaxy_probe_round_trip_seconds",
     "Schedule: from sending a round of probes to having every answer (the "
     "part of scheduling latency spent waiting on node agents).",
     buckets=SCHEDULING_BUCKETS,
+    registry=None,
 )
 INSTANCES = Gauge(
     "galaxy_function_instances",
-    "Function instances known to this process (Dispatch: routable; node agent: running).",
+    "Function instances Dispatch routes to (exported by Dispatch only: the owner of each "
+    "function counts its instances once).",
+    registry=None,
 )
-NODES = Gauge("galaxy_nodes", "Nodes known to this process.", ["state"])
+NODES = Gauge("galaxy_nodes", "Nodes known to this process.", ["state"], registry=None)
 HEARTBEAT_STREAMS = Gauge(
     "galaxy_heartbeat_streams",
     "ClusterMgr: open node heartbeat streams (ClusterMgr.Heartbeats or HeartbeatBatches, "
     "one per node agent).",
+    registry=None,
 )
 HEARTBEAT_BATCH_STATUSES = Histogram(
     "galaxy_heartbeat_batch_statuses",
     "ClusterMgr: statuses per HeartbeatBatches message (the nodes of one agent due together).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    registry=None,
 )
-PROBES = Counter("galaxy_probes_total", "Probe RPCs sent by Schedule to node agents.")
+PROBES = Counter(
+    "galaxy_probes_total", "Probe RPCs sent by Schedule to node agents.", registry=None
+)
+#: The configured bound of each bounded queue, labelled with the name of the
+#: gauge that reports its depth, so saturation is depth / limit in PromQL
+#: (deploy/monitoring/galaxy-rules.yaml, galaxy:queue_saturation:ratio).
+QUEUE_LIMIT = Gauge(
+    "galaxy_queue_limit",
+    "Configured bound of a bounded queue; queue names the gauge of its depth.",
+    ["queue"],
+    registry=None,
+)
+
+
+class _BuildInfo(Collector):
+    """``galaxy_build_info{version,commit} 1``: which build a process runs
+    (mixed versions during a rolling upgrade show as two series). The commit
+    is looked up at the first scrape, not at import, to keep starts fast."""
+
+    def collect(self) -> Any:
+        family = GaugeMetricFamily(
+            "galaxy_build_info",
+            "Galaxy build this process runs (value 1).",
+            labels=["version", "commit"],
+        )
+        family.add_metric([_version.version(), _version.commit()], 1)
+        yield family
+
+
+_BUILD_INFO = _BuildInfo()
 
 
 # Pauses of Python's cycle collector: tens of microseconds for the young
@@ -97,6 +147,7 @@ GC_PAUSE = Histogram(
     "by generation collected.",
     ["generation"],
     buckets=GC_PAUSE_BUCKETS,
+    registry=None,
 )
 _gc_started = 0.0
 
@@ -159,9 +210,10 @@ SLOT_CACHE = Counter(
     "galaxy_gateway_slot_cache_total",
     "Gateway requests served on a held lease (hit) or after a Dispatch call (miss)",
     ["result"],
+    registry=None,
 )
 HELD_SLOTS = Gauge(
-    "galaxy_gateway_held_slots", "Leases the gateway holds idle for the next request"
+    "galaxy_gateway_held_slots", "Leases the gateway holds idle for the next request", registry=None
 )
 
 
@@ -171,31 +223,93 @@ HELD_SLOTS = Gauge(
 SCHEDULE_PENDING = Gauge(
     "galaxy_schedule_pending",
     "Placements in progress on this Schedule instance (bounded by --max-pending).",
+    registry=None,
 )
 SCHEDULE_REJECTED = Counter(
     "galaxy_schedule_rejected_total",
     "Schedule calls refused with RESOURCE_EXHAUSTED, by reason (queue_full).",
     ["reason"],
+    registry=None,
 )
 NODEAGENT_PENDING = Gauge(
     "galaxy_nodeagent_pending_creates",
     "CreateInstance calls whose instance is still starting (bounded by --max-starting).",
+    registry=None,
 )
 NODEAGENT_REJECTED = Counter(
     "galaxy_nodeagent_rejected_total",
     "CreateInstance calls refused with RESOURCE_EXHAUSTED, by reason (queue_full).",
     ["reason"],
+    registry=None,
 )
 
 
 # Capacity credits of a Dispatch instance (functions/dispatch/credits.py):
 # what it holds, and what happened to the starts that asked its wallet.
 DISPATCH_CREDITS_HELD = Gauge(
-    "galaxy_dispatch_credits_held", "Capacity credits this Dispatch instance holds."
+    "galaxy_dispatch_credits_held", "Capacity credits this Dispatch instance holds.", registry=None
 )
 DISPATCH_CREDIT_EVENTS = Counter(
     "galaxy_dispatch_credit_events_total",
     "Credit outcomes of this Dispatch instance: hits (a start created from a credit), misses "
     "(none fitted: the start went through Schedule), refused, failed, granted, returned, dropped.",
     ["event"],
+    registry=None,
 )
+
+
+NODEAGENT_INSTANCES = Gauge(
+    "galaxy_nodeagent_instances",
+    "Instances this node agent runs (ready), whoever routes to them.",
+    registry=None,
+)
+
+#: Families every process exports.
+COMMON: tuple[Collector, ...] = (RPC_REQUESTS, RPC_LATENCY, GC_PAUSE, QUEUE_LIMIT)
+#: Families by the kind of process that owns them.
+OWNED: dict[str, tuple[Collector, ...]] = {
+    "dispatch": (
+        COLD_STARTS, COLD_START_LATENCY, INSTANCES, DISPATCH_CREDITS_HELD, DISPATCH_CREDIT_EVENTS,
+    ),
+    "schedule": (
+        SCHEDULING_LATENCY, PROBE_ROUND_TRIP, PROBES, NODES, SCHEDULE_PENDING, SCHEDULE_REJECTED,
+    ),
+    "clustermgr": (NODES, HEARTBEAT_STREAMS, HEARTBEAT_BATCH_STATUSES),
+    "nodeagent": (NODEAGENT_INSTANCES, NODEAGENT_PENDING, NODEAGENT_REJECTED),
+    "gateway": (SLOT_CACHE, HELD_SLOTS),
+    "controller": (),
+    "supervisor": (),
+}  # fmt: skip
+#: Label values known in advance, given a zero series at registration.
+KNOWN_LABELS: dict[Collector, tuple[tuple[str, ...], ...]] = {
+    SCHEDULE_REJECTED: (("queue_full",),),
+    NODEAGENT_REJECTED: (("queue_full",),),
+    SLOT_CACHE: (("hit",), ("miss",)),
+    DISPATCH_CREDIT_EVENTS: tuple(
+        (e,) for e in ("hit", "miss", "refused", "failed", "granted", "returned", "dropped")
+    ),
+}
+_registered: set[int] = set()
+
+
+def ensure_registered(*collectors: Collector) -> None:
+    """Register each collector with the default registry once (idempotent),
+    giving its known label values a zero series."""
+    for c in collectors:
+        if id(c) in _registered:
+            continue
+        REGISTRY.register(c)
+        _registered.add(id(c))
+        for values in KNOWN_LABELS.get(c, ()):
+            c.labels(*values)  # type: ignore[attr-defined]
+
+
+def register_component(kind: str) -> None:
+    """Export the common families and those ``kind`` owns (and the build
+    info). Unknown kinds (a CLI command) get the common ones."""
+    ensure_registered(_BUILD_INFO, *COMMON, *OWNED.get(kind, ()))
+
+
+def register_all() -> None:
+    """Every family: for a process that hosts every component (the tests)."""
+    ensure_registered(_BUILD_INFO, *COMMON, *(c for cs in OWNED.values() for c in cs))

@@ -4,18 +4,16 @@ invoke, status, functions, delete."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
-
-from google.protobuf import json_format
 
 from controlplane.runtime import servingruntime
 from controlplane.runtime import spec as specs
 from controlplane.runtime.errors import InvalidArgument, NotFound
 from controlplane.runtime.validation import short
 from controlplane.tools.common import connect
+from controlplane.tools.output import as_dict, emit, print_table
 
 
 async def cmd_deploy(args: argparse.Namespace) -> int:
@@ -50,20 +48,23 @@ async def cmd_invoke(args: argparse.Namespace) -> int:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    from controlplane.runtime.membership import KIND_NAMES
 
     async with connect(args) as c:
         st = await c.status()
-    if args.json:
-        print(json_format.MessageToJson(st, preserving_proto_field_name=True))
-        return 0
+    emit(args.output, as_dict(st), lambda: _print_status(st, args.max_nodes))
+    return 0
+
+
+def _print_status(st: Any, max_nodes: int) -> None:
+    from controlplane.runtime.membership import KIND_NAMES
+
     print(f"control functions (epoch {st.membership.epoch}):")
     for i in st.membership.instances:
         print(f"  {KIND_NAMES.get(i.kind, '?'):<11} {i.id:<14} {i.address}")
     _print_scaling(st)
     alive = sum(1 for n in st.nodes if n.alive)
     print(f"nodes: {len(st.nodes)} ({alive} alive)")
-    for n in st.nodes[: args.max_nodes]:
+    for n in st.nodes[:max_nodes]:
         s = n.status
         print(
             f"  {s.node_id:<12} {'alive' if n.alive else 'DEAD ':<5} schedule={n.schedule_id:<11}"
@@ -71,8 +72,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
             f" mem {s.allocated.memory_mib}/{s.capacity.memory_mib}Mi"
             f" gpu {s.allocated.gpus}/{s.capacity.gpus} instances {s.instances}"
         )
-    if len(st.nodes) > args.max_nodes:
-        print(f"  ... {len(st.nodes) - args.max_nodes} more (--max-nodes)")
+    if len(st.nodes) > max_nodes:
+        print(f"  ... {len(st.nodes) - max_nodes} more (--max-nodes)")
     print(f"functions: {len(st.functions)}")
     for f in st.functions:
         print(
@@ -89,7 +90,6 @@ async def cmd_status(args: argparse.Namespace) -> int:
         )
     for w in st.warnings:
         print(f"warning: {w}")
-    return 0
 
 
 def _print_scaling(st: Any) -> None:
@@ -120,8 +120,13 @@ def _print_scaling(st: Any) -> None:
 async def cmd_functions(args: argparse.Namespace) -> int:
     async with connect(args) as c:
         fns = await c.list_functions()
-    for f in fns:
-        print(json.dumps(json_format.MessageToDict(f, preserving_proto_field_name=True)))
+    rows = [
+        (f.name, f.namespace or "-", f.runtime or "-", f.revision, f"{f.min_scale}..{f.max_scale}",
+         f.concurrency, "yes" if f.public else "no")
+        for f in fns
+    ]  # fmt: skip
+    header = ("NAME", "NAMESPACE", "RUNTIME", "REVISION", "SCALE", "CONCURRENCY", "PUBLIC")
+    emit(args.output, [as_dict(f) for f in fns], lambda: print_table(header, rows))
     return 0
 
 

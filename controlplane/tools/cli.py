@@ -7,7 +7,7 @@ galaxy invoke NAME --data X    call it (cold-starts an instance if needed)
 galaxy status                  control instances, nodes, functions, instances
 galaxy functions | delete NAME
 galaxy calibrate               measure T_DF, T_SF, T_CMF here (for control autoscaling)
-galaxy certs init --dir DIR    a CA and mutual-TLS certificates (not used by default yet)
+galaxy certs init --dir DIR    a CA and mutual-TLS certificates (`galaxy up` makes its own)
 galaxy serve KIND ...          run one component (used by `up` and Kubernetes)
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import logging
 import os
 import sys
 import uuid
@@ -53,12 +52,13 @@ async def cmd_up(args: argparse.Namespace) -> int:
     import signal
 
     from controlplane.launch.endpoints import print_endpoints, read_endpoints
+    from controlplane.launch.promsd import start_prometheus
     from controlplane.launch.restart import RestartPolicy
     from controlplane.launch.supervise import supervise
     from controlplane.launch.up import Supervisor
     from controlplane.launch.upconfig import UpConfig
-    from controlplane.runtime import config
-    from controlplane.runtime.metrics import serve_metrics
+    from controlplane.runtime import config, netaddr
+    from controlplane.runtime.metrics import register_component, serve_metrics
 
     cfg = config.from_args(UpConfig, args, run_dir=Path(args.run_dir))
     if read_endpoints(cfg.run_dir):
@@ -67,6 +67,11 @@ async def cmd_up(args: argparse.Namespace) -> int:
             "or pick another --run-dir"
         )
     sup = Supervisor(cfg)
+    prom: asyncio.subprocess.Process | None = None
+    # Before the children, so endpoints.json and the Prometheus targets
+    # name the supervisor's own /metrics from the first write.
+    register_component("supervisor")
+    sup.supervisor_metrics = serve_metrics(cfg.host, sup.metrics_port("supervisor"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -92,9 +97,14 @@ async def cmd_up(args: argparse.Namespace) -> int:
             print("stopped.", flush=True)
             return 0
         endpoints, alive = starting.result()
+        if cfg.prometheus:
+            prom = await start_prometheus(
+                cfg.run_dir, cfg.host, cfg.prometheus_port, cfg.run_dir / "logs"
+            )
+            sup.prometheus = netaddr.join_host_port(cfg.host, cfg.prometheus_port)
+            sup.write_run_files()
+            endpoints = sup.endpoints()
         print_endpoints(endpoints, alive)
-        metrics = serve_metrics(cfg.host, 0)
-        print(f"  supervisor     restarts at http://{metrics}/metrics", flush=True)
         why = await supervise(sup, stop, RestartPolicy())
     except RuntimeError as e:
         await sup.stop()
@@ -103,6 +113,9 @@ async def cmd_up(args: argparse.Namespace) -> int:
         await sup.stop()
         raise
     print("stopping..." if why is None else f"stopping: {why}", flush=True)
+    if prom is not None and prom.returncode is None:
+        prom.terminate()
+        await prom.wait()
     await sup.stop()
     print("stopped.", flush=True)
     return 0 if why is None else 1
@@ -202,16 +215,24 @@ REGISTRARS: dict[str, tuple[str, str]] = {
     "certs": ("controlplane.tools.certs_cmd", "add_subparser"),
     "chaos": ("controlplane.tools.chaos", "add_subparser"),
     "tokens": ("controlplane.tools.tokens_cmd", "add_subparser"),
+    "logs": ("controlplane.tools.logs_cmd", "add_subparser"),
 }
 #: Commands that call the control plane (controlplane.tools.calls).
 CALLS = {
     "deploy": "deploy a function from a YAML spec",
     "invoke": "call a function",
     "status": "show the control plane",
-    "functions": "list functions (JSON lines)",
+    "functions": "list functions",
     "delete": "delete a function and its instances",
 }
-_GLOBAL_VALUED = ("--run-dir", "--log-level")
+_GLOBAL_VALUED = (
+    "--run-dir",
+    "--log-level",
+    "--log-format",
+    "--log-file",
+    "--log-max-bytes",
+    "--log-backups",
+)
 
 
 def _wanted(argv: list[str]) -> tuple[str | None, str | None]:
@@ -238,6 +259,20 @@ def _wanted(argv: list[str]) -> tuple[str | None, str | None]:
     return cmd, kind
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the version and commit, looked up only when asked
+    (asking git for the commit on every parse would slow every start)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from controlplane.runtime.version import describe
+
+        print(describe())
+        parser.exit()
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The `galaxy` parser. Given the command line it will parse, only the
     command it names is registered (same result, a fraction of the
@@ -252,9 +287,21 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "(default $GALAXY_RUN_DIR or ~/.galaxy/run)",
     )
     p.add_argument("--log-level", default=os.environ.get("GALAXY_LOG_LEVEL", "INFO"))
+    p.add_argument(
+        "--log-format",
+        default=os.environ.get("GALAXY_LOG_FORMAT", "auto"),
+        choices=("auto", "json", "text"),
+        help="auto (default): JSON lines unless stderr is a terminal (docs/operations.md, Logs)",
+    )
+    p.add_argument("--log-file", default=None, help="log to this file, rotated by size")
+    p.add_argument(
+        "--log-max-bytes", type=int, default=10 * 1024 * 1024, help="rotate at this size"
+    )
+    p.add_argument("--log-backups", type=int, default=5, help="rotated files kept")
+    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     cmd, kind = _wanted(argv) if argv is not None else (None, None)
-    local = {"up", "calibrate", "serve", *CALLS}
+    local = {"up", "calibrate", "serve", "completion", *CALLS}
     if cmd not in local and cmd not in REGISTRARS:
         cmd = None
     done: set[tuple[str, str]] = set()
@@ -267,6 +314,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         _add_up(sub)
     if cmd in (None, "calibrate"):
         _add_calibrate(sub)
+    if cmd in (None, "completion"):
+        _add_completion(sub)
     if cmd in (None, "serve"):
         _add_serve(sub, kind if kind in SERVE_KINDS else None)
     for name, helptext in CALLS.items():
@@ -282,6 +331,25 @@ def _add_up(sub: Any) -> None:
     up = sub.add_parser("up", help="run a control plane on this machine until Ctrl-C")
     config.add_arguments(up, UpConfig)
     up.set_defaults(func=cmd_up)
+
+
+def _add_completion(sub: Any) -> None:
+    c = sub.add_parser(
+        "completion",
+        help="print the shell completion script (bash or zsh)",
+        description='bash: eval "$(galaxy completion bash)" (e.g. in ~/.bashrc); '
+        'zsh: eval "$(galaxy completion zsh)" (e.g. in ~/.zshrc).',
+    )
+    c.add_argument("shell", choices=("bash", "zsh"))
+    c.set_defaults(func=cmd_completion)
+
+
+async def cmd_completion(args: argparse.Namespace) -> int:
+    """Print argcomplete's completion script for the shell."""
+    import argcomplete
+
+    print(argcomplete.shellcode(["galaxy"], shell=args.shell))
+    return 0
 
 
 def _add_calibrate(sub: Any) -> None:
@@ -349,17 +417,52 @@ def _add_call(sub: Any, name: str, helptext: str) -> None:
         sp.add_argument("--data", default=None, help="request body (default: stdin)")
         sp.add_argument("--path", default="/", help="HTTP path on the instance")
         sp.add_argument("--timeout", type=float, default=60.0, help="seconds")
+    if name in ("status", "functions"):
+        from controlplane.tools.output import add_output_flag
+
+        add_output_flag(sp, json_alias=name == "status")
     if name == "status":
-        sp.add_argument("--json", action="store_true")
         sp.add_argument("--max-nodes", type=int, default=20)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `galaxy` command."""
+    if argv is None and "_ARGCOMPLETE" in os.environ:
+        # A shell asks for completions (galaxy completion bash|zsh): the
+        # full parser, answered by argcomplete, which exits. Imported only
+        # here, so ordinary starts pay nothing for it.
+        import argcomplete
+
+        argcomplete.autocomplete(build_parser())
+        return 0
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `galaxy status | head -1`: the reader left. Exit as a Unix filter
+        # killed by SIGPIPE would (128 + 13), without a traceback; stdout is
+        # pointed at /dev/null so the interpreter's final flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from controlplane.runtime import logs
+
+    try:
+        logs.configure(
+            level=args.log_level,
+            fmt=args.log_format,
+            component=getattr(args, "kind", None) or "cli",
+            instance=getattr(args, "id", "") or "",
+            file=args.log_file,
+            max_bytes=args.log_max_bytes,
+            backups=args.log_backups,
+        )
+    except (ValueError, OSError) as e:
+        print(f"galaxy: {e}", file=sys.stderr)
+        return 2
     from controlplane.runtime.host import install_uvloop
 
     install_uvloop()

@@ -9,6 +9,7 @@ from typing import Any
 
 from controlplane.runtime.validation import short
 from controlplane.tools.common import CliError, connect
+from controlplane.tools.output import add_output_flag, as_dict, emit, print_table
 from galaxy.v1 import common_pb2
 
 _CONTROLLER_HELP = "controller host:port (default: $GALAXY_CONTROLLER or the running `galaxy up`)"
@@ -19,6 +20,7 @@ def add_subparsers(sub: Any) -> None:
     rv = sub.add_parser("revisions", help="list a function's revisions and their traffic")
     rv.add_argument("name", help="function name")
     rv.add_argument("--controller", default=None, help=_CONTROLLER_HELP)
+    add_output_flag(rv)
     rv.set_defaults(func=cmd_revisions)
     tr = sub.add_parser(
         "traffic",
@@ -65,12 +67,17 @@ async def cmd_revisions(args: argparse.Namespace) -> int:
         reply = await c.list_revisions(args.name)
     traffic = list(reply.traffic) or [common_pb2.TrafficTarget(percent=100)]
     latest = max((r.revision for r in reply.revisions), default=0)
-    print(f"{'REVISION':<9} {'NAME':<30} {'TRAFFIC':<16} COMMAND")
-    for r in reply.revisions:
-        # 'latest' targets are shown on the latest revision (Dispatch may
-        # keep them on an older one until the latest has a ready instance).
-        share = _share(traffic, r.revision, str(latest))
-        print(f"{r.revision:<9} {r.name:<30} {share:<16} {' '.join(r.command)[:60]}")
+    # 'latest' targets are shown on the latest revision (Dispatch may keep
+    # them on an older one until the latest has a ready instance).
+    rows = [
+        (r.revision, r.name, _share(traffic, r.revision, str(latest)), " ".join(r.command)[:60])
+        for r in reply.revisions
+    ]
+    emit(
+        args.output,
+        as_dict(reply),
+        lambda: print_table(("REVISION", "NAME", "TRAFFIC", "COMMAND"), rows),
+    )
     return 0
 
 

@@ -9,10 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-
 from controlplane.runtime import runtimefiles
 from controlplane.tools.common import connect
+from controlplane.tools.output import add_output_flag, as_dict, emit, print_table
 
 _CONTROLLER_HELP = "controller host:port (default: $GALAXY_CONTROLLER or the running `galaxy up`)"
 
@@ -27,7 +26,7 @@ def add_subparser(sub: Any) -> None:
     )
     ap.set_defaults(func=cmd_apply)
     ls = rsub.add_parser("list", help="list runtimes")
-    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_output_flag(ls, json_alias=True)
     ls.set_defaults(func=cmd_list)
     get = rsub.add_parser("get", help="show one runtime (JSON)")
     get.add_argument("name", help="runtime name")
@@ -58,20 +57,19 @@ async def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def _dict(rt: Any) -> dict[str, Any]:
-    return json_format.MessageToDict(rt, preserving_proto_field_name=True)
+    return as_dict(rt)
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
     """One line per runtime: name, command template, description."""
     async with connect(args) as c:
         runtimes = await c.list_runtimes()
-    if args.json:
-        for rt in runtimes:
-            print(json.dumps(_dict(rt)))
-        return 0
-    print(f"{'NAME':<20} {'COMMAND':<40} DESCRIPTION")
-    for rt in runtimes:
-        print(f"{rt.name:<20} {' '.join(rt.command)[:40]:<40} {rt.description[:60]}")
+    rows = [(rt.name, " ".join(rt.command)[:40], rt.description[:60]) for rt in runtimes]
+    emit(
+        args.output,
+        [_dict(rt) for rt in runtimes],
+        lambda: print_table(("NAME", "COMMAND", "DESCRIPTION"), rows),
+    )
     return 0
 
 

@@ -12,6 +12,7 @@ from controlplane.controller.tokens_store import check_request
 from controlplane.runtime import access, credentials
 from controlplane.runtime.errors import InvalidArgument
 from controlplane.tools.common import CliError, connect
+from controlplane.tools.output import add_output_flag, emit, print_table
 
 _CONTROLLER_HELP = "controller host:port (default: $GALAXY_CONTROLLER or the running `galaxy up`)"
 
@@ -32,6 +33,7 @@ def add_subparser(sub: Any) -> None:
     c.add_argument("--json", action="store_true", help="print the token and its record as JSON")
     c.set_defaults(func=cmd_create)
     ls = ts.add_parser("list", help="every token's id, name, role and namespace (no secrets)")
+    add_output_flag(ls)
     ls.set_defaults(func=cmd_list)
     d = ts.add_parser("delete", help="revoke a token by its id")
     d.add_argument("id", help="the 16 hex digits after glx_ (see `galaxy tokens list`)")
@@ -67,10 +69,13 @@ async def cmd_list(args: argparse.Namespace) -> int:
     """One line per token."""
     async with connect(args) as c:
         tokens = await c.list_tokens()
-    print(f"{'ID':<17} {'ROLE':<10} {'NAMESPACE':<20} {'CREATED':<20} NAME")
-    for t in tokens:
-        created = dt.datetime.fromtimestamp(t.created_unix, dt.UTC).strftime("%Y-%m-%d %H:%M")
-        print(f"{t.id:<17} {t.role:<10} {t.namespace or '*':<20} {created:<20} {t.name}")
+    rows = [
+        (t.id, t.role, t.namespace or "*",
+         dt.datetime.fromtimestamp(t.created_unix, dt.UTC).strftime("%Y-%m-%d %H:%M"), t.name)
+        for t in tokens
+    ]  # fmt: skip
+    header = ("ID", "ROLE", "NAMESPACE", "CREATED", "NAME")
+    emit(args.output, [_info(t) for t in tokens], lambda: print_table(header, rows))
     return 0
 
 

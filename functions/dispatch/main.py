@@ -11,6 +11,7 @@ from typing import Any
 from controlplane.runtime import access, authn, config, controllers
 from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import HostContext
+from controlplane.runtime.metrics import QUEUE_LIMIT
 from controlplane.runtime.rpc import ChannelPool
 from functions.dispatch import autoscale
 from functions.dispatch.config import DispatchConfig
@@ -54,6 +55,8 @@ class DispatchComponent:
             record=self.recorder,
             autoscale=autoscale.AutoscaleSettings.from_args(args),
         )
+        # Bounds per function router; the waiting gauge is the instance's total.
+        QUEUE_LIMIT.labels("galaxy_dispatch_waiting").set(cfg.max_queue)
         if cfg.credits:  # scale-ups that fit a credit skip Schedule (peers.py)
             peers = self.servicer.peers
             peers.credits = CreditWallet(

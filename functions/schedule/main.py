@@ -7,6 +7,7 @@ from typing import Any
 
 from controlplane.runtime import config
 from controlplane.runtime.host import HostContext
+from controlplane.runtime.metrics import QUEUE_LIMIT
 from functions.schedule import scoring
 from functions.schedule.config import ScheduleConfig
 from functions.schedule.credits import CreditLedger
@@ -94,4 +95,5 @@ def from_config(cfg: ScheduleConfig) -> ScheduleComponent:
             grace_s=cfg.credit_grace_ms / 1000.0,
             max_per_holder=cfg.credits_per_holder,
         )
+    QUEUE_LIMIT.labels("galaxy_schedule_pending").set(cfg.max_pending)
     return ScheduleComponent(policy, credits, max_pending=cfg.max_pending)

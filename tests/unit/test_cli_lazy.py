@@ -37,7 +37,7 @@ def test_registrars_register_exactly_the_names_listed():
 def test_the_full_parser_has_every_command_once():
     names = _choices(cli.build_parser())
     assert len(names) == len(set(names))
-    assert set(names) == {*cli.REGISTRARS, *cli.CALLS, "up", "calibrate", "serve"}
+    assert set(names) == {*cli.REGISTRARS, *cli.CALLS, "up", "calibrate", "serve", "completion"}
 
 
 LINES = [
