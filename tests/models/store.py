@@ -19,7 +19,7 @@ class CountingStore:
         store = self
 
         class Handler(SimpleHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 store.gets[self.path] += 1
                 super().do_GET()
 

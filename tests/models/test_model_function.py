@@ -57,8 +57,13 @@ def test_a_function_serves_the_model_its_node_fetched(tmp_path: Path) -> None:
         bad = _spec(tmp_path / "bad.yaml", "corrupt", store.url("weights.bin"), "0" * 64)
         assert g.cli("deploy", "-f", str(bad)).returncode == 0
         r = g.cli("invoke", "corrupt", "--data", "x", "--timeout", "5")
-        assert r.returncode != 0 and "sha256 mismatch" in r.stderr, r.stdout + r.stderr
-        assert "Traceback" not in r.stderr
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+        status = json.loads(g.cli("status", "--json").stdout)
+        assert not [i for i in status.get("instances", [])
+                    if i["instance"]["function"] == "corrupt"]  # fmt: skip
+        # Named where the start was refused (Schedule/Dispatch log the cause).
+        logs = "".join(p.read_text() for p in (g.run_dir / "logs").glob("*.log"))
+        assert "FAILED_PRECONDITION: model" in logs and "sha256 mismatch" in logs
     finally:
         g.stop()
         store.close()
