@@ -67,7 +67,7 @@ def _runtime(command: list[str]) -> common_pb2.ServingRuntime:
 def test_a_runtime_that_takes_a_model_needs_one_and_keeps_the_placeholder() -> None:
     rt = _runtime(["python3", "{artifact}", "--model={model}"])
     bare = spec.from_dict({"name": "m", "runtime": "python", "artifact": "/srv/x.py"}, None)
-    with pytest.raises(InvalidArgument, match="^model: runtime python hands a model"):
+    with pytest.raises(InvalidArgument, match=r"^model: runtime python hands a model"):
         servingruntime.resolve(bare, rt)
     resolved = servingruntime.resolve(spec.from_dict(_spec({"uri": "/m/x.bin"}), None), rt)
     assert resolved.command[-1] == "--model={model}"  # the node agent fills it in
