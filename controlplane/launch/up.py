@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
 import shlex
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,6 +261,7 @@ class Supervisor:
                 gpus=cfg.node_gpus,
                 start_delay_ms=cfg.start_delay_ms,
                 log_dir=str(self.log_dir / "instances"),
+                **self._model_cache(f"agent-{a}"),
             )
             flags = ["--controller", caddr, *config.to_flags(agent)]
             jobs.append(
@@ -413,6 +416,25 @@ class Supervisor:
                 # Registration happens in other processes; poll a few times a second.
                 await asyncio.sleep(0.1)
 
+    def _model_cache(self, agent: str) -> dict[str, Any]:
+        """A process-sandbox agent's model cache: the disk tier in RUN_DIR
+        (kept across runs), the memory tier on /dev/shm (gone at stop)."""
+        if self.cfg.sandbox != "process":
+            return {}
+        out: dict[str, Any] = {"model_cache_dir": str(self.cfg.run_dir / "models" / agent)}
+        if self.shm_dir is not None:
+            out["model_cache_memory_dir"] = str(self.shm_dir / agent)
+        return out
+
+    @property
+    def shm_dir(self) -> Path | None:
+        """This run's directory on tmpfs (per run dir), when the host has one."""
+        shm = Path("/dev/shm")
+        if not shm.is_dir():
+            return None
+        tag = hashlib.sha256(str(self.cfg.run_dir.resolve()).encode()).hexdigest()[:12]
+        return shm / f"galaxy-models-{tag}"
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop children, node agents first and the controller last."""
         with contextlib.suppress(OSError):
@@ -426,6 +448,8 @@ class Supervisor:
 
                 cpulimit.release(c.cgroup)
         self.children.clear()
+        if self.shm_dir is not None:  # the memory tier lives as long as the agents
+            shutil.rmtree(self.shm_dir, ignore_errors=True)
 
 
 def is_controller(name: str) -> bool:

@@ -81,6 +81,26 @@ class NodeAgentConfig(Config):
         "process sandbox: where instances' stdout/stderr go (default: a temp dir)",
         group=GROUP,
     )
+    model_cache_dir: str | None = setting(
+        None,
+        "disk tier of the node's model cache (functions with a model: fetched here once, "
+        "kept across restarts); unset: such functions are refused on this node",
+        metavar="DIR",
+        group=GROUP,
+    )
+    model_cache_disk_mib: int = setting(
+        10_240, "capacity of the model cache's disk tier, MiB", ge=1, group=GROUP
+    )
+    model_cache_memory_dir: str | None = setting(
+        None,
+        "memory tier of the model cache: a directory on tmpfs (e.g. /dev/shm/galaxy-models); "
+        "models used from disk are copied here when they fit",
+        metavar="DIR",
+        group=GROUP,
+    )
+    model_cache_memory_mib: int = setting(
+        1024, "capacity of the model cache's memory tier, MiB", ge=1, group=GROUP
+    )
     max_starting: int = setting(
         DEFAULT_MAX_STARTING,
         "instances starting at once on this agent; beyond, CreateInstance answers "

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from controlplane.nodeagent.config import NodeAgentConfig
+from controlplane.nodeagent.modelcache import ModelCache, Tier
 from controlplane.nodeagent.orphans import OrphanReaper
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS, Registrar
 from controlplane.nodeagent.sandbox import SandboxBackend, make_sandbox_backend
@@ -111,6 +113,19 @@ def _cgroups(mode: str, max_pids: int) -> Cgroups | None:
         raise ValueError(f"--cgroups on: {e}") from None
 
 
+def _models(cfg: NodeAgentConfig) -> ModelCache | None:
+    """The model cache the flags ask for (memory tier first), or None."""
+    if not cfg.model_cache_dir:
+        return None
+    mib = 1024 * 1024
+    tiers = [Tier("disk", Path(cfg.model_cache_dir), cfg.model_cache_disk_mib * mib)]
+    if cfg.model_cache_memory_dir:
+        tiers.insert(
+            0, Tier("memory", Path(cfg.model_cache_memory_dir), cfg.model_cache_memory_mib * mib)
+        )
+    return ModelCache(tiers)
+
+
 def build(args: argparse.Namespace) -> NodeAgentComponent:
     """A NodeAgentComponent from the flags of ``add_arguments``."""
     cfg = config.from_args(NodeAgentConfig, args)
@@ -128,7 +143,9 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
         )
     cap = Res(cfg.cpu_millis, cfg.memory_mib, cfg.gpus)
     ids = node_ids(cfg.node_prefix, cfg.nodes, cfg.node_index_start)
-    servicer = NodeAgentServicer([(n, cap) for n in ids], backend, max_starting=cfg.max_starting)
+    servicer = NodeAgentServicer(
+        [(n, cap) for n in ids], backend, max_starting=cfg.max_starting, models=_models(cfg)
+    )
     QUEUE_LIMIT.labels("galaxy_nodeagent_pending_creates").set(cfg.max_starting)
     return NodeAgentComponent(
         servicer, heartbeat_interval_ms=cfg.heartbeat_ms, orphan_check_s=cfg.orphan_check_s

@@ -19,9 +19,12 @@ import grpc
 
 from controlplane.nodeagent import instance_stream
 from controlplane.nodeagent.capacity import NodeCapacity, Res
+from controlplane.nodeagent.modelcache import ModelCache, release_quietly
+from controlplane.nodeagent.modelindex import Entry
 from controlplane.nodeagent.sandbox import Sandbox, SandboxBackend, describe_exit
-from controlplane.runtime import rpc
+from controlplane.runtime import models, rpc
 from controlplane.runtime.errors import (
+    FailedPrecondition,
     GalaxyError,
     InvalidArgument,
     NotFound,
@@ -57,6 +60,8 @@ class _Instance:
     ready_at: float = 0.0
     #: the node's seq when it became ready (CreateInstanceReply.node_seq)
     ready_seq: int = 0
+    #: the model cache entry it pinned (released when it ends)
+    model: Entry | None = None
 
 
 @dataclass(eq=False)
@@ -71,6 +76,8 @@ class Node:
     # outranks whatever its previous life last sent (receivers drop lower seq).
     seq: int = field(default_factory=lambda: time.time_ns() // 1000)
     instances: dict[str, _Instance] = field(default_factory=dict)
+    #: models in the agent's cache, reported to placement with each status
+    held_models: Callable[[], list[common_pb2.ModelHeld]] = list
 
     def status(self, *, bump: bool = False) -> common_pb2.NodeStatus:
         """Current NodeStatus; bump=True first advances seq (one per send)."""
@@ -88,6 +95,7 @@ class Node:
             instances=len(self.instances),
             seq=self.seq,
             starting=starting.to_proto(),
+            models=self.held_models(),
         )
 
 
@@ -110,6 +118,7 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         pool: rpc.ChannelPool | None = None,
         address: str = "",
         max_starting: int = DEFAULT_MAX_STARTING,
+        models: ModelCache | None = None,
     ) -> None:
         if max_starting < 1:
             raise ValueError("max_starting must be >= 1")
@@ -124,6 +133,11 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
             if node_id in self.nodes:
                 raise ValueError(f"duplicate node id {node_id}")
             self.nodes[node_id] = Node(node_id, NodeCapacity(cap, node_id), address)
+        #: The node's model cache (None: specs with a model are refused).
+        self.models = models
+        if models is not None:
+            for node in self.nodes.values():
+                node.held_models = models.held
         self._ready_count = 0
         self._background: set[asyncio.Task[None]] = set()
         self.on_freed: Callable[[str], None] = lambda node_id: None
@@ -298,7 +312,8 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
             self._exited(node, inst, returncode)
 
         try:
-            sb = await self.backend.start(node.node_id, inst.instance_id, inst.spec, on_exit)
+            spec = await self._with_model(inst)
+            sb = await self.backend.start(node.node_id, inst.instance_id, spec, on_exit)
         except Exception as e:
             self._forget(node, inst.instance_id, only=inst)
             if isinstance(e, GalaxyError):
@@ -325,6 +340,24 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         self._ready_count += 1
         NODEAGENT_INSTANCES.set(self._ready_count)
 
+    async def _with_model(self, inst: _Instance) -> common_pb2.FunctionSpec:
+        """The spec to start: with a model, its local path in the command
+        ({model}) and in $GALAXY_MODEL_PATH, the cache entry pinned."""
+        spec = inst.spec
+        if not spec.HasField("model"):
+            return spec
+        if self.models is None:
+            raise FailedPrecondition(
+                f"function {spec.name} names a model and this node agent has no model cache "
+                "(--model-cache-dir)"
+            )
+        path, inst.model = await self.models.acquire(spec.model)
+        out = common_pb2.FunctionSpec()
+        out.CopyFrom(spec)
+        out.command[:] = models.command_with_model(list(spec.command), str(path))
+        out.env[models.ENV_PATH] = str(path)
+        return out
+
     def _forget(
         self, node: Node, instance_id: str, only: _Instance | None = None
     ) -> _Instance | None:
@@ -339,6 +372,8 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         if inst is None or (only is not None and inst is not only):
             return None
         del node.instances[instance_id]
+        release_quietly(self.models, inst.model)
+        inst.model = None
         node.capacity.free(instance_id)
         node.seq += 1
         self.on_freed(node.node_id)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from controlplane.runtime import validation
+from controlplane.runtime import models, validation
 from controlplane.runtime.errors import InvalidArgument
 from controlplane.runtime.validation import check_name, check_range, check_text, key, short
 from galaxy.v1 import common_pb2
@@ -172,6 +172,8 @@ def check_request(spec: common_pb2.FunctionSpec) -> None:
         )
     for i, arg in enumerate(spec.args):
         check_text(f"args[{i}]", arg, validation.MAX_ARG_BYTES)
+    if spec.HasField("model"):
+        models.check(spec.model)
     validation.check_spec(spec, resolved=False)
 
 
@@ -267,6 +269,11 @@ def resolve(
     _check_artifact(spec, rt)
     _check_args(spec, rt)
     _check_env(spec, rt)
+    if any(models.PLACEHOLDER in part for part in rt.command) and not spec.HasField("model"):
+        raise InvalidArgument(
+            f"model: runtime {rt.name} hands a model to its command ({models.PLACEHOLDER}); "
+            "the spec names none (model: {uri: ...})"
+        )
     out = common_pb2.FunctionSpec()
     out.CopyFrom(spec)
     out.command[:] = expand(rt, spec.artifact, spec.args)

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from controlplane.runtime import servingruntime, validation
+from controlplane.runtime import models, servingruntime, validation
 from controlplane.runtime.errors import InvalidArgument
 from controlplane.runtime.validation import NAME_RE, key, short
 from galaxy.v1 import common_pb2
@@ -46,6 +46,7 @@ _TOP_FIELDS = {
     "startup_timeout_ms",
     "request_timeout_ms",
     "autoscaling",
+    "model",
 }
 _RES_FIELDS = {"cpu_millis", "memory_mib", "gpus"}
 _AUTOSCALING_INT = {"stable_window_ms", "scale_to_zero_grace_ms", "keepalive_ms"}
@@ -139,6 +140,8 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
         doc, "request_timeout_ms", "request_timeout_ms", 0, 0, validation.REQUEST_TIMEOUT_MS_MAX
     )
     _autoscaling(doc.get("autoscaling") or {}, spec.autoscaling)
+    if doc.get("model") is not None:
+        spec.model.CopyFrom(models.from_dict(doc["model"], base_dir))
     servingruntime.check_request(spec)
     return spec
 

@@ -1,0 +1,185 @@
+"""The model bench: how long the model part of a cold start takes from each
+place the bytes can be (the store behind a shaped link, the node's disk
+tier, its memory tier), beside the floor each should approach.
+
+    python -m controlplane.bench.models --size-mb 250 --rate-mbit 1000
+
+Each trial acquires the model through the node's ``ModelCache`` and reads
+every byte (what a model server does when it loads): from the store it is
+fetched over the link first; from disk the file's pages are dropped from the
+page cache first (``posix_fadvise DONTNEED``), so the read is a disk read;
+from memory it is the tmpfs copy. Floors are measured on the same machine in
+the same run: the link's throughput (a plain download), the disk's read
+throughput (a file of the same size, its pages dropped) and tmpfs's. Needs
+root (network namespace, tc). Prints a table; ``--out`` writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from controlplane.bench.shapedlink import ShapedStore
+from controlplane.nodeagent.modelcache import ModelCache, Tier
+from galaxy.v1 import common_pb2
+
+MIB = 1 << 20
+
+
+def _write_random(path: Path, size: int) -> str:
+    """A file of random bytes; its sha256."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with path.open("wb") as f:
+        left = size
+        while left:
+            chunk = os.urandom(min(left, 4 * MIB))
+            h.update(chunk)
+            f.write(chunk)
+            left -= len(chunk)
+    return h.hexdigest()
+
+
+def _drop_pages(path: Path) -> None:
+    """Evict a file's pages from the page cache (a disk read follows)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _read_all(path: Path) -> int:
+    n = 0
+    with path.open("rb", buffering=0) as f:
+        while chunk := f.read(4 * MIB):
+            n += len(chunk)
+    return n
+
+
+def _throughput(path: Path, drop: bool) -> float:
+    if drop:
+        _drop_pages(path)
+    t0 = time.perf_counter()
+    n = _read_all(path)
+    return n / (time.perf_counter() - t0)
+
+
+async def _trial(cache: ModelCache, ref: common_pb2.ModelRef) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    path, entry = await cache.acquire(ref)
+    await asyncio.to_thread(_read_all, path)
+    took = time.perf_counter() - t0
+    cache.release(entry)
+    return took, entry.tier
+
+
+async def run(size_mb: int, rate_mbit: float, trials: int) -> dict[str, Any]:
+    """Measure; returns the report (see the module docstring)."""
+    size = size_mb * MIB
+    work = Path(tempfile.mkdtemp(prefix="galaxy-bench-models-"))
+    shm = Path(tempfile.mkdtemp(prefix="galaxy-bench-models-", dir="/dev/shm"))
+    try:
+        (work / "store").mkdir()
+        sha = _write_random(work / "store" / "model.bin", size)
+        probe = work / "disk-probe.bin"
+        _write_random(probe, size)
+        disk_bw = statistics.median(_throughput(probe, drop=True) for _ in range(trials))
+        shutil.copyfile(probe, shm / "probe.bin")
+        mem_bw = statistics.median(
+            _throughput(shm / "probe.bin", drop=False) for _ in range(trials)
+        )
+        (shm / "probe.bin").unlink()
+        probe.unlink()
+        with ShapedStore(work / "store", rate_mbit) as store:
+            rtt = store.rtt()
+            link_bw = store.measure("model.bin")
+            ref = common_pb2.ModelRef(
+                uri=f"{store.base_url}/model.bin", sha256=sha, size_bytes=size
+            )
+            times: dict[str, list[float]] = {"store": [], "disk": [], "memory": []}
+            for _ in range(trials):
+                disk, mem = work / "disk", shm / "memory"
+                for d in (disk, mem):
+                    shutil.rmtree(d, ignore_errors=True)
+                cache = ModelCache([Tier("memory", mem, 2 * size), Tier("disk", disk, 2 * size)])
+                took, tier = await _trial(cache, ref)
+                assert tier == "disk", tier  # fetched into the disk tier
+                times["store"].append(took)
+                await asyncio.gather(*cache._background)  # the copy to memory
+                took, tier = await _trial(cache, ref)
+                assert tier == "memory", tier
+                times["memory"].append(took)
+                # The disk tier alone (as on a node whose memory tier is full).
+                cold = ModelCache([Tier("disk", disk, 2 * size)])
+                _drop_pages(disk / sha)
+                took, tier = await _trial(cold, ref)
+                assert tier == "disk", tier
+                times["disk"].append(took)
+                await cache.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    floors = {"store": size / link_bw, "disk": size / disk_bw, "memory": size / mem_bw}
+    return {
+        "size_bytes": size,
+        "link": {"rate_mbit": rate_mbit, "rtt_ms": rtt * 1000, "measured_mbit": link_bw * 8 / 1e6},
+        "bandwidth_bytes_per_s": {"link": link_bw, "disk": disk_bw, "memory": mem_bw},
+        "seconds": med,
+        "trials": times,
+        "floor_seconds": floors,
+        "x_floor": {k: med[k] / floors[k] for k in med},
+        "speedup_vs_store": {k: med["store"] / med[k] for k in ("disk", "memory")},
+    }
+
+
+def render(r: dict[str, Any]) -> str:
+    """The report as a table."""
+    lines = [
+        f"model {r['size_bytes'] / MIB:.0f} MiB; link shaped to {r['link']['rate_mbit']:g} "
+        f"Mbit/s, measured {r['link']['measured_mbit']:.0f} Mbit/s, rtt "
+        f"{r['link']['rtt_ms']:.2f} ms",
+        f"{'from':<8} {'seconds':>9} {'floor s':>9} {'x floor':>8} {'x faster than store':>20}",
+    ]
+    for k in ("store", "disk", "memory"):
+        speed = r["speedup_vs_store"].get(k)
+        faster = "-" if speed is None else f"{speed:.1f}"
+        lines.append(
+            f"{k:<8} {r['seconds'][k]:>9.3f} {r['floor_seconds'][k]:>9.3f} "
+            f"{r['x_floor'][k]:>8.2f} {faster:>20}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line of ``python -m controlplane.bench.models``."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size-mb", type=int, default=250)
+    p.add_argument("--rate-mbit", type=float, default=1000.0)
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--out", default=None, help="write the report as JSON here")
+    a = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("galaxy bench models: needs root (network namespace and tc)", file=sys.stderr)
+        return 2
+    report = asyncio.run(run(a.size_mb, a.rate_mbit, a.trials))
+    print(render(report))
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
