@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "functions.dispatch",
             "functions.schedule",
             "functions.clustermgr",
+            "controlplane.llm",
         ),
     ),
     ("launch", ("controlplane.launch",)),

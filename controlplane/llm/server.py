@@ -1,0 +1,310 @@
+"""An emulated LLM server, OpenAI-compatible: ``/v1/chat/completions`` and
+``/v1/completions`` (streaming or not, with ``usage``), ``/v1/models``,
+``/health`` and ``/metrics`` with vLLM's metric names. Timing comes from the
+emulated engine (``engine``): no model runs, nothing spins while waiting.
+
+    python -m controlplane.llm.server --profile smollm2-135m-cpu   # $HOST:$PORT
+
+Prompts are counted in whitespace-separated words. A request may instead
+give ``galaxy_prompt_tokens`` and ``galaxy_prefix_blocks`` (a trace's input
+length and block hash ids, e.g. the Mooncake trace's ``hash_ids``) so
+replayed traces exercise the prefix cache as the real prompts did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from controlplane.llm.engine import Engine, QueueFull, Request, block_hashes
+from controlplane.llm.profiles import profile
+
+MAX_TOKENS = 4096
+MAX_BODY = 4 * 1024 * 1024
+LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class BadRequest(Exception):
+    """A request field that is wrong (the message names it)."""
+
+
+class _EngineGauges(Collector):
+    def __init__(self, engine: Engine, model: str) -> None:
+        self.engine, self.model = engine, model
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        e, labels = self.engine, [self.model]
+        for name, doc, value in (
+            ("vllm:num_requests_waiting", "Requests waiting to be admitted.", len(e.waiting)),
+            ("vllm:num_requests_running", "Requests in the running batch.", len(e.running)),
+            ("vllm:gpu_cache_usage_perc", "KV-cache usage, 0-1 (emulated).", e.kv_usage),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(labels, value)
+            yield g
+        c = e.counters
+        for name, doc, value in (
+            ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             c.prefix_queries),
+            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", c.prefix_hits),
+            ("vllm:prompt_tokens", "Prompt tokens processed.", c.prompt_tokens),
+            ("vllm:generation_tokens", "Tokens generated.", c.generation_tokens),
+        ):  # fmt: skip
+            g = GaugeMetricFamily(name + "_total", doc + " (a counter)", labels=["model_name"])
+            g.add_metric(labels, value)
+            yield g
+
+
+class LlmServer:
+    """The HTTP side of one emulated engine."""
+
+    def __init__(self, engine: Engine, model: str, clock: Any = time.monotonic) -> None:
+        self.engine, self.model, self.clock = engine, model, clock
+        self._work = asyncio.Event()
+        self._waiters: dict[str, asyncio.Queue[int]] = {}
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineGauges(engine, model))
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT.", ["model_name"],
+                              buckets=LATENCY, registry=self.registry)  # fmt: skip
+        self.tpot = Histogram("vllm:time_per_output_token_seconds", "TPOT.", ["model_name"],
+                              buckets=LATENCY, registry=self.registry)  # fmt: skip
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End to end.", ["model_name"],
+                             buckets=LATENCY, registry=self.registry)  # fmt: skip
+        self.refused = Counter("galaxy_llm_refused_total", "Requests refused (queue full).",
+                               registry=self.registry)  # fmt: skip
+
+    # -- the engine loop ------------------------------------------------------
+
+    async def run(self) -> None:
+        """Iterate the engine: sleep through each iteration, then deliver."""
+        while True:
+            step = self.engine.plan(self.clock())
+            if step is None:
+                self._work.clear()
+                await self._work.wait()
+                continue
+            await asyncio.sleep(step.duration)
+            for r in self.engine.complete(step):
+                q = self._waiters.get(r.id)
+                if q is not None:
+                    q.put_nowait(r.generated)
+
+    # -- requests -------------------------------------------------------------
+
+    def _request(self, body: dict[str, Any], chat: bool) -> Request:
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                raise BadRequest("messages: a non-empty list of {role, content}")
+            words: list[str] = []
+            for i, m in enumerate(msgs):
+                if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
+                    raise BadRequest(f"messages[{i}]: {{role, content}} with string content")
+                words += [str(m.get("role", "user")) + ":", *str(m.get("content", "")).split()]
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise BadRequest("prompt: a string")
+            words = prompt.split()
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+            raise BadRequest("max_tokens: an integer")
+        if not 1 <= max_tokens <= MAX_TOKENS:
+            raise BadRequest(f"max_tokens: between 1 and {MAX_TOKENS}")
+        n = body.get("galaxy_prompt_tokens")
+        blocks = body.get("galaxy_prefix_blocks")
+        if n is not None or blocks is not None:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise BadRequest("galaxy_prompt_tokens: a positive integer")
+            if not isinstance(blocks, list) or len(blocks) > 100_000:
+                raise BadRequest("galaxy_prefix_blocks: a list of block ids")
+            hashes = tuple(str(b) for b in blocks)
+        else:
+            n, hashes = max(1, len(words)), block_hashes(words, self.engine.profile.block_tokens)
+        return Request(uuid.uuid4().hex[:12], n, max_tokens, hashes, arrived=self.clock())
+
+    async def completions(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        """POST /v1/chat/completions and /v1/completions."""
+        try:
+            body = json.loads(await request.read())
+            if not isinstance(body, dict):
+                raise BadRequest("body: a JSON object")
+            req = self._request(body, chat)
+            self.engine.submit(req)
+        except (ValueError, BadRequest) as e:  # json errors are ValueErrors
+            return _error(400, str(e)[:300])
+        except RecursionError:  # JSON nested deeper than the parser goes
+            return _error(400, "body: JSON nested too deeply")
+        except QueueFull as e:
+            self.refused.inc()
+            return _error(429, f"engine queue full: {e}")
+        q: asyncio.Queue[int] = asyncio.Queue()
+        self._waiters[req.id] = q
+        self._work.set()
+        stream = bool(body.get("stream"))
+        try:
+            if stream:
+                return await self._stream(request, req, q, chat, body)
+            while (await q.get()) < req.max_tokens:
+                pass
+            return web.json_response(self._final(req, chat))
+        finally:
+            self._waiters.pop(req.id, None)
+            if req.finished_at is None:
+                self.engine.cancel(req)  # the client went away
+            else:
+                self._observe(req)
+
+    async def _stream(
+        self, request: web.Request, req: Request, q: asyncio.Queue[int], chat: bool, body: Any
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})  # fmt: skip
+        await resp.prepare(request)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        while True:
+            n = await q.get()
+            done = n >= req.max_tokens
+            text = f" tok{n}"
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if done else None}
+            if chat:
+                choice["delta"] = {"content": text} | ({"role": "assistant"} if n == 1 else {})
+            else:
+                choice["text"] = text
+            await _sse(resp, {"id": req.id, "object": obj, "created": int(time.time()),
+                              "model": self.model, "choices": [choice]})  # fmt: skip
+            if done:
+                break
+        if isinstance(body.get("stream_options"), dict) and body["stream_options"].get(
+            "include_usage"
+        ):
+            usage = {"id": req.id, "object": obj, "created": int(time.time()),
+                     "model": self.model, "choices": [], "usage": _usage(req)}  # fmt: skip
+            await _sse(resp, usage)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    def _final(self, req: Request, chat: bool) -> dict[str, Any]:
+        text = "".join(f" tok{i}" for i in range(1, req.generated + 1)).strip()
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {
+            "id": req.id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": _usage(req),
+        }
+
+    def _observe(self, req: Request) -> None:
+        assert req.first_token_at is not None and req.finished_at is not None
+        self.ttft.labels(self.model).observe(req.first_token_at - req.arrived)
+        self.e2e.labels(self.model).observe(req.finished_at - req.arrived)
+        if req.generated > 1:
+            per = (req.finished_at - req.first_token_at) / (req.generated - 1)
+            self.tpot.labels(self.model).observe(per)
+
+    # -- the app --------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        """The aiohttp application (routes above)."""
+        app = web.Application(client_max_size=MAX_BODY)
+
+        async def chat(r: web.Request) -> web.StreamResponse:
+            return await self.completions(r, chat=True)
+
+        async def plain(r: web.Request) -> web.StreamResponse:
+            return await self.completions(r, chat=False)
+
+        async def models(_: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [
+                {"id": self.model, "object": "model", "owned_by": "galaxy-emulated"}]})  # fmt: skip
+
+        async def health(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(self.registry),
+                                content_type="text/plain")  # fmt: skip
+
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_post("/v1/completions", plain)
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/health", health)
+        app.router.add_get("/healthz", health)
+        app.router.add_get("/metrics", metrics)
+        return app
+
+
+def _usage(req: Request) -> dict[str, Any]:
+    return {
+        "prompt_tokens": req.prompt_tokens,
+        "completion_tokens": req.generated,
+        "total_tokens": req.prompt_tokens + req.generated,
+        "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
+    }
+
+
+def _error(status: int, message: str) -> web.Response:
+    kind = "invalid_request_error" if status == 400 else "rate_limit_error"
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}},
+                             status=status)  # fmt: skip
+
+
+async def _sse(resp: web.StreamResponse, obj: dict[str, Any]) -> None:
+    await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+
+async def serve(profile_name: str, host: str, port: int, model: str) -> None:
+    """Load (the profile's load time), then serve until cancelled."""
+    prof = profile(profile_name)
+    await asyncio.sleep(prof.load_s)  # weights "loading": not ready before
+    server = LlmServer(Engine(prof), model)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    try:
+        await server.run()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line (the node agent sets $HOST and $PORT)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", default="smollm2-135m-cpu")
+    p.add_argument("--model", default=os.environ.get("GALAXY_FUNCTION", ""),
+                   help="model id it answers to (default: the function's name)")  # fmt: skip
+    a = p.parse_args(argv)
+    try:
+        profile(a.profile)
+    except ValueError as e:
+        print(f"emulated LLM: --profile: {e}", file=sys.stderr)
+        return 2
+    host, port = os.environ.get("HOST", "127.0.0.1"), int(os.environ.get("PORT", "8000"))
+    try:
+        asyncio.run(serve(a.profile, host, port, a.model or a.profile))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
