@@ -1,5 +1,5 @@
 """CPU of each `galaxy up` process at idle, heartbeat batches on and off
-alternating (docs/benchmarks.md, session 24).
+alternating (docs/results/benchmarks-2026-11.md, 2026-11-26, "batched heartbeats").
 
     python scripts/measure_idle_heartbeats.py [--nodes 210] [--pairs 2] [--window-s 30]
 

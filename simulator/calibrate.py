@@ -13,7 +13,7 @@ phase and divide by the operations it served:
 - ``warm``: Dispatch + Release to warm functions -> Dispatch's cost of a
   request and its release (split evenly between ``dispatch.dispatch`` and
   ``dispatch.release``: the model charges both per request, so only their
-  sum matters. Since session 22 the generator, like the SDK, sends both as
+  sum matters. Since 2026-11-26 (commit 35f1747) the generator, like the SDK, sends both as
   messages on one DispatchStream, a release riding on the next request;
   before, each was a unary RPC. Measuring Dispatch alone with held leases
   gave about the whole warm figure, which we could not explain, so we do
@@ -132,7 +132,7 @@ def derive(
         # A cold request's Dispatch CPU covers its Dispatch and Release RPCs
         # (what a warm request costs, charged by the model to every request
         # as dispatch.dispatch + dispatch.release) and the scale-up: only the
-        # rest is the scale-up's. Before session 21 one RPC (d_only) was
+        # rest is the scale-up's. Before commit 7c34ab7 one RPC (d_only) was
         # subtracted, which charged each simulated start one RPC twice.
         "dispatch.scale_up": max(1e-6, per("cold", "dispatch") - 2 * d_only),
         "schedule.probe": client,

@@ -23,7 +23,7 @@ With ``handshake`` the generator waits for a line on stdin after
 snapshot (a /metrics scrape of every process, each tens of milliseconds of
 its CPU) then happens between warm-up and measurement instead of stalling
 the first measured requests (it made 2% of a warm phase's requests 18-70 ms
-slow, docs/benchmarks.md session 21).
+slow: docs/results/benchmarks-2026-11.md, 2026-11-26, commit dab33f3).
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ async def _until(due: float) -> float:
     One timer, no busy wait: uvloop's timers have millisecond resolution and
     may fire up to about a millisecond early. Spinning on ``sleep(0)`` until
     the exact time cost the generator ~0.3 cores at 400 requests/s, taken
-    from the servers it measures on a 2-core machine (docs/benchmarks.md,
-    session 20). A request that goes out early is timed from its actual
+    from the servers it measures on a 2-core machine (docs/results/benchmarks-2026-11.md,
+    2026-11-25, commit 95304db). A request that goes out early is timed from its actual
     send instead (``_start``), so its latency is never understated.
     """
     now = time.perf_counter()

@@ -43,7 +43,7 @@ SETTLED_CORES = 0.6
 SETTLE_MAX_S = 30.0
 #: ... for this long in a row: longer than a Dispatch autoscaler round (2 s),
 #: whose retirements of the plan's idle instances come as a wave. With one
-#: quiet step, 3 of 6 phases of a cold-streams run (session 23) measured
+#: quiet step, 3 of 6 phases of a cold-streams run (2026-11-26, 7cbe9a9) measured
 #: the echo after them at 579-696 req/s instead of ~1,700: each had settled
 #: in its first 0.5 s step, before the wave.
 SETTLE_QUIET_S = 2.5

@@ -4,7 +4,8 @@ DeleteInstance as messages on one stream per node agent address.
 Dispatch (creates from credits, deletes) and Schedule (creates, undoes)
 call node agents once or twice per cold start; on grpc.aio a message on an
 open stream costs the agent less than half of a unary call's CPU and the
-caller about two thirds (docs/benchmarks.md, sessions 22-23). To the
+caller about two thirds (docs/results/benchmarks-2026-11.md, 2026-11-26,
+commits 35f1747 and 8cdffeb). To the
 caller nothing changes: ``AgentCalls.create`` and ``delete`` answer what
 the unary call answers or raise the
 ``grpc.aio.AioRpcError`` it would raise (same code and message), so retries

@@ -243,7 +243,7 @@ def to_flags(cfg: Config) -> list[str]:
 #: tail. Every gRPC call leaves a few objects in reference cycles, so a young
 #: collection frees about as many objects as its threshold: 0.4 ms of CPU at
 #: 700, 1.0 ms at 2,000, 9 ms (up to 20) at 10,000, for the same total
-#: (docs/benchmarks.md, session 20). Freezing is what shortens full ones.
+#: (docs/results/benchmarks-2026-11.md, 2026-11-25). Freezing is what shortens full ones.
 GC_THRESHOLDS = (700, 10, 10)
 
 #: The gRPC message size limit every server and channel sets, both ways
@@ -372,7 +372,7 @@ class GcConfig(Config):
     of thousands) and stops the process while it does: tens of milliseconds
     on a busy core, a tail that every request in flight pays. Freezing what
     start-up made keeps full collections to what was made since. The
-    thresholds are there to be measured (docs/benchmarks.md, session 20):
+    thresholds are there to be measured (docs/results/benchmarks-2026-11.md, 2026-11-25):
     larger ones made young collections rarer but each one longer."""
 
     gc_freeze: bool = setting(

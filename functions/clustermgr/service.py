@@ -7,7 +7,8 @@ drained by one task per address. So messages for a node reach its owner in
 order, and a slow Schedule instance costs coalescing, not memory or latency
 of heartbeats. Changes go at once; refreshes of unchanged statuses wait up
 to a heartbeat period for company, so that they cost Schedule one RPC per
-period rather than one per beat (docs/benchmarks.md, session 23).
+period rather than one per beat (docs/results/benchmarks-2026-11.md, 2026-11-26,
+"Schedule per heartbeat", commit 5538adf).
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ class FunctionRouter:
     )
     #: lease id -> its request id, so a release forgets the request at once:
     #: stale grants left for the bound kept a Grant per warm request alive
-    #: (10,000 per function), walked by every full collection (session 20)
+    #: (10,000 per function), walked by every full collection (2026-11-25, 95304db)
     _request_of: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
     #: how long a held lease may take new requests (0: no holds), and when
     #: the last hold granted stops doing so; holds are closed while a
