@@ -322,7 +322,7 @@ class Supervisor:
             state = (await self.spawn("etcd", cmd)).ready["state"]
             self.cfg = cfg = cfg.replace(state=state)
         elif not cfg.state.startswith(("etcd://", "etcds://")):
-            raise RuntimeError("--ha needs shared state: --state etcd[s]://HOST:PORT")
+            raise RuntimeError("--ha needs shared state: --state etcd://HOST:PORT (or etcds://)")
         ctls = await asyncio.gather(
             *(
                 self.spawn(
