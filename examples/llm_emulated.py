@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controlplane.llm.server import main  # noqa: E402 (after the path)
+from controlplane.llm.server import main
 
 if __name__ == "__main__":
     sys.exit(main())
