@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -191,6 +192,16 @@ async def _ready_probe(host: str, port: int, path: str, timeout_s: float) -> boo
         return False
 
 
+@contextlib.contextmanager
+def _closing(fds: tuple[int, ...]) -> Iterator[None]:
+    """Close fds on leaving (the child has its copies by then)."""
+    try:
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 OOM_KILLS = Counter(
     "galaxy_instance_oom_kills_total", "Function instances ended by the OOM killer at their limit"
@@ -216,8 +227,11 @@ class ProcessSandbox(Sandbox):
         group: InstanceGroup | None = None,
         memory_mib: int = 0,
         private_dir: Path | None = None,
+        uid: int | None = None,
     ) -> None:
         super().__init__(node_id, instance_id, join_host_port(backend.host, port))
+        #: The uid it runs as when its backend gave it one of its own.
+        self.uid = uid
         self.group = group
         #: Its private directory ($HOME, $TMPDIR; removed when it ends).
         self.private_dir = private_dir
@@ -262,6 +276,9 @@ class ProcessSandbox(Sandbox):
             self.group.remove()
         if self.private_dir is not None:
             await asyncio.to_thread(self._backend.dirs.remove, self.private_dir)
+        if self.uid is not None:
+            # Last: its processes and files are gone, the uid can serve another.
+            self._backend._release_uid(self.uid)
         if self._ready and not self._stopping and self._on_exit is not None:
             try:
                 self._on_exit(self.instance_id, rc)
@@ -346,6 +363,13 @@ class ProcessBackend(SandboxBackend):
         instance_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="galaxy-agent-"))
+        if self.kind == ProcessBackend.kind:
+            log.warning(
+                "--sandbox process ISOLATES NOTHING: instances run as %s, see the agent's "
+                "files, keys and processes and each other's (development only; the "
+                "default --sandbox bwrap isolates them)",
+                f"user {user}" if user else "the node agent's user",
+            )
         #: Per-instance CPU and memory limits (None: the limits are bookkeeping only).
         self.cgroups = cgroups
         self.startup_timeout_ms = startup_timeout_ms
@@ -395,6 +419,21 @@ class ProcessBackend(SandboxBackend):
         env["PORT"] = str(port)
         return env
 
+    def _acquire_uid(self) -> int | None:
+        """A uid of the instance's own (None: the backend's user)."""
+        return None
+
+    def _release_uid(self, uid: int) -> None:
+        """Give back a uid of ``_acquire_uid``."""
+
+    def _argv(
+        self, spec: common_pb2.FunctionSpec, private_dir: Path, cwd: str, uid: int | None
+    ) -> tuple[list[str], tuple[int, ...]]:
+        """The command line that runs spec's command, and the fds it needs
+        (closed by the caller once the child has them); a sandboxing backend
+        wraps the command here."""
+        return [*self._prefix, *spec.command], ()
+
     def _open_logs(self, node_id: str, instance_id: str) -> tuple[BinaryIO, BinaryIO]:
         # Synchronous on purpose: creating two local files takes microseconds,
         # less than a hop to a worker thread would.
@@ -418,8 +457,26 @@ class ProcessBackend(SandboxBackend):
         if not spec.command:
             raise Unavailable(f"function {spec.name} has no command to run")
         port = _free_port(self.host, {sb.port for sb in self._live})
+        uid = self._acquire_uid()
         try:
-            private_dir = self.dirs.create(instance_id)
+            return await self._start(node_id, instance_id, spec, on_exit, port, uid)
+        except BaseException:
+            if uid is not None:
+                self._release_uid(uid)
+            raise
+
+    async def _start(
+        self,
+        node_id: str,
+        instance_id: str,
+        spec: common_pb2.FunctionSpec,
+        on_exit: ExitCallback | None,
+        port: int,
+        uid: int | None,
+    ) -> ProcessSandbox:
+        owner = None if uid is None else (uid, uid)
+        try:
+            private_dir = self.dirs.create(instance_id, owner)
         except OSError as e:
             raise Unavailable(f"cannot make the directory of instance {instance_id}: {e}") from None
         env = self._env(node_id, instance_id, spec, port, private_dir)
@@ -429,7 +486,6 @@ class ProcessBackend(SandboxBackend):
             self.dirs.remove(private_dir)
             raise Unavailable(f"cannot start instance {instance_id} of {spec.name}: {why}")
         group = None
-        prefix = self._prefix
         if self.cgroups is not None:
             res = spec.resources
             try:
@@ -437,10 +493,18 @@ class ProcessBackend(SandboxBackend):
             except CgroupError as e:
                 self.dirs.remove(private_dir)
                 raise Unavailable(f"cannot start instance {instance_id}: {e}") from None
-            prefix = [*group.launcher(), *prefix]
+        try:
+            argv, fds = self._argv(spec, private_dir, cwd, uid)
+        except Unavailable:
+            if group is not None:
+                group.remove()
+            self.dirs.remove(private_dir)
+            raise
+        if group is not None:
+            argv = [*group.launcher(), *argv]
         out, err = self._open_logs(node_id, instance_id)
         stderr_path = Path(err.name)
-        with out, err:
+        with out, err, _closing(fds):
             try:
                 # CPython's Popen, not the event loop's subprocess support:
                 # uvloop runs Python code (PyOS_AfterFork_Child) in the forked
@@ -448,7 +512,7 @@ class ProcessBackend(SandboxBackend):
                 # multi-threaded process like this gRPC server. Popen forks and
                 # execs in C. It blocks for the fork+exec only (~1 ms).
                 proc = subprocess.Popen(  # noqa: ASYNC220 (see above)
-                    [*prefix, *spec.command],
+                    argv,
                     # Nothing of the agent's: stdin is /dev/null (never its
                     # lifeline pipe), and every fd but 0-2 is closed (gRPC
                     # sockets, logs), whatever its inheritable flag says.
@@ -456,7 +520,7 @@ class ProcessBackend(SandboxBackend):
                     stdout=out,
                     stderr=err,
                     close_fds=True,
-                    pass_fds=(),
+                    pass_fds=fds,
                     env=env,
                     cwd=cwd,
                     start_new_session=True,  # own process group: stop kills the whole tree
@@ -470,7 +534,7 @@ class ProcessBackend(SandboxBackend):
                 ) from None
         sb = ProcessSandbox(
             self, node_id, instance_id, proc, port, stderr_path, on_exit,
-            group, spec.resources.memory_mib, private_dir,
+            group, spec.resources.memory_mib, private_dir, uid,
         )  # fmt: skip
         self._live.add(sb)
         timeout_ms = spec.startup_timeout_ms or self.startup_timeout_ms
