@@ -75,6 +75,24 @@ def _shown(path: str) -> bool:
     return any(path == s or path.startswith(s + "/") for s in _SYSTEM)
 
 
+def resolve(command: str, path: str) -> str:
+    """command's absolute path on path (a PATH string), skipping version
+    managers' shims (pyenv, rbenv, asdf put scripts in a ``shims``
+    directory): a shim picks the real interpreter from the caller's home and
+    working directory, which a sandbox does not show, so the next match (the
+    interpreter itself) is what can run there. command itself when nothing
+    is found (the start then fails naming it)."""
+    if "/" in command:
+        return command
+    for entry in path.split(os.pathsep):
+        if not entry or os.path.basename(os.path.normpath(entry)) == "shims":
+            continue
+        found = shutil.which(command, path=entry)
+        if found is not None:
+            return os.path.abspath(found)
+    return command
+
+
 def runtime_roots(executable: str) -> list[str]:
     """The directories the sandbox must show for executable to run: the
     prefix it lives in (``PREFIX/bin/x`` -> ``PREFIX``) for its own path and
@@ -130,6 +148,7 @@ class BwrapBackend(ProcessBackend):
         # coreutils env on both sides.
         self._outer = [*self._prefix, env, "--ignore-signal=TERM", bwrap]
         self._inner = [env, "--default-signal=TERM", "--"]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self._bpf = seccomp.write_bpf(self.log_dir)
 
     def _acquire_uid(self) -> int | None:
@@ -148,9 +167,9 @@ class BwrapBackend(ProcessBackend):
         self, spec: common_pb2.FunctionSpec, private_dir: Path, cwd: str, uid: int | None
     ) -> tuple[list[str], tuple[int, ...]]:
         command = list(spec.command)
-        exe = shutil.which(command[0], path=os.environ.get("PATH")) or command[0]
+        command[0] = resolve(command[0], os.environ.get("PATH", os.defpath))
         binds: list[str] = []
-        for root in runtime_roots(exe):
+        for root in runtime_roots(command[0]):
             binds += _bind(root)
         # The artifact (and model) are absolute paths on the command line;
         # each existing one is shown read-only, nothing around it.
