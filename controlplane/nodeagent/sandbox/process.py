@@ -9,11 +9,9 @@ import contextlib
 import logging
 import os
 import pwd
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +23,7 @@ from prometheus_client import Counter
 
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, InstanceGroup
+from controlplane.nodeagent.sandbox.ports import free_port
 from controlplane.nodeagent.sandbox.workdirs import InstanceDirs
 from controlplane.runtime import revisions
 from controlplane.runtime.errors import Unavailable
@@ -110,50 +109,6 @@ def _cannot_run(command: str, env: dict[str, str], cwd: str | None) -> str | Non
     else:
         ok = shutil.which(command, path=env.get("PATH")) is not None
     return None if ok else f"{short(command)} is not found or not executable on this node"
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            lo, hi = (int(x) for x in f.read().split())
-            return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999  # the Linux default
-
-
-# Instance ports are drawn below the kernel's ephemeral range: a port taken
-# with bind(0) and released is soon handed to some outgoing connection or
-# another bind(0) (other agents, gRPC servers), so the instance would race them.
-_PORT_LOW = 10_000
-_EPHEMERAL_LOW = _ephemeral_range()[0]
-
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_port(host: str, avoid: set[int]) -> int:
-    """A port of host free right now (the instance binds it moments later)."""
-    if _EPHEMERAL_LOW - _PORT_LOW >= 1000:
-        for _ in range(64):
-            port = random.randrange(_PORT_LOW, _EPHEMERAL_LOW)
-            if port not in avoid and _port_is_free(host, port):
-                return port
-    while True:  # no room below the ephemeral range: let the kernel choose
-        with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        if port not in avoid:
-            return port
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -456,7 +411,7 @@ class ProcessBackend(SandboxBackend):
     ) -> ProcessSandbox:
         if not spec.command:
             raise Unavailable(f"function {spec.name} has no command to run")
-        port = _free_port(self.host, {sb.port for sb in self._live})
+        port = free_port(self.host, {sb.port for sb in self._live})
         uid = self._acquire_uid()
         try:
             return await self._start(node_id, instance_id, spec, on_exit, port, uid)
