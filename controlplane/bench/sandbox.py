@@ -24,7 +24,6 @@ from pathlib import Path
 from controlplane.nodeagent.sandbox import BwrapBackend, ProcessBackend
 from controlplane.nodeagent.sandbox.bwrap import resolve
 from controlplane.nodeagent.sandbox.cgroups import open_cgroups
-from controlplane.nodeagent.sandbox.process import ProcessBackend as _Base
 from galaxy.v1 import common_pb2
 
 ECHO = Path(__file__).resolve().parents[2] / "examples" / "echo_server.py"
@@ -41,7 +40,7 @@ def _spec() -> common_pb2.FunctionSpec:
     return spec
 
 
-async def _one(backend: _Base, n: int) -> float:
+async def _one(backend: ProcessBackend, n: int) -> float:
     t0 = time.perf_counter()
     sb = await backend.start("bench-0", f"i-{n}", _spec())
     took = time.perf_counter() - t0
@@ -51,7 +50,7 @@ async def _one(backend: _Base, n: int) -> float:
 
 async def run(rounds: int) -> dict[str, object]:
     """Start-to-ready times (ms) of both backends over rounds rounds."""
-    backends: dict[str, _Base] = {
+    backends: dict[str, ProcessBackend] = {
         "process": ProcessBackend(cgroups=open_cgroups("auto", 1024)),
         "bwrap": BwrapBackend(cgroups=open_cgroups("auto", 1024)),
     }
