@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.nodeagent.sandbox import seccomp
-from controlplane.nodeagent.sandbox.process import ProcessBackend, instance_user, pdeathsig_prefix
+from controlplane.nodeagent.sandbox.launch import instance_user, pdeathsig_prefix
+from controlplane.nodeagent.sandbox.process import ProcessBackend
 from controlplane.nodeagent.sandbox.uidpool import UidPool, UidPoolExhausted
 from controlplane.runtime.errors import Unavailable
 from galaxy.v1 import common_pb2
