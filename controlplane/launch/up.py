@@ -249,7 +249,7 @@ class Supervisor:
                     extra += self._credit_flags()
                 jobs.append(self.spawn(f"{kind}-{i}", self._serve_cmd(kind, f"{kind}-{i}", *extra)))
         await asyncio.gather(*jobs)
-        per = cfg.nodes_per_agent or (1 if cfg.sandbox == "process" else 105)
+        per = cfg.nodes_per_agent or (105 if cfg.sandbox == "emulated" else 1)
         jobs = []
         for a, first in enumerate(range(0, cfg.nodes, per)):
             agent = NodeAgentConfig(

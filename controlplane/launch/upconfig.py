@@ -66,12 +66,13 @@ class UpConfig(Config):
     nodes: int = setting(4, "worker nodes", ge=0)
     sandbox: str = setting(
         _AGENT["sandbox"].default,
-        "process: real subprocesses (default); emulated: no process",
-        choices=("process", "emulated"),
+        "bwrap: real subprocesses, each in its own sandbox (default); process: real "
+        "subprocesses isolating nothing (development only); emulated: no process",
+        choices=("bwrap", "process", "emulated"),
     )
     nodes_per_agent: int = setting(
         0,
-        "nodes hosted by one node agent process (default: 1 for process sandboxes, "
+        "nodes hosted by one node agent process (default: 1 for bwrap and process sandboxes, "
         "105 for emulated)",
         ge=0,
     )

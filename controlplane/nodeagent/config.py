@@ -26,7 +26,11 @@ class NodeAgentConfig(Config):
         group=GROUP,
     )
     sandbox: str = setting(
-        "process", "sandbox backend", choices=tuple(sorted(BACKENDS)), group=GROUP
+        "bwrap",
+        "sandbox backend: bwrap isolates each instance (docs/security.md); process "
+        "isolates nothing (development only); emulated runs no code",
+        choices=tuple(sorted(BACKENDS)),
+        group=GROUP,
     )
     cpu_millis: int = setting(4000, "CPU per node, millicores", ge=0, group=GROUP)
     memory_mib: int = setting(8192, "memory per node, MiB", ge=0, group=GROUP)

@@ -9,6 +9,12 @@ Dispatch), refuses with UNAUTHENTICATED or PERMISSION_DENIED, and leaves
 the principal where the servicer finds it (``current``) for the namespace
 checks that need the request. Refusals are logged and counted with the
 token's public id only, never the secret.
+
+A call is authenticated when it opens; a stream (Dispatch's
+DispatchStream, which the SDK and the gateway keep open) carries many
+requests, so each one calls ``recheck`` first: the token is looked up again
+once its cache entry expires, and a revoked token is refused from then on,
+within the cache's TTL of the revocation (docs/security.md).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ REFUSED = Counter(
 #: namespace, as before tokens existed.
 _UNCHECKED = Principal(Kind.COMPONENT, "unchecked")
 _current: ContextVar[Principal] = ContextVar("galaxy_principal", default=_UNCHECKED)
+#: The token the current call was opened with (None: no token, or tokens off).
+_guard: ContextVar[TokenGuard | None] = ContextVar("galaxy_token_guard", default=None)
 
 Lookup = Callable[[str], Awaitable[TokenRecord | None]]
 #: While lookups fail, a token served from its last record is looked up
@@ -72,6 +80,19 @@ def ensure_namespace(namespace: str, what: str) -> None:
 
 #: Pass as a token to call on behalf of a caller without one (the gateway).
 ANONYMOUS = "anonymous"
+
+
+async def recheck() -> None:
+    """Raise Unauthenticated if the current call's token was revoked since
+    the call opened (for each request a stream carries; a no-op for a call
+    without a token). Costs a cache read while the token's entry is fresh."""
+    guard = _guard.get()
+    if guard is None:
+        return
+    refusal = await guard.check()
+    if refusal is not None:
+        REFUSED.labels(refusal.code).inc()
+        raise Unauthenticated(refusal.message)
 
 
 def token_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
@@ -167,6 +188,31 @@ class Authenticator:
         return record
 
 
+class TokenGuard:
+    """The token a call was opened with, checked again on demand (``check``)
+    through its authenticator's cache."""
+
+    def __init__(self, authenticator: Authenticator, token_id: str, secret: str) -> None:
+        self.authenticator = authenticator
+        self.token_id = token_id
+        self.secret = secret
+        self._verified: TokenRecord | None = None  # the record last matched
+
+    async def check(self) -> Refusal | None:
+        """A refusal if the token is now unknown or revoked, else None."""
+        auth = self.authenticator
+        known, record = auth.cache.get(self.token_id, auth.clock.now())
+        if known and record is not None and record is self._verified:
+            return None  # the entry that was matched, still fresh: no hash
+        record = await auth._record(self.token_id)
+        if record is None or not access.matches(record, self.secret):
+            return Refusal(
+                "UNAUTHENTICATED", f"authorization: token {self.token_id} is unknown or revoked"
+            )
+        self._verified = record
+        return None
+
+
 class AccessInterceptor(GuardInterceptor):
     """Authenticates every call and refuses what the caller's role may not
     call (``access.decide``); see the module docstring."""
@@ -197,6 +243,10 @@ class AccessInterceptor(GuardInterceptor):
             refusal = access.decide(method, who)
             if refusal is None:
                 _current.set(who)
+                if got is not None and header is not None:
+                    parsed = access.parse(access.bearer(header) or "")
+                    if parsed is not None:
+                        _guard.set(TokenGuard(self.authenticator, *parsed))
                 return
         assert refusal is not None
         REFUSED.labels(refusal.code).inc()

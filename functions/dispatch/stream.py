@@ -12,8 +12,9 @@ withdrew the request) exactly as a unary call's cancellation does.
 
 Answers go out as they are ready, each tagged with the request's ``seq``.
 Every stream is bounded: at most ``MAX_IN_FLIGHT`` requests in flight, a
-goaway after ``MAX_AGE_S`` (so a token revoked in the meantime stops being
-honoured once the caller reopens), and an end at ``HARD_LIMIT_S``.
+goaway after ``MAX_AGE_S``, and an end at ``HARD_LIMIT_S``. Each request
+re-checks the stream's token (``authn.recheck``): a revoked token is refused
+within the token cache's TTL, as on a unary call.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from prometheus_client import Gauge
 
-from controlplane.runtime import multiplex, validation
+from controlplane.runtime import authn, multiplex, validation
 from controlplane.runtime.batches import batch_bytes
 from controlplane.runtime.errors import GalaxyError
 from galaxy.v1 import dispatch_pb2
@@ -153,6 +154,9 @@ class _Stream(multiplex.ServerStream[dispatch_pb2.DispatchStreamReply]):
         self, seq: int, method: str, msg: Any, sent: multiplex.Sent | None
     ) -> dispatch_pb2.DispatchStreamReply:
         """One request, through the unary handler's code."""
+        # The stream's token was checked when it opened; a revocation since
+        # must stop it too (within the token cache's TTL).
+        await authn.recheck()
         addr = await self.servicer.Dispatch(msg, sent)  # type: ignore[arg-type]
         return dispatch_pb2.DispatchStreamReply(seq=seq, addr=addr)
 

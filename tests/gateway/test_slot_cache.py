@@ -30,6 +30,7 @@ from galaxy.v1 import common_pb2
 from tests.cluster import eventually
 from tests.gateway.conftest import Gateway
 from tests.gateway.test_revisions import Answer, assert_switched, echo_v, sdk_worker
+from tests.instances import instance_pid
 
 Start = Callable[..., Awaitable[tuple[str, Proxy]]]
 
@@ -143,7 +144,7 @@ async def test_a_held_slot_on_an_instance_that_died_is_not_reused(
         status, first = await post(http, url)
         assert status == 200
         await eventually(lambda: proxy.slots.held == 1, 5, "the slot held")
-        os.kill(first["pid"], signal.SIGKILL)
+        os.kill(instance_pid(first["instance"]), signal.SIGKILL)
         router = dispatcher(gw).router_of("echo")
         await eventually(
             lambda: first["instance"] not in router.instances, 15, "the dead instance removed"

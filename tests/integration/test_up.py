@@ -29,6 +29,7 @@ from galaxy.v1 import (
     dispatch_pb2,
     dispatch_pb2_grpc,
 )
+from tests.instances import instance_pid
 from tests.integration.upctl import READY_LINE, REPO, GalaxyUp, pid_alive
 
 pytestmark = pytest.mark.integration
@@ -70,8 +71,9 @@ def test_deploy_then_cold_then_warm_invoke(up):
     assert "(cold" in first.stdout and "HTTP 200" in first.stdout
     body = json.loads(first.stdout.split("HTTP 200: ", 1)[1])
     assert body["echo"] == "hello"
-    up.instance_pids.append(body["pid"])
-    assert pid_alive(body["pid"])
+    pid = instance_pid(body["instance"])  # body["pid"] is its pid in its sandbox
+    up.instance_pids.append(pid)
+    assert pid_alive(pid)
     second = invoke(up, "echo", "again")
     assert second.returncode == 0, second.stderr
     assert "(warm" in second.stdout
@@ -89,7 +91,7 @@ def test_quick_tour_curl_through_the_gateway(up):
     assert out.returncode == 0, out.stderr
     body = json.loads(out.stdout)
     assert body["echo"] == "hi"
-    up.instance_pids.append(body["pid"])
+    up.instance_pids.append(instance_pid(body["instance"]))
 
 
 def test_status_lists_everything(up):
@@ -293,7 +295,7 @@ def test_killed_supervisor_leaves_no_orphans(tmp_path):
         assert g.cli("deploy", "-f", str(REPO / "examples" / "echo.yaml")).returncode == 0
         r = g.cli("invoke", "echo", "--data", "x")
         assert r.returncode == 0, r.stderr
-        pids.append(json.loads(r.stdout.split("HTTP 200: ", 1)[1])["pid"])
+        pids.append(instance_pid(json.loads(r.stdout.split("HTTP 200: ", 1)[1])["instance"]))
         os.kill(g.proc.pid, signal.SIGKILL)
         g.proc.wait(timeout=10)
         # These are not our children, so there is no wait(): poll /proc, bounded.

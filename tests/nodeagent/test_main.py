@@ -32,7 +32,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_flag_defaults():
     a = parse()
-    assert (a.nodes, a.node_prefix, a.node_index_start, a.sandbox) == (1, "node", 0, "process")
+    assert (a.nodes, a.node_prefix, a.node_index_start, a.sandbox) == (1, "node", 0, "bwrap")
     assert (a.cpu_millis, a.memory_mib, a.gpus) == (4000, 8192, 0)
     assert (a.start_delay_ms, a.heartbeat_ms, a.log_dir) == (0.0, 1000, None)
     with pytest.raises(SystemExit):

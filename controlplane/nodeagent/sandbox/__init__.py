@@ -5,8 +5,11 @@ ready ``Sandbox`` (or raises ``Unavailable``), ``Sandbox.stop()`` ends it, and
 an ``on_exit(instance_id, returncode)`` callback reports an instance that ended
 on its own. Backends:
 
-- ``process``: a real subprocess listening on the node's address (the
-  embedded default; loopback only when the agent itself listens there).
+- ``bwrap`` (the default): a real subprocess in a bubblewrap sandbox of its
+  own (namespaces, its own uid, no capabilities, seccomp, a filesystem with
+  only what it needs; ``sandbox/bwrap.py``).
+- ``process``: a real subprocess listening on the node's address, isolating
+  nothing (development only; loopback only when the agent listens there).
 - ``emulated``: no process, a modelled cold-start delay (the 210-node
   emulation and benchmarks).
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
+from controlplane.nodeagent.sandbox.bwrap import BwrapBackend
 from controlplane.nodeagent.sandbox.emulated import EmulatedBackend, EmulatedSandbox
 from controlplane.nodeagent.sandbox.process import (
     DEFAULT_STARTUP_TIMEOUT_MS,
@@ -30,6 +34,7 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_STARTUP_TIMEOUT_MS",
     "DEFAULT_STOP_GRACE_S",
+    "BwrapBackend",
     "EmulatedBackend",
     "EmulatedSandbox",
     "ExitCallback",
@@ -42,14 +47,15 @@ __all__ = [
 ]
 
 BACKENDS: dict[str, type[SandboxBackend]] = {
+    BwrapBackend.kind: BwrapBackend,
     ProcessBackend.kind: ProcessBackend,
     EmulatedBackend.kind: EmulatedBackend,
 }
 
 
 def make_sandbox_backend(kind: str, **opts: Any) -> SandboxBackend:
-    """A backend by name ("process" or "emulated"); opts go to its constructor
-    (process: log_dir, startup_timeout_ms, stop_grace_s, cgroups, user,
+    """A backend by name ("bwrap", "process" or "emulated"); opts go to its
+    constructor (bwrap and process: log_dir, startup_timeout_ms, stop_grace_s, cgroups, user,
     instance_dir; emulated:
     start_delay_ms)."""
     try:

@@ -8,15 +8,11 @@ import asyncio
 import contextlib
 import logging
 import os
-import pwd
-import random
 import re
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -24,6 +20,13 @@ from prometheus_client import Counter
 
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, InstanceGroup
+from controlplane.nodeagent.sandbox.launch import (
+    cannot_run,
+    instance_user,
+    pdeathsig_prefix,
+    run_as_prefix,
+)
+from controlplane.nodeagent.sandbox.ports import free_port
 from controlplane.nodeagent.sandbox.workdirs import InstanceDirs
 from controlplane.runtime import revisions
 from controlplane.runtime.errors import Unavailable
@@ -40,119 +43,6 @@ DEFAULT_STOP_GRACE_S = 2.0
 # millisecond of poll interval is cold-start latency) and cap low.
 _POLL_FIRST_S = 0.005
 _POLL_CAP_S = 0.010
-
-# Run by the fallback launcher (no setpriv): set the parent-death signal, check
-# the agent did not die before that (the signal would then never come), exec.
-_PY_LAUNCHER = (
-    "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
-    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
-)
-
-
-def pdeathsig_prefix() -> list[str]:
-    """Command prefix that gives an instance SIGKILL when its agent dies.
-
-    PR_SET_PDEATHSIG survives exec, so a launcher can set it and then exec the
-    instance's command in the same process: instances never outlive their
-    node agent, even one killed with SIGKILL. The setting is not made in a
-    preexec_fn: running Python in the child of a forked multi-threaded process
-    (gRPC and asyncio threads) crashes intermittently (seen here as SIGSEGV in
-    threading._after_fork). util-linux ``setpriv`` costs ~1 ms; without it a
-    Python launcher is used (slower: one interpreter start).
-    """
-    if not sys.platform.startswith("linux"):
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv:
-        return [setpriv, "--pdeathsig", "KILL", "--"]
-    return [sys.executable, "-S", "-I", "-c", _PY_LAUNCHER, str(os.getpid())]
-
-
-def instance_user(user: str) -> pwd.struct_passwd:
-    """The account of --instance-user (name or uid); ValueError if unknown."""
-    try:
-        return pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
-    except KeyError:
-        raise ValueError(f"--instance-user: no user {short(user)} on this node") from None
-
-
-def run_as_prefix(user: str) -> list[str]:
-    """Command prefix that runs an instance as user (name or uid) with no
-    supplementary groups and the parent-death signal, via util-linux
-    setpriv. ValueError (naming --instance-user) when that cannot work: an
-    unknown user, no setpriv, or an agent without the right to switch."""
-    pw = instance_user(user)
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        raise ValueError("--instance-user needs util-linux `setpriv` on the node")
-    if os.geteuid() != 0 and pw.pw_uid != os.geteuid():
-        raise ValueError("--instance-user: the node agent must run as root to switch users")
-    return [
-        setpriv, f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
-        "--pdeathsig", "KILL", "--",
-    ]  # fmt: skip
-
-
-def _cannot_run(command: str, env: dict[str, str], cwd: str | None) -> str | None:
-    """Why command cannot be run (None when it can).
-
-    Checked up front because through the launcher a missing binary would only
-    show as an early exit. Synchronous: a few stat calls.
-    """
-    if cwd is not None and not os.path.isdir(cwd):
-        return f"workdir {cwd} does not exist on this node"
-    if "/" in command:
-        path = os.path.join(cwd or os.getcwd(), command)
-        ok = os.path.isfile(path) and os.access(path, os.X_OK)
-    else:
-        ok = shutil.which(command, path=env.get("PATH")) is not None
-    return None if ok else f"{short(command)} is not found or not executable on this node"
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            lo, hi = (int(x) for x in f.read().split())
-            return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999  # the Linux default
-
-
-# Instance ports are drawn below the kernel's ephemeral range: a port taken
-# with bind(0) and released is soon handed to some outgoing connection or
-# another bind(0) (other agents, gRPC servers), so the instance would race them.
-_PORT_LOW = 10_000
-_EPHEMERAL_LOW = _ephemeral_range()[0]
-
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_port(host: str, avoid: set[int]) -> int:
-    """A port of host free right now (the instance binds it moments later)."""
-    if _EPHEMERAL_LOW - _PORT_LOW >= 1000:
-        for _ in range(64):
-            port = random.randrange(_PORT_LOW, _EPHEMERAL_LOW)
-            if port not in avoid and _port_is_free(host, port):
-                return port
-    while True:  # no room below the ephemeral range: let the kernel choose
-        with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        if port not in avoid:
-            return port
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -191,6 +81,16 @@ async def _ready_probe(host: str, port: int, path: str, timeout_s: float) -> boo
         return False
 
 
+@contextlib.contextmanager
+def _closing(fds: tuple[int, ...]) -> Iterator[None]:
+    """Close fds on leaving (the child has its copies by then)."""
+    try:
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 OOM_KILLS = Counter(
     "galaxy_instance_oom_kills_total", "Function instances ended by the OOM killer at their limit"
@@ -216,8 +116,11 @@ class ProcessSandbox(Sandbox):
         group: InstanceGroup | None = None,
         memory_mib: int = 0,
         private_dir: Path | None = None,
+        uid: int | None = None,
     ) -> None:
         super().__init__(node_id, instance_id, join_host_port(backend.host, port))
+        #: The uid it runs as when its backend gave it one of its own.
+        self.uid = uid
         self.group = group
         #: Its private directory ($HOME, $TMPDIR; removed when it ends).
         self.private_dir = private_dir
@@ -262,6 +165,9 @@ class ProcessSandbox(Sandbox):
             self.group.remove()
         if self.private_dir is not None:
             await asyncio.to_thread(self._backend.dirs.remove, self.private_dir)
+        if self.uid is not None:
+            # Last: its processes and files are gone, the uid can serve another.
+            self._backend._release_uid(self.uid)
         if self._ready and not self._stopping and self._on_exit is not None:
             try:
                 self._on_exit(self.instance_id, rc)
@@ -346,6 +252,13 @@ class ProcessBackend(SandboxBackend):
         instance_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="galaxy-agent-"))
+        if self.kind == ProcessBackend.kind:
+            log.warning(
+                "--sandbox process ISOLATES NOTHING: instances run as %s, see the agent's "
+                "files, keys and processes and each other's (development only; the "
+                "default --sandbox bwrap isolates them)",
+                f"user {user}" if user else "the node agent's user",
+            )
         #: Per-instance CPU and memory limits (None: the limits are bookkeeping only).
         self.cgroups = cgroups
         self.startup_timeout_ms = startup_timeout_ms
@@ -395,6 +308,21 @@ class ProcessBackend(SandboxBackend):
         env["PORT"] = str(port)
         return env
 
+    def _acquire_uid(self) -> int | None:
+        """A uid of the instance's own (None: the backend's user)."""
+        return None
+
+    def _release_uid(self, uid: int) -> None:
+        """Give back a uid of ``_acquire_uid``."""
+
+    def _argv(
+        self, spec: common_pb2.FunctionSpec, private_dir: Path, cwd: str, uid: int | None
+    ) -> tuple[list[str], tuple[int, ...]]:
+        """The command line that runs spec's command, and the fds it needs
+        (closed by the caller once the child has them); a sandboxing backend
+        wraps the command here."""
+        return [*self._prefix, *spec.command], ()
+
     def _open_logs(self, node_id: str, instance_id: str) -> tuple[BinaryIO, BinaryIO]:
         # Synchronous on purpose: creating two local files takes microseconds,
         # less than a hop to a worker thread would.
@@ -417,19 +345,36 @@ class ProcessBackend(SandboxBackend):
     ) -> ProcessSandbox:
         if not spec.command:
             raise Unavailable(f"function {spec.name} has no command to run")
-        port = _free_port(self.host, {sb.port for sb in self._live})
+        port = free_port(self.host, {sb.port for sb in self._live})
+        uid = self._acquire_uid()
         try:
-            private_dir = self.dirs.create(instance_id)
+            return await self._start(node_id, instance_id, spec, on_exit, port, uid)
+        except BaseException:
+            if uid is not None:
+                self._release_uid(uid)
+            raise
+
+    async def _start(
+        self,
+        node_id: str,
+        instance_id: str,
+        spec: common_pb2.FunctionSpec,
+        on_exit: ExitCallback | None,
+        port: int,
+        uid: int | None,
+    ) -> ProcessSandbox:
+        owner = None if uid is None else (uid, uid)
+        try:
+            private_dir = self.dirs.create(instance_id, owner)
         except OSError as e:
             raise Unavailable(f"cannot make the directory of instance {instance_id}: {e}") from None
         env = self._env(node_id, instance_id, spec, port, private_dir)
         cwd = spec.workdir or str(private_dir)
-        why = _cannot_run(spec.command[0], env, cwd)
+        why = cannot_run(spec.command[0], env, cwd)
         if why is not None:
             self.dirs.remove(private_dir)
             raise Unavailable(f"cannot start instance {instance_id} of {spec.name}: {why}")
         group = None
-        prefix = self._prefix
         if self.cgroups is not None:
             res = spec.resources
             try:
@@ -437,10 +382,18 @@ class ProcessBackend(SandboxBackend):
             except CgroupError as e:
                 self.dirs.remove(private_dir)
                 raise Unavailable(f"cannot start instance {instance_id}: {e}") from None
-            prefix = [*group.launcher(), *prefix]
+        try:
+            argv, fds = self._argv(spec, private_dir, cwd, uid)
+        except Unavailable:
+            if group is not None:
+                group.remove()
+            self.dirs.remove(private_dir)
+            raise
+        if group is not None:
+            argv = [*group.launcher(), *argv]
         out, err = self._open_logs(node_id, instance_id)
         stderr_path = Path(err.name)
-        with out, err:
+        with out, err, _closing(fds):
             try:
                 # CPython's Popen, not the event loop's subprocess support:
                 # uvloop runs Python code (PyOS_AfterFork_Child) in the forked
@@ -448,7 +401,7 @@ class ProcessBackend(SandboxBackend):
                 # multi-threaded process like this gRPC server. Popen forks and
                 # execs in C. It blocks for the fork+exec only (~1 ms).
                 proc = subprocess.Popen(  # noqa: ASYNC220 (see above)
-                    [*prefix, *spec.command],
+                    argv,
                     # Nothing of the agent's: stdin is /dev/null (never its
                     # lifeline pipe), and every fd but 0-2 is closed (gRPC
                     # sockets, logs), whatever its inheritable flag says.
@@ -456,7 +409,7 @@ class ProcessBackend(SandboxBackend):
                     stdout=out,
                     stderr=err,
                     close_fds=True,
-                    pass_fds=(),
+                    pass_fds=fds,
                     env=env,
                     cwd=cwd,
                     start_new_session=True,  # own process group: stop kills the whole tree
@@ -470,7 +423,7 @@ class ProcessBackend(SandboxBackend):
                 ) from None
         sb = ProcessSandbox(
             self, node_id, instance_id, proc, port, stderr_path, on_exit,
-            group, spec.resources.memory_mib, private_dir,
+            group, spec.resources.memory_mib, private_dir, uid,
         )  # fmt: skip
         self._live.add(sb)
         timeout_ms = spec.startup_timeout_ms or self.startup_timeout_ms

@@ -86,15 +86,17 @@ class InstanceDirs:
         #: This backend's directory, made with its first instance's.
         self.base = self.root / f"{os.getpid()}.{next(_serial)}"
 
-    def create(self, instance_id: str) -> Path:
-        """A new empty directory for instance_id, mode 0700, owned by owner."""
+    def create(self, instance_id: str, owner: tuple[int, int] | None = None) -> Path:
+        """A new empty directory for instance_id, mode 0700, owned by owner
+        (default: the owner given to the constructor)."""
+        owner = owner or self.owner
         _make_private(self.base, 0o711)
         path = self.base / _SAFE.sub("_", instance_id)
         if path.exists():  # an instance id is used once; a leftover is stale
             rmtree(path)
         path.mkdir(mode=0o700)
-        if self.owner is not None:
-            os.chown(path, *self.owner)
+        if owner is not None:
+            os.chown(path, *owner)
         os.chmod(path, 0o700)
         return path
 

@@ -1,0 +1,217 @@
+"""The bubblewrap sandbox backend (the default): each instance is a process
+sandbox run through ``bwrap`` (bubblewrap, Flatpak's sandbox; docs/security.md
+says why this tool and what it costs).
+
+Each instance gets its own mount, PID, IPC, UTS and cgroup namespaces,
+``no_new_privs``, no capabilities, the seccomp filter of
+``sandbox.seccomp``, and a filesystem of its own: the interpreter it runs and
+its libraries read-only, its artifact (and any other existing absolute path
+of its command line) read-only, its private directory read-write, a private
+``/tmp``, a minimal ``/dev`` and a ``/proc`` of its own PID namespace. The
+network namespace is the host's, so the node agent, Dispatch and the gateway
+reach it on its port as before.
+
+Users: a root agent gives each instance its own uid from a ``UidPool``. The
+namespaces are then set up by bwrap as root (a source path such as an
+interpreter under ``/root`` must be reachable, which an unprivileged bwrap
+could not do) and util-linux ``setpriv`` inside switches to the instance's
+uid, clears every capability set and sets ``no_new_privs`` before the
+command runs. An agent that is not root (the Kubernetes-shaped configuration)
+runs bwrap unprivileged, which adds a user namespace with the agent's uid and
+no capabilities; every instance then shares that uid.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from controlplane.nodeagent.sandbox import seccomp
+from controlplane.nodeagent.sandbox.launch import instance_user, pdeathsig_prefix
+from controlplane.nodeagent.sandbox.process import ProcessBackend
+from controlplane.nodeagent.sandbox.uidpool import UidPool, UidPoolExhausted
+from controlplane.runtime.errors import Unavailable
+from galaxy.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+# Top-level paths of the system's programs and libraries; on a merged-/usr
+# system all but /usr are symlinks, recreated as such.
+_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What programs read from /etc: the loader's cache, time zone, name service,
+# TLS roots, and Debian's alternatives (/usr/bin/python3 may point there).
+# Not passwd or shadow, not the host's other configuration.
+_ETC = (
+    "/etc/ld.so.cache", "/etc/localtime", "/etc/hosts", "/etc/resolv.conf",
+    "/etc/nsswitch.conf", "/etc/host.conf", "/etc/ssl", "/etc/ca-certificates",
+    "/etc/alternatives", "/etc/mime.types",
+)  # fmt: skip
+
+
+def _bind(path: str, how: str = "--ro-bind") -> list[str]:
+    """bwrap arguments that show path at the same place. Its parents are made
+    first with ``--dir`` (mode 0755): the ones a bind would make itself are
+    mode 0700, closed to an instance that is not root."""
+    return ["--dir", os.path.dirname(path), how, path, path]
+
+
+def _system_args() -> list[str]:
+    args: list[str] = []
+    for path in _SYSTEM:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += _bind(path)
+    for path in _ETC:
+        if os.path.exists(path):
+            args += _bind(path)
+    return args
+
+
+def _shown(path: str) -> bool:
+    """Already visible through the system paths."""
+    return any(path == s or path.startswith(s + "/") for s in _SYSTEM)
+
+
+def resolve(command: str, path: str) -> str:
+    """command's absolute path on path (a PATH string), skipping version
+    managers' shims (pyenv, rbenv, asdf put scripts in a ``shims``
+    directory): a shim picks the real interpreter from the caller's home and
+    working directory, which a sandbox does not show, so the next match (the
+    interpreter itself) is what can run there. command itself when nothing
+    is found (the start then fails naming it)."""
+    if "/" in command:
+        return command
+    for entry in path.split(os.pathsep):
+        if not entry or os.path.basename(os.path.normpath(entry)) == "shims":
+            continue
+        found = shutil.which(command, path=entry)
+        if found is not None:
+            return os.path.abspath(found)
+    return command
+
+
+def runtime_roots(executable: str) -> list[str]:
+    """The directories the sandbox must show for executable to run: the
+    prefix it lives in (``PREFIX/bin/x`` -> ``PREFIX``) for its own path and
+    for where its symlinks lead (a virtualenv's python leads to the base
+    interpreter's prefix, where the standard library is)."""
+    roots: list[str] = []
+    for path in (os.path.abspath(executable), os.path.realpath(executable)):
+        parent = os.path.dirname(path)
+        root = os.path.dirname(parent) if os.path.basename(parent) == "bin" else parent
+        if root != "/" and not _shown(root) and root not in roots:
+            roots.append(root)
+    return roots
+
+
+class BwrapBackend(ProcessBackend):
+    """The process backend with every instance in a bubblewrap sandbox.
+
+    uid_pool: where a root agent takes each instance's uid (default: a new
+    ``UidPool``; ignored when ``user`` names a fixed user or the agent is not
+    root). Other options are ``ProcessBackend``'s.
+    """
+
+    kind = "bwrap"
+
+    def __init__(self, uid_pool: UidPool | None = None, **opts: Any) -> None:
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise ValueError(
+                "--sandbox bwrap: bubblewrap (`bwrap`) is not installed on this node "
+                "(Debian: apt-get install bubblewrap); --sandbox process runs instances "
+                "without any isolation"
+            )
+        super().__init__(**opts)
+        # The user switch happens inside the sandbox, not before bwrap.
+        self._prefix = pdeathsig_prefix()
+        self._root = os.geteuid() == 0
+        self._fixed_uid: int | None = None
+        if self.user is not None:
+            self._fixed_uid = instance_user(self.user).pw_uid
+        self.uid_pool: UidPool | None = None
+        if self._root and self._fixed_uid is None:
+            self.uid_pool = uid_pool or UidPool()
+        self._setpriv = shutil.which("setpriv")
+        if self._root and self._setpriv is None:
+            raise ValueError("--sandbox bwrap: a root agent needs util-linux `setpriv`")
+        self._system = _system_args()
+        env = shutil.which("env") or "/usr/bin/env"
+        # SIGTERM (stop's polite request, sent to the process group) is for
+        # the function: bwrap ignores it, so the function may drain and exit
+        # (bwrap then exits with its status), and the function gets the
+        # default disposition back. SIGKILL still ends bwrap, and with it the
+        # sandbox (--die-with-parent). Ignored signals survive exec, hence
+        # coreutils env on both sides.
+        self._outer = [*self._prefix, env, "--ignore-signal=TERM", bwrap]
+        self._inner = [env, "--default-signal=TERM", "--"]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._bpf = seccomp.write_bpf(self.log_dir)
+
+    def _acquire_uid(self) -> int | None:
+        if self.uid_pool is None:
+            return None  # a fixed --instance-user, or the agent's own user
+        try:
+            return self.uid_pool.acquire()
+        except UidPoolExhausted as e:
+            raise Unavailable(f"no user id for a new instance: {e}") from None
+
+    def _release_uid(self, uid: int) -> None:
+        if self.uid_pool is not None:
+            self.uid_pool.release(uid)
+
+    def _argv(
+        self, spec: common_pb2.FunctionSpec, private_dir: Path, cwd: str, uid: int | None
+    ) -> tuple[list[str], tuple[int, ...]]:
+        command = list(spec.command)
+        command[0] = resolve(command[0], os.environ.get("PATH", os.defpath))
+        binds: list[str] = []
+        for root in runtime_roots(command[0]):
+            binds += _bind(root)
+        # The artifact (and model) are absolute paths on the command line;
+        # each existing one is shown read-only, nothing around it.
+        for arg in command[1:]:
+            if os.path.isabs(arg) and os.path.exists(arg) and not _shown(arg):
+                binds += _bind(arg)
+        if spec.workdir:
+            if os.path.realpath(spec.workdir) == "/":
+                raise Unavailable("workdir: / cannot be shown in a sandbox; name a directory")
+            binds += _bind(os.path.abspath(spec.workdir))
+        fd = os.open(self._bpf, os.O_RDONLY | os.O_CLOEXEC)
+        os.set_inheritable(fd, True)
+        argv = [
+            *self._outer,
+            "--die-with-parent",  # the agent's parent-death signal reaches the instance
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--hostname", "galaxy",
+            *self._system, *binds,
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            # After /tmp: the default instance root lies under it.
+            *_bind(str(private_dir), "--bind"),
+            "--chdir", cwd,
+            "--seccomp", str(fd),
+        ]  # fmt: skip
+        if not self._root:
+            argv += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--"]
+            return [*argv, *self._inner, *command], (fd,)
+        assert self._setpriv is not None
+        if uid is None:  # a fixed --instance-user
+            pw = instance_user(str(self.user))
+            uid, gid = pw.pw_uid, pw.pw_gid
+        else:
+            gid = uid
+        argv += [
+            "--", self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+        ]  # fmt: skip
+        return [*argv, *self._inner, *command], (fd,)
+
+    async def close(self) -> None:
+        await super().close()
+        if self.uid_pool is not None:
+            self.uid_pool.close()
+        self._bpf.unlink(missing_ok=True)

@@ -1,0 +1,114 @@
+"""A hostile function for the escape suite (tests/security/test_escape.py).
+
+An HTTP server on $HOST:$PORT that, asked on POST /probe with a JSON list of
+host paths and pids, reports from inside its instance what it can see and
+do; POST /forkbomb forks until the kernel refuses; POST /memhog allocates
+until something stops it. It only reports: the test decides what is an escape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def status_fields() -> dict[str, str]:
+    with open("/proc/self/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def try_read(path: str) -> str:
+    """'read', 'listed' or the error's name."""
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+            return "listed"
+        with open(path, "rb") as f:
+            f.read(1)
+        return "read"
+    except OSError as e:
+        return type(e).__name__
+
+
+def try_kill(pid: int) -> str:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return "sent"
+    except OSError as e:
+        return type(e).__name__
+
+
+def probe(req: dict) -> dict:
+    st = status_fields()
+    pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    return {
+        "uid": os.getuid(),
+        "euid": os.geteuid(),
+        "cap_eff": st["CapEff"].strip(),
+        "cap_bnd": st["CapBnd"].strip(),
+        "no_new_privs": st["NoNewPrivs"].strip(),
+        "seccomp": st["Seccomp"].strip(),
+        "paths": {p: try_read(p) for p in req.get("paths", [])},
+        "kills": {str(p): try_kill(p) for p in req.get("kill", [])},
+        "proc_pids": pids,
+        "proc_cmdlines": [try_read(f"/proc/{p}/environ") for p in pids],
+        "root": sorted(os.listdir("/")),
+        "environ_keys": sorted(os.environ),
+    }
+
+
+def forkbomb() -> dict:
+    children = []
+    error = ""
+    try:
+        for _ in range(100_000):
+            pid = os.fork()
+            if pid == 0:
+                # A small process per pid: the pids limit, not the memory
+                # one, is what must stop the loop.
+                try:
+                    os.execv("/bin/sleep", ["sleep", "30"])
+                finally:
+                    os._exit(1)
+            children.append(pid)
+    except OSError as e:
+        error = type(e).__name__
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return {"forked": len(children), "error": error}
+
+
+def memhog() -> dict:
+    hog = []
+    for _ in range(100_000):
+        hog.append(bytearray(1 << 20))  # 1 MiB at a time, touched (zeroed)
+    return {"allocated_mib": len(hog)}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self._reply({"ok": True})
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        req = json.loads(body or b"{}")
+        action = {"/probe": lambda: probe(req), "/forkbomb": forkbomb, "/memhog": memhog}
+        self._reply(action[self.path]())
+
+    def _reply(self, doc: dict) -> None:
+        data = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    ThreadingHTTPServer((os.environ["HOST"], int(os.environ["PORT"])), Handler).serve_forever()

@@ -1,0 +1,204 @@
+"""The escape suite: a hostile function (tenant A's) under a real `galaxy up`
+with default settings reports from inside its instance what it can reach;
+every escape must fail, and its neighbour (tenant B's echo server, on the
+same node) must keep answering.
+
+What the probe reports is decided on the inside (tests/security/
+hostile_server.py); the paths and pids it is asked about are the real ones of
+this control plane, found from the outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from controlplane.nodeagent.sandbox.cgroups import CgroupError, open_cgroups
+from tests.integration.upctl import REPO, GalaxyUp, pid_alive
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+HOSTILE = HERE / "hostile_server.py"
+SECRET = "tenant-b-secret-7f3a"
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    return dict(kv.decode(errors="replace").split("=", 1) for kv in raw.split(b"\0") if b"=" in kv)
+
+
+def _uid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("Uid:")).split()[1])
+
+
+def function_pid(name: str, artifact: str) -> int:
+    """The host pid of the function's own process (not bwrap's, whose
+    environment is the same): the one running the artifact."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        env = _environ(int(d))
+        try:
+            cmdline = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            env.get("GALAXY_FUNCTION") == name
+            and cmdline[0].endswith(b"python3")
+            and any(arg.endswith(artifact.encode()) for arg in cmdline)
+        ):
+            return int(d)
+    raise AssertionError(f"no process of {name} found")
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    g = GalaxyUp(run, "--nodes", "1")
+    g.start()
+    specs = tmp_path_factory.mktemp("specs")
+    rt = specs / "hostile-rt.yaml"
+    rt.write_text(
+        "name: hostile\ncommand: [python3, -u, '{artifact}']\n"
+        f"artifact: {{required: true, prefixes: ['{HERE}'], suffixes: [.py]}}\n"
+    )
+    assert g.cli("runtimes", "apply", "-f", str(rt)).returncode == 0
+    (specs / "probe.yaml").write_text(
+        f"name: probe\nruntime: hostile\nartifact: {HOSTILE}\nreadiness_path: /healthz\n"
+        # A fork loop at 250 millicores would take longer than a request
+        # may; 1,024 processes (the default pids limit) need ~200 MiB of
+        # kernel memory, charged to the instance.
+        "resources: {cpu_millis: 2000, memory_mib: 512}\nmax_scale: 1\n"
+    )
+    (specs / "victim.yaml").write_text(
+        f"name: victim\nruntime: python\nartifact: {REPO / 'examples' / 'echo_server.py'}\n"
+        f"env: {{APP_SECRET: {SECRET}}}\nreadiness_path: /healthz\nmax_scale: 1\n"
+    )
+    for name in ("probe", "victim"):
+        r = g.cli("deploy", "-f", str(specs / f"{name}.yaml"))
+        assert r.returncode == 0, r.stderr
+    yield g
+    pids = g.pids()
+    g.stop()
+    assert not g.kill_leftovers(pids)
+
+
+def invoke(up: GalaxyUp, name: str, path: str = "/", data: object = None):
+    return up.cli("invoke", name, "--path", path, "--data", json.dumps(data or {}))
+
+
+def body(r) -> dict:
+    """The JSON reply of a `galaxy invoke` (after its "HTTP 200: ")."""
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("HTTP "))
+    status, _, text = line.partition(": ")
+    assert status == "HTTP 200", line
+    return json.loads(text)
+
+
+@pytest.fixture(scope="module")
+def victim(up):
+    """Tenant B's instance: its host pid, uid and private directory (with a
+    secret file in it)."""
+    assert invoke(up, "victim").returncode == 0
+    pid = function_pid("victim", "echo_server.py")
+    private = Path(_environ(pid)["GALAXY_INSTANCE_DIR"])
+    secret = private / "secret.txt"
+    secret.write_text(SECRET)
+    os.chown(secret, _uid(pid), _uid(pid))
+    return {"pid": pid, "uid": _uid(pid), "dir": private, "secret": secret}
+
+
+@pytest.fixture(scope="module")
+def report(up, victim):
+    secrets = [str(p) for p in up.run_dir.rglob("*")] + [str(up.run_dir)]
+    paths = [
+        *secrets,
+        str(victim["dir"]),
+        str(victim["secret"]),
+        *(f"/proc/{pid}/environ" for pid in [*up.pids(), victim["pid"]]),
+        "/etc/shadow",
+        "/root",
+    ]
+    doc = body(invoke(up, "probe", "/probe", {"paths": paths}))
+    return doc
+
+
+def test_runs_as_its_own_unprivileged_user(report, victim):
+    assert report["uid"] != 0 and report["euid"] != 0
+    assert report["uid"] != victim["uid"] and victim["uid"] != 0
+    assert int(report["cap_eff"], 16) == 0 and int(report["cap_bnd"], 16) == 0
+    assert report["no_new_privs"] == "1"
+    assert report["seccomp"] == "2"  # a filter is installed
+
+
+def test_control_plane_secrets_and_neighbours_files_are_not_there(report, up, victim):
+    # Sanity of the question: the run dir holds the keys and the token.
+    names = {Path(p).name for p in report["paths"]}
+    assert {"ca-key.pem", "admin-key.pem"} <= names, names
+    reached = {p: how for p, how in report["paths"].items() if how in ("read", "listed")}
+    assert not reached, reached
+
+
+def test_proc_shows_only_its_own_processes(report, up, victim):
+    assert len(report["proc_pids"]) <= 3, report["proc_pids"]
+    # The host has far more: the control plane's, the neighbour's, this test's.
+    assert len(os.listdir("/proc")) > 10
+
+
+def test_no_signal_reaches_another_process(report, up, victim):
+    # Its own probe, after the one that reads: a SIGKILL that got through
+    # would end the control plane the other checks need.
+    kills = body(invoke(up, "probe", "/probe", {"kill": [*up.pids(), victim["pid"]]}))["kills"]
+    assert len(kills) == len(up.pids()) + 1
+    assert all(how == "ProcessLookupError" for how in kills.values()), kills
+    assert all(pid_alive(p) for p in up.pids())
+    assert pid_alive(victim["pid"])
+    assert invoke(up, "victim").returncode == 0
+
+
+def test_the_filesystem_shows_only_what_it_needs(report):
+    assert not {"root", "home", "var", "run", "srv", "opt"} & set(report["root"]), report["root"]
+    assert report["paths"]["/root"] == "FileNotFoundError"
+    assert report["paths"]["/etc/shadow"] == "FileNotFoundError"
+
+
+def _cgroups_here() -> bool:
+    """cgroups with the pids and memory controllers can be made here."""
+    try:
+        cg = open_cgroups("on", 64)
+    except CgroupError:
+        return False
+    cg.close()
+    return True
+
+
+needs_cgroups = pytest.mark.skipif(
+    not _cgroups_here(), reason="cgroups with pids and memory are not writable here"
+)
+
+
+@needs_cgroups
+def test_fork_loop_is_stopped_and_the_neighbour_answers(up, victim, report):
+    doc = body(invoke(up, "probe", "/forkbomb"))
+    assert doc["error"] == "BlockingIOError" and doc["forked"] < 1024, doc
+    assert invoke(up, "victim").returncode == 0
+
+
+@needs_cgroups
+def test_memory_hog_is_stopped_and_the_neighbour_answers(up, victim, report):
+    r = invoke(up, "probe", "/memhog")
+    assert r.returncode != 0
+    log = (up.run_dir / "logs" / "agent-0.log").read_text()
+    assert "out of memory: the kernel killed it at its limit of 512 MiB" in log
+    assert invoke(up, "victim").returncode == 0
+    assert pid_alive(victim["pid"])
