@@ -417,9 +417,10 @@ class Supervisor:
                 await asyncio.sleep(0.1)
 
     def _model_cache(self, agent: str) -> dict[str, Any]:
-        """A process-sandbox agent's model cache: the disk tier in RUN_DIR
-        (kept across runs), the memory tier on /dev/shm (gone at stop)."""
-        if self.cfg.sandbox != "process":
+        """A real-process agent's model cache (not emulated ones): the disk
+        tier in RUN_DIR (kept across runs), the memory tier on /dev/shm (gone
+        at stop)."""
+        if self.cfg.sandbox == "emulated":
             return {}
         out: dict[str, Any] = {"model_cache_dir": str(self.cfg.run_dir / "models" / agent)}
         if self.shm_dir is not None:

@@ -33,6 +33,7 @@ from controlplane.nodeagent.sandbox import seccomp
 from controlplane.nodeagent.sandbox.launch import instance_user, pdeathsig_prefix
 from controlplane.nodeagent.sandbox.process import ProcessBackend
 from controlplane.nodeagent.sandbox.uidpool import UidPool, UidPoolExhausted
+from controlplane.runtime import models
 from controlplane.runtime.errors import Unavailable
 from galaxy.v1 import common_pb2
 
@@ -170,12 +171,16 @@ class BwrapBackend(ProcessBackend):
         command = list(spec.command)
         command[0] = resolve(command[0], os.environ.get("PATH", os.defpath))
         binds: list[str] = []
+        seen: set[str] = set()
         for root in runtime_roots(command[0]):
             binds += _bind(root)
         # The artifact (and model) are absolute paths on the command line;
-        # each existing one is shown read-only, nothing around it.
-        for arg in command[1:]:
-            if os.path.isabs(arg) and os.path.exists(arg) and not _shown(arg):
+        # each existing one is shown read-only, nothing around it. The model
+        # is also named by $GALAXY_MODEL_PATH (the node's model cache).
+        model = spec.env.get(models.ENV_PATH, "")
+        for arg in [*command[1:], *([model] if model else [])]:
+            if os.path.isabs(arg) and os.path.exists(arg) and not _shown(arg) and arg not in seen:
+                seen.add(arg)
                 binds += _bind(arg)
         if spec.workdir:
             if os.path.realpath(spec.workdir) == "/":
