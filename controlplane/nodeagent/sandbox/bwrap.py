@@ -193,9 +193,11 @@ class BwrapBackend(ProcessBackend):
             "--die-with-parent",  # the agent's parent-death signal reaches the instance
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--hostname", "galaxy",
-            *self._system, *binds,
+            *self._system,
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            # After /tmp: the default instance root lies under it.
+            # After /dev and /tmp: a model in the memory tier lies under
+            # /dev/shm, a default instance root under /tmp.
+            *binds,
             *_bind(str(private_dir), "--bind"),
             "--chdir", cwd,
             "--seccomp", str(fd),
