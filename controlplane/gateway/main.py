@@ -98,6 +98,10 @@ async def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"galaxy: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        # A taken port is a usage error, not a crash: one line, no traceback.
+        print(f"galaxy: --listen {args.listen}: cannot listen ({e.strerror or e})", file=sys.stderr)
+        return 2
     address = netaddr.join_host_port(
         netaddr.advertised_host(host, args.advertise_host), netaddr.split_host_port(bound)[1]
     )
