@@ -44,6 +44,10 @@ class HttpPool:
                 # surprises, no cookie state between unrelated requests.
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
+                # Nor an Accept-Encoding the caller did not send: an answer
+                # compressed on aiohttp's say-so would reach a client that
+                # never asked for it (nothing here decompresses).
+                skip_auto_headers=("Accept-Encoding",),
             )
         return self._session
 
