@@ -34,13 +34,13 @@ class Guarded(asyncio.Protocol):
     def __init__(self, owner: Connections, inner: asyncio.Protocol | None) -> None:
         self.owner = owner
         self.inner = inner
-        self.transport: asyncio.Transport | None = None
+        self.transport: Any = None
         self.timer: asyncio.TimerHandle | None = None
         #: a handler runs for this connection (its head was read)
         self.busy = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, transport: Any) -> None:
+        # Any: uvloop's transports are not asyncio.Transport subclasses.
         self.transport = transport
         if self.inner is None:  # beyond the bound: answer and close
             transport.write(FULL)

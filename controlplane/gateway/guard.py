@@ -38,14 +38,14 @@ class BadJson(ValueError):
     """The body is not JSON within the limits; the message says why."""
 
 
-def parse_json(body: bytes) -> Any:
+def parse_json(body: bytes | bytearray) -> Any:
     """The JSON document of body (its size is bounded by the caller, which
     read at most ``--max-body-bytes``); BadJson when it is not JSON or is
     nested deeper than ``JSON_MAX_DEPTH``."""
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        if "recursion" in str(e).lower():
+        if "depth limit" in str(e):
             raise BadJson(f"body: JSON nested deeper than {JSON_MAX_DEPTH} levels") from None
         raise BadJson("body: not valid JSON") from None
 

@@ -80,6 +80,7 @@ async def start(
         max_line_size=cfg.max_header_bytes,
         max_field_size=cfg.max_header_bytes,
         keepalive_timeout=cfg.idle_timeout_s,
+        read_bufsize=2**14,
     )
     await runner.setup()
     # Not a TCPSite: its protocol factory is wrapped by the connection bound

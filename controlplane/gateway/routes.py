@@ -103,7 +103,7 @@ def route(path: str, query: str, host: str, domain: str) -> Route:
     raise RouteError(f"no route for path {_short(path)}", status=404)
 
 
-def openai_route(r: Route, body: bytes) -> Route:
+def openai_route(r: Route, body: bytes | bytearray) -> Route:
     """The OpenAI route with its function: the JSON body's ``model`` field
     (the body parsed within ``guard.parse_json``'s depth limit)."""
     try:

@@ -82,7 +82,7 @@ class SlotCache:
         self,
         function: str,
         path: str,
-        body: Callable[[], Awaitable[bytes]],
+        body: Callable[[], Awaitable[bytes | bytearray]],
         headers: dict[str, str],
         method: str,
         tag: str,

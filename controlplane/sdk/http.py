@@ -56,7 +56,7 @@ class HttpPool:
         self,
         address: str,
         path: str,
-        body: bytes,
+        body: bytes | bytearray,
         timeout_s: float,
         method: str = "POST",
         headers: dict[str, str] | None = None,
