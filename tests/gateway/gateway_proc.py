@@ -6,6 +6,7 @@ stderr."""
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,6 +38,13 @@ class GatewayProc:
         return self.log.read_text(errors="replace")
 
 
+def _most_files() -> None:
+    """Let the gateway open as many files as the hard limit allows (the
+    slow-client measurement holds tens of thousands of connections)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 @contextmanager
 def gateway_proc(tmp: Path, *flags: str) -> Iterator[GatewayProc]:
     """A gateway subprocess on a free loopback port, with flags."""
@@ -45,7 +53,7 @@ def gateway_proc(tmp: Path, *flags: str) -> Iterator[GatewayProc]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "controlplane.tools.cli", "serve", "gateway", "--insecure",
              "--controller", "127.0.0.1:1", "--listen", "127.0.0.1:0", *flags],
-            stdout=subprocess.PIPE, stderr=err, text=True,
+            stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=_most_files,
         )  # fmt: skip
     try:
         assert proc.stdout is not None
