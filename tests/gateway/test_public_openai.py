@@ -26,5 +26,5 @@ def test_openai_client_with_any_key_calls_a_public_function(up: Any) -> None:  #
     assert raw.status_code == 200 and '"oa-pub"' in raw.http_response.json()["echo"]
     with pytest.raises(openai.AuthenticationError):
         client.chat.completions.create(model="oa-priv", messages=messages)
-    for name in ("oa-pub", "oa-priv"):
-        run(up, up.token, lambda c, n=name: c.delete_function(n))
+    run(up, up.token, lambda c: c.delete_function("oa-pub"))
+    run(up, up.token, lambda c: c.delete_function("oa-priv"))
