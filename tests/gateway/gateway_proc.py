@@ -46,13 +46,14 @@ def _most_files() -> None:
 
 
 @contextmanager
-def gateway_proc(tmp: Path, *flags: str) -> Iterator[GatewayProc]:
-    """A gateway subprocess on a free loopback port, with flags."""
+def gateway_proc(tmp: Path, *flags: str, controller: str = "127.0.0.1:1") -> Iterator[GatewayProc]:
+    """A gateway subprocess on a free loopback port, with flags (its
+    controller: none that answers, unless given; plaintext gRPC)."""
     log = tmp / "gateway.log"
     with open(log, "w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "controlplane.tools.cli", "serve", "gateway", "--insecure",
-             "--controller", "127.0.0.1:1", "--listen", "127.0.0.1:0", *flags],
+             "--controller", controller, "--listen", "127.0.0.1:0", *flags],
             stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=_most_files,
         )  # fmt: skip
     try:
