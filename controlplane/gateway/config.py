@@ -36,8 +36,8 @@ class GatewayConfig(Config):
     )
     max_upload_bytes: int = setting(
         256 * 1024 * 1024,
-        "request body bytes being received at once, all requests together (a body of "
-        "unknown length counts as --max-body-bytes); a body beyond it gets a 503",
+        "request body bytes held at once, all requests together (twice for a body parsed "
+        "as JSON or of unknown length, which counts as --max-body-bytes); beyond it a 503",
         ge=1024,
     )
     header_timeout_s: float = setting(

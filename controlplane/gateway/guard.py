@@ -4,7 +4,7 @@
   (``galaxy_gateway_refused_total{reason}``) and one log line per refused
   request, without a traceback, rate-limited per kind by ``LogLimiter`` (a
   flood of bad requests must not become a flood of log lines).
-- ``UploadBudget``: the request body bytes being received at once.
+- ``UploadBudget``: the request body bytes the gateway holds at once.
 - ``parse_json``: JSON with a depth limit. The standard library's parser
   recurses once per nesting level and raises RecursionError (a 500) on a
   body of ``[`` x 100,000; orjson, a maintained parser, refuses nesting
@@ -89,7 +89,7 @@ class Refusals:
 
 
 class UploadBudget:
-    """Bytes of request bodies being received at once, at most ``limit``: a
+    """Bytes of request bodies held at once, at most ``limit``: a
     body that does not fit is refused (503) before a byte of it is read."""
 
     def __init__(self, limit: int) -> None:

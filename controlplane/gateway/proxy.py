@@ -106,32 +106,39 @@ class Body:
         self.data: bytes | bytearray | None = None
         self.taken = 0
 
-    async def read(self) -> bytes | bytearray:
-        """The whole body (Refused when a bound is passed)."""
+    async def read(self, parsed: bool = False) -> bytes | bytearray:
+        """The whole body (Refused when a bound is passed). Its bytes count
+        against the upload budget until the request ends (``done``): twice
+        when it is parsed as JSON (the parser copies a bytearray) or its
+        length is unknown (aiohttp's ``read()`` joins its chunks into a
+        copy), so the budget bounds what bodies really hold."""
         if self.data is not None:
             return self.data
         cfg, req = self.proxy.cfg, self.request
         length = req.content_length
         if length is not None and length > cfg.max_body_bytes:
             raise Refused(413, "body_size", f"body: larger than {cfg.max_body_bytes} bytes")
-        want = cfg.max_body_bytes if length is None else length
+        copies = 2 if parsed or length is None else 1
+        want = (cfg.max_body_bytes if length is None else length) * copies
         if want and req.body_exists:
             if not self.proxy.uploads.take(want):
-                raise Refused(503, "upload_bytes", "gateway receiving too many bodies; retry")
+                raise Refused(503, "upload_bytes", "gateway holding too many bodies; retry")
             self.taken = want
         try:
-            async with asyncio.timeout(cfg.body_timeout_s):
-                self.data = await (req.read() if length is None else _read_exactly(req, length))
-        except TimeoutError:
-            raise Refused(
-                408, "body_timeout", f"body: not received within {cfg.body_timeout_s:g}s"
-            ) from None
-        except web.HTTPRequestEntityTooLarge:
-            raise Refused(
-                413, "body_size", f"body: larger than {cfg.max_body_bytes} bytes"
-            ) from None
-        finally:
+            try:
+                async with asyncio.timeout(cfg.body_timeout_s):
+                    self.data = await (req.read() if length is None else _read_exactly(req, length))
+            except TimeoutError:
+                raise Refused(
+                    408, "body_timeout", f"body: not received within {cfg.body_timeout_s:g}s"
+                ) from None
+            except web.HTTPRequestEntityTooLarge:
+                raise Refused(
+                    413, "body_size", f"body: larger than {cfg.max_body_bytes} bytes"
+                ) from None
+        except BaseException:
             self.done()
+            raise
         return self.data
 
     def done(self) -> None:
@@ -259,7 +266,7 @@ class Proxy:
             raise Refused(413, "body_size", f"body: larger than {self.cfg.max_body_bytes} bytes")
         if r.kind == "openai":
             # The function is named in the body: read it now (bounded).
-            r = routes.openai_route(r, await body.read())
+            r = routes.openai_route(r, await body.read(parsed=True))
         # The caller's Galaxy token is for the control plane, never for the
         # function's code.
         strip = HOP | {"authorization"} if self.require_token else HOP
