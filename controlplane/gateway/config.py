@@ -28,6 +28,36 @@ class GatewayConfig(Config):
     max_body_bytes: int = setting(
         64 * 1024 * 1024, "largest request body accepted (413 above)", ge=1024
     )
+    max_connections: int = setting(
+        20_000,
+        "connections open at once; more get a 503 and are closed (raise `ulimit -n` to match)",
+        ge=1,
+        le=1_000_000,
+    )
+    max_upload_bytes: int = setting(
+        256 * 1024 * 1024,
+        "request body bytes held at once, all requests together (twice for a body parsed "
+        "as JSON or of unknown length, which counts as --max-body-bytes); beyond it a 503",
+        ge=1024,
+    )
+    header_timeout_s: float = setting(
+        10.0, "a request's head (line and headers) must arrive within this", gt=0, le=3600
+    )
+    body_timeout_s: float = setting(
+        60.0, "a request's body must arrive within this once its head did (408)", gt=0, le=3600
+    )
+    idle_timeout_s: float = setting(
+        30.0, "an idle keep-alive connection is closed after this", gt=0, le=3600
+    )
+    max_header_bytes: int = setting(
+        8190, "longest request line and header field (431/400 above)", ge=1024, le=1_048_576
+    )
+    cors_origins: str = setting(
+        "",
+        "browser origins allowed to call the gateway (comma-separated, '*' for any; "
+        "default none: CORS preflights get 403)",
+        max_length=4096,
+    )
     retry_after_s: int = setting(1, "Retry-After of a shed or unavailable answer", ge=0, le=3600)
     https_cert: str = setting(
         "", "serve HTTPS with this certificate chain (PEM file; needs --https-key)"

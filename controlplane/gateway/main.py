@@ -14,6 +14,7 @@ import sys
 from aiohttp import web
 
 from controlplane.gateway.config import GatewayConfig
+from controlplane.gateway.conns import Connections
 from controlplane.gateway.proxy import Proxy
 from controlplane.runtime import config, gctune, netaddr
 from controlplane.runtime.config import GcConfig, RpcConfig
@@ -77,16 +78,34 @@ async def start(
     proxy = Proxy(client, cfg, require_token=require_token)
     QUEUE_LIMIT.labels("galaxy_gateway_in_flight").set(cfg.max_in_flight)
     ssl_context = https_context(cfg)
-    runner = web.AppRunner(make_app(proxy, cfg), access_log=None, handle_signals=False)
+    # aiohttp's own bounds: header sizes, idle keep-alive connections.
+    runner = web.AppRunner(
+        make_app(proxy, cfg),
+        access_log=None,
+        handle_signals=False,
+        max_line_size=cfg.max_header_bytes,
+        max_field_size=cfg.max_header_bytes,
+        keepalive_timeout=cfg.idle_timeout_s,
+        read_bufsize=2**14,
+    )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    # Not a TCPSite: its protocol factory is wrapped by the connection bound
+    # and the head deadline (controlplane/gateway/conns.py).
+    assert runner.server is not None
+    proxy.connections = Connections(
+        runner.server, cfg.max_connections, cfg.header_timeout_s, proxy.refusals
+    )
+    proxy.server = await asyncio.get_running_loop().create_server(
+        proxy.connections, host or None, port, ssl=ssl_context, reuse_address=True, backlog=4096
+    )
+    bound = proxy.server.sockets[0].getsockname()[1]
     return runner, proxy, netaddr.join_host_port(host, bound)
 
 
 async def stop(runner: web.AppRunner, proxy: Proxy) -> None:
     """Stop accepting, let requests in flight finish (bounded), close."""
+    if proxy.server is not None:
+        proxy.server.close()
     await runner.cleanup()
     await proxy.slots.close()
     await proxy.client.close()
@@ -103,6 +122,10 @@ async def run(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         print(f"galaxy: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        # A taken port is a usage error, not a crash: one line, no traceback.
+        print(f"galaxy: --listen {args.listen}: cannot listen ({e.strerror or e})", file=sys.stderr)
         return 2
     address = netaddr.join_host_port(
         netaddr.advertised_host(host, args.advertise_host), netaddr.split_host_port(bound)[1]

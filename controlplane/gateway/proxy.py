@@ -3,6 +3,7 @@ release. Errors become JSON answers with a status a client can act on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -12,8 +13,9 @@ import grpc
 from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
-from controlplane.gateway import routes
+from controlplane.gateway import cors, guard, routes
 from controlplane.gateway.config import GatewayConfig
+from controlplane.gateway.conns import Connections
 from controlplane.gateway.slots import SlotCache
 from controlplane.runtime import access, authn
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
@@ -64,15 +66,102 @@ HTTP_OF: dict[grpc.StatusCode, int] = {
 }
 
 
-def error(status: int, message: str, cfg: GatewayConfig, kind: str = "") -> web.Response:
-    """A JSON error in the shape OpenAI clients read (``error.message``)."""
+def error(
+    status: int, message: str, cfg: GatewayConfig, kind: str = "", oip: bool = False
+) -> web.Response:
+    """A JSON error in the shape the route's clients read: OpenAI's
+    (``error.message``), or for ``/v2`` the Open Inference Protocol's
+    (``{"error": "..."}``, what KServe v2 and Triton clients read)."""
     headers = {}
     if status in (429, 503):
         headers["Retry-After"] = str(cfg.retry_after_s)
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="galaxy"'
-    body = {"error": {"message": message[:512], "code": status, "type": kind or "gateway_error"}}
+    text = message[:512]
+    body: dict[str, Any] = (
+        {"error": text}
+        if oip
+        else {"error": {"message": text, "code": status, "type": kind or "gateway_error"}}
+    )
     return web.json_response(body, status=status, headers=headers)
+
+
+class Refused(Exception):
+    """A request the gateway refuses itself: status, reason (the metric's
+    label) and a message naming what was wrong."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class Body:
+    """A request's body, read once when first wanted, within the upload
+    budget, the size bound and the body deadline."""
+
+    def __init__(self, request: web.Request, proxy: Proxy) -> None:
+        self.request = request
+        self.proxy = proxy
+        self.data: bytes | bytearray | None = None
+        self.taken = 0
+
+    async def read(self, parsed: bool = False) -> bytes | bytearray:
+        """The whole body (Refused when a bound is passed). Its bytes count
+        against the upload budget until the request ends (``done``): twice
+        when it is parsed as JSON (the parser copies a bytearray) or its
+        length is unknown (aiohttp's ``read()`` joins its chunks into a
+        copy), so the budget bounds what bodies really hold."""
+        if self.data is not None:
+            return self.data
+        cfg, req = self.proxy.cfg, self.request
+        length = req.content_length
+        if length is not None and length > cfg.max_body_bytes:
+            raise Refused(413, "body_size", f"body: larger than {cfg.max_body_bytes} bytes")
+        copies = 2 if parsed or length is None else 1
+        want = (cfg.max_body_bytes if length is None else length) * copies
+        if want and req.body_exists:
+            if not self.proxy.uploads.take(want):
+                raise Refused(503, "upload_bytes", "gateway holding too many bodies; retry")
+            self.taken = want
+        try:
+            try:
+                async with asyncio.timeout(cfg.body_timeout_s):
+                    self.data = await (req.read() if length is None else _read_exactly(req, length))
+            except TimeoutError:
+                raise Refused(
+                    408, "body_timeout", f"body: not received within {cfg.body_timeout_s:g}s"
+                ) from None
+            except web.HTTPRequestEntityTooLarge:
+                raise Refused(
+                    413, "body_size", f"body: larger than {cfg.max_body_bytes} bytes"
+                ) from None
+        except BaseException:
+            self.done()
+            raise
+        return self.data
+
+    def done(self) -> None:
+        """Give back the upload budget taken (idempotent)."""
+        if self.taken:
+            self.proxy.uploads.give(self.taken)
+            self.taken = 0
+
+
+async def _read_exactly(request: web.Request, length: int) -> bytearray:
+    """A body of known length, into one buffer of that size as it comes:
+    at most the body and one chunk in memory (``read()`` holds its chunks
+    and their joined copy at once, twice the budget taken for it)."""
+    buf = bytearray(length)
+    pos = 0
+    async for chunk in request.content.iter_any():
+        buf[pos : pos + len(chunk)] = chunk
+        pos += len(chunk)
+    # aiohttp's parser ends the body at Content-Length: a shorter one is a
+    # client that went away, answered as aiohttp answers a short read.
+    if pos != length:
+        raise web.HTTPBadRequest(text="body: shorter than Content-Length")
+    return buf  # bytes-like: sent upstream as it is, no copy
 
 
 class Proxy:
@@ -87,54 +176,97 @@ class Proxy:
         self.slots = SlotCache(client, cfg)
         self.in_flight = 0
         self._models: tuple[float, list[dict[str, Any]]] = (0.0, [])
+        self.refusals = guard.Refusals()
+        self.uploads = guard.UploadBudget(cfg.max_upload_bytes)
+        self.cors = cors.Cors(cfg.cors_origins)
+        #: set by main.start: marks a connection busy while its handler runs
+        self.connections: Connections | None = None
+        #: the listening server (main.start)
+        self.server: asyncio.Server | None = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Route, proxy and account for one request."""
+        conns = self.connections
+        if conns is not None:
+            conns.started(request.transport)
+        try:
+            return await self._handle(request)
+        finally:
+            if conns is not None:
+                conns.ended(request.transport)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         start = time.perf_counter()
         kind = "unrouted"
         resp: web.StreamResponse
+        oip = request.path == "/v2" or request.path.startswith("/v2/")
+        body = Body(request, self)
         try:
-            r = routes.route(
-                request.path, request.query_string, request.headers.get("Host", ""), self.cfg.domain
-            )
-            kind = r.kind
-            token = self._token(request) if self.require_token and not _health(r) else None
-            if r.kind == "local":
-                resp = await self._local(request, r, token)
+            if request.method == "OPTIONS" and cors.is_preflight(request.headers):
+                kind = "preflight"
+                resp = self.cors.preflight(request.headers)
             else:
-                resp = await self._proxied(request, r, token)
+                r = routes.route(
+                    request.path,
+                    request.query_string,
+                    request.headers.get("Host", ""),
+                    self.cfg.domain,
+                )
+                kind = r.kind
+                # Before the body: a request without a usable token or
+                # route is answered without reading it.
+                token = self._token(request) if self.require_token and not _health(r) else None
+                if r.kind in ("local", "model"):
+                    resp = await self._local(request, r, token)
+                else:
+                    resp = await self._proxied(request, r, token, body)
         except routes.RouteError as e:
-            resp = error(e.status, str(e), self.cfg, "invalid_request_error")
+            self.refusals.refuse("route", request.remote or "", request.path[:80], str(e))
+            resp = error(e.status, str(e), self.cfg, "invalid_request_error", oip)
+        except Refused as e:
+            self.refusals.refuse(e.reason, request.remote or "", request.path[:80], str(e))
+            resp = error(e.status, str(e), self.cfg, e.reason, oip)
         except GalaxyError as e:
-            resp = error(HTTP_OF.get(e.code, 502), e.message, self.cfg, e.code.name.lower())
+            status = HTTP_OF.get(e.code, 502)
+            if status < 500:  # the control plane refused it (no such function, a token)
+                self.refusals.refuse(
+                    e.code.name.lower(), request.remote or "", request.path[:80], e.message
+                )
+            resp = error(status, e.message, self.cfg, e.code.name.lower(), oip)
+        finally:
+            body.done()
+        if not resp.prepared:
+            self.cors.decorate(request.headers, resp.headers)
         REQUESTS.labels(kind, str(resp.status)).inc()
         LATENCY.labels(kind).observe(time.perf_counter() - start)
         return resp
 
     def _token(self, request: web.Request) -> str:
-        """The caller's bearer token, or ``authn.ANONYMOUS`` without an
-        Authorization header (a public function answers it; Dispatch says
-        401 for any other); 401 at once for a header that is not a bearer
-        token. The control plane judges the token: the gateway passes it on."""
+        """The caller's Galaxy bearer token, or ``authn.ANONYMOUS`` without
+        one: no Authorization header, or a bearer that is not a Galaxy token
+        (``glx_...``; the ``openai`` package always sends its API key), which
+        a public function answers and Dispatch refuses (401) for any other.
+        401 at once for a header that is not a bearer token. The control
+        plane judges the token: the gateway passes it on."""
         header = request.headers.get("Authorization")
         if header is None:
             return authn.ANONYMOUS
         token = access.bearer(header)
         if token is None:
             raise Unauthenticated("Authorization: a bearer token is required (Bearer glx_...)")
-        return token
+        return token if token.startswith(access.TOKEN_PREFIX) else authn.ANONYMOUS
 
     async def _proxied(
-        self, request: web.Request, r: routes.Route, token: str | None
+        self, request: web.Request, r: routes.Route, token: str | None, body: Body
     ) -> web.StreamResponse:
         if self.in_flight >= self.cfg.max_in_flight:
             SHED.inc()
-            return error(503, "gateway at capacity; retry", self.cfg, "overloaded")
+            raise Refused(503, "in_flight", "gateway at capacity; retry")
         if request.content_length and request.content_length > self.cfg.max_body_bytes:
-            return error(413, f"body: larger than {self.cfg.max_body_bytes} bytes", self.cfg)
-        body = await request.read()
+            raise Refused(413, "body_size", f"body: larger than {self.cfg.max_body_bytes} bytes")
         if r.kind == "openai":
-            r = routes.openai_route(r, body)
+            # The function is named in the body: read it now (bounded).
+            r = routes.openai_route(r, await body.read(parsed=True))
         # The caller's Galaxy token is for the control plane, never for the
         # function's code.
         strip = HOP | {"authorization"} if self.require_token else HOP
@@ -165,19 +297,20 @@ class Proxy:
         self,
         request: web.Request,
         r: routes.Route,
-        body: bytes,
+        body: Body,
         headers: dict[str, str],
         tag: str,
         token: str | None,
     ) -> web.StreamResponse:
         """Get a slot, proxy the request, stream the answer back."""
         async with self.slots.slot(
-            r.function, r.path, body, headers, request.method, tag, token
+            r.function, r.path, body.read, headers, request.method, tag, token
         ) as (slot, upstream):
             addr = slot.addr
             if upstream is None:  # an emulated sandbox: no process to call
+                data = await body.read()
                 return web.json_response(
-                    {"echo": body.decode("utf-8", "replace"), "emulated": addr.address}
+                    {"echo": data.decode("utf-8", "replace"), "emulated": addr.address}
                 )
             length = upstream.content_length
             out: web.StreamResponse
@@ -198,6 +331,7 @@ class Proxy:
             if isinstance(out, web.Response):
                 slot.reusable = True  # the instance's answer is all here
                 return out
+            self.cors.decorate(request.headers, out.headers)
             await out.prepare(request)
             # Chunk by chunk as the instance produces them: streaming and
             # server-sent events reach the client without buffering.
@@ -219,22 +353,29 @@ class Proxy:
             except GalaxyError as e:
                 return error(503, f"control plane not reachable: {e.message}", self.cfg)
             return web.json_response({"ready": True})
-        # /v1/models: OpenAI's list of models = the deployed functions (the
-        # caller's, with tokens: nothing shared between callers then).
+        if r.path == "/v2":
+            # The Open Inference Protocol's server metadata.
+            return web.json_response({"name": "galaxy", "version": "1", "extensions": []})
+        models = await self._model_list(token)
+        if r.kind == "model":  # OpenAI's models.retrieve
+            for m in models:
+                if m["id"] == r.function:
+                    return web.json_response(m)
+            raise NotFound(f"model: no function {r.function!r}")
+        return web.Response(
+            text=json.dumps({"object": "list", "data": models}), content_type="application/json"
+        )
+
+    async def _model_list(self, token: str | None) -> list[dict[str, Any]]:
+        """OpenAI's list of models = the deployed functions (the caller's,
+        with tokens: nothing shared between callers then; without, cached
+        for a second)."""
         if token is not None:
-            fns = await self.client.list_functions(token)
-            return web.json_response({"object": "list", "data": [_model(f) for f in fns]})
+            return [_model(f) for f in await self.client.list_functions(token)]
         now = time.monotonic()
         if now - self._models[0] > 1.0:
-            fns = await self.client.list_functions()
-            self._models = (
-                now,
-                [_model(f) for f in fns],
-            )
-        return web.Response(
-            text=json.dumps({"object": "list", "data": self._models[1]}),
-            content_type="application/json",
-        )
+            self._models = (now, [_model(f) for f in await self.client.list_functions()])
+        return self._models[1]
 
 
 def _health(r: routes.Route) -> bool:

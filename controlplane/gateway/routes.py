@@ -12,24 +12,28 @@ Routes, first match wins (function; path on the instance):
 - ``POST /v1/chat/completions``, ``POST /v1/completions`` (OpenAI): the
   body's ``model``; the request path.
 
-The gateway answers ``/v1/models`` (OpenAI's list), ``/v2/health/live``,
-``/v2/health/ready`` and ``/healthz`` itself.
+The gateway answers ``/v1/models`` (OpenAI's list), ``/v1/models/{name}``
+(OpenAI's retrieve), ``/v2`` (the server's Open Inference Protocol
+metadata), ``/v2/health/live``, ``/v2/health/ready`` and ``/healthz``
+itself.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
+
+from controlplane.gateway.guard import BadJson, parse_json
 
 #: DNS-1123 label: what a function name is (docs/architecture.md).
 NAME = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _NAME_RE = re.compile(f"^{NAME}$")
 _FUNCTIONS = re.compile(r"^/functions/(?P<name>[^/]+)(?P<rest>/.*)?$")
 _KSERVE_V1 = re.compile(r"^/v1/models/(?P<name>[^/:]+):predict$")
+_OPENAI_MODEL = re.compile(r"^/v1/models/(?P<name>[^/:]+)$")
 _OIP_V2 = re.compile(r"^/v2/models/(?P<name>[^/]+)(/versions/[^/]+)?(/infer|/ready)?$")
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")
-LOCAL_PATHS = ("/v1/models", "/v2/health/live", "/v2/health/ready", "/healthz")
+LOCAL_PATHS = ("/v1/models", "/v2", "/v2/health/live", "/v2/health/ready", "/healthz")
 
 
 class RouteError(ValueError):
@@ -45,7 +49,7 @@ class RouteError(ValueError):
 class Route:
     """Where a request goes."""
 
-    #: label for metrics: host, functions, kserve-v1, oip-v2, openai, local
+    #: label for metrics: host, functions, kserve-v1, oip-v2, openai, model, local
     kind: str
     function: str = ""
     #: path (and query) to send to the instance
@@ -88,6 +92,9 @@ def route(path: str, query: str, host: str, domain: str) -> Route:
     m = _KSERVE_V1.match(path)
     if m:
         return Route("kserve-v1", _check_name(m.group("name"), "path"), with_query)
+    m = _OPENAI_MODEL.match(path)
+    if m:  # OpenAI's models.retrieve: answered by the gateway
+        return Route("model", _check_name(m.group("name"), "path"), path)
     m = _OIP_V2.match(path)
     if m:
         return Route("oip-v2", _check_name(m.group("name"), "path"), with_query)
@@ -96,12 +103,13 @@ def route(path: str, query: str, host: str, domain: str) -> Route:
     raise RouteError(f"no route for path {_short(path)}", status=404)
 
 
-def openai_route(r: Route, body: bytes) -> Route:
-    """The OpenAI route with its function: the JSON body's ``model`` field."""
+def openai_route(r: Route, body: bytes | bytearray) -> Route:
+    """The OpenAI route with its function: the JSON body's ``model`` field
+    (the body parsed within ``guard.parse_json``'s depth limit)."""
     try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
-        raise RouteError("body: must be a JSON object with a 'model' field") from None
+        doc = parse_json(body)
+    except BadJson as e:
+        raise RouteError(f"{e}; must be a JSON object with a 'model' field") from None
     if not isinstance(doc, dict):
         raise RouteError("body: must be a JSON object with a 'model' field")
     model = doc.get("model")

@@ -27,7 +27,7 @@ lapsed (``functions/dispatch/revisions.py``, ``holds_lapse``). Here:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +82,7 @@ class SlotCache:
         self,
         function: str,
         path: str,
-        body: bytes,
+        body: Callable[[], Awaitable[bytes | bytearray]],
         headers: dict[str, str],
         method: str,
         tag: str,
@@ -90,7 +90,10 @@ class SlotCache:
     ) -> AsyncIterator[tuple[Held, Any]]:
         """A slot for one request and the instance's response to it (its
         body unread; None for an emulated sandbox), as the SDK's
-        ``granted``, from the cache when it holds one. Set ``reusable`` on
+        ``granted``, from the cache when it holds one. body reads the
+        request's body, once a slot is granted: a request Dispatch refuses
+        (no such function, a token it does not accept) is answered without
+        reading its body. Set ``reusable`` on
         the slot once the whole answer went out: it is kept for the next
         request; otherwise it is released when the block ends."""
         client = self.client
@@ -126,9 +129,10 @@ class SlotCache:
                     yield h, None  # no process to call; never kept
                     return
                 limit = max(min(deadline, h.lease_end) - loop.time(), 0.001)
+                data = await body()  # the caller's reader keeps it for a retry
                 try:
                     async with client.http.open(
-                        h.addr.address, path, body, limit, method, headers
+                        h.addr.address, path, data, limit, method, headers
                     ) as resp:
                         yield h, resp
                         return

@@ -16,6 +16,7 @@ import logging
 import os
 import shlex
 import shutil
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,9 @@ class Supervisor:
         if self.token_file is not None:
             # The first admin's token: the controller stores only its hash.
             await asyncio.to_thread(credentials.ensure_token_file, self.token_file)
+        if cfg.gateway_port > 0:
+            # Before anything starts: a taken port is the user's to fix.
+            gateway_port_free(cfg.host, cfg.gateway_port)
         caddr = await self._start_controllers()
         # Before anything else starts, so no one can deploy without them.
         self.runtimes = await self.register_runtimes()
@@ -484,3 +488,19 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def gateway_port_free(host: str, port: int) -> None:
+    """RuntimeError with the way out when host:port cannot be listened on
+    (bound as the gateway binds it, SO_REUSEADDR set, then closed again)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise RuntimeError(
+                f"--gateway-port {port}: cannot listen on {netaddr.join_host_port(host, port)} "
+                f"({e.strerror or e}); pass --gateway-port 0 for any free port "
+                "(or -1 for no gateway)"
+            ) from None

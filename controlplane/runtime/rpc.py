@@ -15,8 +15,8 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from controlplane.runtime import reflection
 from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import RPC_LATENCY, RPC_REQUESTS
@@ -165,7 +165,8 @@ def create_server(
 
     services: (add_XServicer_to_server, servicer, full service name) triples.
     Adds the standard health service (every service SERVING once started is
-    the caller's job via the returned HealthServicer) and server reflection.
+    the caller's job via the returned HealthServicer) and server reflection
+    (v1 and v1alpha: ``controlplane.runtime.reflection``).
     config: the message size limit and credentials (the default
     ``RpcConfig``'s when None): with ``config.tls`` the server serves mutual
     TLS only (clients must present a certificate of its CA); without, it
@@ -179,13 +180,13 @@ def create_server(
         interceptors=[*interceptors, _ErrorAndMetricsInterceptor()],
         options=_sized(_SERVER_OPTIONS, config.max_message_bytes),
     )
-    names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
+    names = [health.SERVICE_NAME]
     for add, servicer, name in services:
         add(servicer, server)
         names.append(name)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(names, server)
+    reflection.enable(names, server)
     if tls is None:
         port = server.add_insecure_port(listen)
     else:

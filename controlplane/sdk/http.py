@@ -44,6 +44,10 @@ class HttpPool:
                 # surprises, no cookie state between unrelated requests.
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
+                # Nor an Accept-Encoding the caller did not send: an answer
+                # compressed on aiohttp's say-so would reach a client that
+                # never asked for it (nothing here decompresses).
+                skip_auto_headers=("Accept-Encoding",),
             )
         return self._session
 
@@ -52,7 +56,7 @@ class HttpPool:
         self,
         address: str,
         path: str,
-        body: bytes,
+        body: bytes | bytearray,
         timeout_s: float,
         method: str = "POST",
         headers: dict[str, str] | None = None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import os
 import sys
@@ -321,6 +322,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     for name, helptext in CALLS.items():
         if cmd in (None, name):
             _add_call(sub, name, helptext)
+    # `galaxy up --run-dir X` as well as `galaxy --run-dir X up`: the
+    # command's copy sets the value only when given (SUPPRESS), so the
+    # global one and its default stand otherwise.
+    for parser in set(sub.choices.values()):
+        with contextlib.suppress(argparse.ArgumentError):  # the command has its own
+            parser.add_argument("--run-dir", default=argparse.SUPPRESS, help="as galaxy --run-dir")
     return p
 
 

@@ -31,7 +31,7 @@ def test_any_request_routes_or_fails_cleanly(path: str, query: str, host: str, b
         assert 400 <= e.status < 500
         assert len(str(e)) < 300  # names the field, never the whole input
         return
-    assert r.kind in {"host", "functions", "kserve-v1", "oip-v2", "openai", "local"}
+    assert r.kind in {"host", "functions", "kserve-v1", "oip-v2", "openai", "model", "local"}
     if r.kind != "local":
         assert routes._NAME_RE.match(r.function)
     alt = routes.tagged(r)
