@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: (layer name, packages in it), lowest first.
@@ -122,6 +124,7 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path: Path) -> None:
     assert not any("schedule/policy.py" in v for v in found)  # down is fine
 
 
+@pytest.mark.slow
 def test_every_module_is_in_a_layer() -> None:
     missing = [v for v in violations() if "not in any layer" in v]
     assert missing == []

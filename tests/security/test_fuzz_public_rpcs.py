@@ -203,6 +203,7 @@ _stream_messages = st.lists(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(messages=_stream_messages)
 def test_dispatch_stream(fuzzed: ThreadedCluster, messages: list[tuple[Any, ...]]) -> None:

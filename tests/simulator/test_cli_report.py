@@ -47,6 +47,7 @@ def test_simulate_writes_report_results_and_pngs(tmp_path, capsys):
     assert "latency_cdf.png" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_results_json(tmp_path):
     files = []
     for i, seed in enumerate(("7", "7", "8")):
@@ -93,6 +94,7 @@ def test_bad_arguments_are_clear(tmp_path, capsys):
     assert "borg" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ablation"])
 def test_a_documented_experiment_runs_quick(tmp_path, name, capsys):
     assert run("simulate", "--experiment", name, "--quick", "--out", str(tmp_path),

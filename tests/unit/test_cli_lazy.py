@@ -83,6 +83,7 @@ def test_wanted_finds_the_command_past_global_options(argv, cmd, kind):
     assert cli._wanted(argv) == (cmd, kind)
 
 
+@pytest.mark.slow
 def test_serve_imports_only_its_own_component():
     code = (
         "import sys, json\n"
