@@ -103,6 +103,7 @@ def violations(root: Path = ROOT) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 def test_imports_point_down_the_layers() -> None:
     assert violations() == []
 

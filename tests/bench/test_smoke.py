@@ -133,6 +133,7 @@ def test_cli_registers_bench():
     assert args.func is cli.cmd_bench and args.profile and args.file == "x.yaml"
 
 
+@pytest.mark.slow
 def test_bad_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("scenarios: [{total_requests: 0}]\n")

@@ -27,6 +27,7 @@ async def curl(*args: str, max_s: float = 60) -> subprocess.CompletedProcess[str
     )
 
 
+@pytest.mark.slow
 async def test_curl_by_path_and_by_host(gw: Gateway) -> None:
     r = await curl(f"{gw.url}/functions/echo", "-d", "hi")
     assert r.returncode == 0, r.stderr

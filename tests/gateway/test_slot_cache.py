@@ -159,6 +159,7 @@ async def test_a_held_slot_on_an_instance_that_died_is_not_reused(
     assert proxy.slots.held <= 1  # the dead instance's lease is not kept
 
 
+@pytest.mark.slow
 async def test_a_new_split_never_reaches_a_request_through_a_held_slot(
     gw: Gateway, start_gateway: Start
 ) -> None:

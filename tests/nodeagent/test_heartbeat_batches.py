@@ -38,6 +38,7 @@ def batch_sizes() -> tuple[float, float]:
     return count, total
 
 
+@pytest.mark.slow
 async def test_a_pools_heartbeats_go_in_batches(peers, start_registrar):
     await peers.add("controller", "controller")
     cm = await peers.clustermgr("cm")

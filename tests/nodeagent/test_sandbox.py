@@ -161,6 +161,7 @@ async def test_close_stops_everything(tmp_path):
     assert all(pid_gone(sb.pid) for sb in sbs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["setpriv", "python"])
 async def test_instance_dies_with_its_agent_even_on_sigkill(tmp_path, launcher):
     """PR_SET_PDEATHSIG: a SIGKILLed agent leaves no instance behind, with

@@ -365,6 +365,7 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     assert r.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_cli_show_flags_a_foreign_certificate(tmp_path: Path, other_ca: Path) -> None:
     assert galaxy("init", "--dir", str(tmp_path)).returncode == 0
     (tmp_path / "intruder.pem").write_bytes(tls.cert_path(other_ca, "dispatch").read_bytes())

@@ -25,6 +25,7 @@ def test_subcommands_are_registered():
     assert {"simulate", "simulate-fidelity", "simulate-calibrate"} <= set(sub.choices)
 
 
+@pytest.mark.slow
 def test_simulate_writes_report_results_and_pngs(tmp_path, capsys):
     out = tmp_path / "run"
     systems = "galaxy,knative,sparrow,ray,atoll"
