@@ -209,6 +209,7 @@ def findings() -> set[tuple[str, str]]:
     return checkov_findings()
 
 
+@pytest.mark.checkov
 def test_checkov_finds_nothing_outside_the_allow_list(findings):
     new = sorted(f for f in findings if not _allowed(f))
     assert not new, "checkov findings not in ALLOWED (fix them or allow with a reason):\n" + (
@@ -216,6 +217,7 @@ def test_checkov_finds_nothing_outside_the_allow_list(findings):
     )
 
 
+@pytest.mark.checkov
 def test_every_allowed_checkov_finding_still_occurs(findings):
     def occurs(check: str, glob: str) -> bool:
         return any(f[0] == check and fnmatch.fnmatch(f[1], glob) for f in findings)

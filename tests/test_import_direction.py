@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: (layer name, packages in it), lowest first.
@@ -102,6 +104,7 @@ def violations(root: Path = ROOT) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 def test_imports_point_down_the_layers() -> None:
     assert violations() == []
 
@@ -123,6 +126,7 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path: Path) -> None:
     assert not any("schedule/policy.py" in v for v in found)  # down is fine
 
 
+@pytest.mark.slow
 def test_every_module_is_in_a_layer() -> None:
     missing = [v for v in violations() if "not in any layer" in v]
     assert missing == []

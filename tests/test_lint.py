@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 OURS = ["controlplane", "functions", "statestore", "simulator", "scripts", "tests"]
 
@@ -20,6 +22,9 @@ def test_ruff_lint_and_format():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+# A cold run (fresh clone) takes tens of seconds; the cache (.mypy_cache,
+# pyproject) makes a re-run quick, but a cold run is what CI pays.
+@pytest.mark.slow
 def test_mypy():
     r = run(sys.executable, "-m", "mypy")
     assert r.returncode == 0, r.stdout + r.stderr

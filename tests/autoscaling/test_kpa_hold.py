@@ -36,6 +36,7 @@ def _keepalive(rng: random.Random) -> FixedKeepAlive | HybridHistogramKeepAlive:
     return h
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_rounds_before_the_hold_ends_decide_the_same(seed, cfg):

@@ -53,6 +53,7 @@ def test_latency_starts_at_the_due_time_or_the_earlier_send():
     assert loadgen._start(due=1.0, now=0.9995) == 0.9995
 
 
+@pytest.mark.slow
 async def test_open_loop_never_times_from_before_the_send(echo):
     # Sub-millisecond gaps: uvloop's millisecond timers fire early.
     reqs = [(i * 0.0003, 0, 0.0) for i in range(300)]
@@ -89,6 +90,7 @@ async def test_subprocess_announces_the_measured_phase(echo, tmp_path):
     assert not (tmp_path / "t.job.json").exists()  # cleaned up
 
 
+@pytest.mark.slow
 async def test_measuring_waits_for_the_runners_snapshot(echo, tmp_path):
     """The runner's snapshot (a scrape of every process) between warm-up and
     measurement must not overlap the first measured requests."""

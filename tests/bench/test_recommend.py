@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from controlplane.bench import recommend, runner, slo
 from tests.bench import fakes
 
@@ -28,6 +30,7 @@ def test_judge_needs_objectives_load_and_few_errors():
     assert any("p99_cold_start<50ms: measured" in w for w in why)
 
 
+@pytest.mark.slow
 async def test_search_stops_at_the_first_passing_cost(monkeypatch, tmp_path):
     seen = []
 

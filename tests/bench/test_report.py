@@ -3,6 +3,8 @@
 import json
 import math
 
+import pytest
+
 from controlplane.bench import promscrape as ps
 from controlplane.bench import report, summary
 from tests.bench import fakes
@@ -25,6 +27,7 @@ def test_summary_counts_add_up_and_ratios_are_to_echo():
     assert p["errors_by_code"] == {"DEADLINE_EXCEEDED": 1}
 
 
+@pytest.mark.slow
 def test_write_all(tmp_path):
     res = fakes.results()
     paths = report.write_all(res, tmp_path)

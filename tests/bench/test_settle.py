@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
+import pytest
+
 from controlplane.bench import profile
 
 _BUSY_THEN_IDLE = (
@@ -16,6 +18,7 @@ _BUSY_THEN_IDLE = (
 )
 
 
+@pytest.mark.slow
 async def test_settle_waits_until_the_processes_are_idle() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _BUSY_THEN_IDLE, stdout=asyncio.subprocess.PIPE
@@ -45,6 +48,7 @@ _IDLE_THEN_BUSY = (
 )
 
 
+@pytest.mark.slow
 async def test_a_quiet_spell_before_the_wave_is_not_settled() -> None:
     # The aftermath of a plan can start after a quiet moment (the next
     # autoscaler round): with quiet_s, a quiet step before it does not

@@ -52,6 +52,7 @@ def smoke(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # the module fixture runs `galaxy bench` (~20 s)
 def test_files(smoke):
     for name in ("results.json", "samples.json", "report.md"):
         assert (smoke / name).stat().st_size > 0
@@ -59,6 +60,7 @@ def test_files(smoke):
         assert (smoke / png).read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # the module fixture runs `galaxy bench` (~20 s)
 def test_results_schema_and_counts(smoke):
     doc = json.loads((smoke / "results.json").read_text())
     assert doc["schema"] == "galaxy-bench/1" and doc["failures"] == []
@@ -110,6 +112,7 @@ def test_results_schema_and_counts(smoke):
     ]
 
 
+@pytest.mark.slow  # the module fixture runs `galaxy bench` (~20 s)
 def test_report_and_no_processes_left(smoke):
     md = (smoke / "report.md").read_text()
     heads = ("# Bench: smoke", "## Throughput", "x echo", "## Objectives", "mixed")
@@ -130,6 +133,7 @@ def test_cli_registers_bench():
     assert args.func is cli.cmd_bench and args.profile and args.file == "x.yaml"
 
 
+@pytest.mark.slow
 def test_bad_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("scenarios: [{total_requests: 0}]\n")

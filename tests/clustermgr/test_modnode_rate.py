@@ -125,6 +125,7 @@ async def _register_all(p: Pair) -> None:
     assert p.seqs() == dict.fromkeys(NODES, 1)
 
 
+@pytest.mark.slow
 async def test_unchanged_heartbeats_cost_schedule_one_call_per_refresh_round(
     pair: Pair,
 ) -> None:

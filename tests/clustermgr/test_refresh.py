@@ -4,9 +4,12 @@ without deregistering) must get its partition from the membership change."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.cluster import InProcessCluster, eventually
 
 
+@pytest.mark.slow
 async def test_restarted_schedule_gets_its_nodes_from_the_membership_change():
     c = InProcessCluster()
     try:

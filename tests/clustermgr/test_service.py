@@ -169,6 +169,7 @@ async def test_liveness_loop_runs_by_itself(env: Env) -> None:
     assert env.partition("s-1") == set()
 
 
+@pytest.mark.slow
 async def test_a_silent_node_is_declared_dead_at_its_deadline(env: Env) -> None:
     # Nodes fall silent at phases spread over a whole round of what a
     # periodic sweep would be (heartbeat / 2 = 1 s): a sweep would find one

@@ -18,6 +18,7 @@ from tests.integration.upctl import GalaxyUp, pid_alive
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
+@pytest.mark.slow
 def test_schedule_scales_out_on_a_burst_and_back_in(tmp_path):
     # Without capacity credits: with them, most cold starts skip Schedule (a
     # credit places them), so its SRPS is the credit exchanges only and the

@@ -42,6 +42,7 @@ TTL_S = 2.0
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(90)]
 
 
+@pytest.mark.slow
 async def test_a_paused_leader_is_fenced_off_and_applies_nothing(etcd_server):
     prefix = f"/t-{uuid.uuid4().hex[:8]}/controller/"
     s1, s2 = open_store(etcd_server.url), open_store(etcd_server.url)
@@ -188,6 +189,7 @@ async def until(pred, within_s: float, what: str) -> None:
         await asyncio.sleep(0.05)  # state of other processes: look again shortly
 
 
+@pytest.mark.slow
 async def test_follower_takes_over_within_the_ttl_and_no_action_runs_twice(etcd_server, tmp_path):
     prefix = f"/t-{uuid.uuid4().hex[:8]}/controller/"
     api = FakeKubernetesAPI()

@@ -88,6 +88,7 @@ async def test_errors_are_clear(api):
         await bad_token.close()
 
 
+@pytest.mark.slow
 async def test_reconciler_scales_a_deployment_and_drains_before_scale_in(api):
     """The fake plays the kubelet: each new pod registers with the controller
     under its pod name; a deleted pod deregisters."""

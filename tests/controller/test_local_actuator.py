@@ -46,6 +46,7 @@ def ready(ctl: Controller, iid: str) -> bool:
     return m is not None and m.state is State.READY
 
 
+@pytest.mark.slow
 async def test_starts_a_real_schedule_process_that_registers_then_stops_it(tmp_path):
     act = LocalProcessActuator(log_dir=tmp_path)
     ctl = await Controller(act, enabled=False).start()
@@ -69,6 +70,7 @@ async def test_starts_a_real_schedule_process_that_registers_then_stops_it(tmp_p
         await ctl.stop()
 
 
+@pytest.mark.slow
 async def test_reconciler_scales_out_on_overload_and_back_in_after_drain(tmp_path):
     act = LocalProcessActuator(log_dir=tmp_path)
     ctl = await Controller(act, t_sf=100.0, max_step_out=1, scale_out_cooldown_s=600.0).start()
@@ -119,6 +121,7 @@ async def test_reconciler_scales_out_on_overload_and_back_in_after_drain(tmp_pat
         await _teardown(reporter, act, ctl, sched)
 
 
+@pytest.mark.slow
 async def test_a_killed_instance_is_reported_lost_at_once_and_a_stopped_one_is_not(tmp_path):
     act = LocalProcessActuator(log_dir=tmp_path)
     lost: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
@@ -138,6 +141,7 @@ async def test_a_killed_instance_is_reported_lost_at_once_and_a_stopped_one_is_n
         await ctl.stop()
 
 
+@pytest.mark.slow
 async def test_a_scale_out_promotes_a_warm_standby_and_starts_its_replacement(tmp_path):
     # One standby Schedule process, started by the actuator with --standby:
     # it registers, is seen by nobody, and the first scale-out promotes it

@@ -105,6 +105,7 @@ def parse(*flags):
     return build_parser().parse_args(["serve", "controller", *flags])
 
 
+@pytest.mark.slow
 def test_flags_build_the_policy_config(tmp_path):
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"t_df": 900.0, "t_sf": 123.0, "t_cmf": 0}))

@@ -62,6 +62,7 @@ async def test_idle_function_scales_to_zero_and_cold_starts_again(cluster):
         await c.release(again)
 
 
+@pytest.mark.slow
 async def test_busy_instance_is_never_retired(cluster):
     d0 = cluster.parts["d-0"].component.servicer
     async with GalaxyClient(cluster.controller) as c:

@@ -108,6 +108,7 @@ async def test_a_cold_start_from_a_credit_makes_no_schedule_call(parts: Parts) -
     assert p.sched.policy.free(node).fits_in(on_agent.capacity - on_agent.allocated)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parts", [["--credit-target", "1"]], indirect=True)
 async def test_an_agent_that_refuses_sends_the_start_to_schedule(parts: Parts) -> None:
     p = parts
@@ -157,6 +158,7 @@ async def test_a_burst_never_over_commits_a_node(parts: Parts) -> None:
         await p.client.release(g)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parts", [["--credit-idle-ms", "300"]], indirect=True)
 async def test_unused_credits_go_back_and_the_view_is_exact(parts: Parts) -> None:
     p = parts

@@ -15,6 +15,7 @@ import asyncio
 import socket
 
 import grpc
+import pytest
 
 from controlplane.runtime import rpc
 from controlplane.runtime.config import RpcConfig
@@ -57,6 +58,7 @@ def _dead_address() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
+@pytest.mark.slow
 async def test_deleting_a_large_function_stops_every_instance() -> None:
     agent = SlowAgent()
     server, port, _ = rpc.create_server(
@@ -86,6 +88,7 @@ async def test_deleting_a_large_function_stops_every_instance() -> None:
         await server.stop(None)
 
 
+@pytest.mark.slow
 async def test_an_instance_that_cannot_be_deleted_is_counted_not_dropped() -> None:
     pool = rpc.ChannelPool(RpcConfig(deadline_s=DEADLINE_S))
     svc = DispatchServicer(instance_id="d0", pool=pool, controller="")

@@ -82,6 +82,7 @@ async def test_a_deferred_release_is_a_message_on_the_stream(cluster) -> None:
     assert _count("Dispatch/Release", "OK") == before  # no unary Release at all
 
 
+@pytest.mark.slow
 async def test_a_warm_answer_does_not_wait_behind_a_cold_start(cluster) -> None:
     async with GalaxyClient(cluster.controller) as c:
         for name in ("warm", "cold"):
@@ -96,6 +97,7 @@ async def test_a_warm_answer_does_not_wait_behind_a_cold_start(cluster) -> None:
         assert c.streams.sent["stream"] == 3 and len(c.streams._live) == 1
 
 
+@pytest.mark.slow
 async def test_a_withdrawn_request_leaves_the_queue_and_a_late_grant_is_released(
     cluster,
 ) -> None:

@@ -4,12 +4,15 @@ replacement instance on a live node."""
 
 from __future__ import annotations
 
+import pytest
+
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2
 from tests.cluster import InProcessCluster, eventually
 from tests.runtimes import deploy
 
 
+@pytest.mark.slow
 async def test_instances_on_a_dead_node_stop_being_routed():
     c = InProcessCluster()
     try:

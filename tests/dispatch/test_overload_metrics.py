@@ -19,6 +19,7 @@ def _sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
+@pytest.mark.slow
 async def test_queue_full_is_counted_and_waiting_requests_are_shown() -> None:
     # Slow cold starts: the first request waits while its instance starts.
     c = await small_cluster(

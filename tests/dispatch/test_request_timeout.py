@@ -41,6 +41,7 @@ async def test_request_timeout_bounds_the_wait_for_a_cold_start(cluster) -> None
         assert router.lease_ttl_s == pytest.approx(0.3)
 
 
+@pytest.mark.slow
 async def test_lease_lives_as_long_as_the_request_timeout() -> None:
     c = await small_cluster()
     try:

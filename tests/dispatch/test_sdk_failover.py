@@ -119,6 +119,7 @@ async def test_dispatch_tries_elsewhere_when_a_stopping_dispatch_cancels_it() ->
         await stopping.stop(0)
 
 
+@pytest.mark.slow
 async def test_dispatch_waits_for_a_dispatch_instance_within_its_deadline() -> None:
     """No Dispatch instance registered yet (a start, a restart, a controller
     taking over): the SDK waits for one, within the call's deadline, instead
@@ -146,6 +147,7 @@ async def test_dispatch_waits_for_a_dispatch_instance_within_its_deadline() -> N
         await c.close()
 
 
+@pytest.mark.slow
 async def test_errors_are_typed_never_raw() -> None:
     c = InProcessCluster()
     try:
@@ -171,6 +173,7 @@ async def test_errors_are_typed_never_raw() -> None:
         await c.close()
 
 
+@pytest.mark.slow
 async def test_invoke_replaces_an_instance_that_cannot_be_reached() -> None:
     c = InProcessCluster()
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from tests.cluster import InProcessCluster, eventually
@@ -19,6 +21,7 @@ def _dead_address() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
+@pytest.mark.slow
 async def test_scale_up_spills_past_an_unreachable_schedule_instance() -> None:
     c = InProcessCluster()
     try:

@@ -119,6 +119,7 @@ class HangingAgent(nodeagent_pb2_grpc.NodeAgentServicer):
         return nodeagent_pb2.DeleteInstanceReply(deleted=True)
 
 
+@pytest.mark.slow
 async def test_a_credit_start_past_its_deadline_is_stopped_on_its_node(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

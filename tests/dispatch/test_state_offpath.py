@@ -54,6 +54,7 @@ async def keys(url: str, prefix: str) -> list[str]:
         await store.close()
 
 
+@pytest.mark.slow
 async def test_cold_starts_while_etcd_is_down_then_records_land(etcd):
     cluster = await start_cluster(etcd.url)
     try:
@@ -80,6 +81,7 @@ async def test_cold_starts_while_etcd_is_down_then_records_land(etcd):
         await cluster.close()
 
 
+@pytest.mark.slow
 async def test_restarted_dispatch_rebuilds_its_view_warm(etcd):
     cluster = await start_cluster(etcd.url)
     try:

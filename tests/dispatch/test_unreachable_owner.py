@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import socket
 
+import pytest
+
 from controlplane.runtime import rendezvous
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, controller_pb2_grpc
@@ -23,6 +25,7 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])  # nothing listens once closed
 
 
+@pytest.mark.slow
 async def test_dead_owner_is_removed_on_report_and_its_function_served(caplog) -> None:
     caplog.set_level(logging.WARNING, logger="controlplane.controller.service")
     c = await small_cluster()

@@ -27,6 +27,7 @@ async def curl(*args: str, max_s: float = 60) -> subprocess.CompletedProcess[str
     )
 
 
+@pytest.mark.slow
 async def test_curl_by_path_and_by_host(gw: Gateway) -> None:
     r = await curl(f"{gw.url}/functions/echo", "-d", "hi")
     assert r.returncode == 0, r.stderr
@@ -35,6 +36,7 @@ async def test_curl_by_path_and_by_host(gw: Gateway) -> None:
     assert json.loads(r.stdout)["echo"] == "by host"
 
 
+@pytest.mark.slow
 async def test_curl_no_buffer_sees_the_stream_as_it_is_produced(gw: Gateway) -> None:
     words = [f"w{i}" for i in range(12)]
     proc = await asyncio.create_subprocess_exec(
@@ -59,6 +61,7 @@ async def test_server_sent_events_pass_through(gw: Gateway) -> None:
     assert r.stdout == "data: a\n\ndata: b\n\n"
 
 
+@pytest.mark.slow
 async def test_openai_package_chat_completions_stream_and_not(gw: Gateway) -> None:
     openai = pytest.importorskip("openai")
 

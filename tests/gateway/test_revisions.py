@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
+import pytest
 
 from controlplane.runtime import revisions
 from controlplane.runtime import spec as specs
@@ -62,6 +63,7 @@ async def _gateway_worker(gw: Gateway, out: list[Answer], stop: asyncio.Event) -
                 out.append(Answer(t0, time.monotonic(), -1, repr(e)))
 
 
+@pytest.mark.slow
 async def test_rollout_under_load_drops_nothing_and_leaves_the_old_revision(
     gw: Gateway,
 ) -> None:
@@ -106,6 +108,7 @@ def galaxy(gw: Gateway, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 async def test_canary_split_tag_and_rollback(gw: Gateway) -> None:
     await gw.client.deploy(echo_v(1))  # revision 2; revision 1 is the fixture's
     r = await asyncio.to_thread(galaxy, gw, "traffic", "echo", "1=50", "2=50@canary")
@@ -144,6 +147,7 @@ async def test_canary_split_tag_and_rollback(gw: Gateway) -> None:
     assert lines[2].split()[:4] == ["2", "echo-00002", "0%", "@canary"], lines
 
 
+@pytest.mark.slow
 async def test_bad_splits_are_refused_naming_the_field(gw: Gateway) -> None:
     for args, field in [
         (["1=60"], "traffic: percents must add up to 100"),

@@ -4,6 +4,7 @@ message, never another exception and never an echo of the whole input."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,7 @@ PATHS = st.one_of(
 HOSTS = st.one_of(TEXT, st.builds(lambda n: f"{n}.galaxy.local", TEXT))
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(path=PATHS, query=TEXT, host=HOSTS, body=st.binary(max_size=400))
 def test_any_request_routes_or_fails_cleanly(path: str, query: str, host: str, body: bytes) -> None:

@@ -84,6 +84,7 @@ async def post(
         return r.status, json.loads(body) if r.status == 200 else {"error": body.decode()}
 
 
+@pytest.mark.slow
 async def test_a_warm_function_is_served_without_a_dispatch_call(
     gw: Gateway, start_gateway: Start
 ) -> None:
@@ -104,6 +105,7 @@ async def test_a_warm_function_is_served_without_a_dispatch_call(
     assert proxy.slots.enabled
 
 
+@pytest.mark.slow
 async def test_without_the_cache_every_request_calls_dispatch(
     gw: Gateway, start_gateway: Start
 ) -> None:
@@ -119,6 +121,7 @@ async def test_without_the_cache_every_request_calls_dispatch(
     assert proxy.slots.held == 0
 
 
+@pytest.mark.slow
 async def test_an_idle_held_slot_goes_back_to_dispatch(gw: Gateway, start_gateway: Start) -> None:
     url, proxy = await start_gateway(slot_idle_ms=300)
     await gw.client.invoke("echo", b"warm")
@@ -134,6 +137,7 @@ async def test_an_idle_held_slot_goes_back_to_dispatch(gw: Gateway, start_gatewa
         assert proxy.slots.held == 0
 
 
+@pytest.mark.slow
 async def test_a_held_slot_on_an_instance_that_died_is_not_reused(
     gw: Gateway, start_gateway: Start
 ) -> None:
@@ -156,6 +160,7 @@ async def test_a_held_slot_on_an_instance_that_died_is_not_reused(
     assert proxy.slots.held <= 1  # the dead instance's lease is not kept
 
 
+@pytest.mark.slow
 async def test_a_new_split_never_reaches_a_request_through_a_held_slot(
     gw: Gateway, start_gateway: Start
 ) -> None:

@@ -19,7 +19,8 @@ from controlplane.tools.chaos_more import config_for
 from tests.etcd_server import require_etcd
 from tests.integration.upctl import REPO, pid_alive
 
-pytestmark = pytest.mark.integration
+# Real `galaxy` processes: the full suite, not the fast tier.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_report_counts_failures_gaps_and_latency_around_the_fault() -> None:

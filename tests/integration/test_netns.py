@@ -64,6 +64,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, Hosts]]:
         hosts.close()
 
 
+@pytest.mark.slow
 async def test_instances_on_other_hosts_answer_sdk_and_gateway(
     cluster: tuple[Supervisor, Hosts],
 ) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from tests.integration.upctl import REPO, GalaxyUp
 
-pytestmark = pytest.mark.integration
+# Real `galaxy` processes: the full suite, not the fast tier.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture

@@ -32,7 +32,8 @@ from galaxy.v1 import (
 from tests.instances import instance_pid
 from tests.integration.upctl import READY_LINE, REPO, GalaxyUp, pid_alive
 
-pytestmark = pytest.mark.integration
+# Real `galaxy` processes: the full suite, not the fast tier.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

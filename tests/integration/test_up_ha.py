@@ -30,6 +30,7 @@ async def test_ha_needs_shared_state(tmp_path, monkeypatch) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.etcd
 def test_up_ha_survives_the_leading_controllers_death(tmp_path) -> None:
     require_etcd()

@@ -22,7 +22,8 @@ from galaxy.v1 import (
 )
 from tests.integration.test_up import up  # noqa: F401 (the shared `galaxy up` fixture)
 
-pytestmark = pytest.mark.integration
+# Real `galaxy` processes: the full suite, not the fast tier.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_plaintext_callers_are_refused(up) -> None:  # noqa: F811

@@ -38,6 +38,7 @@ def batch_sizes() -> tuple[float, float]:
     return count, total
 
 
+@pytest.mark.slow
 async def test_a_pools_heartbeats_go_in_batches(peers, start_registrar):
     await peers.add("controller", "controller")
     cm = await peers.clustermgr("cm")
@@ -57,6 +58,7 @@ async def test_a_pools_heartbeats_go_in_batches(peers, start_registrar):
     assert reg.streams.opened == 1
 
 
+@pytest.mark.slow
 async def test_nodes_stay_alive_and_a_free_reaches_schedule_in_a_batch():
     """The whole path: node agent -> HeartbeatBatches -> ClusterMgr ->
     outbox -> Schedule. An instance created on a node shows in Schedule's

@@ -107,6 +107,7 @@ async def test_a_clustermgr_without_the_method_gets_unary_updates(peers, start_r
         await old.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side", ["server", "agent"])
 async def test_max_age_rotation_loses_no_beat(peers, start_registrar, side):
     """Streams end at their maximum age, whichever side ends them: every

@@ -3,6 +3,8 @@ those: the tracker (pure) and a real in-process cluster."""
 
 from __future__ import annotations
 
+import pytest
+
 from controlplane.nodeagent.orphans import OrphanTracker
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
@@ -27,6 +29,7 @@ def test_an_instance_is_an_orphan_after_two_unknown_checks_past_the_grace() -> N
     assert t2.observe(5.0, {"c": 0.0}, set(), {"c"}) == ["c"]
 
 
+@pytest.mark.slow
 async def test_the_agent_stops_an_orphan_and_keeps_what_dispatch_routes() -> None:
     c = await small_cluster("--nodes", "1", "--sandbox", "emulated", "--orphan-check-s", "0.2")
     try:

@@ -9,6 +9,8 @@ import asyncio
 import logging
 import socket
 
+import pytest
+
 from controlplane.runtime.loadreport import rpcs_handled
 from galaxy.v1 import common_pb2, controller_pb2_grpc
 from tests.cluster import eventually
@@ -62,6 +64,7 @@ async def test_reregisters_with_a_restarted_clustermgr(peers, start_registrar):
     assert all(reg.is_registered(n) for n in ids)
 
 
+@pytest.mark.slow
 async def test_waits_for_a_clustermgr_then_registers(peers, start_registrar):
     await peers.add("controller", "controller")  # no ClusterMgr in the membership
     asked = rpcs_handled("Controller/GetMembership")

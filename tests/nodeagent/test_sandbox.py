@@ -123,6 +123,7 @@ async def test_stop_escalates_to_sigkill(tmp_path):
         await backend.close()
 
 
+@pytest.mark.slow
 async def test_exit_callback_when_killed_externally(process_backend):
     exited: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
     sb = await process_backend.start(
@@ -134,6 +135,7 @@ async def test_exit_callback_when_killed_externally(process_backend):
     await sb.stop()  # idempotent after exit
 
 
+@pytest.mark.slow
 async def test_no_exit_callback_for_deliberate_stop(process_backend):
     calls: list[int] = []
     sb = await process_backend.start(
@@ -159,6 +161,7 @@ async def test_close_stops_everything(tmp_path):
     assert all(pid_gone(sb.pid) for sb in sbs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["setpriv", "python"])
 async def test_instance_dies_with_its_agent_even_on_sigkill(tmp_path, launcher):
     """PR_SET_PDEATHSIG: a SIGKILLed agent leaves no instance behind, with

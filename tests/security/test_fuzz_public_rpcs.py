@@ -144,6 +144,7 @@ def _call(c: ThreadedCluster, rpc: Callable[[], Any]) -> grpc.StatusCode:
     return code
 
 
+@pytest.mark.slow
 @FUZZ
 @given(spec=specs())
 def test_deploy_function(fuzzed: ThreadedCluster, spec: common_pb2.FunctionSpec) -> None:
@@ -156,6 +157,7 @@ def test_deploy_function(fuzzed: ThreadedCluster, spec: common_pb2.FunctionSpec)
             fuzzed.ctl.DeleteFunction(controller_pb2.DeleteFunctionRequest(name=spec.name))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(name=names)
 def test_get_and_delete_function(fuzzed: ThreadedCluster, name: str) -> None:
@@ -203,6 +205,7 @@ _stream_messages = st.lists(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(messages=_stream_messages)
 def test_dispatch_stream(fuzzed: ThreadedCluster, messages: list[tuple[Any, ...]]) -> None:
@@ -277,6 +280,7 @@ def runtimes(draw: Callable[..., Any]) -> common_pb2.ServingRuntime:
     return rt
 
 
+@pytest.mark.slow
 @FUZZ
 @given(rt=runtimes())
 def test_put_runtime(fuzzed: ThreadedCluster, rt: common_pb2.ServingRuntime) -> None:
@@ -287,6 +291,7 @@ def test_put_runtime(fuzzed: ThreadedCluster, rt: common_pb2.ServingRuntime) -> 
         fuzzed.ctl.DeleteRuntime(controller_pb2.DeleteRuntimeRequest(name=rt.name), timeout=10)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     name=texts,

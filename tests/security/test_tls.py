@@ -319,6 +319,7 @@ def galaxy(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_init_then_show(tmp_path: Path) -> None:
     d = tmp_path / "certs"
     r = galaxy("init", "--dir", str(d), "--host", "localhost", "--host", "127.0.0.1")
@@ -338,6 +339,7 @@ def test_cli_init_then_show(tmp_path: Path) -> None:
         assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
 
 
+@pytest.mark.slow
 def test_cli_bad_identity_is_one_line_naming_it(tmp_path: Path) -> None:
     assert galaxy("init", "--dir", str(tmp_path)).returncode == 0
     r = galaxy("issue", "--dir", str(tmp_path), "Bad/ID")
@@ -348,6 +350,7 @@ def test_cli_bad_identity_is_one_line_naming_it(tmp_path: Path) -> None:
     assert r.returncode != 0 and len(r.stderr) < 300
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     r = galaxy("issue", "--dir", str(tmp_path / "none"), "dispatch")
     assert r.returncode != 0 and r.stderr.count("\n") == 1
@@ -362,6 +365,7 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     assert r.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_cli_show_flags_a_foreign_certificate(tmp_path: Path, other_ca: Path) -> None:
     assert galaxy("init", "--dir", str(tmp_path)).returncode == 0
     (tmp_path / "intruder.pem").write_bytes(tls.cert_path(other_ca, "dispatch").read_bytes())

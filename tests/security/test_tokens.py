@@ -203,6 +203,7 @@ def test_openai_client_with_a_token_as_its_api_key(up, tokens):  # noqa: F811
         openai.OpenAI(base_url=base, api_key=tokens["inv_a"], max_retries=0).models.list()
 
 
+@pytest.mark.slow
 def test_revocation_and_no_secret_in_logs(up, tokens):  # noqa: F811
     r = up.cli("tokens", "create", "short-lived", "--role", "developer", "--namespace", "team-a",
                "--json")  # fmt: skip

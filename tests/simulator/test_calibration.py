@@ -82,6 +82,7 @@ def test_derive_takes_the_decision_from_the_real_schedule_when_it_rarely_probes(
     assert derive([warm, cold], echo, nodes=100, decide=0.00002)["schedule.decide"] == 0.00002
 
 
+@pytest.mark.slow
 async def test_event_loop_steps_of_a_grpc_call_are_counted():
     """A real grpc.aio server and client over loopback, in their own processes."""
     from simulator import calibrate
@@ -93,6 +94,7 @@ async def test_event_loop_steps_of_a_grpc_call_are_counted():
     assert steps["loop_request_steps"] >= 3
 
 
+@pytest.mark.slow
 async def test_control_start_times_a_real_controller_and_stops_it() -> None:
     # It failed with ProcessLookupError once TLS became the default: the
     # controller it spawned refused to start without certificates, and a

@@ -25,6 +25,7 @@ def test_subcommands_are_registered():
     assert {"simulate", "simulate-fidelity", "simulate-calibrate"} <= set(sub.choices)
 
 
+@pytest.mark.slow
 def test_simulate_writes_report_results_and_pngs(tmp_path, capsys):
     out = tmp_path / "run"
     systems = "galaxy,knative,sparrow,ray,atoll"
@@ -47,6 +48,7 @@ def test_simulate_writes_report_results_and_pngs(tmp_path, capsys):
     assert "latency_cdf.png" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_results_json(tmp_path):
     files = []
     for i, seed in enumerate(("7", "7", "8")):
@@ -93,6 +95,7 @@ def test_bad_arguments_are_clear(tmp_path, capsys):
     assert "borg" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ablation"])
 def test_a_documented_experiment_runs_quick(tmp_path, name, capsys):
     assert run("simulate", "--experiment", name, "--quick", "--out", str(tmp_path),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from functions.dispatch import ownership as own
 from functions.dispatch.policy import FunctionRouter
 from simulator import workload as wl
@@ -72,6 +74,7 @@ def test_handover_sends_instances_before_forwarding_and_loses_nothing(
     assert r["dispatch_latency_s"]["count"] + waiting == front.requests
 
 
+@pytest.mark.slow
 def test_max_scale_bounds_live_and_pending_across_handovers(
     cal: Calibration, monkeypatch: Any
 ) -> None:

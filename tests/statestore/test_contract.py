@@ -132,6 +132,7 @@ async def test_put_many_last_value_wins_and_limit(backend: Backend) -> None:
     assert await store.get_prefix(backend.key("n/")) == []
 
 
+@pytest.mark.slow
 async def test_lease_expiry_removes_only_leased_keys(backend: Backend) -> None:
     store = backend.store
     leased, plain = backend.key("leased"), backend.key("plain")
@@ -146,6 +147,7 @@ async def test_lease_expiry_removes_only_leased_keys(backend: Backend) -> None:
         await store.refresh_lease(lease)
 
 
+@pytest.mark.slow
 async def test_watch_sees_lease_expiry_as_delete(backend: Backend) -> None:
     store, k = backend.store, backend.key("hb/node1")
     lease = await store.grant_lease(1.0)
@@ -158,6 +160,7 @@ async def test_watch_sees_lease_expiry_as_delete(backend: Backend) -> None:
     assert event.version > rev
 
 
+@pytest.mark.slow
 async def test_refresh_keeps_lease_alive(backend: Backend) -> None:
     store, k = backend.store, backend.key("kept")
     lease = await store.grant_lease(2.0)

@@ -43,6 +43,7 @@ def _unused_port() -> int:
         return port
 
 
+@pytest.mark.slow
 @pytest.mark.etcd
 async def test_outage_raises_store_unavailable_then_recovers(tmp_path: Path) -> None:
     server = EtcdServer(tmp_path / "etcd")

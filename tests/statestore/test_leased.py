@@ -22,6 +22,7 @@ async def _eventually_present(backend: Backend, key: str, timeout_s: float = 10.
     return False
 
 
+@pytest.mark.slow
 async def test_put_many_attaches_every_key_to_the_lease(backend: Backend) -> None:
     store = backend.store
     a, b, plain = backend.key("a"), backend.key("b"), backend.key("plain")
@@ -36,6 +37,7 @@ async def test_put_many_attaches_every_key_to_the_lease(backend: Backend) -> Non
     assert await store.get(plain) is not None
 
 
+@pytest.mark.slow
 async def test_a_dead_writers_records_expire(backend: Backend) -> None:
     leased = LeasedStore(backend.store, ttl_s=1.0)
     writer = WriteBehind(leased, flush_interval_s=0.0)
@@ -84,6 +86,7 @@ async def test_a_revoking_stop_removes_the_records_at_once(backend: Backend) -> 
     assert await backend.store.get(k) is None
 
 
+@pytest.mark.slow
 @pytest.mark.etcd
 async def test_records_live_as_long_as_the_writer(etcd_server) -> None:  # type: ignore[no-untyped-def]
     from statestore import EtcdStore

@@ -31,6 +31,7 @@ def dump(url: str) -> list[dict]:
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
+@pytest.mark.slow
 async def test_records_are_dumped_decoded_and_expire_with_their_writer(etcd):  # noqa: F811
     c = InProcessCluster()
     try:

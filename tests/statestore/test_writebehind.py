@@ -226,6 +226,7 @@ async def test_stop_without_flush_keeps_entries_for_restart(recording: Recording
     assert wb.pending == 0 and await value(recording, "k") == b"v"
 
 
+@pytest.mark.slow
 @pytest.mark.etcd
 async def test_survives_etcd_outage(tmp_path: Path) -> None:
     server = EtcdServer(tmp_path / "etcd-outage")

@@ -138,6 +138,7 @@ def test_cache_keeps_answers_for_its_ttl_and_is_bounded():
     assert c.get("e" * 16, 3.0) == (False, None)
 
 
+@pytest.mark.slow
 @given(st.text(max_size=300))
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
 def test_any_header_parses_or_is_refused_never_raises(text: str) -> None:

@@ -63,6 +63,7 @@ def _parse(p: argparse.ArgumentParser, argv: list[str]) -> dict[str, object] | s
     return ns
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", LINES, ids=lambda a: " ".join(a)[:40])
 def test_a_command_line_parses_as_with_the_full_parser(argv, capsys):
     assert _parse(cli.build_parser(argv), argv) == _parse(cli.build_parser(), argv)
@@ -83,6 +84,7 @@ def test_wanted_finds_the_command_past_global_options(argv, cmd, kind):
     assert cli._wanted(argv) == (cmd, kind)
 
 
+@pytest.mark.slow
 def test_serve_imports_only_its_own_component():
     code = (
         "import sys, json\n"

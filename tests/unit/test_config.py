@@ -110,6 +110,7 @@ def test_scoring_terms_are_looked_up_by_name() -> None:
         scoring.register("least_loaded")(lambda *a: 0.0)
 
 
+@pytest.mark.slow
 def test_the_cli_reports_a_config_error_without_a_traceback() -> None:
     out = subprocess.run(
         [

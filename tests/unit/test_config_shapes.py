@@ -50,6 +50,7 @@ def test_env_defaults_code_only_required_and_shared_fields(monkeypatch) -> None:
     assert config.to_flags(Sample(out="o", secret="s")) == ["--out", "o"]
 
 
+@pytest.mark.slow
 def test_credentials_and_tokens_are_rpc_config(tmp_path: Path) -> None:
     assert RpcConfig().tokens_enabled() is False
     tls.ensure(tmp_path, hosts=["127.0.0.1"])

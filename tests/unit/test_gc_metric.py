@@ -2,6 +2,7 @@
 
 import gc
 
+import pytest
 from prometheus_client import REGISTRY
 
 from controlplane.runtime import metrics
@@ -12,6 +13,7 @@ def _count(gen: str) -> float:
     return v or 0.0
 
 
+@pytest.mark.slow
 def test_every_collection_is_timed_once():
     metrics.watch_gc()
     metrics.watch_gc()  # idempotent: one callback, not two

@@ -17,6 +17,7 @@ def restore_gc() -> Iterator[None]:
     gc.set_threshold(*thresholds)
 
 
+@pytest.mark.slow
 def test_tune_freezes_the_heap_and_sets_thresholds(restore_gc):
     state = gctune.tune(GcConfig(gc_threshold0=5000, gc_threshold1=15, gc_threshold2=30))
     assert gc.get_threshold() == (5000, 15, 30) == state.thresholds

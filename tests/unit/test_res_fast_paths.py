@@ -30,6 +30,7 @@ def test_res_is_still_a_frozen_slotted_dataclass():
         r.cpu_millis = 9  # type: ignore[misc]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(5))
 def test_arithmetic_and_clamping_as_component_wise_ints(seed):
     rng = random.Random(seed)
