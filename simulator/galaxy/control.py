@@ -26,6 +26,7 @@ from functions.clustermgr.config import DEAD_AFTER_BEATS
 from functions.clustermgr.forwarding import HeartbeatForwarding
 from functions.clustermgr.policy import NodeRegistry, Updated
 from functions.dispatch.ownership import Ownership
+from functions.schedule import factory as schedule_factory
 from functions.schedule.model import NodeInfo
 from functions.schedule.policy import PlacementPolicy
 from functions.schedule.service import node_info
@@ -109,6 +110,8 @@ class ControlPlane:
         env = model.env
         self.env, self.sim, self.net, self.rec = env, env.sim, env.net, env.rec
         self.cfg = model.cfg
+        #: what each Schedule instance's policy and ledger are built from
+        self._schedule_cfg = model.cfg.schedule_config()
         self.registry = ControlRegistry(self.sim.clock)
         self.view = MembershipView()
         self.dfs: dict[str, DispatchInst] = {}
@@ -161,18 +164,14 @@ class ControlPlane:
         self._serial[kind] += 1
         st = self.env.station(iid)
         if kind == "schedule":
-            pol = PlacementPolicy(
+            pol = schedule_factory.make_policy(
+                self._schedule_cfg,
                 iid,
-                d=self.cfg.d,
-                probe_cache=self.cfg.probe_cache,
-                probe_ttl_s=self.cfg.probe_ttl_s,
-                max_attempts=self.cfg.max_attempts,
                 clock=self.sim.clock,
                 rng=random.Random(self._rng.random()),
-                exact=self.cfg.exact,
             )
             sf = ScheduleInst(iid, st, pol)
-            sf.ledger = credits.make_ledger(self, sf)
+            sf.ledger = schedule_factory.make_ledger(self._schedule_cfg, pol, clock=self.sim.clock)
             return sf
         if kind == "clustermgr":
             dead_after_s = DEAD_AFTER_BEATS * self.cfg.heartbeat_s
