@@ -35,6 +35,11 @@ from dataclasses import dataclass, field, replace
 #: The control function kinds the controller scales, by name.
 KINDS = ("dispatch", "schedule", "clustermgr")
 
+#: instances of one control kind at most unless ``--max-instances KIND=N``
+#: says otherwise: the one place this limit is written (the controller, `galaxy
+#: up` and the simulator all read it from here)
+DEFAULT_MAX_INSTANCES = 8
+
 #: The operation whose rate is a kind's load (what T is measured in):
 #: Dispatch requests, Schedule requests (SRPS), ClusterMgr node updates.
 LOAD_OPS: dict[str, str] = {
@@ -52,7 +57,7 @@ class KindLimits:
 
     capacity: float
     min_instances: int = 1
-    max_instances: int = 8
+    max_instances: int = DEFAULT_MAX_INSTANCES
 
     def __post_init__(self) -> None:
         if not self.capacity > 0:

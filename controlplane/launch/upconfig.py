@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from controlplane.controller.actuators.cpulimit import parse_limits
 from controlplane.controller.config import ControllerConfig, KindCount, KindValue
+from controlplane.controller.scaling import DEFAULT_MAX_INSTANCES
 from controlplane.launch.endpoints import default_run_dir
 from controlplane.nodeagent.config import NodeAgentConfig
 from controlplane.runtime.config import Config, same_as, setting
@@ -159,7 +160,7 @@ class UpConfig(Config):
     t_cmf: float | None = same_as(_CTL, "t_cmf", group=SCALING)
     calibration: str | None = same_as(_CTL, "calibration", group=SCALING)
     max_instances: list[KindValue] = same_as(
-        _CTL, "max_instances", group=SCALING, help="KIND=N (default 8)"
+        _CTL, "max_instances", group=SCALING, help=f"KIND=N (default {DEFAULT_MAX_INSTANCES})"
     )
     scale_in_cooldown_s: float = same_as(_CTL, "scale_in_cooldown_s", group=SCALING)
     standby: list[KindCount] = same_as(

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from controlplane.controller.scaling import DEFAULT_MAX_INSTANCES
 from controlplane.runtime import loadreport as _REPORT
 from controlplane.runtime.resources import Res
 from functions.clustermgr.config import ClusterMgrConfig
@@ -77,7 +78,10 @@ class GalaxyConfig:
     report_s: float = 1.0
     #: load report interval while a kind is saturated (``LoadReporter``)
     burst_report_s: float = _REPORT.BURST_INTERVAL_S
-    max_instances: int = 64
+    #: instances of each kind at most: production's limit
+    #: (``controller.scaling.DEFAULT_MAX_INSTANCES``); more only as production
+    #: allows it, with ``--max-instances KIND=N`` (``ControllerConfig``)
+    max_instances: int = DEFAULT_MAX_INSTANCES
     #: warm standby instances kept per kind (``--standby-instances``): a
     #: scale-out promotes one with no process start, and a replacement starts
     standby: int = 0
