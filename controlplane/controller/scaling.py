@@ -29,7 +29,7 @@ T_CMF) and n ready instances:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 #: The control function kinds the controller scales, by name.
@@ -334,3 +334,13 @@ def decide(ctx: ScalingContext, state: ScalingState) -> tuple[Decision | None, S
         low_since=None,
     )
     return d, ScalingState(kinds)
+
+
+def scale_in_victim(ready: Iterable[str], stoppable: Iterable[str]) -> str | None:
+    """Which instance a scale-in removes: the first of ``stoppable`` (the
+    ids the actuator can stop, its preferred victim first; the local
+    actuator's order is newest started first) that is READY, so a warming,
+    draining or standby instance is never picked. None: no such instance.
+    The reconcile loop and the simulator's controller both ask here."""
+    live = set(ready)
+    return next((i for i in stoppable if i in live), None)

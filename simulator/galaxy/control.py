@@ -20,7 +20,8 @@ import math
 import random
 from typing import TYPE_CHECKING, Any
 
-from controlplane.controller.registry import ControlRegistry
+from controlplane.controller.registry import ControlRegistry, State
+from controlplane.controller.scaling import scale_in_victim
 from controlplane.runtime.membership import MembershipView
 from functions.clustermgr.config import DEAD_AFTER_BEATS
 from functions.clustermgr.forwarding import HeartbeatForwarding
@@ -214,11 +215,17 @@ class ControlPlane:
         self.standby[kind] += 1
 
     def remove(self, kind: str) -> None:
-        """Stop the newest instance of a kind (never the last one)."""
+        """Stop the instance the controller's core picks (``scale_in_victim``:
+        of the READY ones, the newest started, as the local actuator offers
+        them); never the last one."""
         live = self.insts[kind]
         if len(live) <= 1:
             return
-        iid = max(live, key=lambda i: int(i.rsplit("-", 1)[1]))
+        ready = [m.info.id for m in self.registry.members(KINDS[kind], State.READY)]
+        newest_first = sorted(live, key=lambda i: int(i.rsplit("-", 1)[1]), reverse=True)
+        iid = scale_in_victim(ready, newest_first)
+        if iid is None:
+            return
         routed = self._routed_owners()  # while the leaving one is still known
         gone = live.pop(iid)
         self.rec.add(f"cpu_s.{kind}", gone.station.busy)
