@@ -22,6 +22,9 @@ _EPS = 1e-9
 # order: up to there a running sum of whole-number samples equals the sum
 # taken afresh, bit for bit.
 _EXACT_SUM = 2**53
+#: the panic window's share of the stable window (Knative's 10%); a spec's
+#: panic_window_percent of 0 means this
+PANIC_WINDOW_FRACTION = 0.1
 
 
 def _instances_for(concurrency: float, per_instance: float) -> int:
@@ -46,7 +49,7 @@ class KpaConfig:
     target_utilization: float = DEFAULTS.target_utilization
     stable_window_s: float = DEFAULTS.stable_window_s
     #: panic window = stable_window_s x this (Knative: panic-window-percentage 10%)
-    panic_window_fraction: float = 0.1
+    panic_window_fraction: float = PANIC_WINDOW_FRACTION
     #: panic when panic desired >= this x ready (Knative: 200%)
     panic_threshold: float = 2.0
     max_scale_up_rate: float = 1000.0
@@ -160,7 +163,7 @@ def function_kpa(
         target_concurrency=float(spec.concurrency or 1),
         target_utilization=a.target_utilization or s.target_utilization,
         stable_window_s=a.stable_window_ms / 1000.0 or s.stable_window_s,
-        panic_window_fraction=a.panic_window_percent / 100.0 or _PANIC_FRACTION,
+        panic_window_fraction=a.panic_window_percent / 100.0 or PANIC_WINDOW_FRACTION,
         scale_to_zero_grace_s=a.scale_to_zero_grace_ms / 1000.0 or s.scale_to_zero_grace_s,
         min_scale=spec.min_scale,
         max_scale=spec.max_scale or None,
@@ -171,7 +174,3 @@ def function_kpa(
     keep_s = a.keepalive_ms / 1000.0 or s.keepalive_s
     opts: dict[str, Any] = {"seconds": keep_s} if policy == "fixed" else {}
     return cfg, policy, opts
-
-
-#: the panic window's default share of the stable window (Knative's 10%)
-_PANIC_FRACTION = next(f.default for f in fields(KpaConfig) if f.name == "panic_window_fraction")
