@@ -26,12 +26,15 @@ The same adapter serves the Knative-like baseline (with
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from functions.dispatch.autoscale import autoscale_step
 from functions.dispatch.autoscaling.keepalive import make_keepalive
 from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
+from functions.dispatch.autoscaling.kpaconfig import function_kpa
 from functions.dispatch.policy import FunctionRouter, Instance
+from galaxy.v1 import common_pb2
 from simulator.engine import Sim
 
 #: (function index) -> its router, or None when it has none yet
@@ -199,17 +202,32 @@ class FunctionScaling:
 def galaxy_kpa(
     model: Any, routers: list[FunctionRouter | None], start: StartFn, retire: RetireFn
 ) -> FunctionScaling:
-    """The KPA with Galaxy's defaults (target = the function's concurrency,
-    utilization 1.0) and the run's fixed keep-alive: Galaxy's function
-    autoscaling, also given to the baselines that have none of their own."""
+    """Galaxy's function autoscaling (also given to the baselines that have
+    none of their own): each function's KPA merged from the run's
+    Dispatch-wide settings (``SimConfig.autoscale``, keep-alive
+    ``SimConfig.keep_alive_s``) and its spec as Dispatch merges them
+    (``function_kpa``)."""
     f = model.fns
+    cfg = model.env.cfg
+    settings = replace(cfg.autoscale, keepalive_s=cfg.keep_alive_s)
+
+    def merged(fn: int) -> tuple[KpaConfig, str, dict[str, Any]]:
+        spec = common_pb2.FunctionSpec(
+            name=f[fn].name, concurrency=f[fn].concurrency, max_scale=f[fn].max_scale
+        )
+        return function_kpa(settings, spec)
+
+    # Simulated specs carry no autoscaling fields: one keep-alive for all.
+    _, keepalive, keepalive_opts = merged(0) if f else (None, settings.keepalive, {})
     fs = FunctionScaling(
         model.sim,
-        lambda fn: KpaConfig(target_concurrency=f[fn].concurrency, max_scale=f[fn].max_scale),
+        lambda fn: merged(fn)[0],
         lambda fn: routers[fn],
         start,
         retire,
-        keepalive_opts={"seconds": model.env.cfg.keep_alive_s},
+        keepalive=keepalive,
+        keepalive_opts=keepalive_opts,
+        tick_s=settings.tick_s,
     )
     fs.routers = routers
     return fs

@@ -10,6 +10,7 @@ runs, not when `galaxy` starts.
 from __future__ import annotations
 
 from controlplane.runtime.config import Config, same_as, setting
+from functions.dispatch.autoscaling.settings import DEFAULTS as AUTOSCALE_DEFAULTS
 
 #: The simulated cluster's size when none is given (the paper's: DESIGN.md);
 #: ``SimConfig.nodes`` reads it too.
@@ -39,7 +40,9 @@ class SimulateConfig(Config):
     quick: bool = setting(False, "a smaller version of --experiment")
     out: str = setting(..., "directory for report.md, results.json, PNGs")
     network: str = setting("datacenter", "datacenter (default) or loopback")
-    keep_alive: float = setting(0.0, "fixed keep-alive seconds (0: KPA grace)", ge=0)
+    keep_alive: float = setting(
+        AUTOSCALE_DEFAULTS.keepalive_s, "fixed keep-alive seconds (0: KPA grace)", ge=0
+    )
     until: float | None = setting(None, "stop at this simulated time (s)")
     no_progress: bool = setting(False, "no progress bar")
     seed: int = setting(1, "seed of every random stream")

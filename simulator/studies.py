@@ -19,7 +19,7 @@ from typing import Any
 from simulator.baselines.atoll import AtollConfig
 from simulator.baselines.sparrow import SparrowConfig
 from simulator.calibration import Calibration
-from simulator.runner import run_one
+from simulator.runner import run_one, with_params
 from simulator.system import SimConfig
 from simulator.workload import BurstShape, Workload, bursty, flood
 
@@ -32,6 +32,11 @@ SMALL = {"cpu_millis": 10, "memory_mib": 16, "cold_start_s": 0.0}
 FLOOD_FUNCTIONS = 256
 #: warm standbys per kind in the cluster-size experiment's standby rows
 STANDBY = 4
+#: the cluster size sweep lets the controller grow each kind to 64 instances
+#: (at 10,000 nodes it needs 56-64), above production's default limit of 8
+#: (``controller.scaling.DEFAULT_MAX_INSTANCES``); production accepts the
+#: same with ``galaxy serve controller --max-instances KIND=64``
+SWEEP_MAX_INSTANCES = 64
 Log = Callable[[str], None]
 
 
@@ -188,7 +193,9 @@ def cluster_size(
         rate = per_node_rate * nodes
         total = int(rate * flood_s)
         w = flood(total, rate, FLOOD_FUNCTIONS, flood_s + 20.0, seed=seed, **SMALL)
-        cfg = SimConfig(nodes=nodes, seed=seed)
+        cfg = with_params(
+            SimConfig(nodes=nodes, seed=seed), "galaxy", max_instances=SWEEP_MAX_INSTANCES
+        )
         runs: list[tuple[str, str, SimConfig, int]] = [
             (s, s, cfg, defaults.get(s, 1 if s == "knative" else 0)) for s in systems
         ]
@@ -216,10 +223,10 @@ def cluster_size(
                 if label == "galaxy" and galaxy_n > 4:
                     fixed = {"controller_scaling": False, "instances": galaxy_n}
                     runs.append(("galaxy =n fixed", "galaxy",
-                                 replace(c, params={"galaxy": fixed}), galaxy_n))  # fmt: skip
+                                 with_params(c, "galaxy", **fixed), galaxy_n))  # fmt: skip
                     # The controller again, with warm standbys of each kind
                     # (promoted without a process start).
-                    sb = replace(c, params={"galaxy": {"standby": STANDBY}})
+                    sb = with_params(c, "galaxy", standby=STANDBY)
                     runs.append((f"galaxy +{STANDBY} standby", "galaxy", sb, 0))
             if s == "ray":
                 schedulers = nodes  # bottom-up: every raylet schedules

@@ -14,6 +14,8 @@ from typing import Any
 
 from controlplane.runtime.compiled import mypyc_attr
 from controlplane.runtime.resources import Res
+from functions.dispatch.autoscaling.settings import DEFAULTS as AUTOSCALE_DEFAULTS
+from functions.dispatch.autoscaling.settings import AutoscaleSettings
 from functions.dispatch.policy import FunctionRouter
 from simulator.calibration import Calibration
 from simulator.cliconfig import DEFAULT_NODES
@@ -53,8 +55,14 @@ class SimConfig:
     host_event_loops: bool = False
     #: iterations of a new call / of a reply in those loops
     host_loop_steps: tuple[int, int] = (REQUEST_STEPS, REPLY_STEPS)
-    #: an idle function instance is removed after this long (keep-alive).
-    keep_alive_s: float = 60.0
+    #: an idle function instance is removed after this long (keep-alive;
+    #: 0: the KPA's window and grace decide): Dispatch's default
+    #: (``--keepalive-s``)
+    keep_alive_s: float = AUTOSCALE_DEFAULTS.keepalive_s
+    #: Dispatch-wide function autoscaling settings (its ``--stable-window-s``
+    #: etc.; the keep-alive is ``keep_alive_s``), merged with each
+    #: function's spec as Dispatch merges them
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     #: system-specific overrides, e.g. {"galaxy": {"instances": 8}}.
     params: dict[str, dict[str, Any]] = field(default_factory=dict)
 

@@ -11,6 +11,7 @@ bad kind fails at parse time with the flag named; ``pairs`` reads them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator
@@ -18,7 +19,12 @@ from pydantic import AfterValidator
 from controlplane.controller.actions import Timeouts
 from controlplane.controller.coordinator import WARM_TIMEOUT_S
 from controlplane.controller.leader import DEFAULT_PREFIX, DEFAULT_TTL_S
-from controlplane.controller.scaling import KINDS, ScalingConfig
+from controlplane.controller.scaling import (
+    DEFAULT_MAX_INSTANCES,
+    KINDS,
+    KindLimits,
+    ScalingConfig,
+)
 from controlplane.runtime import validation
 from controlplane.runtime.config import Config, setting
 from controlplane.runtime.loadreport import BURST_INTERVAL_S
@@ -172,6 +178,31 @@ class ControllerConfig(Config):
         "$GALAXY_BOOTSTRAP_TOKEN_FILE; `galaxy up` writes RUN_DIR/token)",
         env="GALAXY_BOOTSTRAP_TOKEN_FILE",
     )
+
+    def scaling(self, capacities: Mapping[str, float]) -> ScalingConfig:
+        """The scaling policy's configuration: ``capacities`` (T per kind,
+        from the calibration) unless ``--t-df``/``--t-sf``/``--t-cmf`` say
+        otherwise, with these flags' limits and knobs. The controller and
+        the simulator's Galaxy model both build it here."""
+        overrides = {"dispatch": self.t_df, "schedule": self.t_sf, "clustermgr": self.t_cmf}
+        mins, maxs = pairs(self.min_instances), pairs(self.max_instances)
+        limits = {
+            k: KindLimits(
+                capacity=overrides[k] or capacities[k],
+                min_instances=int(mins.get(k, 1)),
+                max_instances=int(maxs.get(k, max(DEFAULT_MAX_INSTANCES, int(mins.get(k, 1))))),
+            )
+            for k in KINDS
+        }
+        return ScalingConfig(
+            limits=limits,
+            target_utilization=self.target_utilization,
+            high_watermark=self.high_watermark,
+            low_watermark=self.low_watermark,
+            scale_out_cooldown_s=self.scale_out_cooldown_s,
+            scale_in_cooldown_s=self.scale_in_cooldown_s,
+            max_step_out=self.max_step_out,
+        )
 
     def quotas(self) -> dict[str, Quota]:
         """``--namespace-quota`` items by namespace."""

@@ -20,7 +20,7 @@ from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.leader import LeaderElector, LeaderInfo, ScaleLedger
 from controlplane.controller.reconcile import Reconciler
 from controlplane.controller.registry import WARM_AUDIENCE, ControlRegistry, wall_epoch_base
-from controlplane.controller.scaling import KINDS, KindLimits, ScalingConfig
+from controlplane.controller.scaling import ScalingConfig
 from controlplane.controller.service import ControllerServicer
 from controlplane.controller.tokens_store import TokenStore
 from controlplane.runtime import access, authn, config
@@ -53,26 +53,7 @@ def _config(args: argparse.Namespace | ControllerConfig) -> ControllerConfig:
 def scaling_config(args: argparse.Namespace | ControllerConfig) -> ScalingConfig:
     """The policy configuration from flags and the calibration file."""
     c = _config(args)
-    caps = calibrated_capacities(c.calibration)
-    overrides = {"dispatch": c.t_df, "schedule": c.t_sf, "clustermgr": c.t_cmf}
-    mins, maxs = pairs(c.min_instances), pairs(c.max_instances)
-    limits = {
-        k: KindLimits(
-            capacity=overrides[k] or caps[k],
-            min_instances=int(mins.get(k, 1)),
-            max_instances=int(maxs.get(k, max(8, int(mins.get(k, 1))))),
-        )
-        for k in KINDS
-    }
-    return ScalingConfig(
-        limits=limits,
-        target_utilization=c.target_utilization,
-        high_watermark=c.high_watermark,
-        low_watermark=c.low_watermark,
-        scale_out_cooldown_s=c.scale_out_cooldown_s,
-        scale_in_cooldown_s=c.scale_in_cooldown_s,
-        max_step_out=c.max_step_out,
-    )
+    return c.scaling(calibrated_capacities(c.calibration))
 
 
 def make_actuator(c: ControllerConfig, args: argparse.Namespace) -> Actuator:

@@ -48,6 +48,7 @@ from controlplane.controller.scaling import (
     ScalingContext,
     ScalingState,
     decide,
+    scale_in_victim,
 )
 from controlplane.runtime import rpc
 from controlplane.runtime.clock import Clock
@@ -351,12 +352,11 @@ class Reconciler:
     async def _scale_in(self, d: Decision, rec: ActionRecord) -> None:
         kid = KIND_BY_NAME[d.kind]
         ready = [m.info.id for m in self.registry.members(kid, State.READY)]
-        victims = self.actuator.removable(d.kind, ready)
-        if not victims:
+        victim = scale_in_victim(ready, self.actuator.removable(d.kind, ready))
+        if victim is None:
             raise ActuatorError(
                 f"no {d.kind} instance that the {self.actuator.name} actuator can stop"
             )
-        victim = victims[0]
         rec.instance_ids = [victim]
         self.registry.set_state(kid, victim, State.DRAINING)
         await self.coordinator.sync()  # from now on nobody routes to it

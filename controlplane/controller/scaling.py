@@ -29,11 +29,16 @@ T_CMF) and n ready instances:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 #: The control function kinds the controller scales, by name.
 KINDS = ("dispatch", "schedule", "clustermgr")
+
+#: instances of one control kind at most unless ``--max-instances KIND=N``
+#: says otherwise: the one place this limit is written (the controller, `galaxy
+#: up` and the simulator all read it from here)
+DEFAULT_MAX_INSTANCES = 8
 
 #: The operation whose rate is a kind's load (what T is measured in):
 #: Dispatch requests, Schedule requests (SRPS), ClusterMgr node updates.
@@ -52,7 +57,7 @@ class KindLimits:
 
     capacity: float
     min_instances: int = 1
-    max_instances: int = 8
+    max_instances: int = DEFAULT_MAX_INSTANCES
 
     def __post_init__(self) -> None:
         if not self.capacity > 0:
@@ -329,3 +334,13 @@ def decide(ctx: ScalingContext, state: ScalingState) -> tuple[Decision | None, S
         low_since=None,
     )
     return d, ScalingState(kinds)
+
+
+def scale_in_victim(ready: Iterable[str], stoppable: Iterable[str]) -> str | None:
+    """Which instance a scale-in removes: the first of ``stoppable`` (the
+    ids the actuator can stop, its preferred victim first; the local
+    actuator's order is newest started first) that is READY, so a warming,
+    draining or standby instance is never picked. None: no such instance.
+    The reconcile loop and the simulator's controller both ask here."""
+    live = set(ready)
+    return next((i for i in stoppable if i in live), None)

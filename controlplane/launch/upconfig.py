@@ -12,9 +12,11 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from controlplane.controller.actuators.cpulimit import parse_limits
 from controlplane.controller.config import ControllerConfig, KindCount, KindValue
+from controlplane.controller.scaling import DEFAULT_MAX_INSTANCES
 from controlplane.launch.endpoints import default_run_dir
 from controlplane.nodeagent.config import NodeAgentConfig
-from controlplane.runtime.config import Config, same_as, setting
+from controlplane.runtime.config import Config, RpcConfig, same_as, setting
+from functions.schedule.config import ScheduleConfig
 
 
 def default_runtimes_dir() -> Path | None:
@@ -52,6 +54,14 @@ TO_CONTROLLER = {
     "scale_in_cooldown_s": "scale_in_cooldown_s",
     "standby": "standby_instances",
 }
+
+
+def _switch(cls: type[Config], name: str, off: str) -> Any:
+    """An on/off switch of ``cls`` that `galaxy up` passes on: its default
+    and rule are ``cls``'s; ``off`` says what turning it off does."""
+    return same_as(
+        cls, name, group=None, flag="--no-" + name.replace("_", "-"), help=f"ablation: {off}"
+    )
 
 
 def _agent(name: str, **changes: Any) -> Any:
@@ -141,30 +151,30 @@ class UpConfig(Config):
         "register the serving runtime files (*.yaml) of this directory at start "
         "(default: the repo's examples/runtimes; '' = none)",
     )
-    connection_cache: bool = setting(True, "ablation: a new gRPC channel per call")
-    probe_cache: bool = setting(True, "ablation: Schedule probes on every placement")
-    #: CreateInstance/DeleteInstance on a stream per node agent; off:
-    #: --no-agent-streams to every component (RpcConfig)
-    agent_streams: bool = setting(
-        True, "ablation: a unary call per CreateInstance/DeleteInstance (no InstanceStream)"
+    # The ablation switches: each is declared once, by the component that
+    # reads it (RpcConfig: every component; ScheduleConfig: Schedule), and
+    # `galaxy up` hands it on (default and rule from there).
+    connection_cache: bool = _switch(RpcConfig, "connection_cache", "a new gRPC channel per call")
+    probe_cache: bool = _switch(ScheduleConfig, "probe_cache", "Schedule probes on every placement")
+    agent_streams: bool = _switch(
+        RpcConfig,
+        "agent_streams",
+        "a unary call per CreateInstance/DeleteInstance (no InstanceStream)",
     )
-    #: what queues on a stream during a write goes as one message; off:
-    #: --no-stream-batches to every component (RpcConfig)
-    stream_batches: bool = setting(
-        True, "ablation: one message per write on DispatchStream and InstanceStream"
+    stream_batches: bool = _switch(
+        RpcConfig, "stream_batches", "one message per write on DispatchStream and InstanceStream"
     )
-    #: node heartbeats batched per agent (HeartbeatBatches); off:
-    #: --no-heartbeat-batches to every component (RpcConfig)
-    heartbeat_batches: bool = setting(
-        True, "ablation: one heartbeat message per node (no HeartbeatBatches)"
+    heartbeat_batches: bool = _switch(
+        RpcConfig, "heartbeat_batches", "one heartbeat message per node (no HeartbeatBatches)"
     )
-    #: Schedule trusts its exact view of its partition (off: the G_n-CP step)
-    exact_partition: bool = setting(
-        True, "ablation: Schedule probes unless a cached probe answer fits (the G_n-CP step)"
+    exact_partition: bool = _switch(
+        ScheduleConfig,
+        "exact_partition",
+        "Schedule probes unless a cached probe answer fits (the G_n-CP step)",
     )
     #: capacity credits (Schedule lends, Dispatch uses); off: --no-credits to both
-    credits: bool = setting(
-        True, "ablation: no capacity credits (every start goes through Schedule)"
+    credits: bool = _switch(
+        ScheduleConfig, "credits", "no capacity credits (every start goes through Schedule)"
     )
     # Each node's capacity and the emulated cold start: the node agent's.
     node_cpu_millis: int = _agent("cpu_millis", flag="--node-cpu-millis")
@@ -185,7 +195,7 @@ class UpConfig(Config):
     t_cmf: float | None = same_as(_CTL, "t_cmf", group=SCALING)
     calibration: str | None = same_as(_CTL, "calibration", group=SCALING)
     max_instances: list[KindValue] = same_as(
-        _CTL, "max_instances", group=SCALING, help="KIND=N (default 8)"
+        _CTL, "max_instances", group=SCALING, help=f"KIND=N (default {DEFAULT_MAX_INSTANCES})"
     )
     scale_in_cooldown_s: float = same_as(_CTL, "scale_in_cooldown_s", group=SCALING)
     standby: list[KindCount] = same_as(

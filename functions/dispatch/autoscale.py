@@ -21,79 +21,12 @@ from typing import Generic, TypeVar
 
 from controlplane.runtime import config
 from controlplane.runtime.clock import Clock
-from controlplane.runtime.config import Config, setting
 from functions.dispatch.autoscaling.keepalive import make_keepalive
-from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig, ScaleDecision
+from functions.dispatch.autoscaling.kpa import KpaAutoscaler, ScaleDecision
+from functions.dispatch.autoscaling.kpaconfig import function_kpa
+from functions.dispatch.autoscaling.settings import AutoscaleConfig, AutoscaleSettings
 from functions.dispatch.policy import FunctionRouter
 from galaxy.v1 import common_pb2
-
-GROUP = "function autoscaling"
-
-
-class AutoscaleConfig(Config):
-    """The `galaxy serve dispatch` flags of function autoscaling (the
-    defaults of ``AutoscaleSettings``)."""
-
-    autoscale: bool = setting(
-        True,
-        "never scale instances down or to zero (min_scale still applies only when on)",
-        flag="--no-autoscale",
-        group=GROUP,
-    )
-    autoscale_tick_ms: int = setting(
-        2000, "autoscaler period, ms (as Knative's KPA)", ge=1, group=GROUP
-    )
-    stable_window_s: float = setting(
-        60.0, "KPA stable window; the panic window is a tenth of it", gt=0, group=GROUP
-    )
-    scale_to_zero_grace_s: float = setting(
-        30.0, "minimum idle time before the last instance goes", ge=0, group=GROUP
-    )
-    target_utilization: float = setting(
-        1.0, "fraction of a function's concurrency to aim for", gt=0, group=GROUP
-    )
-    keepalive: str = setting(
-        "fixed",
-        "keep-alive policy: fixed, or the hybrid histogram of 'Serverless in the Wild' (ATC'20)",
-        choices=("fixed", "hybrid"),
-        group=GROUP,
-    )
-    keepalive_s: float = setting(
-        0.0,
-        "idle time an instance is kept with --keepalive fixed (0: the KPA window and grace decide)",
-        ge=0,
-        group=GROUP,
-    )
-
-
-_DEFAULTS = AutoscaleConfig()
-
-
-@dataclass(frozen=True)
-class AutoscaleSettings:
-    """Dispatch-wide autoscaling settings (per-function ones come from the spec)."""
-
-    enabled: bool = _DEFAULTS.autoscale
-    tick_s: float = _DEFAULTS.autoscale_tick_ms / 1000.0
-    stable_window_s: float = _DEFAULTS.stable_window_s
-    scale_to_zero_grace_s: float = _DEFAULTS.scale_to_zero_grace_s
-    target_utilization: float = _DEFAULTS.target_utilization
-    keepalive: str = _DEFAULTS.keepalive
-    keepalive_s: float = _DEFAULTS.keepalive_s
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> AutoscaleSettings:
-        """From the `galaxy serve dispatch` flags (see add_arguments)."""
-        c = config.from_args(AutoscaleConfig, args)
-        return cls(
-            enabled=c.autoscale,
-            tick_s=c.autoscale_tick_ms / 1000.0,
-            stable_window_s=c.stable_window_s,
-            scale_to_zero_grace_s=c.scale_to_zero_grace_s,
-            target_utilization=c.target_utilization,
-            keepalive=c.keepalive,
-            keepalive_s=c.keepalive_s,
-        )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -163,22 +96,7 @@ class FunctionAutoscaling:
         got = self._scalers.get(spec.name)
         if got is not None and got[0] == spec.version:
             return got[1]
-        s, a = self.settings, spec.autoscaling
-        # A spec's autoscaling fields win; zero means "this Dispatch's flag".
-        cfg = KpaConfig(
-            target_concurrency=float(spec.concurrency or 1),
-            target_utilization=a.target_utilization or s.target_utilization,
-            stable_window_s=a.stable_window_ms / 1000.0 or s.stable_window_s,
-            panic_window_fraction=a.panic_window_percent / 100.0 or 0.1,
-            scale_to_zero_grace_s=a.scale_to_zero_grace_ms / 1000.0 or s.scale_to_zero_grace_s,
-            min_scale=spec.min_scale,
-            max_scale=spec.max_scale or None,
-            tick_s=s.tick_s,
-        )
-        # keepalive_ms alone means a fixed keep-alive of that length.
-        policy = a.keepalive or ("fixed" if a.keepalive_ms else s.keepalive)
-        keep_s = a.keepalive_ms / 1000.0 or s.keepalive_s
-        opts = {"seconds": keep_s} if policy == "fixed" else {}
+        cfg, policy, opts = function_kpa(self.settings, spec)
         scaler = KpaAutoscaler(cfg, make_keepalive(policy, **opts))
         self._scalers[spec.name] = (spec.version, scaler)
         return scaler

@@ -8,7 +8,7 @@ from typing import Any
 from controlplane.runtime import config
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.metrics import QUEUE_LIMIT
-from functions.schedule import scoring
+from functions.schedule import factory
 from functions.schedule.config import ScheduleConfig
 from functions.schedule.credits import CreditLedger
 from functions.schedule.policy import PlacementPolicy
@@ -78,22 +78,6 @@ def build(args: argparse.Namespace) -> ScheduleComponent:
 
 def from_config(cfg: ScheduleConfig) -> ScheduleComponent:
     """The Schedule component from its configuration."""
-    policy = PlacementPolicy(
-        d=cfg.probe_d,
-        probe_cache=cfg.probe_cache,
-        probe_ttl_s=cfg.probe_ttl_s,
-        max_attempts=cfg.max_attempts,
-        score=scoring.lookup(cfg.scoring),
-        exact=cfg.exact_partition,
-    )
-    credits = None
-    if cfg.credits:
-        credits = CreditLedger(
-            policy,
-            slice=cfg.credit_slice,
-            ttl_s=cfg.credit_ttl_ms / 1000.0,
-            grace_s=cfg.credit_grace_ms / 1000.0,
-            max_per_holder=cfg.credits_per_holder,
-        )
+    policy = factory.make_policy(cfg)
     QUEUE_LIMIT.labels("galaxy_schedule_pending").set(cfg.max_pending)
-    return ScheduleComponent(policy, credits, max_pending=cfg.max_pending)
+    return ScheduleComponent(policy, factory.make_ledger(cfg, policy), max_pending=cfg.max_pending)

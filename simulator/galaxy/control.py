@@ -20,12 +20,14 @@ import math
 import random
 from typing import TYPE_CHECKING, Any
 
-from controlplane.controller.registry import ControlRegistry
+from controlplane.controller.registry import ControlRegistry, State
+from controlplane.controller.scaling import scale_in_victim
 from controlplane.runtime.membership import MembershipView
 from functions.clustermgr.config import DEAD_AFTER_BEATS
 from functions.clustermgr.forwarding import HeartbeatForwarding
 from functions.clustermgr.policy import NodeRegistry, Updated
 from functions.dispatch.ownership import Ownership
+from functions.schedule import factory as schedule_factory
 from functions.schedule.model import NodeInfo
 from functions.schedule.policy import PlacementPolicy
 from functions.schedule.service import node_info
@@ -109,6 +111,8 @@ class ControlPlane:
         env = model.env
         self.env, self.sim, self.net, self.rec = env, env.sim, env.net, env.rec
         self.cfg = model.cfg
+        #: what each Schedule instance's policy and ledger are built from
+        self._schedule_cfg = model.cfg.schedule_config()
         self.registry = ControlRegistry(self.sim.clock)
         self.view = MembershipView()
         self.dfs: dict[str, DispatchInst] = {}
@@ -161,18 +165,14 @@ class ControlPlane:
         self._serial[kind] += 1
         st = self.env.station(iid)
         if kind == "schedule":
-            pol = PlacementPolicy(
+            pol = schedule_factory.make_policy(
+                self._schedule_cfg,
                 iid,
-                d=self.cfg.d,
-                probe_cache=self.cfg.probe_cache,
-                probe_ttl_s=self.cfg.probe_ttl_s,
-                max_attempts=self.cfg.max_attempts,
                 clock=self.sim.clock,
                 rng=random.Random(self._rng.random()),
-                exact=self.cfg.exact,
             )
             sf = ScheduleInst(iid, st, pol)
-            sf.ledger = credits.make_ledger(self, sf)
+            sf.ledger = schedule_factory.make_ledger(self._schedule_cfg, pol, clock=self.sim.clock)
             return sf
         if kind == "clustermgr":
             dead_after_s = DEAD_AFTER_BEATS * self.cfg.heartbeat_s
@@ -215,11 +215,17 @@ class ControlPlane:
         self.standby[kind] += 1
 
     def remove(self, kind: str) -> None:
-        """Stop the newest instance of a kind (never the last one)."""
+        """Stop the instance the controller's core picks (``scale_in_victim``:
+        of the READY ones, the newest started, as the local actuator offers
+        them); never the last one."""
         live = self.insts[kind]
         if len(live) <= 1:
             return
-        iid = max(live, key=lambda i: int(i.rsplit("-", 1)[1]))
+        ready = [m.info.id for m in self.registry.members(KINDS[kind], State.READY)]
+        newest_first = sorted(live, key=lambda i: int(i.rsplit("-", 1)[1]), reverse=True)
+        iid = scale_in_victim(ready, newest_first)
+        if iid is None:
+            return
         routed = self._routed_owners()  # while the leaving one is still known
         gone = live.pop(iid)
         self.rec.add(f"cpu_s.{kind}", gone.station.busy)

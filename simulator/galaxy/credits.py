@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from functions.dispatch.credits import CreditUse, CreditWallet, SyncRequest
-from functions.schedule.credits import CreditLedger, Grant
+from functions.schedule.credits import Grant
 
 if TYPE_CHECKING:
     from simulator.galaxy.control import ControlPlane, DispatchInst, ScheduleInst
@@ -39,17 +39,6 @@ def make_wallet(cp: ControlPlane) -> CreditWallet | None:
     return CreditWallet(
         target=c.credit_target, renew_s=c.credit_renew_s, idle_s=c.credit_idle_s,
         max_starting=c.credit_max_starting, clock=cp.sim.clock,
-    )  # fmt: skip
-
-
-def make_ledger(cp: ControlPlane, sf: ScheduleInst) -> CreditLedger | None:
-    """A Schedule instance's ledger over its policy (None with credits off)."""
-    c = cp.cfg
-    if not c.credits:
-        return None
-    return CreditLedger(
-        sf.policy, slice=c.credit_slice, ttl_s=c.credit_ttl_s, grace_s=c.credit_grace_s,
-        max_per_holder=c.credit_target, clock=cp.sim.clock,
     )  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from controlplane.controller.scaling import DEFAULT_MAX_INSTANCES
 from controlplane.runtime import loadreport as _REPORT
 from controlplane.runtime.resources import Res
 from functions.clustermgr.config import ClusterMgrConfig
@@ -77,7 +78,10 @@ class GalaxyConfig:
     report_s: float = 1.0
     #: load report interval while a kind is saturated (``LoadReporter``)
     burst_report_s: float = _REPORT.BURST_INTERVAL_S
-    max_instances: int = 64
+    #: instances of each kind at most: production's limit
+    #: (``controller.scaling.DEFAULT_MAX_INSTANCES``); more only as production
+    #: allows it, with ``--max-instances KIND=N`` (``ControllerConfig``)
+    max_instances: int = DEFAULT_MAX_INSTANCES
     #: warm standby instances kept per kind (``--standby-instances``): a
     #: scale-out promotes one with no process start, and a replacement starts
     standby: int = 0
@@ -93,10 +97,34 @@ class GalaxyConfig:
     credit_renew_s: float = _DISPATCH.credit_renew_ms / 1000.0
     credit_idle_s: float = _DISPATCH.credit_idle_ms / 1000.0
     credit_max_starting: int = _DISPATCH.credit_max_starting
+    #: credits one Dispatch instance may hold from one Schedule instance
+    #: (``ScheduleConfig.credits_per_holder``: the ledger's limit)
+    credits_per_holder: int = _SCHEDULE.credits_per_holder
+    #: placement scoring term (``functions.schedule.scoring`` registry)
+    scoring: str = _SCHEDULE.scoring
 
     def params(self) -> dict[str, Any]:
         """For reports."""
         return asdict(self)
+
+    def schedule_config(self) -> ScheduleConfig:
+        """The production ``ScheduleConfig`` these parameters describe: what
+        ``functions.schedule.factory`` builds each Schedule instance's
+        policy and ledger from, as the servicer does."""
+        return ScheduleConfig(
+            probe_d=self.d,
+            probe_cache=self.probe_cache,
+            probe_ttl_ms=self.probe_ttl_s * 1000.0,
+            exact_partition=self.exact,
+            max_attempts=self.max_attempts,
+            credits=self.credits,
+            credit_cpu_millis=self.credit_slice.cpu_millis,
+            credit_memory_mib=self.credit_slice.memory_mib,
+            credit_ttl_ms=self.credit_ttl_s * 1000.0,
+            credit_grace_ms=self.credit_grace_s * 1000.0,
+            credits_per_holder=self.credits_per_holder,
+            scoring=self.scoring,
+        )
 
 
 VARIANTS: dict[str, GalaxyConfig] = {

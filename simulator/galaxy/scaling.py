@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from controlplane.controller import scaling as policy
+from controlplane.controller.config import ControllerConfig
 from controlplane.runtime.loadreport import report_due
 
 if TYPE_CHECKING:
@@ -49,12 +50,9 @@ class ControlScaling:
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
         caps = capacities(cp)
-        self.config = policy.ScalingConfig(
-            limits={
-                k: policy.KindLimits(capacity=caps[k], max_instances=cp.cfg.max_instances)
-                for k in policy.KINDS
-            }
-        )
+        # As the controller builds it, from the flags it would be given.
+        ctl = ControllerConfig(max_instances=[f"{k}={cp.cfg.max_instances}" for k in policy.KINDS])
+        self.config = ctl.scaling(caps)
         self.state = policy.ScalingState()
         self._seen = dict.fromkeys(policy.KINDS, 0)
         self._busy_until = dict.fromkeys(policy.KINDS, 0.0)

@@ -7,9 +7,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from controlplane.runtime.compiled import mypyc_attr
+from functions.dispatch.autoscaling.settings import DEFAULTS, AutoscaleSettings
+
+if TYPE_CHECKING:
+    from galaxy.v1 import common_pb2
 
 # Float slack: 2.1 concurrent / (3 x 0.7) is 1.0000000000000002 in floats and
 # must give 1 instance, not 2.
@@ -18,6 +22,9 @@ _EPS = 1e-9
 # order: up to there a running sum of whole-number samples equals the sum
 # taken afresh, bit for bit.
 _EXACT_SUM = 2**53
+#: the panic window's share of the stable window (Knative's 10%); a spec's
+#: panic_window_percent of 0 means this
+PANIC_WINDOW_FRACTION = 0.1
 
 
 def _instances_for(concurrency: float, per_instance: float) -> int:
@@ -39,20 +46,20 @@ class KpaConfig:
     #: requests one instance should carry (the function's concurrency limit)
     target_concurrency: float
     #: fraction of target_concurrency to aim for (Knative default 0.7)
-    target_utilization: float = 1.0
-    stable_window_s: float = 60.0
+    target_utilization: float = DEFAULTS.target_utilization
+    stable_window_s: float = DEFAULTS.stable_window_s
     #: panic window = stable_window_s x this (Knative: panic-window-percentage 10%)
-    panic_window_fraction: float = 0.1
+    panic_window_fraction: float = PANIC_WINDOW_FRACTION
     #: panic when panic desired >= this x ready (Knative: 200%)
     panic_threshold: float = 2.0
     max_scale_up_rate: float = 1000.0
     max_scale_down_rate: float = 2.0
-    scale_to_zero_grace_s: float = 30.0
+    scale_to_zero_grace_s: float = DEFAULTS.scale_to_zero_grace_s
     min_scale: int = 0
     #: None = no upper bound
     max_scale: int | None = None
     #: how often the caller is expected to observe and decide (Knative: 2 s)
-    tick_s: float = 2.0
+    tick_s: float = DEFAULTS.autoscale_tick_ms / 1000.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -142,3 +149,28 @@ class ScaleDecision(NamedTuple):
     def reason(self) -> str:
         """Why this decision, e.g. "stable: 3.50 concurrent over 60s wants 4"."""
         return self.reason_format.format(*self.reason_args)
+
+
+def function_kpa(
+    settings: AutoscaleSettings, spec: common_pb2.FunctionSpec
+) -> tuple[KpaConfig, str, dict[str, Any]]:
+    """One function's KPA parameters and keep-alive policy (its name and
+    options for ``make_keepalive``): the spec's autoscaling fields win, and
+    zero means "the Dispatch-wide setting". Dispatch and the simulator both
+    merge them here."""
+    s, a = settings, spec.autoscaling
+    cfg = KpaConfig(
+        target_concurrency=float(spec.concurrency or 1),
+        target_utilization=a.target_utilization or s.target_utilization,
+        stable_window_s=a.stable_window_ms / 1000.0 or s.stable_window_s,
+        panic_window_fraction=a.panic_window_percent / 100.0 or PANIC_WINDOW_FRACTION,
+        scale_to_zero_grace_s=a.scale_to_zero_grace_ms / 1000.0 or s.scale_to_zero_grace_s,
+        min_scale=spec.min_scale,
+        max_scale=spec.max_scale or None,
+        tick_s=s.tick_s,
+    )
+    # keepalive_ms alone means a fixed keep-alive of that length.
+    policy = a.keepalive or ("fixed" if a.keepalive_ms else s.keepalive)
+    keep_s = a.keepalive_ms / 1000.0 or s.keepalive_s
+    opts: dict[str, Any] = {"seconds": keep_s} if policy == "fixed" else {}
+    return cfg, policy, opts
