@@ -29,7 +29,7 @@ from controlplane.runtime.revisions import routing_key
 from functions.dispatch import coordination, revisions, starts, stream
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.config import DEFAULTS
-from functions.dispatch.ownership import Ownership
+from functions.dispatch.ownership import Ownership, lease_revision
 from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
 from functions.dispatch.specs import SpecCache
@@ -40,17 +40,6 @@ log = logging.getLogger(__name__)
 # How long a Release forwarded to the owner may take when the caller set no
 # deadline: one hop to a peer, which answers from memory.
 FORWARD_RELEASE_S = 10.0
-
-
-def lease_revision(lease_id: str) -> str | None:
-    """The revision a lease id's slot is filed under, or None when the id is
-    not one a Dispatch instance issues (``{instance}:{revision}/{seq}.{nonce}``,
-    see FunctionRouter.acquire)."""
-    _, colon, rest = lease_id.partition(":")
-    name, slash, _ = rest.rpartition("/")
-    if not colon or not slash or not validation.NAME_RE.match(name):
-        return None
-    return name
 
 
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
