@@ -16,7 +16,7 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from controlplane.runtime.compiled import mypyc_attr
-from functions.dispatch.policy import FunctionRouter, Grant, Instance, Waiter
+from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
 from simulator.autoscale import FunctionScaling, galaxy_kpa
 from simulator.cluster import SimNode
 from simulator.engine import Station
@@ -101,8 +101,18 @@ class Frontend:
             done = reply_at + hop() + duration + hop()
             self._at(done, self._on_done, (fn, g.lease_id))
             return
-        router.enqueue(Req(fn, arrival, duration))
-        self.on_wait(fn, router)
+        self._wait(router, Req(fn, arrival, duration))
+
+    def _wait(self, router: FunctionRouter, req: Req) -> None:
+        """Queue a request that found no slot, within the router's waiter
+        bound (production's ``DispatchConfig.max_queue``): past it the
+        request fails as the servicer refuses it (RESOURCE_EXHAUSTED)."""
+        try:
+            router.enqueue(req)
+        except QueueFull:
+            self.rec.failed("queue_full")
+            return
+        self.on_wait(req.fn, router)
 
     def _serve(self, req: Req, grant: Grant, reply_at: float) -> None:
         """The client gets its slot at reply_at and calls the instance; the
@@ -166,8 +176,7 @@ class Frontend:
         if g is not None:
             self._serve(req, g, self.sim.now + self._hop())
             return
-        router.enqueue(req)
-        self.on_wait(req.fn, router)
+        self._wait(router, req)
 
     def failed(self, fn: int, reason: str) -> None:
         """A start failed; waiters nothing will serve fail."""

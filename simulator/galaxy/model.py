@@ -127,6 +127,8 @@ class GalaxyModel(RoutedModel):
     """See the module docstring."""
 
     name = "galaxy"
+    #: production Dispatch's waiter bound (RESOURCE_EXHAUSTED past it)
+    max_queue = DispatchConfig().max_queue
 
     def __init__(self, env: Env, cfg: GalaxyConfig | None = None, **overrides: Any) -> None:
         self.cfg = replace(cfg or GalaxyConfig(), **overrides)
