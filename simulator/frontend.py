@@ -47,6 +47,8 @@ class Frontend:
         self._s_dispatch = model.env.op("dispatch.dispatch")
         self._s_release = model.env.op("dispatch.release")
         self.requests = 0
+        #: how long a request may wait for a slot (None: no bound)
+        self.wait_s: float | None = model.wait_s
         #: per function, the process of its owner when the model keeps it
         #: here (None: ask ``owner``); Galaxy keeps its Dispatch owners here
         self.owners: list[Station | None] = [None] * len(model.fns)
@@ -108,11 +110,18 @@ class Frontend:
         bound (production's ``DispatchConfig.max_queue``): past it the
         request fails as the servicer refuses it (RESOURCE_EXHAUSTED)."""
         try:
-            router.enqueue(req)
+            w = router.enqueue(req)
         except QueueFull:
             self.rec.failed("queue_full")
             return
+        if self.wait_s is not None:  # production's wait timeout (``waits``)
+            self._at(self.sim.now + self.wait_s, self._wait_over, (router, w))
         self.on_wait(req.fn, router)
+
+    def _wait_over(self, a: tuple[FunctionRouter, Waiter]) -> None:
+        """A waiter's wait ran out: refused unless it was served (or handed on)."""
+        if a[0].cancel(a[1]):
+            self.rec.failed("wait_timeout")
 
     def _serve(self, req: Req, grant: Grant, reply_at: float) -> None:
         """The client gets its slot at reply_at and calls the instance; the

@@ -146,6 +146,8 @@ class SystemModel:
     #: requests one function's router lets wait (past it they fail:
     #: ``Frontend._wait``); unbounded unless the model has a bound
     max_queue = 10**9
+    #: how long a request may wait for a slot (None: as long as it takes)
+    wait_s: float | None = None
 
     def __init__(self, env: Env) -> None:
         self.env = env

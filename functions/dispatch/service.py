@@ -26,13 +26,14 @@ from controlplane.runtime.errors import (
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
-from functions.dispatch import coordination, revisions, starts, stream
+from functions.dispatch import coordination, revisions, starts, stream, waits
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.config import DEFAULTS
 from functions.dispatch.ownership import Ownership, lease_revision
 from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
 from functions.dispatch.specs import SpecCache
+from functions.dispatch.waits import MAX_WAIT_S
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,10 @@ FORWARD_RELEASE_S = 10.0
 
 
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
-# Time kept back from the caller's deadline to send a clear answer in time.
-DEADLINE_MARGIN_S = 0.05
 # A call with less time left than this gets no slot: its answer would likely
 # arrive after the caller's own deadline (which expires first by the transit
 # delay), stranding the slot until its lease ends.
 GRANT_MARGIN_S = 0.005
-# When the caller set no deadline, a queued request waits at most this long.
-MAX_WAIT_S = 60.0
 RecordFn = Callable[[str, bytes | None], None]
 # Overload, where an operator looks for it: requests refused by reason, and
 # requests waiting for a slot now (bounded by --max-queue per function).
@@ -248,8 +245,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             raise ResourceExhausted(str(e)) from None
         self._trigger_scale_up(router, spec)
         remaining = context.time_remaining()
-        timeout = MAX_WAIT_S if remaining is None else max(0.0, remaining - DEADLINE_MARGIN_S)
-        timeout = min(timeout, router.lease_ttl_s)  # the function's request timeout
+        # router.lease_ttl_s is the function's request timeout.
+        timeout = waits.wait_timeout_s(remaining, router.lease_ttl_s)
         try:
             grant = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except coordination.Moved as moved:
