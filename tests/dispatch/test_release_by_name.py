@@ -13,7 +13,7 @@ from controlplane.runtime import rendezvous
 from controlplane.runtime.errors import NotFound
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
-from tests.cluster import InProcessCluster, eventually
+from tests.cluster import small_cluster
 from tests.runtimes import deploy
 
 IDS = ["d-0", "d-1"]
@@ -21,15 +21,9 @@ IDS = ["d-0", "d-1"]
 
 @pytest.fixture
 async def cluster():
-    c = InProcessCluster()
-    await c.add("controller", "controller")
-    await c.add("clustermgr", "clustermgr-0")
-    await c.add("schedule", "schedule-0")
-    await c.add("dispatch", "d-0", "--no-autoscale")
-    await c.add("dispatch", "d-1", "--no-autoscale")
-    await c.add("nodeagent", "agent-0", "--nodes", "2", "--sandbox", "emulated")
-    await eventually(lambda: len(c.parts["schedule-0"].component.servicer.policy) == 2)
+    c = await small_cluster(dispatch_flags=("--no-autoscale",))
     try:
+        await c.add("dispatch", "d-1", "--no-autoscale")  # a second owner, to forward to
         yield c
     finally:
         await c.close()
