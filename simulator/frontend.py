@@ -16,7 +16,7 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from controlplane.runtime.compiled import mypyc_attr
-from functions.dispatch.policy import FunctionRouter, Grant, Instance, Waiter
+from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
 from simulator.autoscale import FunctionScaling, galaxy_kpa
 from simulator.cluster import SimNode
 from simulator.engine import Station
@@ -47,6 +47,8 @@ class Frontend:
         self._s_dispatch = model.env.op("dispatch.dispatch")
         self._s_release = model.env.op("dispatch.release")
         self.requests = 0
+        #: how long a request may wait for a slot (None: no bound)
+        self.wait_s: float | None = model.wait_s
         #: per function, the process of its owner when the model keeps it
         #: here (None: ask ``owner``); Galaxy keeps its Dispatch owners here
         self.owners: list[Station | None] = [None] * len(model.fns)
@@ -101,8 +103,25 @@ class Frontend:
             done = reply_at + hop() + duration + hop()
             self._at(done, self._on_done, (fn, g.lease_id))
             return
-        router.enqueue(Req(fn, arrival, duration))
-        self.on_wait(fn, router)
+        self._wait(router, Req(fn, arrival, duration))
+
+    def _wait(self, router: FunctionRouter, req: Req) -> None:
+        """Queue a request that found no slot, within the router's waiter
+        bound (production's ``DispatchConfig.max_queue``): past it the
+        request fails as the servicer refuses it (RESOURCE_EXHAUSTED)."""
+        try:
+            w = router.enqueue(req)
+        except QueueFull:
+            self.rec.failed("queue_full")
+            return
+        if self.wait_s is not None:  # production's wait timeout (``waits``)
+            self._at(self.sim.now + self.wait_s, self._wait_over, (router, w))
+        self.on_wait(req.fn, router)
+
+    def _wait_over(self, a: tuple[FunctionRouter, Waiter]) -> None:
+        """A waiter's wait ran out: refused unless it was served (or handed on)."""
+        if a[0].cancel(a[1]):
+            self.rec.failed("wait_timeout")
 
     def _serve(self, req: Req, grant: Grant, reply_at: float) -> None:
         """The client gets its slot at reply_at and calls the instance; the
@@ -166,8 +185,7 @@ class Frontend:
         if g is not None:
             self._serve(req, g, self.sim.now + self._hop())
             return
-        router.enqueue(req)
-        self.on_wait(req.fn, router)
+        self._wait(router, req)
 
     def failed(self, fn: int, reason: str) -> None:
         """A start failed; waiters nothing will serve fail."""

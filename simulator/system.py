@@ -151,6 +151,11 @@ class SystemModel:
     shared data path below."""
 
     name = "system"
+    #: requests one function's router lets wait (past it they fail:
+    #: ``Frontend._wait``); unbounded unless the model has a bound
+    max_queue = 10**9
+    #: how long a request may wait for a slot (None: as long as it takes)
+    wait_s: float | None = None
 
     def __init__(self, env: Env) -> None:
         self.env = env
@@ -200,7 +205,7 @@ class SystemModel:
             f.concurrency,
             f.max_scale,
             self.sim.clock,
-            max_queue=10**9,
+            max_queue=self.max_queue,  # refused past it (Frontend._wait)
             lease_ttl_s=1e9,
             lease_prefix=f"{self._routers}:",
             lease_nonce=_no_nonce,

@@ -161,6 +161,10 @@ class FunctionStore:
         base, n = revisions.split(name)
         spec = await self._revision(base, n) if n else None
         if spec is None:
+            # A deleted function takes its revisions with it: a caller still
+            # holding a revision name (a frontend's cached split) gets the
+            # function's message, which says what to do.
+            await self.get(base)
             raise NotFound(f"revision {short(name)} not found")
         spec.name = name
         del spec.traffic[:]

@@ -5,6 +5,9 @@ model read them from here). The function autoscaler's flags are in
 
 from __future__ import annotations
 
+from pydantic import field_validator
+
+from controlplane.runtime import scoring
 from controlplane.runtime.config import setting
 from statestore.records import RecordsConfig
 
@@ -48,6 +51,17 @@ class DispatchConfig(RecordsConfig):
         ge=0,
         le=1024,
     )
+    scoring: str = setting(
+        "least_loaded",
+        "scoring term ranking the nodes this instance holds credit on (the registry "
+        "Schedule places with, controlplane/runtime/scoring.py); set it as Schedule's",
+    )
+
+    @field_validator("scoring")
+    @classmethod
+    def _known_term(cls, v: str) -> str:
+        scoring.lookup(v)
+        return v
 
 
 #: The defaults, for code that takes them one by one.

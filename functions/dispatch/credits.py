@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.credits import Grant, Use
 from controlplane.runtime.resources import Res
+from controlplane.runtime.scoring import NodeInfo, Score, least_loaded
 
 
 @dataclass
@@ -48,6 +49,8 @@ class Credit:
     #: no further use: goes back to the grantor once nothing is creating
     retired: bool = False
     refused: bool = False
+    #: the slice as granted (what ``left`` started from)
+    granted: Res = field(default_factory=Res)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class CreditWallet:
         idle_s: float = 60.0,
         max_starting: int = 0,
         room_retries: int = 3,
+        score: Score = least_loaded,
         clock: Clock | None = None,
     ) -> None:
         if target < 0:
@@ -110,6 +114,8 @@ class CreditWallet:
         if room_retries < 0:
             raise ValueError("room_retries must be >= 0")
         self.target = target
+        #: ranks the nodes this wallet holds credit on (Schedule's terms)
+        self.score = score
         self.max_starting = max_starting
         self.renew_s = renew_s
         self.idle_s = idle_s
@@ -136,15 +142,19 @@ class CreditWallet:
 
     # ----- the scale-up path ------------------------------------------------------
 
-    def take(self, need: Res) -> CreditUse | None:
-        """A credit that fits ``need`` (the one with the fewest starts in
-        flight, then the most left: spreads a burst over nodes), with
-        ``need`` taken from it; None on a miss. Either way, a refill becomes
-        due."""
+    def take(self, need: Res, function: str = "") -> CreditUse | None:
+        """A credit that fits ``need``, with ``need`` taken from it; None on
+        a miss. Among those that fit: the fewest starts in flight (spreads a
+        burst over nodes), then the best node by the scoring term
+        (``score``, the registry Schedule places with: a credit only says
+        where capacity is reserved for this holder, the term picks among
+        those nodes as Schedule would among its own). Either way, a refill
+        becomes due."""
         now = self.clock.now()
         self._last_scale_up = now
         self._retire_old(now, self.renew_s)
         best: Credit | None = None
+        best_score = 0.0
         for c in list(self._credits.values()):
             if c.retired:
                 continue
@@ -155,12 +165,10 @@ class CreditWallet:
                 self._finish(c)
             elif self.max_starting and c.creating >= self.max_starting:
                 continue  # its node has enough starts queued from here
-            elif (
-                best is None
-                or c.creating < best.creating
-                or (c.creating == best.creating and _room(c.left) > _room(best.left))
-            ):
-                best = c
+            elif best is None or c.creating <= best.creating:
+                s = self._score(c, need, function)
+                if best is None or c.creating < best.creating or s > best_score:
+                    best, best_score = c, s
         if best is None:
             self.stats["misses"] += 1
             return None
@@ -171,6 +179,13 @@ class CreditWallet:
             best.retired = True  # spent: returned once its start is settled
         self.stats["hits"] += 1
         return CreditUse(best, need)
+
+    def _score(self, c: Credit, need: Res, function: str) -> float:
+        # The node as this holder sees it: its credit's slice is the
+        # capacity, what is left of it the free estimate.
+        size = c.granted if c.granted != Res() else c.left
+        node = NodeInfo(c.node_id, c.address, size, size - c.left)
+        return self.score(node, c.left, need, function)
 
     def settled(self, use: CreditUse, node_seq: int | None, refused: bool = False) -> None:
         """The CreateInstance of ``use`` finished: created (``node_seq`` is
@@ -229,7 +244,7 @@ class CreditWallet:
         for g in grants:
             self._credits[g.credit_id] = Credit(
                 req.grantor, g.credit_id, g.node_id, g.address, g.resources,
-                now + g.ttl_s, now,
+                now + g.ttl_s, now, granted=g.resources,
             )  # fmt: skip
         self.stats["granted"] += len(grants)
 
@@ -286,8 +301,3 @@ class CreditWallet:
         if c.retired and c.creating == 0 and self._credits.pop(c.credit_id, None) is not None:
             self._returns.setdefault(c.grantor, []).append((c.credit_id, c.refused))
             self.stats["returned"] += 1
-
-
-def _room(r: Res) -> int:
-    # Tightest of the resources a credit is made of, for "most left".
-    return min(r.cpu_millis, r.memory_mib)

@@ -8,7 +8,7 @@ import contextlib
 import logging
 from typing import Any
 
-from controlplane.runtime import access, authn, config, controllers
+from controlplane.runtime import access, authn, config, controllers, scoring
 from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.metrics import QUEUE_LIMIT
@@ -64,6 +64,7 @@ class DispatchComponent:
                 renew_s=cfg.credit_renew_ms / 1000.0,
                 idle_s=cfg.credit_idle_ms / 1000.0,
                 max_starting=cfg.credit_max_starting,
+                score=scoring.lookup(cfg.scoring),
             )
             peers.view = self.servicer.membership
         self._housekeeping: asyncio.Task[None] | None = None

@@ -43,6 +43,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from controlplane.runtime import validation
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, Waiter
 
 K = TypeVar("K", bound=Hashable)
@@ -325,3 +326,14 @@ class Ownership(Generic[K, O]):
     def take_recovered(self, function: K) -> list[Any]:
         """The recovered instances of a function whose router was just made."""
         return self.recovered.pop(function, [])
+
+
+def lease_revision(lease_id: str) -> str | None:
+    """The revision a lease id's slot is filed under, or None when the id is
+    not one a Dispatch instance issues (``{instance}:{revision}/{seq}.{nonce}``,
+    see FunctionRouter.acquire)."""
+    _, colon, rest = lease_id.partition(":")
+    name, slash, _ = rest.rpartition("/")
+    if not colon or not slash or not validation.NAME_RE.match(name):
+        return None
+    return name

@@ -230,7 +230,7 @@ class Peers:
         for s in schedulers:
             self._grantors[s.id] = s.address
         t0 = time.perf_counter()
-        use = wallet.take(Res.from_proto(spec.resources))
+        use = wallet.take(Res.from_proto(spec.resources), spec.name)
         decided = time.perf_counter() - t0  # the placement decision, made here
         home = schedulers[0].id if schedulers else ""
         if home not in self._no_credits:

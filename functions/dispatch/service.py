@@ -26,27 +26,28 @@ from controlplane.runtime.errors import (
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
-from functions.dispatch import coordination, revisions, starts, stream
+from functions.dispatch import coordination, revisions, starts, stream, waits
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.config import DEFAULTS
-from functions.dispatch.ownership import Ownership
+from functions.dispatch.ownership import Ownership, lease_revision
 from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
 from functions.dispatch.specs import SpecCache
+from functions.dispatch.waits import MAX_WAIT_S
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# How long a Release forwarded to the owner may take when the caller set no
+# deadline: one hop to a peer, which answers from memory.
+FORWARD_RELEASE_S = 10.0
+
 
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
-# Time kept back from the caller's deadline to send a clear answer in time.
-DEADLINE_MARGIN_S = 0.05
 # A call with less time left than this gets no slot: its answer would likely
 # arrive after the caller's own deadline (which expires first by the transit
 # delay), stranding the slot until its lease ends.
 GRANT_MARGIN_S = 0.005
-# When the caller set no deadline, a queued request waits at most this long.
-MAX_WAIT_S = 60.0
 RecordFn = Callable[[str, bytes | None], None]
 # Overload, where an operator looks for it: requests refused by reason, and
 # requests waiting for a slot now (bounded by --max-queue per function).
@@ -244,8 +245,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             raise ResourceExhausted(str(e)) from None
         self._trigger_scale_up(router, spec)
         remaining = context.time_remaining()
-        timeout = MAX_WAIT_S if remaining is None else max(0.0, remaining - DEADLINE_MARGIN_S)
-        timeout = min(timeout, router.lease_ttl_s)  # the function's request timeout
+        # router.lease_ttl_s is the function's request timeout.
+        timeout = waits.wait_timeout_s(remaining, router.lease_ttl_s)
         try:
             grant = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except coordination.Moved as moved:
@@ -288,19 +289,29 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
                     fwd, timeout=MAX_WAIT_S if remaining is None else remaining, metadata=md
                 )
         except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                # The owner may be dead: have the controller check it now, so
-                # the function moves here (or elsewhere) without waiting for
-                # the owner to fall silent.
-                self.peers.report_unreachable(self.controller, owner)
-            code = e.code()
-            if code == grpc.StatusCode.CANCELLED:
-                # The owner is stopping and its grace ran out on this call
-                # (our own cancellation raises CancelledError instead): tell
-                # the caller to try again, as for an owner that is gone.
-                code = grpc.StatusCode.UNAVAILABLE
-            await context.abort(code, e.details() or "forwarded dispatch failed")
-            raise  # unreachable: abort raises
+            await self._forward_failed(owner, e, context, "forwarded dispatch failed")
+            raise  # unreachable: _forward_failed aborts
+
+    async def _forward_failed(
+        self,
+        owner: common_pb2.ControlInstance,
+        e: grpc.aio.AioRpcError,
+        context: grpc.aio.ServicerContext,
+        what: str,
+    ) -> None:
+        """End the caller's RPC with the owner's status (never INTERNAL)."""
+        if e.code() == grpc.StatusCode.UNAVAILABLE:
+            # The owner may be dead: have the controller check it now, so
+            # the function moves here (or elsewhere) without waiting for
+            # the owner to fall silent.
+            self.peers.report_unreachable(self.controller, owner)
+        code = e.code()
+        if code == grpc.StatusCode.CANCELLED:
+            # The owner is stopping and its grace ran out on this call
+            # (our own cancellation raises CancelledError instead): tell
+            # the caller to try again, as for an owner that is gone.
+            code = grpc.StatusCode.UNAVAILABLE
+        await context.abort(code, e.details() or what)
 
     DispatchStream = stream.serve  # each message served by Dispatch above
 
@@ -308,36 +319,47 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self, request: dispatch_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb2.ReleaseReply:
         validation.check_release(request)
-        fn = request.function or request.lease_id.split(":", 1)[-1].rsplit("/", 1)[0]
+        # The lease id names the revision its slot is filed under; the
+        # function field is only checked (a client may send the function's
+        # name or the revision's: either is the same owner).
+        fn = lease_revision(request.lease_id)
+        if fn is None:
+            return dispatch_pb2.ReleaseReply(released=False)  # no Dispatch issued it
         owner = self._owner(fn)
         if owner is not None and not request.forwarded:
             fwd = dispatch_pb2.ReleaseRequest(
                 function=fn, lease_id=request.lease_id, forwarded=True
             )
-            async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
-                return await s.Release(fwd)  # type: ignore[no-any-return]
+            remaining = context.time_remaining()
+            try:
+                async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
+                    return await s.Release(  # type: ignore[no-any-return]
+                        fwd, timeout=FORWARD_RELEASE_S if remaining is None else remaining
+                    )
+            except grpc.aio.AioRpcError as e:
+                await self._forward_failed(owner, e, context, "forwarded release failed")
+                raise  # unreachable: _forward_failed aborts
         known = self._release(fn, request.lease_id)
         return dispatch_pb2.ReleaseReply(released=known)
 
     async def _forward_release(
         self, owner: common_pb2.ControlInstance, rel: dispatch_pb2.ReleaseRequest
     ) -> None:
-        fwd = dispatch_pb2.ReleaseRequest(
-            function=rel.function, lease_id=rel.lease_id, forwarded=True
-        )
+        fwd = dispatch_pb2.ReleaseRequest(lease_id=rel.lease_id, forwarded=True)
         try:
             async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
-                await s.Release(fwd)
+                await s.Release(fwd, timeout=FORWARD_RELEASE_S)
         except grpc.aio.AioRpcError as e:
             log.warning("forwarding release %s failed: %s", rel.lease_id, e.details())
 
     def release_many(self, releases: Iterable[dispatch_pb2.ReleaseRequest]) -> None:
         """Releases that ride on another message (checked by the caller)."""
         for rel in releases:
-            if rel.lease_id and rel.function:
-                elsewhere = self._owner(rel.function)
+            fn = lease_revision(rel.lease_id)
+            if fn is not None:  # else no Dispatch issued it: nothing to free
+                elsewhere = self._owner(fn)
                 if elsewhere is None:
-                    self._release(rel.function, rel.lease_id)
+                    self._release(fn, rel.lease_id)
                 else:  # the caller's view is stale: pass it on
                     self._spawn(self._forward_release(elsewhere, rel))
 

@@ -5,26 +5,14 @@ Pure data, no I/O; see ``functions.schedule.policy`` for how they are used.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane.runtime.resources import Res, interned
+from controlplane.runtime.scoring import NodeInfo, Score, least_loaded
 
 ZERO = Res()
 
-
-@dataclass
-class NodeInfo:
-    """A node's status as reported (ModNode or a probe answer)."""
-
-    node_id: str
-    address: str
-    capacity: Res
-    allocated: Res = ZERO
-    seq: int = 0
-    instances: int = 0
-    #: the part of allocated held by instances still starting
-    starting: Res = ZERO
+__all__ = ["NodeInfo", "Score", "least_loaded"]  # also used from here
 
 
 @dataclass(frozen=True)
@@ -213,31 +201,6 @@ class NodeState:
             and need.memory_mib <= (m if m > 0 else 0)
             and need.gpus <= (g if g > 0 else 0)
         )
-
-
-#: Scores a candidate: (node, free estimate, need, function being placed)
-#: -> higher is better. Terms are registered by name in ``scoring``.
-Score = Callable[[NodeInfo, Res, Res, str], float]
-
-
-def least_loaded(node: NodeInfo, free: Res, need: Res, function: str = "") -> float:
-    """Default score: the free fraction left on the node's tightest resource
-    after placing ``need`` (spreads load; ties go to the first sampled)."""
-    # min over the resources the node has of (free - need) / capacity,
-    # written out: it is computed for every candidate of every placement.
-    cap = node.capacity
-    best: float | None = None
-    if cap.cpu_millis > 0:
-        best = (free.cpu_millis - need.cpu_millis) / cap.cpu_millis
-    if cap.memory_mib > 0:
-        f = (free.memory_mib - need.memory_mib) / cap.memory_mib
-        if best is None or f < best:
-            best = f
-    if cap.gpus > 0:
-        f = (free.gpus - need.gpus) / cap.gpus
-        if best is None or f < best:
-            best = f
-    return 0.0 if best is None else best
 
 
 def describe(need: Res) -> str:

@@ -78,7 +78,7 @@ class CreditPath:
         df, p = su.df, self.p
         wallet = df.wallet
         assert wallet is not None
-        use = wallet.take(self.m.needs[su.fn])
+        use = wallet.take(self.m.needs[su.fn], self.m.fns[su.fn].name)
         home = su.cands[0].id if su.cands else ""
         now = self.sim.now
         t = df.station.finish(now, p.s_decide())

