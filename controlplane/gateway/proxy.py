@@ -17,7 +17,7 @@ from controlplane.gateway import cors, guard, routes
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.conns import Connections
 from controlplane.gateway.slots import SlotCache
-from controlplane.runtime import access, authn
+from controlplane.runtime import access, authn, fnmetrics
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
 from controlplane.sdk.client import GalaxyClient
 
@@ -164,6 +164,10 @@ async def _read_exactly(request: web.Request, length: int) -> bytearray:
     return buf  # bytes-like: sent upstream as it is, no copy
 
 
+#: Request key: (namespace, function, revision) of the slot that served it.
+_SERVED = "galaxy_served"
+
+
 class Proxy:
     """The handler of every route, with the SDK client it dispatches through."""
 
@@ -179,6 +183,8 @@ class Proxy:
         self.refusals = guard.Refusals()
         self.uploads = guard.UploadBudget(cfg.max_upload_bytes)
         self.cors = cors.Cors(cfg.cors_origins)
+        #: Per-function requests and latency (slot-cache hits included).
+        self.functions = fnmetrics.FunctionMetrics("gateway")
         #: set by main.start: marks a connection busy while its handler runs
         self.connections: Connections | None = None
         #: the listening server (main.start)
@@ -237,8 +243,13 @@ class Proxy:
             body.done()
         if not resp.prepared:
             self.cors.decorate(request.headers, resp.headers)
+        took = time.perf_counter() - start
         REQUESTS.labels(kind, str(resp.status)).inc()
-        LATENCY.labels(kind).observe(time.perf_counter() - start)
+        LATENCY.labels(kind).observe(took)
+        served = request.get(_SERVED)
+        if served is not None:  # a function's request (a slot was granted)
+            ns, fn, rev = served
+            self.functions.gateway_request(ns, fn, rev, resp.status, took)
         return resp
 
     def _token(self, request: web.Request) -> str:
@@ -307,6 +318,7 @@ class Proxy:
             r.function, r.path, body.read, headers, request.method, tag, token
         ) as (slot, upstream):
             addr = slot.addr
+            request[_SERVED] = (addr.namespace, r.function, addr.function)
             if upstream is None:  # an emulated sandbox: no process to call
                 data = await body.read()
                 return web.json_response(
