@@ -164,6 +164,8 @@ async def _read_exactly(request: web.Request, length: int) -> bytearray:
     return buf  # bytes-like: sent upstream as it is, no copy
 
 
+#: The access log: one line per request (``--no-access-log`` turns it off).
+ACCESS = logging.getLogger("galaxy.access")
 #: Request key: (namespace, function, revision) of the slot that served it.
 _SERVED = "galaxy_served"
 
@@ -250,7 +252,32 @@ class Proxy:
         if served is not None:  # a function's request (a slot was granted)
             ns, fn, rev = served
             self.functions.gateway_request(ns, fn, rev, resp.status, took)
+        if self.cfg.access_log:
+            self._access(request, kind, resp.status, took, served)
         return resp
+
+    def _access(
+        self,
+        request: web.Request,
+        kind: str,
+        status: int,
+        took: float,
+        served: tuple[str, str, str] | None,
+    ) -> None:
+        """The access log line (JSON fields with --log-format json)."""
+        extra: dict[str, object] = {
+            "method": request.method,
+            "path": request.path[:200],
+            "status": status,
+            "route": kind,
+            "duration_ms": round(took * 1000, 3),
+            "remote": request.remote or "",
+            "request_id": request.headers.get("X-Request-Id", "")[:64],
+        }
+        if served is not None:
+            extra |= {"namespace": served[0], "function": served[1], "revision": served[2]}
+        ACCESS.info("%s %s %d %.1fms", request.method, request.path[:200], status,
+                    took * 1000, extra=extra)  # fmt: skip
 
     def _token(self, request: web.Request) -> str:
         """The caller's Galaxy bearer token, or ``authn.ANONYMOUS`` without
