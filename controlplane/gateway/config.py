@@ -63,6 +63,11 @@ class GatewayConfig(Config):
         "", "serve HTTPS with this certificate chain (PEM file; needs --https-key)"
     )
     https_key: str = setting("", "private key of --https-cert (PEM file)")
+    access_log: bool = setting(
+        True,
+        "one log line per request (logger galaxy.access: method, path, status, duration, "
+        "function, revision, request id); off: --no-access-log",
+    )
     slot_cache: bool = setting(
         True,
         "keep a lease after its request and reuse it for the next request of the same "

@@ -17,7 +17,7 @@ from controlplane.gateway import cors, guard, routes
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.conns import Connections
 from controlplane.gateway.slots import SlotCache
-from controlplane.runtime import access, authn
+from controlplane.runtime import access, authn, fnmetrics
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
 from controlplane.sdk.client import GalaxyClient
 
@@ -164,6 +164,12 @@ async def _read_exactly(request: web.Request, length: int) -> bytearray:
     return buf  # bytes-like: sent upstream as it is, no copy
 
 
+#: The access log: one line per request (``--no-access-log`` turns it off).
+ACCESS = logging.getLogger("galaxy.access")
+#: Request key: (namespace, function, revision) of the slot that served it.
+_SERVED = "galaxy_served"
+
+
 class Proxy:
     """The handler of every route, with the SDK client it dispatches through."""
 
@@ -179,6 +185,8 @@ class Proxy:
         self.refusals = guard.Refusals()
         self.uploads = guard.UploadBudget(cfg.max_upload_bytes)
         self.cors = cors.Cors(cfg.cors_origins)
+        #: Per-function requests and latency (slot-cache hits included).
+        self.functions = fnmetrics.FunctionMetrics("gateway")
         #: set by main.start: marks a connection busy while its handler runs
         self.connections: Connections | None = None
         #: the listening server (main.start)
@@ -237,9 +245,39 @@ class Proxy:
             body.done()
         if not resp.prepared:
             self.cors.decorate(request.headers, resp.headers)
+        took = time.perf_counter() - start
         REQUESTS.labels(kind, str(resp.status)).inc()
-        LATENCY.labels(kind).observe(time.perf_counter() - start)
+        LATENCY.labels(kind).observe(took)
+        served = request.get(_SERVED)
+        if served is not None:  # a function's request (a slot was granted)
+            ns, fn, rev = served
+            self.functions.gateway_request(ns, fn, rev, resp.status, took)
+        if self.cfg.access_log:
+            self._access(request, kind, resp.status, took, served)
         return resp
+
+    def _access(
+        self,
+        request: web.Request,
+        kind: str,
+        status: int,
+        took: float,
+        served: tuple[str, str, str] | None,
+    ) -> None:
+        """The access log line (JSON fields with --log-format json)."""
+        extra: dict[str, object] = {
+            "method": request.method,
+            "path": request.path[:200],
+            "status": status,
+            "route": kind,
+            "duration_ms": round(took * 1000, 3),
+            "remote": request.remote or "",
+            "request_id": request.headers.get("X-Request-Id", "")[:64],
+        }
+        if served is not None:
+            extra |= {"namespace": served[0], "function": served[1], "revision": served[2]}
+        ACCESS.info("%s %s %d %.1fms", request.method, request.path[:200], status,
+                    took * 1000, extra=extra)  # fmt: skip
 
     def _token(self, request: web.Request) -> str:
         """The caller's Galaxy bearer token, or ``authn.ANONYMOUS`` without
@@ -307,6 +345,7 @@ class Proxy:
             r.function, r.path, body.read, headers, request.method, tag, token
         ) as (slot, upstream):
             addr = slot.addr
+            request[_SERVED] = (addr.namespace, r.function, addr.function)
             if upstream is None:  # an emulated sandbox: no process to call
                 data = await body.read()
                 return web.json_response(

@@ -27,7 +27,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from controlplane.runtime.metrics import LATENCY_BUCKETS
+from controlplane.runtime.metrics import LATENCY_BUCKETS, ensure_registered
 
 OTHER = "_other"
 DEFAULT_MAX_FUNCTIONS = 500
@@ -110,11 +110,17 @@ InstanceRows = Callable[[], Iterable[tuple[str, str, str, str, int]]]
 
 class FunctionInstances(Collector):
     """``galaxy_function_instances{namespace,function,revision,state}``,
-    read from the owning Dispatch's state at scrape time."""
+    read at scrape time from the Dispatch servicers of this process (one in
+    production; several when a test hosts a cluster in one process)."""
 
     def __init__(self, budget: LabelBudget) -> None:
         self.budget = budget
-        self.source: InstanceRows | None = None
+        self.sources: list[InstanceRows] = []
+
+    def source(self) -> Iterable[tuple[str, str, str, str, int]]:
+        """Every source's rows."""
+        for src in list(self.sources):
+            yield from src()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
@@ -124,7 +130,7 @@ class FunctionInstances(Collector):
             labels=[*FN, "state"],
         )
         totals: dict[tuple[str, str, str, str], int] = {}
-        for ns, fn, rev, state, n in self.source() if self.source else ():
+        for ns, fn, rev, state, n in self.source():
             key = (*self.budget.labels(ns, fn, rev), state)
             totals[key] = totals.get(key, 0) + n
         for key, n in sorted(totals.items()):
@@ -132,12 +138,20 @@ class FunctionInstances(Collector):
         yield family
 
 
-class FunctionMetrics:
-    """What a gateway or a Dispatch records per function (one per process)."""
+#: One label budget per process, shared by every family here.
+BUDGET = LabelBudget()
+FUNCTION_INSTANCES = FunctionInstances(BUDGET)
 
-    def __init__(self, max_functions: int = DEFAULT_MAX_FUNCTIONS) -> None:
-        self.budget = LabelBudget(max_functions)
-        self.instances = FunctionInstances(self.budget)
+
+class FunctionMetrics:
+    """What a gateway or a Dispatch records per function; registers the
+    families of its role (``gateway`` or ``dispatch``) on creation."""
+
+    def __init__(self, role: str) -> None:
+        self.budget = BUDGET
+        ensure_registered(*(GATEWAY_FAMILIES if role == "gateway" else DISPATCH_FAMILIES))
+        if role == "dispatch":
+            ensure_registered(FUNCTION_INSTANCES)
 
     def _labels(self, family: str, ns: str, fn: str, rev: str) -> tuple[str, str, str]:
         before = self.budget.overflowed

@@ -192,3 +192,24 @@ def test_children_log_json_with_their_identity(cluster) -> None:
         assert {r["component"] for r in records} == {c["kind"]}, c["name"]
     r = g.cli("logs", "dispatch-0", "--since", "10m")
     assert r.returncode == 0 and "serving on" in r.stdout, r.stderr
+
+
+def test_gateway_metrics_and_access_log_name_the_function(cluster) -> None:
+    g, _ = cluster
+    _drive_load(g)
+    gw = next(c for c in g.endpoints["components"] if c["name"] == "gateway-0")
+    r = subprocess.run(["curl", "-sf", f"http://{gw['metrics']}/metrics"],
+                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stdout.splitlines() if x.startswith("galaxy_function_requests_total{")]
+    echo = [x for x in lines if 'function="echo"' in x and 'code="200"' in x]
+    assert echo and float(echo[0].rsplit(" ", 1)[1]) >= 30, lines
+    assert 'namespace="default"' in echo[0] and 'revision="echo-00001"' in echo[0], echo
+    access = [
+        json.loads(x)
+        for x in Path(gw["log"]).read_text().splitlines()
+        if x.startswith("{") and '"galaxy.access"' in x
+    ]
+    mine = [a for a in access if a.get("function") == "echo" and a["status"] == 200]
+    assert len(mine) >= 30 and all(a["duration_ms"] > 0 for a in mine)
+    assert any(a["status"] == 404 for a in access)  # the unknown function

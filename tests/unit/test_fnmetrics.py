@@ -23,12 +23,14 @@ def test_budget_admits_then_aggregates_and_keeps_the_admitted() -> None:
 def test_instances_collector_counts_once_and_aggregates_overflow() -> None:
     budget = LabelBudget(max_functions=1)
     coll = FunctionInstances(budget)
-    coll.source = lambda: [
-        ("team-a", "echo", "echo-00001", "ready", 2),
-        ("team-a", "echo", "echo-00001", "starting", 1),
-        ("team-b", "big", "big-00003", "ready", 3),
-        ("team-c", "other", "other-00001", "ready", 4),
-    ]
+    coll.sources.append(
+        lambda: [
+            ("team-a", "echo", "echo-00001", "ready", 2),
+            ("team-a", "echo", "echo-00001", "starting", 1),
+            ("team-b", "big", "big-00003", "ready", 3),
+            ("team-c", "other", "other-00001", "ready", 4),
+        ]
+    )
     reg = CollectorRegistry()
     reg.register(coll)
     v = reg.get_sample_value
