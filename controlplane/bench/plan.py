@@ -195,6 +195,7 @@ def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
         start_delay_ms=cp["start_delay_ms"],
         extra={
             kind: (["--heartbeat-ms", str(int(cp["heartbeat_ms"]))] if kind in _BEATING else [])
+            + (["--max-functions", str(cp["max_functions"])] if kind == "controller" else [])
             + _gc_flags(cp)
             for kind in _SERVED
         },
