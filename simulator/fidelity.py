@@ -95,7 +95,7 @@ def bench_doc(nodes: int, quick: bool, credits: bool = True) -> dict[str, Any]:
     return {
         "name": "fidelity",
         "control_plane": {"nodes": nodes, "start_delay_ms": 0, "credits": credits,
-                          "max_functions": max(max_functions(), 500)},  # fmt: skip
+                          "max_functions": max_functions()},
         "load": {"seed": 2, "echo_requests": 1000, "echo_max_s": 1.0, "concurrency": 32},
         "scenarios": [
             {"name": "max", "mode": "closed", "total_requests": n_max,
@@ -197,7 +197,7 @@ def sim_phase(
     rate: float = 0.0,
     background: float = 0.0,
     client_cost_s: float | None = None,
-    credits: bool = True,
+    credits: bool = False,
 ) -> dict[str, Any]:
     """One phase simulated: closed loop with ``concurrency`` or open at ``rate``.
 
