@@ -56,6 +56,7 @@ def test_simulate_fidelity_quick_runs_end_to_end(tmp_path: Path) -> None:
     assert (out / "report.md").read_text().startswith("# Fidelity")
 
 
+@pytest.mark.slow  # a subprocess: ~0.5 s quiet, 3-4 s on a loaded machine
 @pytest.mark.parametrize(
     "content, expected",
     [
