@@ -27,8 +27,10 @@ class SimulateConfig(Config):
     nodes: int = setting(DEFAULT_NODES, "worker nodes", ge=1)
     workload: str | None = setting(
         None,
-        "azure2019[:minutes=N], azure2021, llm2023, poisson:rate=R,duration=S, "
-        "gamma:rate=R,shape=K, bursty:duration=S, or an experiment file (.yaml)",
+        "azure2019[:minutes=N] (the shipped sample), DIR[:minutes=N] (a folder of "
+        "Azure 2019 trace files, e.g. a full day), azure2021, llm2023, "
+        "poisson:rate=R,duration=S, gamma:rate=R,shape=K, bursty:duration=S, "
+        "or an experiment file (.yaml)",
     )
     systems: str = setting(
         DEFAULT_SYSTEMS, "comma list of galaxy, G1, Gn, Gn-C, knative, sparrow, ray, atoll"
@@ -59,15 +61,26 @@ class FidelityConfig(Config):
         None, "reuse a real-cluster result (fidelity.json) instead of starting a cluster"
     )
     quick: bool = setting(
-        False, "fewer requests: a smoke test of the command, too few samples to judge p99"
+        False,
+        "a smoke test of the command: fewer requests, one real run, the shipped "
+        "calibration (too few samples to judge p99)",
     )
-    repeat: int = setting(
-        DEFAULT_REPEAT, "real runs; each metric's median sim/real ratio is judged", ge=1
+    repeat: int | None = setting(
+        None,
+        f"real runs; each metric's median sim/real ratio is judged "
+        f"(default {DEFAULT_REPEAT}; --quick: 1)",
+        ge=1,
+    )
+    credits: bool = setting(
+        True,
+        "capacity credits on both sides (production's default; --no-credits: "
+        "the Schedule path only)",
     )
     seed: int = same_as(SimulateConfig, "seed")
-    calibration: str = setting(
-        "measure",
-        "'measure' (default: calibrate on this machine just before the real run), "
+    calibration: str | None = setting(
+        None,
+        "'measure' (default without --quick: calibrate on this machine just before "
+        "the real run), "
         "'shipped' (the calibration shipped with the package), or a calibration JSON",
     )
 

@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.bench.experiment import RequestProfile
+from controlplane.bench.plan import BenchFileError
 from simulator import calibration, report
+from simulator.cliconfig import DEFAULT_REPEAT
 from simulator.fidelity_compare import (  # noqa: F401 (re-exported)
     TOLERANCE,
     _summ,
@@ -72,14 +74,28 @@ REQUESTS = {False: (3000, 6000), True: (1200, 1500)}
 SIM_SEEDS = 3
 
 
-def bench_doc(nodes: int, quick: bool) -> dict[str, Any]:
+#: Functions of the warm pool each plan deploys (unused: every request is
+#: cold; the bench always deploys at least one).
+WARM_FUNCTIONS = 1
+PHASES = ("max", "half")
+
+
+def max_functions() -> int:
+    """The controller's function limit the real run needs: each phase's
+    plan deploys its own pools into the same cluster (the default limit of
+    500 refused the second phase's 256)."""
+    return len(PHASES) * (COLD_FUNCTIONS + WARM_FUNCTIONS)
+
+
+def bench_doc(nodes: int, quick: bool, credits: bool = True) -> dict[str, Any]:
     """The real side's bench file."""
     n_max, n_half = REQUESTS[quick]
-    common = {"cold_fraction": 1.0, "cold_functions": COLD_FUNCTIONS}
+    common = {"cold_fraction": 1.0, "cold_functions": COLD_FUNCTIONS,
+              "warm_functions": WARM_FUNCTIONS}  # fmt: skip
     return {
         "name": "fidelity",
-        # The Schedule path the calibration measures (credits: not checked yet).
-        "control_plane": {"nodes": nodes, "start_delay_ms": 0, "credits": False},
+        "control_plane": {"nodes": nodes, "start_delay_ms": 0, "credits": credits,
+                          "max_functions": max_functions()},
         "load": {"seed": 2, "echo_requests": 1000, "echo_max_s": 1.0, "concurrency": 32},
         "scenarios": [
             {"name": "max", "mode": "closed", "total_requests": n_max,
@@ -91,17 +107,22 @@ def bench_doc(nodes: int, quick: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def real_side(nodes: int, quick: bool, log: Any) -> dict[str, Any]:
+class FidelityError(Exception):
+    """An expected failure of the command (a real run failed, a bad file):
+    reported as one line, not a traceback."""
+
+
+async def real_side(nodes: int, quick: bool, log: Any, credits: bool = True) -> dict[str, Any]:
     """Run the scenario on a real emulated cluster; the two plans' results."""
     from controlplane.bench import plan as pl
     from controlplane.bench.runner import RunOptions, machine_info, run_bench
 
     with tempfile.TemporaryDirectory(prefix="galaxy-fidelity-") as tmp:
-        bf = pl.parse(bench_doc(nodes, quick), Path(tmp) / "fidelity.yaml")
+        bf = pl.parse(bench_doc(nodes, quick, credits), Path(tmp) / "fidelity.yaml")
         res = await run_bench(bf, RunOptions(Path(tmp), Path(tmp), log=log))
     if res["failures"]:
-        raise RuntimeError(f"the real run failed: {res['failures']}")
-    out: dict[str, Any] = {"machine": machine_info()}
+        raise FidelityError(f"the real run failed: {'; '.join(map(str, res['failures']))}")
+    out: dict[str, Any] = {"machine": machine_info(), "credits": credits}
     for p in res["plans"]:
         out[p["scenario"]] = {
             "requests": p["requests"],
@@ -176,8 +197,12 @@ def sim_phase(
     rate: float = 0.0,
     background: float = 0.0,
     client_cost_s: float | None = None,
+    credits: bool = False,
 ) -> dict[str, Any]:
     """One phase simulated: closed loop with ``concurrency`` or open at ``rate``.
+
+    credits: Galaxy with capacity credits (production's default, the path
+    behind the headline figures) or without (the Schedule path only).
 
     client_cost_s: the load generator's CPU per request as measured in the
     real run (it is the test harness, not the system checked: its open-loop
@@ -207,7 +232,7 @@ def sim_phase(
     env = Env(cfg, cal, w, seed)
     env.sim.slack_s = 0.0  # exact arrival order: processes share the cores
     env.rec.warmup_s = math.inf
-    g = VARIANTS["Gn-CPE"]  # the real side runs with --no-credits
+    g = VARIANTS["galaxy" if credits else "Gn-CPE"]
     model = GalaxyModel(env, g, instances=1, controller_scaling=False, heartbeats="all")
     model.front.client = env.station("load-generator", platform=False)
     if client_cost_s is not None and env.host is not None:
@@ -336,6 +361,7 @@ def simulate_run(
     scaled per process to the CPU it used in the real half phase
     (``speed_factors``; ``factors`` in the result)."""
     n_max, n_half = REQUESTS[quick]
+    credits = bool(real.get("credits", False))  # files before the field ran without
     cores = os.cpu_count() or 2
     bg = {k: background_processes(real[k], cores) for k in ("max", "half")}
     client = {k: client_cost(real[k]) for k in ("max", "half")}
@@ -343,7 +369,7 @@ def simulate_run(
     factors = {k: 1.0 for k in _PROCESS_OF}
     if SCALE_TO_RUN and real["half"].get("cpu_cores"):
         first = sim_phase(cal, nodes, n_half, seed, rate=rate, background=bg["half"],
-                          client_cost_s=client["half"])  # fmt: skip
+                          client_cost_s=client["half"], credits=credits)  # fmt: skip
         factors = speed_factors(first, real["half"])
         cal = cal.scaled(factors)
     out: dict[str, Any] = {"background": bg, "client_cost_s": client, "factors": factors}
@@ -351,7 +377,7 @@ def simulate_run(
         kw: dict[str, Any] = {"concurrency": 32} if ph == "max" else {"rate": rate}
         runs = [
             sim_phase(cal, nodes, n_max if ph == "max" else n_half, s, background=bg[ph],
-                      client_cost_s=client[ph], **kw)
+                      client_cost_s=client[ph], credits=credits, **kw)
             for s in range(seed, seed + SIM_SEEDS)
         ]  # fmt: skip
         out[ph] = _median_of(runs)
@@ -391,8 +417,30 @@ def client_cost(phase: dict[str, Any]) -> float | None:
 
 
 async def main(args: Any) -> int:
-    """``galaxy simulate-fidelity``."""
+    """``galaxy simulate-fidelity``: 0 passed, 1 failed the check, 2 could
+    not run (one line on stderr naming why)."""
+    try:
+        return await _main(args)
+    except (FidelityError, calibration.CalibrationError, BenchFileError, OSError,
+            json.JSONDecodeError, KeyError) as e:  # fmt: skip
+        what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+        print(f"galaxy simulate-fidelity: {what}", file=sys.stderr)
+        return 2
+
+
+def resolve(args: Any) -> Any:
+    """Fill the defaults that depend on --quick: one real run and the
+    shipped calibration for a smoke test, else three runs and a calibration
+    measured here and now."""
+    return args.model_copy(update={
+        "repeat": args.repeat or (1 if args.quick else DEFAULT_REPEAT),
+        "calibration": args.calibration or ("shipped" if args.quick else "measure"),
+    })  # fmt: skip
+
+
+async def _main(args: Any) -> int:
     log = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    args = resolve(args)
     cal = await _calibration(args, log)
     out = Path(args.out)
     if args.real:
@@ -401,7 +449,7 @@ async def main(args: Any) -> int:
         reals = []
         for i in range(args.repeat):
             log(f"real run {i + 1} of {args.repeat}")
-            reals.append(await real_side(args.nodes, args.quick, log))
+            reals.append(await real_side(args.nodes, args.quick, log, args.credits))
     sims = [simulate_run(cal, r, args.nodes, args.quick, args.seed) for r in reals]
     rows, ok = compare_runs(list(zip(sims, reals, strict=True)))
     header = ["metric", "simulated (median)", "real (median)", "sim/real by run",

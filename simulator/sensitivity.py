@@ -36,11 +36,15 @@ ASSUMED: list[tuple[str, str, str]] = [
     ("knative", "serving_s", "fitted to ~2.5 pod starts/s"),
     ("knative", "controller_s", "assumed"),
     ("knative", "write_s", "assumed"),
+    ("knative", "scheduler_pods_per_s", "cited: kube-scheduler's ~100 pods/s, workload-dependent"),
     ("sparrow", "schedulers", "assumed: the number of schedulers"),
     ("ray", "controller_op_s", "assumed: no published per-op figure"),
     ("ray", "frontends", "assumed"),
+    ("ray", "controller_loop_s", "Ray Serve's control loop period, counted as scheduling wait"),
+    ("ray", "view_refresh_s", "Ray's resource broadcast period (a default, tunable)"),
     ("atoll", "scale_delay_s", "assumed"),
     ("atoll", "sgs", "assumed: the number of SGSs"),
+    ("atoll", "backlog_s", "assumed: the home SGS queueing that adds an SGS"),
 ]
 FACTORS = (0.5, 2.0)
 

@@ -197,10 +197,17 @@ def up_config(cp: dict[str, Any], run_dir: Path, state_url: str) -> UpConfig:
         start_delay_ms=cp["start_delay_ms"],
         extra={
             kind: (["--heartbeat-ms", str(int(cp["heartbeat_ms"]))] if kind in _BEATING else [])
+            + (_limit_flags(cp) if kind == "controller" else [])
             + _gc_flags(cp)
             for kind in _SERVED
         },
     )
+
+
+def _limit_flags(cp: dict[str, Any]) -> list[str]:
+    """The controller's function limit, when the bench file changes it."""
+    n = cp.get("max_functions", validation.MAX_FUNCTIONS_DEFAULT)
+    return [] if n == validation.MAX_FUNCTIONS_DEFAULT else ["--max-functions", str(n)]
 
 
 def _gc_flags(cp: dict[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from controlplane.controller.config import ControllerConfig
 from controlplane.launch.upconfig import UpConfig
 from controlplane.runtime.config import Config, same_as, setting
 from functions.clustermgr.config import ClusterMgrConfig
@@ -45,6 +46,9 @@ class ControlPlanePlan(Config):
     #: with gc_tuning: the young-generation threshold of every process
     #: (None: GcConfig's default; 0: the interpreter's own thresholds)
     gc_threshold0: int | None = setting(None, "young-generation GC threshold (sweeps)", ge=0)
+    #: Functions the controller may hold (--max-functions): every plan of a
+    #: bench file deploys its own pool into the same cluster.
+    max_functions: int = same_as(ControllerConfig, "max_functions")
     n: int = setting(2, "instances of each control function of the G_n presets", ge=1)
 
 

