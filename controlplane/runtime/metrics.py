@@ -59,18 +59,6 @@ RPC_LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=None,
 )
-COLD_STARTS = Counter(
-    "galaxy_cold_starts_total",
-    "Function instances started because a request found no free instance.",
-    ["function"],
-    registry=None,
-)
-COLD_START_LATENCY = Histogram(
-    "galaxy_cold_start_latency_seconds",
-    "From scale-up trigger to instance ready, as seen by Dispatch.",
-    buckets=LATENCY_BUCKETS,
-    registry=None,
-)
 SCHEDULING_LATENCY = Histogram(
     "galaxy_scheduling_latency_seconds",
     "From Schedule request to placement decision.",
@@ -82,12 +70,6 @@ PROBE_ROUND_TRIP = Histogram(
     "Schedule: from sending a round of probes to having every answer (the "
     "part of scheduling latency spent waiting on node agents).",
     buckets=SCHEDULING_BUCKETS,
-    registry=None,
-)
-INSTANCES = Gauge(
-    "galaxy_function_instances",
-    "Function instances Dispatch routes to (exported by Dispatch only: the owner of each "
-    "function counts its instances once).",
     registry=None,
 )
 NODES = Gauge("galaxy_nodes", "Nodes known to this process.", ["state"], registry=None)
@@ -269,7 +251,7 @@ COMMON: tuple[Collector, ...] = (RPC_REQUESTS, RPC_LATENCY, GC_PAUSE, QUEUE_LIMI
 #: Families by the kind of process that owns them.
 OWNED: dict[str, tuple[Collector, ...]] = {
     "dispatch": (
-        COLD_STARTS, COLD_START_LATENCY, INSTANCES, DISPATCH_CREDITS_HELD, DISPATCH_CREDIT_EVENTS,
+        DISPATCH_CREDITS_HELD, DISPATCH_CREDIT_EVENTS,
     ),
     "schedule": (
         SCHEDULING_LATENCY, PROBE_ROUND_TRIP, PROBES, NODES, SCHEDULE_PENDING, SCHEDULE_REJECTED,

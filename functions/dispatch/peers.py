@@ -27,6 +27,7 @@ from controlplane.runtime.errors import (
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.resources import Res
 from controlplane.runtime.validation import short
+from functions.dispatch import fnstats
 from functions.dispatch.config import DEFAULTS
 from functions.dispatch.credits import CreditWallet, SyncRequest
 from galaxy.v1 import (
@@ -168,7 +169,7 @@ class Peers:
         if self.credits is not None and credits:
             made = await self._from_credit(spec, instance_id, schedulers)
             if made is not None:
-                metrics.COLD_START_LATENCY.observe(time.perf_counter() - start)
+                fnstats.cold_start_ready(spec, time.perf_counter() - start)
                 return made
         req = schedule_pb2.ScheduleRequest(
             instance_id=instance_id, function=spec, notify_address=self.address
@@ -195,7 +196,7 @@ class Peers:
                 if code in SPILL_ON:
                     continue  # spill to the next-highest Schedule instance
                 break
-            metrics.COLD_START_LATENCY.observe(time.perf_counter() - start)
+            fnstats.cold_start_ready(spec, time.perf_counter() - start)
             info: common_pb2.InstanceInfo = reply.instance
             return info
         if code == grpc.StatusCode.FAILED_PRECONDITION and never < len(reasons):

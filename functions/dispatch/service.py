@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Gauge
 
-from controlplane.runtime import authn, metrics, rpc, validation
+from controlplane.runtime import authn, rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.errors import (
     DeadlineExceeded,
@@ -26,7 +26,7 @@ from controlplane.runtime.errors import (
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
-from functions.dispatch import coordination, revisions, starts, stream, waits
+from functions.dispatch import coordination, fnstats, revisions, starts, stream, waits
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.config import DEFAULTS
 from functions.dispatch.ownership import Ownership, lease_revision
@@ -89,6 +89,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         # Read at scrape time: no bookkeeping on the request path.
         WAITING.set_function(lambda: sum(len(r.waiters) for r in self.routers.values()))
         self.spec_cache = SpecCache(controller, lambda: self.pool)
+        fnstats.attach(self)  # its instances, at every scrape
         self._specs = self.spec_cache.specs
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -118,6 +119,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
 
     async def close(self) -> None:
         """Cancel background work (scale-ups, deletes)."""
+        fnstats.detach(self)
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -204,6 +206,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
 
     # -- public API -------------------------------------------------------
 
+    @fnstats.recorded
     async def Dispatch(
         self, request: dispatch_pb2.DispatchRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb2.InstanceAddr:
@@ -427,7 +430,6 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         )
         # A running count: summing over every function per add showed in profiles.
         self._instance_count += 1
-        metrics.INSTANCES.set(self._instance_count)
         return True
 
     def _remove(self, router: FunctionRouter, instance_id: str) -> Instance | None:
@@ -440,7 +442,6 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         """An instance left the routing tables: its record goes."""
         self.record(f"/galaxy/instances/{function}/{instance_id}", None)
         self._instance_count -= 1
-        metrics.INSTANCES.set(self._instance_count)
 
     async def recover(self, records: list[common_pb2.InstanceInfo]) -> int:
         """Adopt instances recorded by a previous incarnation that still run;

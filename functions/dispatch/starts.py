@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
-from controlplane.runtime import metrics
 from controlplane.runtime.errors import GalaxyError, ResourceExhausted, Unavailable
-from functions.dispatch import coordination
+from functions.dispatch import coordination, fnstats
 from functions.dispatch.peers import SCHEDULE
 from functions.dispatch.policy import FunctionRouter, Grant
 from galaxy.v1 import common_pb2
@@ -44,7 +43,7 @@ async def scale_up(
     the call's deadline): tried again, still pending, as the same id,
     which Schedule joins (a new id: a second instance past max_scale)."""
     svc.ops["scale_up"] += 1
-    metrics.COLD_STARTS.labels(spec.name).inc()
+    fnstats.cold_start(spec)
     instance_id = f"{spec.name}-{svc.instance_id}-{next(svc._ids)}"
     ranked = svc.membership.ranked
     credits, room_retries, doubts = True, 0, 0

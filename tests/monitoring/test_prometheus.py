@@ -165,10 +165,11 @@ def test_every_rule_and_panel_returns_data(cluster) -> None:
         for r in grp["rules"]
         if "record" in r
     ]
-    dashboard = json.loads(
-        (REPO / "deploy/monitoring/dashboards/galaxy-control-plane.json").read_text()
-    )
-    exprs = records + panel_exprs(dashboard)
+    exprs = list(records)
+    for name in ("galaxy-control-plane.json", "galaxy-functions.json"):
+        dashboard = json.loads((REPO / "deploy/monitoring/dashboards" / name).read_text())
+        # The functions dashboard's $function variable: every function.
+        exprs += [e.replace("$function", ".*") for e in panel_exprs(dashboard)]
     # Rules run every evaluation interval; wait until each has a sample.
     missing: list[str] = []
 
@@ -213,3 +214,35 @@ def test_gateway_metrics_and_access_log_name_the_function(cluster) -> None:
     mine = [a for a in access if a.get("function") == "echo" and a["status"] == 200]
     assert len(mine) >= 30 and all(a["duration_ms"] > 0 for a in mine)
     assert any(a["status"] == 404 for a in access)  # the unknown function
+
+
+def test_instances_are_counted_once_and_dispatch_names_the_function(cluster) -> None:
+    g, prom = cluster
+    _drive_load(g)
+    r = g.cli("invoke", "echo", "--data", "via-sdk")  # a dispatch through the SDK
+    assert r.returncode == 0, r.stderr
+    status = json.loads(g.cli("status", "-o", "json").stdout)
+    real = len(status.get("instances", []))
+    assert real >= 1
+
+    def counted() -> bool:
+        got = prom.query("sum(galaxy_function_instances)")
+        agents = prom.query("sum(galaxy_nodeagent_instances)")
+        return bool(got and agents) and float(got[0]["value"][1]) == real == float(
+            agents[0]["value"][1]
+        )
+
+    prom.until(f"sum(galaxy_function_instances) == {real} (and the agents agree)", counted)
+    d = next(c for c in g.endpoints["components"] if c["name"] == "dispatch-0")
+    r = subprocess.run(["curl", "-sf", f"http://{d['metrics']}/metrics"],
+                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    ok = [x for x in r.stdout.splitlines()
+          if x.startswith("galaxy_dispatch_requests_total{") and 'function="echo"' in x
+          and 'code="OK"' in x]  # fmt: skip
+    assert ok and 'namespace="default"' in ok[0] and 'revision="echo-00001"' in ok[0], ok
+    assert 'galaxy_function_instances{function="echo",namespace="default"' in r.stdout
+    assert (
+        'galaxy_cold_starts_total{function="echo",namespace="default",revision="echo-00001"}'
+        in r.stdout
+    )
