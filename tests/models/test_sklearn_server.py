@@ -10,10 +10,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import joblib
+import numpy as np
 import pytest
 import requests
+from sklearn.datasets import load_iris
 
 from scripts.train_iris import train
 from tests.integration.upctl import REPO
@@ -28,9 +32,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    model = tmp_path_factory.mktemp("iris") / "iris.joblib"
-    train(model)
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("iris") / "iris.joblib"
+    train(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(model_path: Path) -> Iterator[str]:
+    model = model_path
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "examples" / "sklearn_server.py"), str(model),
@@ -54,6 +64,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.terminate()
         _, err = proc.communicate(timeout=10)
         assert "Traceback" not in err, err
+
+
+def test_v1_and_v2_answer_what_the_model_predicts(server: str, model_path: Path) -> None:
+    rows = load_iris().data
+    want = joblib.load(model_path).predict(rows).tolist()
+    assert len(set(want)) == 3  # all three classes: a constant answer would fail
+    r = requests.post(
+        f"{server}/v1/models/iris:predict", json={"instances": rows.tolist()}, timeout=30
+    )
+    assert r.status_code == 200 and r.json() == {"predictions": want}
+    body = _v2(rows.astype(np.float32).reshape(-1).tolist(), shape=rows.shape)
+    r = requests.post(f"{server}/v2/models/iris/infer", json={**body, "id": "req-1"}, timeout=30)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["model_name"] == "iris" and got["id"] == "req-1"
+    assert got["outputs"] == [
+        {"name": "output-0", "shape": [len(want)], "datatype": "INT64", "data": want}
+    ]
 
 
 def _v2(data: object, shape: object = (1, 4), datatype: object = "FP32") -> dict:
