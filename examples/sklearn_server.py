@@ -15,6 +15,7 @@ serves it under the function's name ($GALAXY_FUNCTION, or --model-name):
               GET  /v2/models/NAME/ready
               POST /v2/models/NAME/infer      {"inputs": [{"name", "shape",
                    "datatype": "FP32", "data"}]} -> {"model_name", "outputs"}
+              (the last three also under /v2/models/NAME/versions/1)
 
 Bad input gets 400 with an "error" naming the field; never the input back.
 
@@ -33,6 +34,8 @@ import joblib
 import numpy as np
 from aiohttp import web
 
+#: The model's version on v2 (one file, one version).
+VERSION = "1"
 #: Rows in one request: a bound on the work (and memory) one request can ask for.
 MAX_ROWS = 10_000
 #: Request bodies above this are refused by aiohttp with 413.
@@ -85,7 +88,7 @@ class Model:
     def metadata(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "versions": ["1"],
+            "versions": [VERSION],
             "platform": "sklearn",
             "inputs": [{"name": "input-0", "datatype": "FP32", "shape": [-1, self.features or -1]}],
             "outputs": [{"name": "output-0", "datatype": "INT64", "shape": [-1]}],
@@ -139,7 +142,9 @@ def make_app(model: Model) -> web.Application:
     routes = web.RouteTableDef()
 
     def check_name(request: web.Request) -> None:
-        if request.match_info["name"] != model.name:
+        # The one version this server holds is "1" (v2's /versions/V paths).
+        version = request.match_info.get("version", VERSION)
+        if request.match_info["name"] != model.name or version != VERSION:
             raise web.HTTPNotFound(
                 text=json.dumps({"error": "model not found"}), content_type="application/json"
             )
@@ -152,11 +157,13 @@ def make_app(model: Model) -> web.Application:
 
     @routes.get("/v1/models/{name}")
     @routes.get("/v2/models/{name}/ready")
+    @routes.get("/v2/models/{name}/versions/{version}/ready")
     async def ready(request: web.Request) -> web.Response:
         check_name(request)
         return web.json_response({"name": model.name, "ready": True})
 
     @routes.get("/v2/models/{name}")
+    @routes.get("/v2/models/{name}/versions/{version}")
     async def metadata(request: web.Request) -> web.Response:
         check_name(request)
         return web.json_response(model.metadata())
@@ -169,6 +176,7 @@ def make_app(model: Model) -> web.Application:
         return web.json_response({"predictions": model.predict(rows, "instances").tolist()})
 
     @routes.post("/v2/models/{name}/infer")
+    @routes.post("/v2/models/{name}/versions/{version}/infer")
     async def infer_v2(request: web.Request) -> web.Response:
         check_name(request)
         if "Inference-Header-Content-Length" in request.headers:
@@ -181,7 +189,7 @@ def make_app(model: Model) -> web.Application:
         return web.json_response(
             {
                 "model_name": model.name,
-                "model_version": "1",
+                "model_version": VERSION,
                 "id": request_id or str(uuid.uuid4()),
                 "outputs": [
                     {

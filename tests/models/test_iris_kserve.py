@@ -84,6 +84,9 @@ def test_iris_on_kserve_v1_and_v2_through_the_gateway(tmp_path: Path, monkeypatc
         )
         assert result.get_response()["model_name"] == "iris"
         assert result.as_numpy("output-0").tolist() == want
+        # The versioned path (the gateway routes /v2/models/NAME/versions/V/...).
+        result = client.infer("iris", [tensor], model_version="1")
+        assert result.as_numpy("output-0").tolist() == want
         client.close()
         # ... and v2 with curl: a wrong datatype is a 400 naming the field.
         resp = requests.post(

@@ -137,6 +137,9 @@ def test_nan_and_bad_json_and_binary_tensors_are_refused(server: str) -> None:
 def test_a_model_it_does_not_serve_is_a_404(server: str) -> None:
     assert requests.get(f"{server}/v2/models/other", timeout=30).status_code == 404
     assert requests.get(f"{server}/v2/models/other/ready", timeout=30).status_code == 404
+    assert requests.get(f"{server}/v2/models/iris/versions/2", timeout=30).status_code == 404
+    r = requests.get(f"{server}/v2/models/iris/versions/1/ready", timeout=30)
+    assert r.status_code == 200 and r.json()["ready"] is True
     r = requests.post(f"{server}/v1/models/other:predict", json={"instances": [_ROW]}, timeout=30)
     assert r.status_code == 404
     assert requests.get(f"{server}/v1/models/iris", timeout=30).json() == {
