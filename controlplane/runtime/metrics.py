@@ -82,6 +82,11 @@ HEARTBEAT_BATCH_STATUSES = Histogram(
     "ClusterMgr: statuses per HeartbeatBatches message (the nodes of one agent due together).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+NODE_RESTARTS = Counter(
+    "galaxy_node_restarts_total",
+    "ClusterMgr: node agents that registered with a new incarnation (their "
+    "previous life's instances were ended at once).",
+)
 PROBES = Counter("galaxy_probes_total", "Probe RPCs sent by Schedule to node agents.")
 
 

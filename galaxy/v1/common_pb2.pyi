@@ -148,7 +148,7 @@ class InstanceInfo(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., function: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., spec_version: _Optional[int] = ..., concurrency: _Optional[int] = ..., node_address: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "capacity", "allocated", "instances", "seq", "starting")
+    __slots__ = ("node_id", "address", "capacity", "allocated", "instances", "seq", "starting", "incarnation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class NodeStatus(_message.Message):
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STARTING_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     capacity: Resources
@@ -163,7 +164,8 @@ class NodeStatus(_message.Message):
     instances: int
     seq: int
     starting: Resources
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., instances: _Optional[int] = ..., seq: _Optional[int] = ..., starting: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., instances: _Optional[int] = ..., seq: _Optional[int] = ..., starting: _Optional[_Union[Resources, _Mapping]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class CoordinateAction(_message.Message):
     __slots__ = ("kind", "function", "node_id")
