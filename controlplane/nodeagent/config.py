@@ -50,8 +50,11 @@ class NodeAgentConfig(Config):
         "and util-linux setpriv), never as the agent's own (often root) user",
         group=GROUP,
     )
+    # 2.5 s: an orphan (two unknown checks in a row) lives at most ~5 s.
+    # The price is one Dispatch.ListInstances per owning Dispatch per
+    # period from each agent; raise it on clusters of many agents.
     orphan_check_s: float = setting(
-        30.0,
+        2.5,
         "how often to ask the owning Dispatch instances which instances they route; "
         "one unknown in 2 checks in a row is stopped (0 = never; docs/reliability.md)",
         ge=0,

@@ -75,6 +75,9 @@ class Node:
     # Starts at wall-clock microseconds so a restarted agent's first status
     # outranks whatever its previous life last sent (receivers drop lower seq).
     seq: int = field(default_factory=lambda: time.time_ns() // 1000)
+    #: This life of the agent (NodeStatus.incarnation): its first seq, so it
+    #: differs from every earlier life's without another clock read.
+    incarnation: int = 0
     instances: dict[str, _Instance] = field(default_factory=dict)
     #: models in the agent's cache, reported to placement with each status
     held_models: Callable[[], list[common_pb2.ModelHeld]] = list
@@ -96,7 +99,12 @@ class Node:
             seq=self.seq,
             starting=starting.to_proto(),
             models=self.held_models(),
+            incarnation=self.incarnation,
         )
+
+    def __post_init__(self) -> None:
+        if not self.incarnation:
+            self.incarnation = self.seq
 
 
 class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):

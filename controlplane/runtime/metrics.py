@@ -85,6 +85,12 @@ HEARTBEAT_BATCH_STATUSES = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     registry=None,
 )
+NODE_RESTARTS = Counter(
+    "galaxy_node_restarts_total",
+    "ClusterMgr: node agents that registered with a new incarnation (their "
+    "previous life's instances were ended at once).",
+    registry=None,
+)
 PROBES = Counter(
     "galaxy_probes_total", "Probe RPCs sent by Schedule to node agents.", registry=None
 )
@@ -256,7 +262,7 @@ OWNED: dict[str, tuple[Collector, ...]] = {
     "schedule": (
         SCHEDULING_LATENCY, PROBE_ROUND_TRIP, PROBES, NODES, SCHEDULE_PENDING, SCHEDULE_REJECTED,
     ),
-    "clustermgr": (NODES, HEARTBEAT_STREAMS, HEARTBEAT_BATCH_STATUSES),
+    "clustermgr": (NODES, HEARTBEAT_STREAMS, HEARTBEAT_BATCH_STATUSES, NODE_RESTARTS),
     "nodeagent": (NODEAGENT_INSTANCES, NODEAGENT_PENDING, NODEAGENT_REJECTED),
     "gateway": (SLOT_CACHE, HELD_SLOTS),
     "controller": (),

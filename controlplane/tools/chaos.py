@@ -255,6 +255,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for n in names:
                     spec = specs.load_file(ECHO)  # a real process with the process sandbox
                     spec.name, spec.concurrency = n, 8
+                    if n == names[0]:
+                        # One instance and no other to fall back on: a
+                        # ghost of it fails every request that reaches it.
+                        spec.max_scale = 1
                     await c.deploy(spec)
                 functions_before = len(await c.list_functions())
                 out = Outcome()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from controlplane.controller.leader import DEFAULT_PREFIX
@@ -28,10 +29,15 @@ async def cluster_check(c: GalaxyClient) -> dict[str, int]:
     leaked = sum(
         max(0, n.status.instances - known.get(n.status.node_id, 0)) for n in st.nodes if n.alive
     )
+    # The reverse: routed by Dispatch but not run by the node's agent (or on
+    # a node not alive), so a grant may point at an instance that is gone.
+    ran = {n.status.node_id: n.status.instances for n in st.nodes if n.alive}
+    ghosts = sum(max(0, k - ran.get(node, 0)) for node, k in known.items())
     return {
         "instances": len(ids),
         "duplicate_instances": len(ids) - len(set(ids)),
         "leaked_instances": leaked,
+        "ghost_instances": ghosts,
         "nodes_alive": sum(1 for n in st.nodes if n.alive),
     }
 
@@ -125,3 +131,18 @@ async def scale_actions(state_url: str) -> dict[str, Any]:
         for _, r in log
     ]
     return {**scale_action_check(log), "scale_action_log": brief}
+
+
+def busiest_agent(agents: Mapping[str, Iterable[str]], routed_nodes: Iterable[str]) -> str | None:
+    """The agent (name -> its node ids) hosting the most routed instances
+    (one node id per instance Dispatch routes); None if none hosts any. A
+    fault on it is one clients can feel, unlike one on an idle agent."""
+    count: dict[str, int] = {}
+    for node in routed_nodes:
+        count[node] = count.get(node, 0) + 1
+    best, most = None, 0
+    for name, nodes in agents.items():
+        n = sum(count.get(node, 0) for node in nodes)
+        if n > most:
+            best, most = name, n
+    return best

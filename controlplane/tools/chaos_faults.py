@@ -27,7 +27,12 @@ from controlplane.runtime import spec as specs
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.membership import MembershipView
 from controlplane.sdk.client import GalaxyClient
-from controlplane.tools.chaos_checks import cluster_check, pending_writes, scale_actions
+from controlplane.tools.chaos_checks import (
+    busiest_agent,
+    cluster_check,
+    pending_writes,
+    scale_actions,
+)
 from statestore import StoreError, open_store
 
 ECHO = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
@@ -40,6 +45,9 @@ HEARTBEAT_S = 1.0
 #: Beyond a bound by design, the time to observe an event: a status poll
 #: (POLL_S) and its round trip on a loaded machine.
 DETECT_SLACK_S = 0.15
+#: After a node agent's restart is seen: the time for its registration (a
+#: heartbeat) and ClusterMgr's word to Dispatch, with a poll's slack.
+AGREE_WITHIN_S = 2 * HEARTBEAT_S
 
 
 @dataclass
@@ -130,10 +138,20 @@ async def _replaced_after(
 async def kill(run: Run, kind: str) -> Found:
     """kill -9 one process of kind; detected when the supervisor sees it exit."""
     prefix = {"agent": "agent-", "controller": "controller"}.get(kind, f"{kind}-")
-    child = next(
-        (c for c in run.sup.children if c.name.startswith(prefix) and c.proc.returncode is None),
-        None,
-    )
+    alive = [c for c in run.sup.children if c.name.startswith(prefix) and c.proc.returncode is None]
+    child = alive[0] if alive else None
+    lives: dict[str, int] = {}  # the victim's nodes -> their agent's incarnation
+    if kind == "agent" and alive:
+        # The agent that hosts the measured functions' instances: killing an
+        # idle one would show nothing.
+        st = await run.client.status()
+        agents = {c.name: c.ready.get("nodes", []) for c in alive}
+        name = busiest_agent(agents, (i.instance.node_id for i in st.instances))
+        child = next((c for c in alive if c.name == name), child)
+        if child is not None:
+            mine = set(agents[child.name])
+            lives = {n.status.node_id: n.status.incarnation for n in st.nodes}
+            lives = {k: v for k, v in lives.items() if k in mine}
     if child is None:
         raise RuntimeError(f"no running {kind} process to kill")
     run.fault_at = _now()
@@ -146,8 +164,34 @@ async def kill(run: Run, kind: str) -> Found:
     back_s = await _replaced_after(run, child.name, child.proc.pid)
     # Up again = restarted and ready (serving); registered with the
     # controller and repartitioned follows within a push.
-    extra = {} if back_s is None else {"replaced_s": round(back_s, 3)}
-    return Found(child.name, detect, back_s is not None, extra)
+    extra: dict[str, Any] = {} if back_s is None else {"replaced_s": round(back_s, 3)}
+    if kind != "agent":
+        return Found(child.name, detect, back_s is not None, extra)
+
+    # A restarted agent runs none of its old instances: Dispatch must stop
+    # routing to them at its registration, not when its node would be
+    # declared dead (which a quick restart never lets happen).
+    async def views_agree() -> bool:
+        # Only once the new agent registered: until then ClusterMgr still
+        # shows the old agent's instance counts, which agree trivially.
+        st = await run.client.status()
+        new = all(
+            n.status.incarnation != lives[n.status.node_id]
+            for n in st.nodes
+            if n.status.node_id in lives
+        )
+        return new and (await cluster_check(run.client))["ghost_instances"] == 0
+
+    agree = await _until(views_agree, AGREE_WITHIN_S)
+    check = await cluster_check(run.client)
+    extra.update(check)
+    extra["views_agree_s"] = None if agree is None else round(agree, 2)
+    return Found(
+        child.name, detect, back_s is not None, extra,
+        goal=f"Dispatch routes no instance the agents do not run within {AGREE_WITHIN_S:.0f} s "
+        "of the restart; no duplicate instance",
+        goal_met=agree is not None and check["duplicate_instances"] == 0,
+    )  # fmt: skip
 
 
 async def controller_leader(run: Run) -> Found:

@@ -39,9 +39,13 @@ class Registered(enum.Enum):
     NEW = "new"
     #: Known and same incarnation (seq did not go back): a refresh.
     REFRESHED = "refreshed"
-    #: Known, but the seq went back: the node agent restarted. Its Schedule
-    #: owner must forget the old incarnation (which it would otherwise prefer,
-    #: having the higher seq) before learning the new one.
+    #: Known, but a new incarnation (or the seq went back): the node agent
+    #: restarted and every instance of its previous life has ended. Its
+    #: Schedule owner must forget the old incarnation (which it would
+    #: otherwise prefer, having the higher seq) before learning the new one,
+    #: and Dispatch must stop routing to the old instances at once rather
+    #: than when the node would be declared dead (which a quick restart
+    #: never lets happen).
     RESTARTED = "restarted"
 
 
@@ -77,6 +81,12 @@ def _content(s: common_pb2.NodeStatus) -> tuple[object, ...]:
         s.allocated.SerializeToString(deterministic=True),
         s.instances,
     )
+
+
+def _new_life(old: common_pb2.NodeStatus, new: common_pb2.NodeStatus) -> bool:
+    """Whether new comes from another incarnation of old's agent (0 = an
+    agent that does not report one: then only a seq going back tells)."""
+    return bool(old.incarnation and new.incarnation and old.incarnation != new.incarnation)
 
 
 class NodeRegistry:
@@ -139,7 +149,7 @@ class NodeRegistry:
         if rec is None:
             self._nodes[status.node_id] = NodeRecord(copy, now, True, self._owner_id(copy.node_id))
             return Registered.NEW
-        restarted = status.seq < rec.status.seq
+        restarted = status.seq < rec.status.seq or _new_life(rec.status, status)
         rec.status, rec.last_seen, rec.alive = copy, now, True
         return Registered.RESTARTED if restarted else Registered.REFRESHED
 

@@ -22,7 +22,7 @@ import grpc
 from controlplane.runtime import rpc
 from controlplane.runtime.errors import InvalidArgument
 from controlplane.runtime.membership import NODE_HEARTBEAT_MS
-from controlplane.runtime.metrics import HEARTBEAT_BATCH_STATUSES, NODES
+from controlplane.runtime.metrics import HEARTBEAT_BATCH_STATUSES, NODE_RESTARTS, NODES
 from functions.clustermgr import heartbeats
 from functions.clustermgr.forwarding import HeartbeatForwarding
 from functions.clustermgr.outbox import Outbox
@@ -131,6 +131,13 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         assert rec is not None
         if outcome is Registered.RESTARTED:
             self._tell_owner(rec, REMOVE)  # so the owner accepts the lower seq
+            # The old life's instances died with it: Dispatch stops routing
+            # to them now (as for a dead node) instead of sending requests
+            # to ghosts until the node would be declared dead, which a quick
+            # restart never lets happen.
+            log.warning("node %s restarted: its previous instances ended", request.node_id)
+            NODE_RESTARTS.inc()
+            self._tell_dispatch([request.node_id])
         self._tell_owner(rec, UPSERT)
         # The owner has it now: its next unchanged beat is no news (as the
         # simulator, which registers through the forwarding rule).

@@ -174,7 +174,7 @@ class InstanceInfo(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., function: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., spec_version: _Optional[int] = ..., concurrency: _Optional[int] = ..., node_address: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "capacity", "allocated", "instances", "seq", "starting", "models")
+    __slots__ = ("node_id", "address", "capacity", "allocated", "instances", "seq", "starting", "incarnation", "models")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +182,7 @@ class NodeStatus(_message.Message):
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STARTING_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
@@ -190,8 +191,9 @@ class NodeStatus(_message.Message):
     instances: int
     seq: int
     starting: Resources
+    incarnation: int
     models: _containers.RepeatedCompositeFieldContainer[ModelHeld]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., instances: _Optional[int] = ..., seq: _Optional[int] = ..., starting: _Optional[_Union[Resources, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelHeld, _Mapping]]] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[Resources, _Mapping]] = ..., allocated: _Optional[_Union[Resources, _Mapping]] = ..., instances: _Optional[int] = ..., seq: _Optional[int] = ..., starting: _Optional[_Union[Resources, _Mapping]] = ..., incarnation: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelHeld, _Mapping]]] = ...) -> None: ...
 
 class CoordinateAction(_message.Message):
     __slots__ = ("kind", "function", "node_id")

@@ -44,6 +44,23 @@ def test_register_update_and_seq_ordering() -> None:
     assert reg.update(status("a", 2)) is Updated.SAME  # accepted, not stale
 
 
+def test_new_incarnation_is_a_restart_even_with_a_higher_seq() -> None:
+    # Agents count seq from wall-clock time, so a quick restart sends a
+    # higher seq than its previous life: only the incarnation tells.
+    reg = NodeRegistry(clock=ManualClock())
+    first = status("a", 100)
+    first.incarnation = 100
+    assert reg.register(first) is Registered.NEW
+    again = status("a", 150)
+    again.incarnation = 100  # the same life registering again
+    assert reg.register(again) is Registered.REFRESHED
+    restarted = status("a", 200)
+    restarted.incarnation = 200
+    assert reg.register(restarted) is Registered.RESTARTED
+    legacy = status("a", 300)  # incarnation 0: not reported, not a restart
+    assert reg.register(legacy) is Registered.REFRESHED
+
+
 def test_registry_keeps_its_own_copy() -> None:
     reg = NodeRegistry(clock=ManualClock())
     s = status("a", 1)

@@ -20,7 +20,13 @@ from functions.clustermgr.service import ClusterMgrServicer
 from functions.schedule.policy import PlacementPolicy
 from functions.schedule.service import SERVICE_NAME as SF_SERVICE
 from functions.schedule.service import ScheduleServicer
-from galaxy.v1 import clustermgr_pb2, clustermgr_pb2_grpc, common_pb2, schedule_pb2_grpc
+from galaxy.v1 import (
+    clustermgr_pb2,
+    clustermgr_pb2_grpc,
+    common_pb2,
+    dispatch_pb2_grpc,
+    schedule_pb2_grpc,
+)
 
 SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
 CLUSTERMGR = common_pb2.CONTROL_KIND_CLUSTERMGR
@@ -215,6 +221,50 @@ async def test_restarted_agent_with_lower_seq_replaces_the_old_one(env: Env) -> 
     await env.cmf.RegisterNode(status("n", 1), timeout=5)  # a new incarnation
     await env.cm.outbox.flush()
     assert env.scheds["s-1"].policy.nodes()[0].seq == 1
+
+
+class CoordinateRecorder(dispatch_pb2_grpc.DispatchServicer):
+    """Records the Coordinate calls a Dispatch instance receives (only what
+    ClusterMgr sends is under test here; Dispatch's handling of a dead node
+    is tested in tests/dispatch)."""
+
+    def __init__(self) -> None:
+        self.dead: asyncio.Queue[str] = asyncio.Queue(maxsize=100)
+
+    async def Coordinate(
+        self, request: common_pb2.CoordinateRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.CoordinateReply:
+        for a in request.actions:
+            if a.kind == common_pb2.CoordinateAction.KIND_NODE_DEAD:
+                self.dead.put_nowait(a.node_id)
+        return common_pb2.CoordinateReply()
+
+
+async def test_quick_agent_restart_ends_its_instances_in_dispatch(env: Env) -> None:
+    """An agent killed and restarted before it could be declared dead
+    registers with a new incarnation (and a higher seq): Dispatch hears at
+    once that the node's old instances are gone."""
+    await env.start(ManualClock(), n_sched=1)
+    recorder = CoordinateRecorder()
+    addr = await env.serve(dispatch_pb2_grpc.add_DispatchServicer_to_server, recorder, "d")
+    m = common_pb2.Membership(epoch=1)
+    m.instances.add(id="s-1", kind=SCHEDULE, address=env.addrs["s-1"])
+    m.instances.add(id="c-1", kind=CLUSTERMGR, address=env.addrs["c-1"])
+    m.instances.add(id="d-1", kind=common_pb2.CONTROL_KIND_DISPATCH, address=addr)
+    await env.cmf.Coordinate(common_pb2.CoordinateRequest(membership=m), timeout=5)
+    first = status("n", 100)
+    first.incarnation = 100
+    await env.cmf.RegisterNode(first, timeout=5)
+    again = status("n", 120)
+    again.incarnation = 100  # the same life registering again: nothing ended
+    await env.cmf.RegisterNode(again, timeout=5)
+    restarted = status("n", 130)
+    restarted.incarnation = 130
+    await env.cmf.RegisterNode(restarted, timeout=5)
+    assert await asyncio.wait_for(recorder.dead.get(), 5) == "n"
+    assert recorder.dead.empty()  # the refresh of the same life told nothing
+    await env.cm.outbox.flush()
+    assert env.scheds["s-1"].policy.nodes()[0].seq == 130
 
 
 async def test_bad_registration_is_invalid_argument(env: Env) -> None:

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from controlplane.tools.chaos import Outcome, report
-from controlplane.tools.chaos_checks import epoch_check, scale_action_check
+from controlplane.tools.chaos_checks import busiest_agent, epoch_check, scale_action_check
 from controlplane.tools.chaos_more import config_for
 from tests.etcd_server import require_etcd
 from tests.integration.upctl import REPO, pid_alive
@@ -152,6 +152,28 @@ def test_an_etcd_outage_refuses_deploys_and_leaves_warm_traffic_alone(tmp_path) 
     # Before the fault: a function to cold-start in the outage; after the restart: a probe.
     assert rep["functions_after"] == rep["functions_before"] + rep["acknowledged_deploys"] == 6
     assert rep["goal_met"] and r.returncode == 0
+
+
+def test_the_agent_fault_picks_the_agent_hosting_instances() -> None:
+    agents = {"agent-0": ["n-0", "n-1"], "agent-1": ["n-2"]}
+    assert busiest_agent(agents, ["n-2", "n-2", "n-0"]) == "agent-1"
+    assert busiest_agent(agents, ["n-1", "n-0", "n-2"]) == "agent-0"
+    assert busiest_agent(agents, ["n-9"]) is None
+
+
+@pytest.mark.slow
+def test_a_restarted_agent_leaves_no_ghost_instance_with_process_sandboxes(tmp_path) -> None:
+    """kill -9 of the node agent hosting the load's instances, restarted at
+    once by supervision: Dispatch must stop routing to the instances that
+    died with it well before the node could be declared dead."""
+    rep, r = chaos(
+        tmp_path, "--fault", "agent", "--sandbox", "process", "--duration-s", "12",
+        "--at-s", "4", etcd=False,
+    )  # fmt: skip
+    assert rep["victim"].startswith("agent-") and rep["victim_back"], r.stdout[-2000:]
+    assert rep["views_agree_s"] is not None, rep
+    assert rep["ghost_instances"] == rep["duplicate_instances"] == 0, rep
+    assert rep["goal_met"], rep
 
 
 def test_a_stopped_node_agent_is_detected_within_3_beats_and_leaks_nothing(tmp_path) -> None:

@@ -153,6 +153,16 @@ async def test_probe_and_delete_free_capacity(make_agent):
     s2 = await probe(agent, "n-0")
     assert s2.allocated == common_pb2.Resources(cpu_millis=300, memory_mib=100)
     assert s2.instances == 1 and s2.seq > s1.seq
+    # One life of the agent reports one incarnation while its seq advances.
+    assert s0.incarnation != 0 and s0.incarnation == s1.incarnation == s2.incarnation
+
+
+async def test_a_restarted_agent_reports_a_new_incarnation(make_agent):
+    first = await make_agent([("n-0", CAP)], EmulatedBackend())
+    before = await probe(first, "n-0")
+    second = await make_agent([("n-0", CAP)], EmulatedBackend())
+    after = await probe(second, "n-0")
+    assert after.incarnation != before.incarnation
 
 
 async def test_failed_start_is_unavailable_and_frees(make_agent, process_backend):
