@@ -107,6 +107,7 @@ async def test_connections_beyond_the_bound_get_a_503(gwp: GatewayProc) -> None:
             w.close()
 
 
+@pytest.mark.slow
 async def test_big_anonymous_uploads_stay_within_the_upload_budget(tmp_path: Path) -> None:
     """32 anonymous uploads of 8 MiB at once with a 32 MiB budget: those
     beyond it get a 503 before their body is read, and the gateway's peak
