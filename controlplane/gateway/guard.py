@@ -29,6 +29,12 @@ REFUSED = Counter(
     "Requests and connections the gateway refused before proxying, by reason",
     ["reason"],
 )
+# A series per known reason from the start: a rate over a counter that
+# appears only at its first event misses that event.
+for _reason in ("connections", "header_timeout", "body_timeout", "body_size", "in_flight",
+                "upload_bytes", "route", "unauthenticated", "permission_denied",
+                "not_found"):  # fmt: skip
+    REFUSED.labels(_reason)
 
 #: orjson's fixed nesting limit (documented by orjson; not configurable).
 JSON_MAX_DEPTH = 1024

@@ -99,7 +99,7 @@ COLD_START_SECONDS = Histogram(
 LABEL_OVERFLOW = Counter(
     "galaxy_metric_label_overflow_total",
     "Observations recorded under function=_other because the per-process label budget "
-    "(--metrics-max-functions) was spent.",
+    "(500 functions, the controller's default --max-functions) was spent.",
     ["family"],
     registry=None,
 )

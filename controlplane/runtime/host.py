@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from controlplane.runtime import authz, controllers, gctune, loadreport, netaddr, rpc
+from controlplane.runtime import authz, controllers, gctune, loadreport, netaddr, rpc, version
 from controlplane.runtime.authn import AccessInterceptor
 from controlplane.runtime.config import Config, GcConfig, RpcConfig, setting
 from controlplane.runtime.membership import KIND_NAMES
@@ -327,6 +327,7 @@ async def serve(
             "address": address,
             "metrics": metrics_address,
             "pid": os.getpid(),
+            "version": version.version(),
             **ctx.extra,
         }
         if on_ready is not None:

@@ -23,6 +23,12 @@ Handler = Callable[[S, dispatch_pb2.DispatchRequest, Any], Awaitable[dispatch_pb
 METRICS = fnmetrics.FunctionMetrics("dispatch")
 
 
+def init_reasons(rejected: Any) -> None:
+    """A zero series for each reason Dispatch refuses for (known in advance)."""
+    for reason in ("queue_full", "wait_timeout", "deadline_too_short"):
+        rejected.labels(reason)
+
+
 def namespace_of(specs: dict[str, common_pb2.FunctionSpec], name: str) -> str:
     """The namespace of a function or revision whose spec is cached ("" if not)."""
     spec = specs.get(name)

@@ -57,6 +57,7 @@ REJECTED = Counter(
     ["reason"],
 )
 WAITING = Gauge("galaxy_dispatch_waiting", "Requests waiting for a slot on this instance")
+fnstats.init_reasons(REJECTED)
 
 
 class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
