@@ -15,9 +15,26 @@ import os
 _WRAPPERS = {b"bwrap", b"env", b"setpriv", b"sh"}
 
 
-def instance_pid(instance_id: str) -> int:
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ancestor is pid's parent, grandparent, ... (by /proc)."""
+    seen = 0
+    while pid > 1 and seen < 64:
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        seen += 1
+    return False
+
+
+def instance_pid(instance_id: str, under: int | None = None) -> int:
     """The host pid of the process running instance_id's command;
-    LookupError when there is none."""
+    LookupError when there is none. Instance ids repeat across control
+    planes (``echo-00001-dispatch-0-0`` in each): ``under`` (a `galaxy up`'s
+    pid) keeps to that control plane's processes."""
     want = f"GALAXY_INSTANCE_ID={instance_id}".encode()
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -30,5 +47,6 @@ def instance_pid(instance_id: str) -> int:
         except OSError:
             continue
         if want in env and os.path.basename(argv0) not in _WRAPPERS:
-            return int(d)
+            if under is None or _descends_from(int(d), under):
+                return int(d)
     raise LookupError(f"no process of instance {instance_id}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.controller.config import ControllerConfig
-from controlplane.launch import etcd, promsd
+from controlplane.launch import agentcache, etcd, promsd
 from controlplane.launch.endpoints import ENDPOINTS_FILE
 from controlplane.launch.upconfig import UpConfig
 from controlplane.nodeagent.config import NodeAgentConfig
@@ -265,7 +264,7 @@ class Supervisor:
                 gpus=cfg.node_gpus,
                 start_delay_ms=cfg.start_delay_ms,
                 log_dir=str(self.log_dir / "instances"),
-                **self._model_cache(f"agent-{a}"),
+                **agentcache.model_cache_settings(cfg, f"agent-{a}"),
             )
             flags = ["--controller", caddr, *config.to_flags(agent)]
             jobs.append(
@@ -420,26 +419,6 @@ class Supervisor:
                 # Registration happens in other processes; poll a few times a second.
                 await asyncio.sleep(0.1)
 
-    def _model_cache(self, agent: str) -> dict[str, Any]:
-        """A real-process agent's model cache (not emulated ones): the disk
-        tier in RUN_DIR (kept across runs), the memory tier on /dev/shm (gone
-        at stop)."""
-        if self.cfg.sandbox == "emulated":
-            return {}
-        out: dict[str, Any] = {"model_cache_dir": str(self.cfg.run_dir / "models" / agent)}
-        if self.shm_dir is not None:
-            out["model_cache_memory_dir"] = str(self.shm_dir / agent)
-        return out
-
-    @property
-    def shm_dir(self) -> Path | None:
-        """This run's directory on tmpfs (per run dir), when the host has one."""
-        shm = Path("/dev/shm")
-        if not shm.is_dir():
-            return None
-        tag = hashlib.sha256(str(self.cfg.run_dir.resolve()).encode()).hexdigest()[:12]
-        return shm / f"galaxy-models-{tag}"
-
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop children, node agents first and the controller last."""
         with contextlib.suppress(OSError):
@@ -453,8 +432,9 @@ class Supervisor:
 
                 cpulimit.release(c.cgroup)
         self.children.clear()
-        if self.shm_dir is not None:  # the memory tier lives as long as the agents
-            shutil.rmtree(self.shm_dir, ignore_errors=True)
+        shm = agentcache.shm_dir(self.cfg.run_dir)
+        if shm is not None:  # the memory tier lives as long as the agents
+            shutil.rmtree(shm, ignore_errors=True)
 
 
 def is_controller(name: str) -> bool:

@@ -148,7 +148,7 @@ async def test_a_held_slot_on_an_instance_that_died_is_not_reused(
         status, first = await post(http, url)
         assert status == 200
         await eventually(lambda: proxy.slots.held == 1, 5, "the slot held")
-        os.kill(instance_pid(first["instance"]), signal.SIGKILL)
+        os.kill(instance_pid(first["instance"], under=os.getpid()), signal.SIGKILL)
         router = dispatcher(gw).router_of("echo")
         await eventually(
             lambda: first["instance"] not in router.instances, 15, "the dead instance removed"

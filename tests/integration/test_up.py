@@ -72,7 +72,7 @@ def test_deploy_then_cold_then_warm_invoke(up):
     assert "(cold" in first.stdout and "HTTP 200" in first.stdout
     body = json.loads(first.stdout.split("HTTP 200: ", 1)[1])
     assert body["echo"] == "hello"
-    pid = instance_pid(body["instance"])  # body["pid"] is its pid in its sandbox
+    pid = instance_pid(body["instance"], under=up.proc.pid)  # body["pid"]: its sandbox's
     up.instance_pids.append(pid)
     assert pid_alive(pid)
     second = invoke(up, "echo", "again")
@@ -92,7 +92,7 @@ def test_quick_tour_curl_through_the_gateway(up):
     assert out.returncode == 0, out.stderr
     body = json.loads(out.stdout)
     assert body["echo"] == "hi"
-    up.instance_pids.append(instance_pid(body["instance"]))
+    up.instance_pids.append(instance_pid(body["instance"], under=up.proc.pid))
 
 
 def test_status_lists_everything(up):
@@ -296,7 +296,8 @@ def test_killed_supervisor_leaves_no_orphans(tmp_path):
         assert g.cli("deploy", "-f", str(REPO / "examples" / "echo.yaml")).returncode == 0
         r = g.cli("invoke", "echo", "--data", "x")
         assert r.returncode == 0, r.stderr
-        pids.append(instance_pid(json.loads(r.stdout.split("HTTP 200: ", 1)[1])["instance"]))
+        body = json.loads(r.stdout.split("HTTP 200: ", 1)[1])
+        pids.append(instance_pid(body["instance"], under=g.proc.pid))
         os.kill(g.proc.pid, signal.SIGKILL)
         g.proc.wait(timeout=10)
         # These are not our children, so there is no wait(): poll /proc, bounded.
