@@ -17,7 +17,6 @@ metadata file and are indexed again at start). What to evict is decided by
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -313,5 +312,4 @@ def _copy_file(src: str, tmp: Path) -> tuple[int, str]:
 def release_quietly(cache: ModelCache | None, entry: Entry | None) -> None:
     """Release if there is something to release (instance teardown paths)."""
     if cache is not None and entry is not None:
-        with contextlib.suppress(Exception):
-            cache.release(entry)
+        cache.release(entry)

@@ -94,7 +94,6 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self._specs = self.spec_cache.specs
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._instance_count = 0
         # Handovers, recovered instances, late releases: the protocol core.
         self.ownership: Ownership[str, common_pb2.ControlInstance] = Ownership()
         self._recovered = self.ownership.recovered
@@ -429,8 +428,6 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self.record(
             f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString()
         )
-        # A running count: summing over every function per add showed in profiles.
-        self._instance_count += 1
         return True
 
     def _remove(self, router: FunctionRouter, instance_id: str) -> Instance | None:
@@ -442,7 +439,6 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
     def _unrouted(self, function: str, instance_id: str) -> None:
         """An instance left the routing tables: its record goes."""
         self.record(f"/galaxy/instances/{function}/{instance_id}", None)
-        self._instance_count -= 1
 
     async def recover(self, records: list[common_pb2.InstanceInfo]) -> int:
         """Adopt instances recorded by a previous incarnation that still run;
