@@ -222,6 +222,8 @@ class Supervisor:
         """Start everything; returns the endpoints (also written to endpoints.json)."""
         cfg = self.cfg
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.sandbox != "emulated":
+            await asyncio.to_thread(agentcache.claim, cfg.run_dir)
         if self.tls_dir is not None:
             # Every component dials others by their advertised host: it must
             # be in the certificates (ensure adds it and keeps older hosts).

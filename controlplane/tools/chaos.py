@@ -309,8 +309,36 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await etcd.stop()
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse a run that cannot mean anything, naming the flag, before any
+    process starts (a negative rate would otherwise start a cluster and then
+    fail in the load generator)."""
+    positive = {
+        "--rate": args.rate,
+        "--duration-s": args.duration_s,
+        "--hung-s": args.hung_s,
+        "--orphan-check-s": args.orphan_check_s,
+        "--nodes": args.nodes,
+        "--functions": args.functions,
+        "--instances": args.instances,
+    }
+    if args.outage_s is not None:
+        positive["--outage-s"] = args.outage_s
+    if args.autoscale_t_df is not None:
+        positive["--autoscale-t-df"] = args.autoscale_t_df
+    for flag, value in positive.items():
+        if not value > 0:  # also refuses NaN
+            raise CliError(f"{flag}: must be greater than 0 (got {value:g})")
+    if not 0 <= args.at_s < args.duration_s:
+        raise CliError(
+            f"--at-s: the fault must happen during the load, from 0 to below "
+            f"--duration-s {args.duration_s:g} (got {args.at_s:g})"
+        )
+
+
 async def cmd_chaos(args: argparse.Namespace) -> int:
     """Print (and optionally write) the report; exit 1 if the goal is not met."""
+    check_args(args)
     t0 = time.monotonic()
     try:
         rep = await run(args)
