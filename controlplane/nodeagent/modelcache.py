@@ -3,7 +3,7 @@
 ``ModelCache.acquire(ref)`` returns a local path to the model's bytes and pins
 it until ``release``: from the memory tier (a tmpfs directory) when it is
 there, else the disk tier, else it fetches the model from its store (a path
-on a shared volume, or http(s)) into the disk tier. Concurrent acquires of a
+on a shared volume, http(s), or S3: ``s3fetch``) into the disk tier. Concurrent acquires of a
 model share one fetch. A fetched file is checked (sha256 and size, when the
 spec gives them) before it is published by an atomic rename, so no reader
 ever sees a half-written or corrupt model; a model that fails its check never
@@ -30,6 +30,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import Counter, Gauge, Histogram
 
+from controlplane.nodeagent import s3fetch
 from controlplane.nodeagent.modelindex import Entry, ModelIndex
 from controlplane.runtime import models
 from controlplane.runtime.errors import FailedPrecondition, ResourceExhausted, Unavailable
@@ -248,6 +249,12 @@ class ModelCache:
         """Bytes of uri into tmp; (size, sha256 hex)."""
         if uri.startswith(("http://", "https://")):
             return await self._download_http(uri, tmp)
+        if uri.startswith("s3://"):
+            try:
+                return await asyncio.to_thread(s3fetch.download, uri, tmp, CHUNK)
+            except (Unavailable, FailedPrecondition):
+                REFUSED.labels("fetch").inc()
+                raise
         return await asyncio.to_thread(_copy_file, models.local_path(uri), tmp)
 
     async def _download_http(self, uri: str, tmp: Path) -> tuple[int, str]:

@@ -38,7 +38,7 @@ def test_a_model_is_parsed_and_a_relative_path_is_taken_from_the_spec(tmp_path: 
     [
         ("x", "model:"),
         ({}, "model.uri"),
-        ({"uri": "s3://bucket/key"}, "model.uri"),
+        ({"uri": "s3://bucket"}, "model.uri"),
         ({"uri": "ftp://h/x"}, "model.uri"),
         ({"uri": "http:///nohost"}, "model.uri"),
         ({"uri": "/m", "sha256": "ABC"}, "model.sha256"),
