@@ -68,6 +68,9 @@ class Request:
     cached_tokens: int = 0
     first_token_at: float | None = None
     finished_at: float | None = None
+    #: its KV cache came from a prefill instance (disaggregated serving):
+    #: no prefill here, and no prefix-cache lookup
+    imported: bool = False
 
     @property
     def kv_tokens(self) -> int:
@@ -166,9 +169,12 @@ class Engine:
             if used + head.prompt_tokens + 1 > p.kv_capacity_tokens:
                 break
             self.waiting.popleft()
-            head.cached_tokens = self._cached_prefix(head)
-            self.counters.prefix_queries += head.prompt_tokens
-            self.counters.prefix_hits += head.cached_tokens
+            if head.imported:
+                head.cached_tokens = head.prompt_tokens
+            else:
+                head.cached_tokens = self._cached_prefix(head)
+                self.counters.prefix_queries += head.prompt_tokens
+                self.counters.prefix_hits += head.cached_tokens
             admitted.append(head)
             used += head.prompt_tokens + 1
         batch = [r for r in self.running if r.kv_tokens + 1 <= p.kv_capacity_tokens] + admitted

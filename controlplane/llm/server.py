@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -29,15 +29,12 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controlplane.llm.engine import Engine, QueueFull, Request, block_hashes
+from controlplane.llm.errors import BadRequest
 from controlplane.llm.profiles import profile
 
 MAX_TOKENS = 4096
 MAX_BODY = 4 * 1024 * 1024
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-class BadRequest(Exception):
-    """A request field that is wrong (the message names it)."""
 
 
 class _EngineGauges(Collector):
@@ -84,6 +81,9 @@ class LlmServer:
                              buckets=LATENCY, registry=self.registry)  # fmt: skip
         self.refused = Counter("galaxy_llm_refused_total", "Requests refused (queue full).",
                                registry=self.registry)  # fmt: skip
+        #: called with (body, request) before a completion is queued; may
+        #: change the request or raise BadRequest (disaggregation's KV import)
+        self.on_parsed: Callable[[dict[str, Any], Request], None] | None = None
 
     # -- the engine loop ------------------------------------------------------
 
@@ -103,7 +103,8 @@ class LlmServer:
 
     # -- requests -------------------------------------------------------------
 
-    def _request(self, body: dict[str, Any], chat: bool) -> Request:
+    def parse(self, body: dict[str, Any], chat: bool) -> Request:
+        """The engine request of a completion body (BadRequest naming the field)."""
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
@@ -141,7 +142,9 @@ class LlmServer:
             body = json.loads(await request.read())
             if not isinstance(body, dict):
                 raise BadRequest("body: a JSON object")
-            req = self._request(body, chat)
+            req = self.parse(body, chat)
+            if self.on_parsed is not None:
+                self.on_parsed(body, req)
             self.engine.submit(req)
         except (ValueError, BadRequest) as e:  # json errors are ValueErrors
             return _error(400, str(e)[:300])
@@ -196,6 +199,23 @@ class LlmServer:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    async def complete_one(self, req: Request) -> None:
+        """Queue req and wait until it finishes (QueueFull or ValueError from
+        the engine when it cannot be queued)."""
+        self.engine.submit(req)
+        q: asyncio.Queue[int] = asyncio.Queue()
+        self._waiters[req.id] = q
+        self._work.set()
+        try:
+            while (await q.get()) < req.max_tokens:
+                pass
+        finally:
+            self._waiters.pop(req.id, None)
+            if req.finished_at is None:
+                self.engine.cancel(req)
+            else:
+                self._observe(req)
 
     def _final(self, req: Request, chat: bool) -> dict[str, Any]:
         text = "".join(f" tok{i}" for i in range(1, req.generated + 1)).strip()
@@ -272,14 +292,31 @@ async def _sse(resp: web.StreamResponse, obj: dict[str, Any]) -> None:
     await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
 
-async def serve(profile_name: str, host: str, port: int, model: str) -> None:
+async def serve(
+    profile_name: str,
+    host: str,
+    port: int,
+    model: str,
+    *,
+    kv_inbox_mb: int = 256,
+    kv_scale: float = 1.0,
+    kv_unix: str = "",
+) -> None:
     """Load (the profile's load time), then serve until cancelled."""
+    # Imported here: the disaggregation routes build on this module.
+    from controlplane.llm.kvwire import KvInbox
+    from controlplane.llm.pdroutes import Disaggregation
+
     prof = profile(profile_name)
     await asyncio.sleep(prof.load_s)  # weights "loading": not ready before
     server = LlmServer(Engine(prof), model)
-    runner = web.AppRunner(server.app(), access_log=None)
+    app = server.app()
+    Disaggregation(server, KvInbox(kv_inbox_mb << 20), kv_scale).install(app)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
+    if kv_unix:  # same-node KV transfers skip the TCP stack
+        await web.UnixSite(runner, kv_unix).start()
     try:
         await server.run()
     finally:
@@ -292,15 +329,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="smollm2-135m-cpu")
     p.add_argument("--model", default=os.environ.get("GALAXY_FUNCTION", ""),
                    help="model id it answers to (default: the function's name)")  # fmt: skip
+    p.add_argument(
+        "--kv-inbox-mb",
+        type=int,
+        default=256,
+        help="room for KV caches received from prefill instances (disaggregation)",
+    )
+    p.add_argument(
+        "--kv-scale",
+        type=float,
+        default=1.0,
+        help="divide the emulated KV cache's bytes by this (a large model's cache "
+        "on a small machine)",
+    )
+    p.add_argument("--kv-unix", default=os.environ.get("GALAXY_KV_UNIX", ""),
+                   help="also listen on this Unix socket (same-node KV transfers)")  # fmt: skip
     a = p.parse_args(argv)
     try:
         profile(a.profile)
     except ValueError as e:
         print(f"emulated LLM: --profile: {e}", file=sys.stderr)
         return 2
+    if a.kv_inbox_mb < 0 or not a.kv_scale >= 1:
+        print("emulated LLM: --kv-inbox-mb >= 0 and --kv-scale >= 1", file=sys.stderr)
+        return 2
     host, port = os.environ.get("HOST", "127.0.0.1"), int(os.environ.get("PORT", "8000"))
     try:
-        asyncio.run(serve(a.profile, host, port, a.model or a.profile))
+        kv = {"kv_inbox_mb": a.kv_inbox_mb, "kv_scale": a.kv_scale, "kv_unix": a.kv_unix}
+        asyncio.run(serve(a.profile, host, port, a.model or a.profile, **kv))
     except KeyboardInterrupt:
         pass
     return 0

@@ -1,0 +1,196 @@
+"""Moving a KV cache from a prefill instance to a decode instance over HTTP.
+
+The sender ``PUT``s the bytes to ``/v1/kv/ID`` on the decode instance (TCP
+to another host, or the decode instance's Unix socket on the same node:
+``unix:/path/to.sock``); the receiver keeps them in a bounded ``KvInbox``
+until a decode request names ``galaxy_kv_id: ID``. HTTP because both sides
+already speak it (aiohttp streams a body of any size in chunks, no copy of
+the whole cache on either side) and a proxy or a capture tool understands it.
+
+Headers: ``X-Galaxy-KV-Tokens`` (the prompt tokens the cache covers) and
+``Content-Length`` (required: the receiver reserves room before it reads).
+A cache that does not fit the inbox is refused with 413 before a byte is
+read; an entry not claimed within its TTL is dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+CHUNK = 1 << 20
+#: KV ids are ours (hex) or a caller's: short, printable, no path tricks.
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+MAX_ID = 64
+
+
+class InboxFull(Exception):
+    """No room for a cache of this size (the sender answers 413)."""
+
+
+def valid_id(kv_id: str) -> bool:
+    """1-64 of [A-Za-z0-9_-]."""
+    return 0 < len(kv_id) <= MAX_ID and set(kv_id) <= _ID_CHARS
+
+
+@dataclass
+class KvEntry:
+    """One received cache."""
+
+    kv_id: str
+    tokens: int
+    #: bytes reserved (the Content-Length)
+    size: int
+    data: bytearray
+    arrived: float
+    complete: bool = False
+
+
+@dataclass
+class KvInbox:
+    """Received caches waiting for their decode request (pure, bounded).
+
+    At most ``max_bytes`` and ``max_entries`` held (reserved at the start of
+    a transfer, so concurrent transfers cannot overshoot); entries older than
+    ``ttl_s`` are dropped by ``expire``.
+    """
+
+    max_bytes: int
+    max_entries: int = 1024
+    ttl_s: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    entries: OrderedDict[str, KvEntry] = field(default_factory=OrderedDict)
+    held: int = 0
+
+    def reserve(self, kv_id: str, nbytes: int, tokens: int) -> KvEntry:
+        """Room for a cache about to arrive (InboxFull when there is none,
+        ValueError for a duplicate id)."""
+        self.expire()
+        if kv_id in self.entries:
+            raise ValueError(f"KV id {kv_id!r} is already here")
+        if nbytes > self.max_bytes - self.held or len(self.entries) >= self.max_entries:
+            raise InboxFull(
+                f"{nbytes} bytes do not fit: {self.held} of {self.max_bytes} held in "
+                f"{len(self.entries)} caches"
+            )
+        e = KvEntry(kv_id, tokens, nbytes, bytearray(), self.clock())
+        self.entries[kv_id] = e
+        self.held += nbytes
+        return e
+
+    def drop(self, kv_id: str) -> None:
+        """Give back a reservation (a transfer that failed)."""
+        e = self.entries.pop(kv_id, None)
+        if e is not None:
+            self.held -= e.size
+
+    def take(self, kv_id: str) -> KvEntry | None:
+        """The complete cache with this id, removed from the inbox; None if
+        it is not here (never sent, still arriving, expired, or taken)."""
+        self.expire()
+        e = self.entries.get(kv_id)
+        if e is None or not e.complete:
+            return None
+        del self.entries[kv_id]
+        self.held -= e.size
+        return e
+
+    def expire(self) -> None:
+        """Drop entries older than the TTL (oldest first)."""
+        limit = self.clock() - self.ttl_s
+        while self.entries:
+            e = next(iter(self.entries.values()))
+            if e.arrived >= limit:
+                break
+            del self.entries[e.kv_id]
+            self.held -= e.size
+
+
+def receiver(inbox: KvInbox) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The aiohttp handler of ``PUT /v1/kv/{kv_id}``."""
+
+    async def put(request: web.Request) -> web.Response:
+        kv_id = request.match_info["kv_id"]
+        if not valid_id(kv_id):
+            return _refuse(400, "kv id: 1-64 of A-Z, a-z, 0-9, '-', '_'")
+        size = request.content_length
+        if size is None:
+            return _refuse(411, "Content-Length: required (the inbox reserves room first)")
+        try:
+            tokens = int(request.headers.get("X-Galaxy-KV-Tokens", ""))
+        except ValueError:
+            return _refuse(400, "X-Galaxy-KV-Tokens: an integer")
+        if tokens < 1:
+            return _refuse(400, "X-Galaxy-KV-Tokens: at least 1")
+        try:
+            entry = inbox.reserve(kv_id, size, tokens)
+        except InboxFull as e:
+            return _refuse(413, f"KV inbox full: {e}")
+        except ValueError as e:
+            return _refuse(409, str(e))
+        try:
+            async for chunk in request.content.iter_chunked(CHUNK):
+                if len(entry.data) + len(chunk) > size:
+                    raise ValueError("more bytes than Content-Length")
+                entry.data += chunk
+            if len(entry.data) != size:
+                raise ValueError(f"{len(entry.data)} of {size} bytes arrived")
+        except (ValueError, aiohttp.ClientError, ConnectionError) as e:
+            inbox.drop(kv_id)
+            return _refuse(400, f"KV transfer: {e}")
+        entry.complete = True
+        return web.json_response({"kv_id": kv_id, "bytes": size, "tokens": tokens}, status=201)
+
+    return put
+
+
+def _refuse(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+
+
+async def _chunks(nbytes: int, fill: bytes) -> AsyncIterator[bytes]:
+    """nbytes of a repeated pattern, CHUNK at a time (one buffer, sliced)."""
+    block = (fill * (CHUNK // len(fill) + 1))[:CHUNK]
+    view = memoryview(block)
+    left = nbytes
+    while left > 0:
+        n = min(left, CHUNK)
+        yield view[:n].tobytes() if n < CHUNK else block
+        left -= n
+
+
+async def send(
+    target: str,
+    kv_id: str,
+    nbytes: int,
+    tokens: int,
+    *,
+    fill: bytes = b"\x5a",
+    timeout_s: float = 120.0,
+) -> float:
+    """PUT an emulated cache of nbytes to target (``http://HOST:PORT`` or
+    ``unix:/path``); the seconds it took. RuntimeError with the receiver's
+    message when it refuses."""
+    if target.startswith("unix:"):
+        connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=target[len("unix:") :])
+        url = f"http://localhost/v1/kv/{kv_id}"
+    else:
+        connector = aiohttp.TCPConnector()
+        url = f"{target.rstrip('/')}/v1/kv/{kv_id}"
+    headers = {"X-Galaxy-KV-Tokens": str(tokens), "Content-Length": str(nbytes),
+               "Content-Type": "application/octet-stream"}  # fmt: skip
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5)
+    t0 = time.perf_counter()
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=timeout) as s,
+        s.put(url, data=_chunks(nbytes, fill), headers=headers) as resp,
+    ):
+        if resp.status != 201:
+            text = (await resp.text())[:300]
+            raise RuntimeError(f"KV transfer to {target} refused: HTTP {resp.status} {text}")
+    return time.perf_counter() - t0

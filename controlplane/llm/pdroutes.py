@@ -1,0 +1,115 @@
+"""Disaggregated serving on the emulated LLM server: one binary, two roles.
+
+A prefill instance answers ``POST /v1/pd/prefill``: a completion body plus
+``galaxy_decode`` (the decode instance: ``http://HOST:PORT`` or, on the same
+node, ``unix:/path``). It runs the prompt's prefill (to the first token),
+sends the KV cache to the decode instance (``kvwire``: the bytes really
+move) and answers ``{kv_id, kv_bytes, prompt_tokens, prefill_s,
+transfer_s}``. A decode instance receives caches on ``PUT /v1/kv/ID`` and
+continues a completion whose body names ``galaxy_kv_id``: no prefill there
+(the engine counts the cache's tokens as present), so its first token comes
+after one decode step.
+
+The emulated cache is ``prompt tokens x kv_bytes_per_token / kv_scale``
+bytes: ``--kv-scale`` shrinks a large model's cache (LLaMA-2-13B: 8.19 GB at
+10k tokens) to what this machine can move, and the report says by how much.
+Who picks the pair is ``disagg.PairPicker``'s business, not this module's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from controlplane.llm import kvwire
+from controlplane.llm.engine import QueueFull, Request
+from controlplane.llm.errors import BadRequest
+
+if TYPE_CHECKING:  # at run time the server imports this module, not the reverse
+    from controlplane.llm.server import LlmServer
+
+
+class Disaggregation:
+    """The prefill and decode routes of one emulated server."""
+
+    def __init__(self, server: LlmServer, inbox: kvwire.KvInbox, kv_scale: float = 1.0) -> None:
+        if kv_scale < 1:
+            raise ValueError("kv_scale: at least 1 (it divides the cache's bytes)")
+        self.server, self.inbox, self.kv_scale = server, inbox, kv_scale
+        server.on_parsed = self.import_kv
+
+    def kv_bytes(self, prompt_tokens: int) -> int:
+        """The emulated cache's size for a prompt (at least one byte)."""
+        per = self.server.engine.profile.kv_bytes_per_token
+        return max(1, int(prompt_tokens * per / self.kv_scale))
+
+    def install(self, app: web.Application) -> None:
+        """Add the routes to the server's application."""
+        app.router.add_post("/v1/pd/prefill", self.prefill)
+        app.router.add_put("/v1/kv/{kv_id}", kvwire.receiver(self.inbox))
+
+    def import_kv(self, body: dict[str, Any], req: Request) -> None:
+        """A decode request: take its cache from the inbox (BadRequest naming
+        ``galaxy_kv_id`` when it is not here)."""
+        kv_id = body.get("galaxy_kv_id")
+        if kv_id is None:
+            return
+        if not isinstance(kv_id, str) or not kvwire.valid_id(kv_id):
+            raise BadRequest("galaxy_kv_id: 1-64 of A-Z, a-z, 0-9, '-', '_'")
+        entry = self.inbox.take(kv_id)
+        if entry is None:
+            raise BadRequest(
+                "galaxy_kv_id: no KV cache with this id here (never sent to this "
+                "instance, still arriving, expired, or already used)"
+            )
+        req.prompt_tokens = entry.tokens
+        req.blocks = ()
+        req.imported = True
+
+    async def prefill(self, request: web.Request) -> web.Response:
+        """``POST /v1/pd/prefill``: see the module docstring."""
+        try:
+            body = json.loads(await request.read())
+            if not isinstance(body, dict):
+                raise BadRequest("body: a JSON object")
+            target = body.get("galaxy_decode")
+            if not isinstance(target, str) or not target.startswith(("http://", "unix:/")):
+                raise BadRequest(
+                    "galaxy_decode: the decode instance, http://HOST:PORT or unix:/path"
+                )
+            req = self.server.parse(dict(body, max_tokens=1), chat="messages" in body)
+        except (ValueError, BadRequest) as e:
+            return _error(400, str(e)[:300])
+        except RecursionError:
+            return _error(400, "body: JSON nested too deeply")
+        t0 = time.perf_counter()
+        try:
+            await self.server.complete_one(req)
+        except QueueFull as e:
+            return _error(429, f"engine queue full: {e}")
+        except ValueError as e:
+            return _error(400, str(e)[:300])
+        prefill_s = time.perf_counter() - t0
+        kv_id = uuid.uuid4().hex[:16]
+        size = self.kv_bytes(req.prompt_tokens)
+        try:
+            moved_s = await kvwire.send(target, kv_id, size, req.prompt_tokens)
+        except (RuntimeError, OSError, aiohttp.ClientError) as e:  # timeouts are OSErrors
+            return _error(502, f"galaxy_decode: KV transfer failed: {str(e)[:200]}")
+        return web.json_response({
+            "kv_id": kv_id,
+            "kv_bytes": size,
+            "kv_scale": self.kv_scale,
+            "prompt_tokens": req.prompt_tokens,
+            "prefill_s": prefill_s,
+            "transfer_s": moved_s,
+        })  # fmt: skip
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
