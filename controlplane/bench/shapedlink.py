@@ -1,6 +1,6 @@
 """Another host behind a slow link, for the benches: a Linux network
-namespace joined to this one by a veth pair, the far side's egress
-rate-limited with ``tc`` (a token bucket, ``tbf``): ``ShapedHost``. The
+namespace joined to this one by a veth pair, rate-limited both ways with
+``tc`` (a token bucket, ``tbf``, on each end): ``ShapedHost``. The
 model bench's store (``ShapedStore``) is an HTTP file server (the standard
 library's, in its own process) inside one; the KV-transfer bench runs a
 decode instance in one. This kernel has no ``netem`` qdisc, so no delay is added: the
@@ -33,8 +33,8 @@ def _run(*args: str) -> str:
 
 
 class ShapedHost:
-    """Another host: a namespace joined to this one by a veth pair whose far
-    side's egress is shaped to ``rate_mbit`` (unshaped when None)."""
+    """Another host: a namespace joined to this one by a veth pair shaped to
+    ``rate_mbit`` each way (unshaped when None)."""
 
     def __init__(self, rate_mbit: float | None, prefix: str = "galaxy-host") -> None:
         tag = f"{random.randrange(16**4):04x}"
@@ -76,12 +76,14 @@ class ShapedHost:
         _run(*ns, "ip", "link", "set", self.inner, "up")
         _run(*ns, "ip", "link", "set", "lo", "up")
         if self.rate_mbit is not None:
-            # What the host sends is shaped: a token bucket on its egress. The
-            # bucket holds 4 ms of traffic (at least 32 KiB), the queue 50 ms.
+            # Both directions are shaped (a store sends, a KV receiver
+            # receives): a token bucket on each end's egress. The bucket
+            # holds 4 ms of traffic (at least 32 KiB), the queue 50 ms.
             burst = max(32 * 1024, int(self.rate_mbit * 1e6 / 8 * 0.004))
-            rate = f"{self.rate_mbit}mbit"
-            _run(*ns, "tc", "qdisc", "add", "dev", self.inner, "root", "tbf",
-                 "rate", rate, "burst", str(burst), "latency", "50ms")  # fmt: skip
+            tbf = ("root", "tbf", "rate", f"{self.rate_mbit}mbit", "burst", str(burst),
+                   "latency", "50ms")  # fmt: skip
+            _run(*ns, "tc", "qdisc", "add", "dev", self.inner, *tbf)
+            _run("tc", "qdisc", "add", "dev", self.outer, *tbf)
 
     def close(self) -> None:
         """Kill what runs in the namespace (by PID), remove it and the link."""

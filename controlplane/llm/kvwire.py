@@ -6,6 +6,7 @@ to another host, or the decode instance's Unix socket on the same node:
 until a decode request names ``galaxy_kv_id: ID``. HTTP because both sides
 already speak it (aiohttp streams a body of any size in chunks, no copy of
 the whole cache on either side) and a proxy or a capture tool understands it.
+``DELETE /v1/kv/ID`` gives a cache's room back (its request was cancelled).
 
 Headers: ``X-Galaxy-KV-Tokens`` (the prompt tokens the cache covers) and
 ``Content-Length`` (required: the receiver reserves room before it reads).
@@ -147,6 +148,20 @@ def receiver(inbox: KvInbox) -> Callable[[web.Request], Awaitable[web.Response]]
         return web.json_response({"kv_id": kv_id, "bytes": size, "tokens": tokens}, status=201)
 
     return put
+
+
+def remover(inbox: KvInbox) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The aiohttp handler of ``DELETE /v1/kv/{kv_id}``: a cache that will
+    not be used (its request was cancelled) gives its room back at once."""
+
+    async def delete(request: web.Request) -> web.Response:
+        kv_id = request.match_info["kv_id"]
+        if not valid_id(kv_id) or kv_id not in inbox.entries:
+            return _refuse(404, "no KV cache with this id here")
+        inbox.drop(kv_id)
+        return web.Response(status=204)
+
+    return delete
 
 
 def _refuse(status: int, message: str) -> web.Response:

@@ -52,6 +52,7 @@ class Disaggregation:
         """Add the routes to the server's application."""
         app.router.add_post("/v1/pd/prefill", self.prefill)
         app.router.add_put("/v1/kv/{kv_id}", kvwire.receiver(self.inbox))
+        app.router.add_delete("/v1/kv/{kv_id}", kvwire.remover(self.inbox))
 
     def import_kv(self, body: dict[str, Any], req: Request) -> None:
         """A decode request: take its cache from the inbox (BadRequest naming

@@ -154,6 +154,14 @@ async def test_refusals_name_what_is_wrong(unused_tcp_port: int) -> None:
                 assert r.status == 400 and "galaxy_kv_id" in (await r.text())
             async with s.put(d_url + "/v1/kv/x", data=b"abc") as r:
                 assert r.status == 400 and "X-Galaxy-KV-Tokens" in (await r.text())
+            head = {"X-Galaxy-KV-Tokens": "3"}
+            async with s.put(d_url + "/v1/kv/k1", data=b"abc", headers=head) as r:
+                assert r.status == 201
+            async with s.delete(d_url + "/v1/kv/k1") as r:
+                assert r.status == 204
+            assert decode_inbox_entries(decode) == 0  # the room is back
+            async with s.delete(d_url + "/v1/kv/k1") as r:
+                assert r.status == 404
     finally:
         for t in tasks:
             t.cancel()
