@@ -80,3 +80,9 @@ class GatewayConfig(Config):
         64, "leases held idle at most per function", ge=1, le=100_000
     )
     slot_max: int = setting(1024, "leases held idle at most in all", ge=1, le=1_000_000)
+    graphs_dir: str = setting(
+        "",
+        "serve the inference graphs of this directory's *.yaml files at POST /graphs/NAME "
+        "(docs/models.md, graphs)",
+        max_length=4096,
+    )
