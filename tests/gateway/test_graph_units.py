@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from controlplane.gateway.graphs import spec
 from controlplane.gateway.graphs.planner import Call, Plan, holds
+from controlplane.gateway.graphs.runner import load_dir
 from controlplane.runtime.errors import InvalidArgument
 
 
@@ -126,7 +130,7 @@ def test_splitter_draws_by_weight() -> None:
     g = spec.parse(graph(root={"router": "Splitter", "steps": [
         fn("a", "fa", weight=20), fn("b", "fb", weight=0), fn("c", "fc", weight=80)]}))  # fmt: skip
     for x, want in ((0.0, "fa"), (0.1999, "fa"), (0.2, "fc"), (0.9999999, "fc")):
-        assert Plan(g, {}, lambda x=x: x).start()[0].function == want
+        assert Plan(g, {}, functools.partial(float, x)).start()[0].function == want
 
 
 @pytest.mark.parametrize(
@@ -158,3 +162,13 @@ def test_switch_first_match_and_no_match_answers_input() -> None:
     plan = Plan(g, {"instances": [["n/a"]]}, random.random)
     assert plan.start() == []
     assert plan.finished and plan.result == {"instances": [["n/a"]]}
+
+
+def test_bad_graph_files_are_named(tmp_path: Path) -> None:
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(ENSEMBLE))
+    bad = graph(root={"router": "Sequence", "steps": [fn("x", "f", weight=5)]})
+    (tmp_path / "zz-bad.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ValueError, match=r"zz-bad.yaml: nodes.root.steps\[0\].weight: only in"):
+        load_dir(str(tmp_path))
+    (tmp_path / "zz-bad.yaml").unlink()
+    assert list(load_dir(str(tmp_path))) == ["g"]
