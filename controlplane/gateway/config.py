@@ -86,3 +86,16 @@ class GatewayConfig(Config):
         "(docs/models.md, graphs)",
         max_length=4096,
     )
+    batch_parallel: int = setting(
+        2,
+        "adaptive batching: batches in flight per function before requests wait to form "
+        "a larger one (docs/models.md)",
+        ge=1,
+        le=10_000,
+    )
+    batch_max_queue: int = setting(
+        1024,
+        "adaptive batching: requests waiting per function at most (429 beyond)",
+        ge=1,
+        le=1_000_000,
+    )
