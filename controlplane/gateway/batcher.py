@@ -41,12 +41,16 @@ MAX_SPECS = 4096
 Key = tuple[str, str, str, str | None, tuple[Any, ...]]
 #: what a caller gets: status, body, content type
 Answer = tuple[int, bytes, str]
+#: Answer header: ``{batch id}/{requests in the batch}``.
+BATCH_HEADER = "X-Galaxy-Batch"
 
 
 @dataclass(eq=False)
 class _Queue:
     policy: BatchPolicy
-    waiting: list[tuple[batchcodec.Part, asyncio.Future[Answer]]] = field(default_factory=list)
+    waiting: list[tuple[batchcodec.Part, asyncio.Future[tuple[int, bytes, str, str]]]] = field(
+        default_factory=list
+    )
     timer: asyncio.TimerHandle | None = None
 
 
@@ -67,6 +71,7 @@ class Batcher:
         self._queues: dict[Key, _Queue] = {}
         self._specs: dict[str, tuple[float, common_pb2.BatchingSpec | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._batches = 0
 
     def _now(self) -> float:
         return self.clock() if self.clock else asyncio.get_running_loop().time()
@@ -145,11 +150,17 @@ class Batcher:
             raise ResourceExhausted(
                 f"batching: {len(q.waiting)} requests to {function} wait for a batch already; retry"
             )
-        fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[tuple[int, bytes, str, str]] = (
+            asyncio.get_running_loop().create_future()
+        )
         q.waiting.append((p, fut))
         self._pump(key, q)
-        status, body, ctype = await fut
-        return web.Response(status=status, body=body, content_type=ctype)
+        status, body, ctype, batch = await fut
+        # Which batch served it (callers of one batch share the id), and how
+        # many requests it merged: what a client or a test can check.
+        return web.Response(
+            status=status, body=body, content_type=ctype, headers={BATCH_HEADER: batch}
+        )
 
     def _pump(self, key: Key, q: _Queue) -> None:
         """Do what the policy decides now: send batches, or set its timer."""
@@ -175,12 +186,17 @@ class Batcher:
             return
 
     async def _send(
-        self, key: Key, q: _Queue, batch: list[tuple[batchcodec.Part, asyncio.Future[Answer]]]
+        self,
+        key: Key,
+        q: _Queue,
+        batch: list[tuple[batchcodec.Part, asyncio.Future[tuple[int, bytes, str, str]]]],
     ) -> None:
         """One merged call; every caller of the batch gets its rows, or the
         same error."""
         function, path, tag, token, _ = key
         parts = [p for p, _ in batch]
+        self._batches += 1
+        tag_of_batch = f"{self._batches}/{len(batch)}"
         answers: list[Answer] | BaseException
         try:
             answers = await self._call(function, path, tag, token, parts)
@@ -194,7 +210,7 @@ class Batcher:
             if isinstance(answers, BaseException):
                 fut.set_exception(answers)
             else:
-                fut.set_result(answers[i])
+                fut.set_result((*answers[i], tag_of_batch))
         self._pump(key, q)
 
     async def _call(
