@@ -144,7 +144,10 @@ def test_splitter_draws_by_weight() -> None:
         (">=", 5, {"k": 5}, True),
         ("in", ["x", "y"], {"k": "y"}, True),
         ("<", 5, {"k": "four"}, False),  # does not compare: does not hold
-        ("==", 1, {"other": 1}, False),  # resolves to nothing
+        ("==", 1, {"other": 1}, False),  # resolves to nothing: null
+        ("!=", 1, {"other": 1}, True),
+        ("==", None, {"other": 1}, True),
+        ("<", 1, {"other": 1}, False),
         ("==", 1, [1], False),
     ],
 )

@@ -6,8 +6,6 @@ batch the function refuses is refused to every caller in it."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,18 +16,11 @@ import joblib
 import numpy as np
 import pytest
 import pytest_asyncio
-import yaml
 from sklearn.datasets import load_iris
 
-from controlplane.gateway import main as gateway
 from controlplane.gateway.batcher import BATCH_HEADER
 from controlplane.gateway.config import GatewayConfig
-from controlplane.runtime import runtimefiles
-from controlplane.runtime import spec as specs
-from controlplane.sdk.client import GalaxyClient
-from scripts.train_iris import train
-from tests.cluster import InProcessCluster
-from tests.integration.upctl import REPO
+from tests.models.irisgw import example, serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -43,37 +34,11 @@ class Env:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     tmp = tmp_path_factory.mktemp("iris")
-    train(tmp / "iris.joblib")
-    doc = yaml.safe_load((REPO / "examples" / "iris.yaml").read_text())
-    doc["artifact"] = str(REPO / "examples" / doc["artifact"])
-    doc["model"] = {"uri": str(tmp / "iris.joblib"), "format": "sklearn"}
-    doc["batching"] = {"max_batch_size": 32, "max_latency_ms": 50}
-    doc["min_scale"] = doc["max_scale"] = 1
-    c = InProcessCluster()
-    runner = proxy = client = None
-    with pytest.MonkeyPatch.context() as mp:
-        # The runtime runs `python3`: this interpreter's (scikit-learn, aiohttp).
-        mp.setenv("PATH", f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
-        try:
-            await c.add("controller", "controller")
-            await c.add("clustermgr", "cm-0")
-            await c.add("schedule", "s-0")
-            await c.add("dispatch", "d-0")
-            await c.add("nodeagent", "agent-0", "--nodes", "1", "--model-cache-dir",
-                        str(tmp / "cache"))  # fmt: skip
-            cfg = GatewayConfig(request_timeout_s=60.0, batch_parallel=1)
-            runner, proxy, address = await gateway.start(cfg, c.controller, "127.0.0.1", 0)
-            client = GalaxyClient(c.controller)
-            rt = runtimefiles.load_file(REPO / "examples" / "runtimes" / "sklearn-kserve.yaml")
-            await client.put_runtime(rt)
-            await client.deploy(specs.from_dict(doc))
-            yield Env(f"http://{address}", joblib.load(tmp / "iris.joblib"))
-        finally:
-            if client is not None:
-                await client.close()
-            if runner is not None and proxy is not None:
-                await gateway.stop(runner, proxy)
-            await c.close()
+    batching = {"max_batch_size": 32, "max_latency_ms": 50}
+    doc = example("iris", tmp, batching=batching, min_scale=1, max_scale=1)
+    cfg = GatewayConfig(request_timeout_s=60.0, batch_parallel=1)
+    async with serving(tmp, cfg, [doc]) as url:
+        yield Env(url, joblib.load(doc["model"]["uri"]))
 
 
 def rows_of(i: int) -> list[list[float]]:

@@ -24,9 +24,6 @@ import jsonpointer
 
 from controlplane.gateway.graphs.spec import Condition, Graph, Node, Step
 
-_MISSING = object()
-
-
 @dataclass(frozen=True)
 class Call:
     """One function call the gateway is to make."""
@@ -43,15 +40,14 @@ class Call:
 
 
 def holds(cond: Condition, doc: Any) -> bool:
-    """Whether a Switch condition holds on a JSON document: a pointer that
-    resolves to nothing, or values that do not compare (a string < a
-    number), do not hold."""
+    """Whether a Switch condition holds on a JSON document. A pointer that
+    resolves to nothing reads as null (so ``!= x`` holds and ``== x`` does
+    not, for any x but null); values that do not compare (a string < a
+    number, null < 1) do not hold."""
     try:
-        got = jsonpointer.resolve_pointer(doc, cond.pointer, _MISSING)
+        got = jsonpointer.resolve_pointer(doc, cond.pointer, None)
     except jsonpointer.JsonPointerException:
-        return False
-    if got is _MISSING:
-        return False
+        got = None
     v = cond.value
     try:
         match cond.op:
