@@ -24,6 +24,7 @@ import jsonpointer
 
 from controlplane.gateway.graphs.spec import Condition, Graph, Node, Step
 
+
 @dataclass(frozen=True)
 class Call:
     """One function call the gateway is to make."""
