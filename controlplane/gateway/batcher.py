@@ -106,8 +106,11 @@ class Batcher:
         """The answer of a routed POST from a batch, when its function is
         batched and it is a plain v1 :predict or v2 /infer request; None
         when it is to be sent alone."""
-        if kind == "oip-v2" and not path.split("?", 1)[0].endswith("/infer"):
+        bare = path.split("?", 1)[0]
+        if kind == "oip-v2" and not bare.endswith("/infer"):
             return None
+        if kind == "kserve-v1" and not bare.endswith(":predict"):
+            return None  # :explain answers are not rows to split
         if kind not in ("kserve-v1", "oip-v2"):
             return None
         setting = await self.setting(function)

@@ -8,7 +8,8 @@ Routes, first match wins (function; path on the instance):
 - ``/functions/{name}[/{rest}]``: name; ``/{rest}``.
 - ``POST /graphs/{name}``: the inference graph ``name`` (kind ``graph``),
   run by the gateway (``controlplane/gateway/graphs``).
-- ``/v1/models/{name}:predict`` (KServe v1): name; the request path.
+- ``/v1/models/{name}:predict`` and ``:explain`` (KServe v1): name; the
+  request path.
 - ``/v2/models/{name}[/versions/{v}][/infer|/ready]`` (Open Inference
   Protocol v2): name; the request path.
 - ``POST /v1/chat/completions``, ``POST /v1/completions`` (OpenAI): the
@@ -32,7 +33,7 @@ NAME = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _NAME_RE = re.compile(f"^{NAME}$")
 _FUNCTIONS = re.compile(r"^/functions/(?P<name>[^/]+)(?P<rest>/.*)?$")
 _GRAPHS = re.compile(r"^/graphs/(?P<name>[^/]+)$")
-_KSERVE_V1 = re.compile(r"^/v1/models/(?P<name>[^/:]+):predict$")
+_KSERVE_V1 = re.compile(r"^/v1/models/(?P<name>[^/:]+):(predict|explain)$")
 _OPENAI_MODEL = re.compile(r"^/v1/models/(?P<name>[^/:]+)$")
 _OIP_V2 = re.compile(r"^/v2/models/(?P<name>[^/]+)(/versions/[^/]+)?(/infer|/ready)?$")
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")

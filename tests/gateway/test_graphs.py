@@ -149,3 +149,10 @@ async def test_bad_requests_are_refused(env: Env) -> None:
     assert status == "400" and "body: not valid JSON" in json.loads(text)["error"]["message"]
     r = await curl("-w", "\n%{http_code}", f"{env.url}/graphs/seq")
     assert r.stdout.rsplit("\n", 1)[1] == "405"
+
+
+async def test_kserve_explain_is_forwarded_like_predict(env: Env) -> None:
+    r = await curl(f"{env.url}/v1/models/echo-a:explain", "-d", "why")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["function"], out["echo"]) == ("echo-a", "why")
