@@ -16,14 +16,9 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from controlplane.gateway import main as gateway
 from controlplane.gateway.config import GatewayConfig
-from controlplane.runtime import spec as specs
-from controlplane.sdk.client import GalaxyClient
-from tests.cluster import InProcessCluster
-from tests.gateway.conftest import EXAMPLES
 from tests.gateway.test_gateway import curl
-from tests.runtimes import python_runtime
+from tests.models.irisgw import example, serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -55,32 +50,15 @@ class Env:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
-    graphs = tmp_path_factory.mktemp("graphs")
+    tmp = tmp_path_factory.mktemp("graphs")
+    graphs = tmp / "graphs"
+    graphs.mkdir()
     for name, nodes in GRAPHS.items():
         (graphs / f"{name}.yaml").write_text(yaml.safe_dump({"name": name, "nodes": nodes}))
-    c = InProcessCluster()
-    runner = proxy = client = None
-    try:
-        await c.add("controller", "controller")
-        await c.add("clustermgr", "cm-0")
-        await c.add("schedule", "s-0")
-        await c.add("dispatch", "d-0")
-        await c.add("nodeagent", "agent-0", "--nodes", "2")
-        cfg = GatewayConfig(request_timeout_s=30.0, graphs_dir=str(graphs))
-        runner, proxy, address = await gateway.start(cfg, c.controller, "127.0.0.1", 0)
-        client = GalaxyClient(c.controller)
-        await client.put_runtime(python_runtime())
-        for name in ("echo-a", "echo-b"):
-            s = specs.load_file(str(EXAMPLES / "echo.yaml"))
-            s.name = name
-            await client.deploy(s)
-        yield Env(f"http://{address}")
-    finally:
-        if client is not None:
-            await client.close()
-        if runner is not None and proxy is not None:
-            await gateway.stop(runner, proxy)
-        await c.close()
+    cfg = GatewayConfig(request_timeout_s=30.0, graphs_dir=str(graphs))
+    docs = [example("echo", tmp, name=name) for name in ("echo-a", "echo-b")]
+    async with serving(tmp, cfg, docs) as url:
+        yield Env(url)
 
 
 async def call(env: Env, graph: str, body: Any) -> tuple[int, Any]:

@@ -1,6 +1,6 @@
 """A real control plane (in-process components, real instance processes)
-with a gateway on a real socket, serving the iris examples: shared by the
-batching and graph tests of this directory."""
+with a gateway on a real socket, serving example functions: shared by the
+batching and graph tests (tests/models, tests/gateway/test_graphs.py)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ from tests.integration.upctl import REPO
 EXAMPLES = REPO / "examples"
 
 
-def example(name: str, models: Path, **changes: Any) -> dict[str, Any]:
-    """An example spec with absolute paths, its model trained into models."""
-    doc = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+def example(file: str, models: Path, **changes: Any) -> dict[str, Any]:
+    """examples/FILE.yaml with absolute paths and changes, its model (if
+    any) trained into models."""
+    doc = yaml.safe_load((EXAMPLES / f"{file}.yaml").read_text())
     doc["artifact"] = str(EXAMPLES / doc["artifact"])
     if "model" in doc:
         path = models / Path(doc["model"]["uri"]).name
