@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import time
+from collections.abc import AsyncIterator
 
 import aiohttp
 
@@ -44,13 +46,21 @@ async def one(http: aiohttp.ClientSession, url: str, t0: float, lat: list[float]
     lat.append(time.perf_counter() - t0)
 
 
+@contextlib.asynccontextmanager
+async def warmed(url: str, connections: int) -> AsyncIterator[aiohttp.ClientSession]:
+    """A session of at most ``connections`` kept connections (as a client
+    pool: opening one per request would measure handshakes), after one
+    request that starts the instance."""
+    conn = aiohttp.TCPConnector(limit=connections)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), connector=conn) as h:
+        await one(h, url, time.perf_counter(), [], [])
+        yield h
+
+
 async def closed(url: str, workers: int, seconds: float) -> dict[str, float]:
     lat: list[float] = []
     errors: list[str] = []
-    timeout = aiohttp.ClientTimeout(total=30)
-    conn = aiohttp.TCPConnector(limit=workers)
-    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
-        await one(http, url, time.perf_counter(), [], [])  # warm: the instance starts
+    async with warmed(url, workers) as http:
         end = time.perf_counter() + seconds
 
         async def worker() -> None:
@@ -66,12 +76,7 @@ async def closed(url: str, workers: int, seconds: float) -> dict[str, float]:
 async def open_loop(url: str, rate: float, seconds: float) -> dict[str, float]:
     lat: list[float] = []
     errors: list[str] = []
-    timeout = aiohttp.ClientTimeout(total=30)
-    # Connections are kept and reused (as a client pool does): opening one per
-    # request would measure the handshakes of the generator and the gateway.
-    conn = aiohttp.TCPConnector(limit=CONNECTIONS)
-    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
-        await one(http, url, time.perf_counter(), [], [])
+    async with warmed(url, CONNECTIONS) as http:
         n = int(rate * seconds)
         tasks: set[asyncio.Task[None]] = set()
         start = time.perf_counter()
