@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 #: How long the gateway trusts a function's batching setting (seconds): a
 #: redeploy that turns batching on or off takes effect within this.
 SPEC_TTL_S = 5.0
+#: The longest a request waits for its function's setting (seconds).
+SPEC_TIMEOUT_S = 2.0
 #: Functions whose setting is remembered at most (oldest forgotten first).
 MAX_SPECS = 4096
 
@@ -84,10 +86,13 @@ class Batcher:
         if hit is not None and hit[0] > now:
             return hit[1]
         try:
-            spec = await self.client.get_function(function)
+            # Bounded apart from the request's deadline: a slow control plane
+            # turns batching off for a while, it does not hold requests.
+            async with asyncio.timeout(SPEC_TIMEOUT_S):
+                spec = await self.client.get_function(function)
             found = spec.batching if spec.HasField("batching") else None
-        except GalaxyError as e:
-            log.debug("batching off for %s: %s", function, e.message)
+        except (GalaxyError, TimeoutError) as e:
+            log.debug("batching off for %s: %s", function, e)
             found = None
         if len(self._specs) >= MAX_SPECS:
             self._specs.pop(next(iter(self._specs)))

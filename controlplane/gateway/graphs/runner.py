@@ -86,7 +86,16 @@ class GraphRunner:
             raise InvalidArgument(str(e)) from None
         plan = Plan(graph, request, self.draw)
         try:
-            await self._drive(plan, headers, token)
+            # The whole graph within the gateway's request deadline, however
+            # its steps' own deadlines add up.
+            async with asyncio.timeout(self.cfg.request_timeout_s):
+                await self._drive(plan, headers, token)
+        except TimeoutError:
+            message = f"graph {name}: not done within {self.cfg.request_timeout_s:g}s"
+            return web.json_response(
+                {"error": {"message": message, "code": 504, "type": "graph_timeout",
+                           "graph": name}}, status=504,
+            )  # fmt: skip
         except StepFailed as e:
             c = e.call
             return web.json_response(
