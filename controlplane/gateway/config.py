@@ -80,3 +80,22 @@ class GatewayConfig(Config):
         64, "leases held idle at most per function", ge=1, le=100_000
     )
     slot_max: int = setting(1024, "leases held idle at most in all", ge=1, le=1_000_000)
+    graphs_dir: str = setting(
+        "",
+        "serve the inference graphs of this directory's *.yaml files at POST /graphs/NAME "
+        "(docs/models.md, graphs)",
+        max_length=4096,
+    )
+    batch_parallel: int = setting(
+        2,
+        "adaptive batching: batches in flight per function before requests wait to form "
+        "a larger one (docs/models.md)",
+        ge=1,
+        le=10_000,
+    )
+    batch_max_queue: int = setting(
+        1024,
+        "adaptive batching: requests waiting per function at most (429 beyond)",
+        ge=1,
+        le=1_000_000,
+    )

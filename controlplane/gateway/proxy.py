@@ -14,8 +14,11 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
 from controlplane.gateway import cors, guard, routes
+from controlplane.gateway.batcher import Batcher
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.conns import Connections
+from controlplane.gateway.graphs import runner as graphs_runner
+from controlplane.gateway.graphs.runner import GraphRunner
 from controlplane.gateway.slots import SlotCache
 from controlplane.runtime import access, authn, fnmetrics
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
@@ -180,6 +183,10 @@ class Proxy:
         self.cfg = cfg
         self.require_token = require_token
         self.slots = SlotCache(client, cfg)
+        self.batcher = Batcher(client, self.slots, cfg)
+        self.graphs = GraphRunner(
+            self.slots, cfg, graphs_runner.load_dir(cfg.graphs_dir) if cfg.graphs_dir else {}
+        )
         self.in_flight = 0
         self._models: tuple[float, list[dict[str, Any]]] = (0.0, [])
         self.refusals = guard.Refusals()
@@ -315,6 +322,17 @@ class Proxy:
         self.in_flight += 1
         IN_FLIGHT.inc()
         try:
+            if r.kind == "graph":
+                if request.method != "POST":
+                    raise Refused(405, "method", "method: a graph is called with POST")
+                return await self.graphs.run(r.function, await body.read(parsed=True), headers,
+                                             token)  # fmt: skip
+            if request.method == "POST":
+                batched = await self.batcher.maybe(
+                    r.kind, r.function, r.path, lambda: body.read(parsed=True), tag, token
+                )
+                if batched is not None:
+                    return batched
             try:
                 return await self._serve(request, r, body, headers, tag, token)
             except NotFound as not_found:

@@ -6,7 +6,10 @@ Routes, first match wins (function; path on the instance):
 
 - Host ``{name}.{domain}``, any path: name; the request path.
 - ``/functions/{name}[/{rest}]``: name; ``/{rest}``.
-- ``/v1/models/{name}:predict`` (KServe v1): name; the request path.
+- ``POST /graphs/{name}``: the inference graph ``name`` (kind ``graph``),
+  run by the gateway (``controlplane/gateway/graphs``).
+- ``/v1/models/{name}:predict`` and ``:explain`` (KServe v1): name; the
+  request path.
 - ``/v2/models/{name}[/versions/{v}][/infer|/ready]`` (Open Inference
   Protocol v2): name; the request path.
 - ``POST /v1/chat/completions``, ``POST /v1/completions`` (OpenAI): the
@@ -29,7 +32,8 @@ from controlplane.gateway.guard import BadJson, parse_json
 NAME = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _NAME_RE = re.compile(f"^{NAME}$")
 _FUNCTIONS = re.compile(r"^/functions/(?P<name>[^/]+)(?P<rest>/.*)?$")
-_KSERVE_V1 = re.compile(r"^/v1/models/(?P<name>[^/:]+):predict$")
+_GRAPHS = re.compile(r"^/graphs/(?P<name>[^/]+)$")
+_KSERVE_V1 = re.compile(r"^/v1/models/(?P<name>[^/:]+):(predict|explain)$")
 _OPENAI_MODEL = re.compile(r"^/v1/models/(?P<name>[^/:]+)$")
 _OIP_V2 = re.compile(r"^/v2/models/(?P<name>[^/]+)(/versions/[^/]+)?(/infer|/ready)?$")
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -49,7 +53,7 @@ class RouteError(ValueError):
 class Route:
     """Where a request goes."""
 
-    #: label for metrics: host, functions, kserve-v1, oip-v2, openai, model, local
+    #: label for metrics: host, functions, graph, kserve-v1, oip-v2, openai, model, local
     kind: str
     function: str = ""
     #: path (and query) to send to the instance
@@ -89,6 +93,9 @@ def route(path: str, query: str, host: str, domain: str) -> Route:
             _check_name(m.group("name"), "path"),
             rest + (f"?{query}" if query else ""),
         )
+    m = _GRAPHS.match(path)
+    if m:  # function holds the graph's name
+        return Route("graph", _check_name(m.group("name"), "path"), with_query)
     m = _KSERVE_V1.match(path)
     if m:
         return Route("kserve-v1", _check_name(m.group("name"), "path"), with_query)

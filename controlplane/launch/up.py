@@ -274,7 +274,8 @@ class Supervisor:
             )
         await asyncio.gather(*jobs)
         if cfg.gateway_port >= 0:
-            cmd = self._serve_cmd("gateway", "gateway-0", "--controller", caddr)
+            graphs = ("--graphs-dir", cfg.graphs_dir) if cfg.graphs_dir else ()
+            cmd = self._serve_cmd("gateway", "gateway-0", "--controller", caddr, *graphs)
             # serve_command listens on any port; the gateway has a known one.
             cmd[cmd.index("--listen") + 1] = f"{cfg.host}:{cfg.gateway_port}"
             await self.spawn("gateway-0", cmd)

@@ -121,6 +121,9 @@ class UpConfig(Config):
         ge=-1,
         le=65535,
     )
+    graphs_dir: str = setting(
+        "", "the gateway serves the inference graphs of this directory (docs/models.md)"
+    )
     #: Fixed /metrics ports for a static Prometheus config: the supervisor
     #: gets the base, each child the next port in start order (a restarted
     #: child keeps its own). 0: any free port (RUN_DIR/prometheus/targets.json

@@ -47,6 +47,7 @@ _TOP_FIELDS = {
     "request_timeout_ms",
     "autoscaling",
     "model",
+    "batching",
 }
 _RES_FIELDS = {"cpu_millis", "memory_mib", "gpus"}
 _AUTOSCALING_INT = {"stable_window_ms", "scale_to_zero_grace_ms", "keepalive_ms"}
@@ -142,8 +143,28 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
     _autoscaling(doc.get("autoscaling") or {}, spec.autoscaling)
     if doc.get("model") is not None:
         spec.model.CopyFrom(models.from_dict(doc["model"], base_dir))
+    if doc.get("batching") is not None:
+        _batching(doc["batching"], spec.batching)
     servingruntime.check_request(spec)
     return spec
+
+
+def _batching(doc: Any, out: common_pb2.BatchingSpec) -> None:
+    """The ``batching`` mapping (both fields required; ranges by ``validate``)."""
+    if not isinstance(doc, dict):
+        raise InvalidArgument("batching: must be a mapping (max_batch_size, max_latency_ms)")
+    bad = sorted(str(k) for k in set(doc) - {"max_batch_size", "max_latency_ms"})
+    if bad:
+        raise InvalidArgument(
+            f"batching.{key(bad[0])}: unknown field (allowed: max_batch_size, max_latency_ms)"
+        )
+    out.max_batch_size = _int(doc, "max_batch_size", "batching.max_batch_size", 0, 2,
+                              validation.BATCH_SIZE_MAX)  # fmt: skip
+    out.max_latency_ms = _int(doc, "max_latency_ms", "batching.max_latency_ms", 0, 1,
+                              validation.BATCH_LATENCY_MS_MAX)  # fmt: skip
+    for f in ("max_batch_size", "max_latency_ms"):
+        if f not in doc:
+            raise InvalidArgument(f"batching.{f}: required")
 
 
 def _absolute_or_uri(artifact: str) -> bool:

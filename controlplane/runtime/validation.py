@@ -80,6 +80,11 @@ _ENV_KEY_RE = re.compile(r"^[^=\x00]+$")
 _PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
+#: Adaptive batching bounds (docs/models.md): a batch is one call's body.
+BATCH_SIZE_MAX = 1024
+BATCH_LATENCY_MS_MAX = 10_000
+
+
 def short(value: Any, limit: int = QUOTE_CHARS) -> str:
     """A repr of at most ``limit`` characters of value, with '…' if cut.
 
@@ -193,6 +198,10 @@ def check_spec(spec: common_pb2.FunctionSpec, *, resolved: bool = True) -> None:
     check_range("startup_timeout_ms", spec.startup_timeout_ms, 0, STARTUP_TIMEOUT_MS_MAX)
     check_range("request_timeout_ms", spec.request_timeout_ms, 0, REQUEST_TIMEOUT_MS_MAX)
     check_autoscaling(spec.autoscaling)
+    if spec.HasField("batching"):
+        b = spec.batching
+        check_range("batching.max_batch_size", b.max_batch_size, 2, BATCH_SIZE_MAX)
+        check_range("batching.max_latency_ms", b.max_latency_ms, 1, BATCH_LATENCY_MS_MAX)
     # Last: each field is within its own bound, so this catches only their sum.
     size = spec.ByteSize()
     if size > MAX_SPEC_BYTES:

@@ -31,7 +31,7 @@ class Resources(_message.Message):
     def __init__(self, cpu_millis: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class FunctionSpec(_message.Message):
-    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "runtime", "artifact", "args", "namespace", "public", "model")
+    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "runtime", "artifact", "args", "namespace", "public", "model", "batching")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class FunctionSpec(_message.Message):
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    BATCHING_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     workdir: str
@@ -81,7 +82,16 @@ class FunctionSpec(_message.Message):
     namespace: str
     public: bool
     model: ModelRef
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ..., revision: _Optional[int] = ..., traffic: _Optional[_Iterable[_Union[TrafficTarget, _Mapping]]] = ..., runtime: _Optional[str] = ..., artifact: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., public: _Optional[bool] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ...) -> None: ...
+    batching: BatchingSpec
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ..., revision: _Optional[int] = ..., traffic: _Optional[_Iterable[_Union[TrafficTarget, _Mapping]]] = ..., runtime: _Optional[str] = ..., artifact: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., public: _Optional[bool] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ...) -> None: ...
+
+class BatchingSpec(_message.Message):
+    __slots__ = ("max_batch_size", "max_latency_ms")
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    max_batch_size: int
+    max_latency_ms: int
+    def __init__(self, max_batch_size: _Optional[int] = ..., max_latency_ms: _Optional[int] = ...) -> None: ...
 
 class ModelRef(_message.Message):
     __slots__ = ("uri", "format", "sha256", "size_bytes", "warm_nodes")
