@@ -35,7 +35,7 @@ import yaml
 from controlplane.bench import llmclient, llmreport
 from controlplane.bench import llmmetrics as mt
 from controlplane.bench import llmtrace as tr
-from controlplane.bench.llmup import Up
+from controlplane.bench.llmup import Up, write_text
 from controlplane.bench.trace import TraceError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,7 +210,6 @@ async def recommend(
                 break
     finally:
         await up.stop()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recommend.json").write_text(json.dumps(llmreport.clean(doc), indent=2) + "\n")
-    (out / "recommend.md").write_text(llmreport.render_recommendation(doc))
+    write_text(out / "recommend.json", json.dumps(llmreport.clean(doc), indent=2) + "\n")
+    write_text(out / "recommend.md", llmreport.render_recommendation(doc))
     return doc

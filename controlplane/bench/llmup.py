@@ -74,7 +74,7 @@ class Up:
         while await stream.readline():
             pass
 
-    async def cli(self, *args: str, timeout: float = 60.0) -> str:
+    async def cli(self, *args: str, limit_s: float = 60.0) -> str:
         """Run a CLI command against this control plane; its stdout."""
         p = await asyncio.create_subprocess_exec(
             *self._cli(*args),
@@ -83,12 +83,12 @@ class Up:
             env=self.env,
         )
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(limit_s):
                 out, err = await p.communicate()
         except TimeoutError:
             p.kill()
             await p.wait()
-            raise UpError(f"galaxy {args[0]}: no answer within {timeout:.0f}s") from None
+            raise UpError(f"galaxy {args[0]}: no answer within {limit_s:.0f}s") from None
         if p.returncode:
             raise UpError(f"galaxy {args[0]}: {err.decode().strip()[-500:]}")
         return out.decode()
@@ -96,18 +96,9 @@ class Up:
     async def deploy(self, spec_file: Path, instances: int, out_dir: Path) -> str:
         """Deploy a spec with min_scale = max_scale = instances; returns the
         function's name once that many instances are ready."""
-        spec: dict[str, Any] = yaml.safe_load(spec_file.read_text())
-        spec["min_scale"] = spec["max_scale"] = instances
-        # Paths relative to the original spec, as `galaxy deploy` makes them.
-        model = spec.get("model")
-        if isinstance(model, dict) and "://" not in str(model.get("uri", "")):
-            model["uri"] = str((spec_file.parent / model["uri"]).resolve())
-        art = str(spec.get("artifact", ""))
-        if art and "://" not in art:
-            spec["artifact"] = str((spec_file.parent / art).resolve())
-        out_dir.mkdir(parents=True, exist_ok=True)
+        spec = scaled_spec(spec_file, instances)
         path = out_dir / f"{spec['name']}-x{instances}.yaml"
-        path.write_text(yaml.safe_dump(spec))
+        write_text(path, yaml.safe_dump(spec))
         said = await self.cli("deploy", "-f", str(path))
         # Instances carry the revision's name ("NAME-00002"): count the new
         # revision's only, not the previous deployment's draining ones.
@@ -116,10 +107,10 @@ class Up:
         await self.wait_instances(rev, instances)
         return str(spec["name"])
 
-    async def wait_instances(self, name: str, n: int, timeout: float = 300.0) -> None:
+    async def wait_instances(self, name: str, n: int, limit_s: float = 300.0) -> None:
         """Poll status until ``n`` instances of revision ``name`` are up (bounded)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + limit_s
         have = 0
         while loop.time() < deadline:
             st = json.loads(await self.cli("status", "-o", "json"))
@@ -129,7 +120,7 @@ class Up:
             if have >= n:
                 return
             await asyncio.sleep(0.5)  # polling a status the CLI cannot wait on
-        raise UpError(f"{name}: {have} of {n} instances up after {timeout:.0f}s")
+        raise UpError(f"{name}: {have} of {n} instances up after {limit_s:.0f}s")
 
     async def stop(self) -> None:
         """SIGINT (its Ctrl-C path), then SIGKILL after 30 s."""
@@ -143,3 +134,23 @@ class Up:
         except TimeoutError:
             os.killpg(p.pid, signal.SIGKILL)
             await p.wait()
+
+
+def scaled_spec(spec_file: Path, instances: int) -> dict[str, Any]:
+    """The spec at ``instances`` (min = max scale), its relative paths made
+    absolute against the original spec's directory as `galaxy deploy` does."""
+    spec: dict[str, Any] = yaml.safe_load(spec_file.read_text())
+    spec["min_scale"] = spec["max_scale"] = instances
+    model = spec.get("model")
+    if isinstance(model, dict) and "://" not in str(model.get("uri", "")):
+        model["uri"] = str((spec_file.parent / model["uri"]).resolve())
+    art = str(spec.get("artifact", ""))
+    if art and "://" not in art:
+        spec["artifact"] = str((spec_file.parent / art).resolve())
+    return spec
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a small local file, making its directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
