@@ -93,10 +93,15 @@ class Up:
             raise UpError(f"galaxy {args[0]}: {err.decode().strip()[-500:]}")
         return out.decode()
 
-    async def deploy(self, spec_file: Path, instances: int, out_dir: Path) -> str:
-        """Deploy a spec with min_scale = max_scale = instances; returns the
-        function's name once that many instances are ready."""
+    async def deploy(
+        self, spec_file: Path, instances: int, out_dir: Path, *, cold: bool = False
+    ) -> str:
+        """Deploy a spec with min_scale = max_scale = instances (``cold``: min
+        0, so the first request starts the instance); returns the function's
+        name once the minimum is ready."""
         spec = scaled_spec(spec_file, instances)
+        if cold:
+            spec["min_scale"] = 0
         path = out_dir / f"{spec['name']}-x{instances}.yaml"
         write_text(path, yaml.safe_dump(spec))
         said = await self.cli("deploy", "-f", str(path))
@@ -104,7 +109,7 @@ class Up:
         # revision's only, not the previous deployment's draining ones.
         m = re.search(r"revision (\d+)", said)
         rev = f"{spec['name']}-{int(m.group(1)):05d}" if m else str(spec["name"])
-        await self.wait_instances(rev, instances)
+        await self.wait_instances(rev, spec["min_scale"])
         return str(spec["name"])
 
     async def wait_instances(self, name: str, n: int, limit_s: float = 300.0) -> None:
