@@ -58,7 +58,7 @@ async def test_scrape_errors_name_the_cause(served) -> None:
     async with aiohttp.ClientSession() as s:
         with pytest.raises(SignalError, match="HTTP 404"):
             await scrape(s, url + "/nope")
-        with pytest.raises(SignalError, match="ClientConnectorError|ClientOSError"):
+        with pytest.raises(SignalError, match=r"ClientConnectorError|ClientOSError"):
             await scrape(s, "http://127.0.0.1:1/metrics")
 
 

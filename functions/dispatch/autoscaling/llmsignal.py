@@ -63,8 +63,7 @@ class ScalingSignal:
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
             raise ValueError(
-                f"autoscaling.metric: {self.metric[:40]!r} is unknown "
-                f"(known: {', '.join(METRICS)})"
+                f"autoscaling.metric: {self.metric[:40]!r} is unknown (known: {', '.join(METRICS)})"
             )
         for name in ("target", "ttft_s", "tpot_s"):
             v = getattr(self, name)
