@@ -175,8 +175,8 @@ def run(
             arrivals = 0
             recent_ttft.clear()
             recent_tpot.clear()
-            kpa.observe(now, pressured(signal, value, ttft_p, tpot_p))
             ready = sum(1 for i in live if i.ready_at <= now)
+            kpa.observe(now, pressured(signal, value, ttft_p, tpot_p, len(live) - ready))
             d = kpa.decide(now, ready, len(live) - ready)
             for _ in range(d.to_start):
                 i = Inst(f"i{len(fleet)}", Engine(prof), now, now + prof.load_s)

@@ -9,8 +9,9 @@ state machine and is fed ``observed`` in place of concurrency with
 windows, panic mode and scale-down rate apply to every metric alike.
 
 SLO targets add pressure: when the observed TTFT (or TPOT) exceeds its
-target, the observed value is multiplied by the ratio, so the KPA asks for
-proportionally more instances until latency is back under target. Pure.
+target and no instance is starting, the observed value is multiplied by the
+ratio, so the KPA asks for proportionally more instances until latency is
+back under target. Pure.
 
 Metrics (the fleet total is compared with target x instances):
 
@@ -134,9 +135,18 @@ def slo_pressure(signal: ScalingSignal, ttft_s: float | None, tpot_s: float | No
 
 
 def observed(
-    signal: ScalingSignal, value: float, ttft_s: float | None, tpot_s: float | None
+    signal: ScalingSignal,
+    value: float,
+    ttft_s: float | None,
+    tpot_s: float | None,
+    starting: int = 0,
 ) -> float:
-    """What the KPA observes in place of concurrency."""
+    """What the KPA observes in place of concurrency. While instances are
+    starting, latency reflects the wait for them rather than a shortage
+    they will not fix, so SLO pressure is not applied (else every tick of a
+    cold start asks for more instances)."""
+    if starting > 0:
+        return value
     return value * slo_pressure(signal, ttft_s, tpot_s)
 
 
