@@ -59,6 +59,8 @@ def test_slo_pressure() -> None:
     assert slo_pressure(s, 0.5, 0.2) == pytest.approx(2.0)
     assert slo_pressure(s, None, None) == 1.0
     assert observed(s, 10.0, 2.0, None) == pytest.approx(20.0)
+    # While instances start, their wait is not a shortage: no pressure.
+    assert observed(s, 10.0, 2.0, None, starting=1) == pytest.approx(10.0)
     assert slo_pressure(ScalingSignal("queue"), 99.0, 99.0) == 1.0
 
 
