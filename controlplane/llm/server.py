@@ -31,10 +31,15 @@ from prometheus_client.registry import Collector
 from controlplane.llm.engine import Engine, QueueFull, Request, block_hashes
 from controlplane.llm.errors import BadRequest
 from controlplane.llm.profiles import profile
+from controlplane.llm.signals import digest
 
 MAX_TOKENS = 4096
 MAX_BODY = 4 * 1024 * 1024
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+#: prefix-block digests exported on /metrics (a bound on the page's size)
+PREFIX_BLOCKS_REPORTED = 256
 
 
 class _EngineGauges(Collector):
@@ -62,6 +67,15 @@ class _EngineGauges(Collector):
             g = GaugeMetricFamily(name + "_total", doc + " (a counter)", labels=["model_name"])
             g.add_metric(labels, value)
             yield g
+        # The most recent prefix blocks, bounded: what a router's precise
+        # prefix affinity reads (controlplane.llm.signals).
+        g = GaugeMetricFamily(
+            "galaxy:prefix_cache_block", "A cached prefix block (most recent).", labels=["block"]
+        )
+        recent = reversed(e.prefix)
+        for h in digest(recent, PREFIX_BLOCKS_REPORTED, e.profile.prefix_cache_blocks):
+            g.add_metric([h], 1.0)
+        yield g
 
 
 class LlmServer:

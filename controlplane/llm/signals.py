@@ -1,0 +1,179 @@
+"""Per-instance LLM load signals, read the way the Gateway API Inference
+Extension's endpoint picker reads them: by scraping each instance's
+Prometheus ``/metrics`` with vLLM's metric names, so the same path works for
+the emulated server, vLLM and llama.cpp's server.
+
+What is read (vLLM names; a missing one counts as absent, not zero, except
+the two queue gauges):
+
+=================================  ==========================================
+``vllm:num_requests_waiting``      queue depth
+``vllm:num_requests_running``      running batch
+``vllm:gpu_cache_usage_perc``      KV-cache use, 0-1
+``vllm:generation_tokens_total``   tokens/s, from two scrapes
+``vllm:lora_requests_info``        adapters loaded (its ``running_lora_adapters``
+                                   and ``waiting_lora_adapters`` labels)
+``galaxy:prefix_cache_block``      digests of the most recent prefix blocks
+                                   (``block`` label; at most ``max_blocks`` read)
+=================================  ==========================================
+
+Bounded: a page over ``max_bytes`` is refused, at most ``max_blocks`` block
+digests and ``max_adapters`` adapters are kept, and every scrape has a
+deadline. ``LoadBook`` (pure, caller's clock) keeps the last sample of each
+instance and derives tokens/s; ``scrape`` is the only I/O here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+#: a /metrics page larger than this is refused (vLLM's is ~30 kB)
+MAX_BYTES = 1 << 20
+
+
+class SignalError(ValueError):
+    """A /metrics page that cannot be read as load signals (names why)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One scrape of one instance."""
+
+    waiting: int = 0
+    running: int = 0
+    #: KV-cache use 0-1; None when the server does not report it
+    kv_usage: float | None = None
+    #: generated tokens since start (a counter); None when not reported
+    generation_tokens: float | None = None
+    #: prefix-block digests the instance reports (precise prefix affinity)
+    blocks: frozenset[str] = frozenset()
+    adapters: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a router or autoscaler knows of one instance."""
+
+    instance: str
+    at: float
+    sample: Sample = field(default_factory=Sample)
+    #: generated tokens per second between the last two scrapes (0 on the first)
+    tokens_per_s: float = 0.0
+
+    @property
+    def queue(self) -> int:
+        """Requests waiting plus running (what least-request counts)."""
+        return self.sample.waiting + self.sample.running
+
+
+def parse(text: str, max_blocks: int = 256, max_adapters: int = 32) -> Sample:
+    """A Sample from a Prometheus text page (vLLM's names; see the module
+    docstring). Values of several label sets (models) are summed."""
+    if len(text) > MAX_BYTES:
+        raise SignalError(f"/metrics: {len(text)} bytes, over the {MAX_BYTES} limit")
+    values: dict[str, float] = {}
+    blocks: set[str] = set()
+    adapters: set[str] = set()
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == "galaxy:prefix_cache_block":
+                    if len(blocks) < max_blocks and "block" in s.labels:
+                        blocks.add(s.labels["block"][:64])
+                elif s.name == "vllm:lora_requests_info":
+                    for key in ("running_lora_adapters", "waiting_lora_adapters"):
+                        for a in s.labels.get(key, "").split(","):
+                            if a and len(adapters) < max_adapters:
+                                adapters.add(a[:64])
+                else:
+                    values[s.name] = values.get(s.name, 0.0) + s.value
+    except ValueError as e:  # the parser's error for a malformed line
+        raise SignalError(f"/metrics: not Prometheus text ({str(e)[:80]})") from None
+    kv = values.get("vllm:gpu_cache_usage_perc")
+    return Sample(
+        waiting=int(values.get("vllm:num_requests_waiting", 0)),
+        running=int(values.get("vllm:num_requests_running", 0)),
+        kv_usage=None if kv is None else min(1.0, max(0.0, kv)),
+        generation_tokens=values.get("vllm:generation_tokens_total"),
+        blocks=frozenset(blocks),
+        adapters=frozenset(adapters),
+    )
+
+
+def digest(recent: Iterable[str], limit: int, cache_blocks: int) -> list[str]:
+    """The prefix blocks an instance reports: of its cached blocks, most
+    recent first, those whose CRC32 falls in a 1-in-``stride`` sample, at
+    most ``limit``, where the stride spreads ``limit`` over the whole cache
+    (``cache_blocks``). A router that checks every block of a prompt then
+    finds the deepest sampled one (block hashes are chained), so a bounded
+    report still covers the cache instead of only its newest blocks."""
+    stride = max(1, cache_blocks // max(1, limit))
+    out: list[str] = []
+    for h in recent:
+        if zlib.crc32(h.encode()) % stride == 0:
+            out.append(h)
+            if len(out) >= limit:
+                break
+    return out
+
+
+class LoadBook:
+    """The last Load of each instance (pure: the caller passes ``now``).
+    ``max_age_s`` bounds how old a sample may be and still count."""
+
+    def __init__(self, max_age_s: float = 2.0) -> None:
+        self.max_age_s = max_age_s
+        self._loads: dict[str, Load] = {}
+
+    def observe(self, instance: str, sample: Sample, now: float) -> Load:
+        """Record a scrape; derives tokens/s from the previous one."""
+        prev = self._loads.get(instance)
+        rate = 0.0
+        if (
+            prev is not None
+            and now > prev.at
+            and sample.generation_tokens is not None
+            and prev.sample.generation_tokens is not None
+            and sample.generation_tokens >= prev.sample.generation_tokens  # no restart
+        ):
+            rate = (sample.generation_tokens - prev.sample.generation_tokens) / (now - prev.at)
+        load = Load(instance, now, sample, rate)
+        self._loads[instance] = load
+        return load
+
+    def forget(self, instance: str) -> None:
+        """The instance is gone."""
+        self._loads.pop(instance, None)
+
+    def get(self, instance: str, now: float) -> Load | None:
+        """The instance's Load if fresh enough, else None."""
+        load = self._loads.get(instance)
+        if load is None or now - load.at > self.max_age_s:
+            return None
+        return load
+
+    def fresh(self, now: float) -> dict[str, Load]:
+        """Every fresh Load by instance."""
+        return {i: v for i, v in self._loads.items() if now - v.at <= self.max_age_s}
+
+
+async def scrape(
+    session: aiohttp.ClientSession, url: str, timeout_s: float = 0.5, max_blocks: int = 256
+) -> Sample:
+    """GET ``url`` (an instance's /metrics) within ``timeout_s`` and parse it.
+    SignalError on a refused, slow, oversized or malformed answer."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(url) as resp:
+                if resp.status != 200:
+                    raise SignalError(f"/metrics: HTTP {resp.status}")
+                raw = await resp.content.read(MAX_BYTES + 1)
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise SignalError(f"/metrics: {type(e).__name__}") from None
+    return parse(raw.decode("utf-8", "replace"), max_blocks)

@@ -1,0 +1,28 @@
+"""The LLM scaling simulator drives the real KPA with each scaling signal on
+the Azure LLM trace: every request is answered, scale-down removes only idle
+instances (instance-seconds stay below keeping every started instance up),
+and the SLO-pressured signal starts at least as many instances."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.llm.profiles import profile
+from functions.dispatch.autoscaling.llmsignal import ScalingSignal
+from simulator.llm_scaling import CONV, azure_conv, run
+
+
+@pytest.mark.skipif(not CONV.exists(), reason="the Azure LLM trace is not in ../shared/data")
+def test_scaling_signals_on_the_azure_trace() -> None:
+    jobs = azure_conv(CONV, minutes=1.0, speed=4.0)
+    prof = profile("llama2-13b-a100")
+    slo = (1.0, 0.1)
+    conc = run(jobs, "concurrency", ScalingSignal("concurrency"), prof, 8, slo)
+    sig = ScalingSignal.from_spec({"metric": "queue", "ttft_ms": 1, "tpot_ms": 1})
+    queue = run(jobs, "queue", sig, prof, 8, slo)
+    for o in (conc, queue):
+        assert 0 < o.good <= o.requests == len(jobs)
+        assert len(o.ttfts) == len(jobs)  # nothing dropped or cut
+        assert o.instance_s < o.started * (o.duration_s + 120)
+    # An unreachable SLO keeps pressure on: never fewer instances.
+    assert queue.started >= conc.started
