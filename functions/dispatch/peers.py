@@ -48,6 +48,9 @@ SCHEDULE_SLACK_S = 5.0
 # Deadline of a GrantCredits exchange (off the critical path).
 CREDIT_TIMEOUT_S = 2.0
 SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
+# How long a Release forwarded to the owner may take when the caller set no
+# deadline: one hop to a peer, which answers from memory.
+FORWARD_RELEASE_S = 10.0
 
 
 def _owner_id(view: MembershipView, node_id: str) -> str:
@@ -420,6 +423,15 @@ class Peers:
             info.instance_id, info.function, info.node_id, code, details,
         )  # fmt: skip
         return False
+
+    async def forward_release(self, owner: common_pb2.ControlInstance, lease_id: str) -> None:
+        """Pass a release that reached a stale owner on to the function's owner."""
+        fwd = dispatch_pb2.ReleaseRequest(lease_id=lease_id, forwarded=True)
+        try:
+            async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
+                await s.Release(fwd, timeout=FORWARD_RELEASE_S)
+        except grpc.aio.AioRpcError as e:
+            log.warning("forwarding release %s failed: %s", lease_id, e.details())
 
     async def send_instance(
         self, owner: common_pb2.ControlInstance, info: common_pb2.InstanceInfo, leases: list[str]

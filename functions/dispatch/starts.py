@@ -1,6 +1,6 @@
 """One instance start of a Dispatch instance: placement through a credit or
 Schedule (``Peers.place``), its retries, and the waiters' fate when it fails.
-The servicer counts the start in its router first (``begin_scale_up``)."""
+``Dispatcher.start`` counts the start in its router first (``begin_scale_up``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from functions.dispatch.policy import FunctionRouter, Grant
 from galaxy.v1 import common_pb2
 
 if TYPE_CHECKING:
-    from functions.dispatch.service import DispatchServicer
+    from functions.dispatch.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -34,23 +34,21 @@ ROOM_RETRIED = Counter(
 )
 
 
-async def scale_up(
-    svc: DispatchServicer, router: FunctionRouter, spec: common_pb2.FunctionSpec
-) -> None:
+async def scale_up(d: Dispatcher, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
     """One instance start already counted in router.pending.
 
     A start failed UNAVAILABLE may yet complete (Schedule places on past
     the call's deadline): tried again, still pending, as the same id,
     which Schedule joins (a new id: a second instance past max_scale)."""
-    svc.ops["scale_up"] += 1
+    d.ops["scale_up"] += 1
     fnstats.cold_start(spec)
-    instance_id = f"{spec.name}-{svc.instance_id}-{next(svc._ids)}"
-    ranked = svc.membership.ranked
+    instance_id = d.new_instance_id(spec)
+    ranked = d.membership.ranked
     credits, room_retries, doubts = True, 0, 0
     try:
         while True:
             try:
-                info = await svc.peers.place(
+                info = await d.peers.place(
                     spec, instance_id, ranked(SCHEDULE, spec.name), credits=credits
                 )
                 break
@@ -60,28 +58,26 @@ async def scale_up(
                 # small for a start, returned with the next exchange):
                 # return them now and try again, else the waiters sit
                 # out the next autoscaler round with the room unused.
-                wallet = svc.peers.credits
+                wallet = d.peers.credits
                 if (
                     wallet is None
                     or not wallet.room_retry(room_retries)
-                    or svc.routers.get(router.name) is not router
+                    or d.routers.get(router.name) is not router
                 ):
                     raise
                 room_retries += 1
                 ROOM_RETRIED.inc()
-                await svc.peers.return_credits(CREDIT_RETURN_WAIT_S)
+                await d.peers.return_credits(CREDIT_RETURN_WAIT_S)
             except Unavailable:
                 credits = False  # a retry goes through Schedule: it joins the start in doubt
                 doubts += 1
-                if doubts >= START_ATTEMPTS or svc.routers.get(router.name) is not router:
+                if doubts >= START_ATTEMPTS or d.routers.get(router.name) is not router:
                     raise
                 log.info("start of %s in doubt: trying again as the same id", instance_id)
                 # A pause before the retry (a loaded Schedule), not a wait for an event.
                 await asyncio.sleep(START_RETRY_S * 2 ** (doubts - 1))
     except GalaxyError as err:
-        if svc.routers.get(router.name) is not router and coordination.late_start_failed(
-            svc, router
-        ):
+        if d.routers.get(router.name) is not router and coordination.late_start_failed(d, router):
             return  # handed over meanwhile: what it covered went to the owner
         # Tell the waiters that nothing will serve them (if that is so).
         for w in router.scale_up_failed():
@@ -89,4 +85,4 @@ async def scale_up(
             if not fut.done():
                 fut.set_exception(err)
         return
-    svc._add(router, info, cold=True)
+    d.add(router, info, cold=True)

@@ -36,7 +36,7 @@ async def cluster():
 
 async def test_a_start_under_way_serves_its_waiter_across_a_handover(cluster, monkeypatch):
     fn = "slow"
-    d0 = cluster.parts["d-0"].component.servicer
+    d0 = cluster.parts["d-0"].component.dispatcher
     # Hold the placement's answer until the function has moved.
     gate, placing = asyncio.Event(), asyncio.Event()
     place = d0.peers.place
@@ -60,7 +60,7 @@ async def test_a_start_under_way_serves_its_waiter_across_a_handover(cluster, mo
             new_id = next(
                 f"d-x{i}" for i in range(100) if rendezvous.owner(fn, ["d-0", f"d-x{i}"]) != "d-0"
             )
-            d1 = (await cluster.add("dispatch", new_id)).component.servicer
+            d1 = (await cluster.add("dispatch", new_id)).component.dispatcher
             await eventually(
                 lambda: not d0.routes(fn) and not d0.ownership.handing_over(fn), what="handover"
             )
