@@ -21,9 +21,9 @@ actions it returns, as the servicer does with RPCs:
 Starts under way stay with the old owner with the waiters they cover
 (``Ownership.membership_changed``). One that becomes ready after the
 handover serves those waiters there (``Ownership.start_done``: ``Serve``)
-and is then sent on the same way with the leases it now carries, as
-``_add`` does; one that fails forwards the waiters no start covers any
-more (``Ownership.start_failed``).
+and is then sent on the same way with the leases it now carries
+(``arrivals.decide``, as ``Dispatcher.add``); one that fails forwards the
+waiters no start covers any more (``Ownership.start_failed``).
 ModInstance has no calibrated cost of its own: it is charged as a Release
 (one map update on the receiving Dispatch instance).
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from functions.dispatch import arrivals
 from functions.dispatch import ownership as own
 from functions.dispatch.policy import FunctionRouter, Instance
 from simulator.system import Req
@@ -115,39 +116,47 @@ class Handovers:
 
     def add(self, owner: DispatchInst, fn: int, inst: Instance, leases: list[str]) -> None:
         """ModInstance(OP_ADD) on ``owner``: a new routing entry for the
-        instance (as the servicer builds one from the message), then the
-        leases the previous owner reserved on it."""
-        router = self.m.front.router(fn)
-        if inst.instance_id in router.instances:
-            return
+        instance (as the servicer builds one from the message), with the
+        leases the previous owner reserved on it that were not released
+        here meanwhile (``arrivals.join``, as ``Dispatcher.add``)."""
         new = Instance(
             inst.instance_id, inst.address, inst.node_id, inst.concurrency, meta=inst.meta
         )
-        self.m.scaling.added(fn, new)
-        # The leases go in with the instance (``FunctionRouter.add_instance``
-        # counts them before it serves a waiter), as the servicer does.
-        self.m.front.add(fn, new, owner.ownership.unreleased(leases))
+        self._join(fn, self.m.front.router(fn), new, False, owner.ownership.unreleased(leases))
 
-    def late_instance(
-        self, df: DispatchInst, fn: int, inst: Instance, old: FunctionRouter | None
+    def _join(
+        self, fn: int, router: FunctionRouter, inst: Instance, cold: bool, leases: list[str] | None
     ) -> None:
-        """A start ``df`` asked for (on router ``old``) became ready after
-        ``old`` was dropped: it serves the waiters ``old`` kept for it, then
-        goes to the owner with their leases; or it is stopped if ``df`` owns
-        the function but no longer routes it."""
+        new, grants = arrivals.join(router, inst, cold, leases)
+        if new:
+            self.m.scaling.added(fn, inst)
+        if grants:
+            self.m.front.serve_all(grants)
+
+    def instance_ready(
+        self, df: DispatchInst, fn: int, inst: Instance, started: FunctionRouter | None
+    ) -> None:
+        """A start ``df`` asked for (on router ``started``) is ready there:
+        ``arrivals.decide`` says where it goes, as in ``Dispatcher.add``.
+        When ``started`` was dropped meanwhile, it first serves the waiters
+        ``started`` kept for it; then it goes to the owner with their
+        leases, joins the router ``df`` has now, or is stopped."""
         owner = self.m.control.dispatch_owner(fn)
-        routed = self.m.front.routers[fn] is not None
+        current = self.m.front.routers[fn]
+        a = arrivals.decide(started, current, None if owner is df else owner, cold=True)
         leases: list[str] = []
-        if old is not None and (owner is not df or routed):
-            actions, leases = df.ownership.start_done(fn, old, inst)
+        if a.late and started is not None:
+            actions, leases = df.ownership.start_done(fn, started, inst)
             self.perform(df, actions)
-        if owner is not df:
+        if a.owner is not None:
             t = self.sim.now + self.net.hop()
             self.sim.stage(t, owner.station, self.s_mod(), self._late, (owner, fn, inst, leases))
-        elif routed:
+        elif a.route is None:
+            self.m.delete_on_node(inst.meta, inst.instance_id, self.m.a_delete())
+        elif a.late:  # a new routing entry, as for a handed-over instance
             self.add(df, fn, inst, leases)
         else:
-            self.m.delete_on_node(inst.meta, inst.instance_id, self.m.a_delete())
+            self._join(fn, a.route, inst, a.cold, None)
 
     def late_failure(self, df: DispatchInst, fn: int, old: FunctionRouter) -> None:
         """A start ``df`` asked for (on ``old``) failed after ``old`` was

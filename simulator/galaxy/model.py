@@ -197,10 +197,7 @@ class GalaxyModel(RoutedModel):
         node = su.node
         assert node is not None
         inst = Instance(su.iid, node.address, node.id, self.fns[su.fn].concurrency, meta=node)
-        if su.router is self.front.routers[su.fn]:
-            self.routable((su.fn, inst))
-        else:  # handed over while it started
-            self.handovers.late_instance(su.df, su.fn, inst, su.router)
+        self.handovers.instance_ready(su.df, su.fn, inst, su.router)
 
     def scale_up_failed(self, su: ScaleUp) -> None:
         """No Schedule instance could place it."""
