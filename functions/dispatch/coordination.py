@@ -117,11 +117,6 @@ def late_start_failed(d: Dispatcher, router: FunctionRouter) -> bool:
     return True
 
 
-def hand_over_moved(d: Dispatcher) -> None:
-    """Give functions this instance no longer owns to their new owners."""
-    perform(d, d.ownership.membership_changed(d.routers, d.owner))
-
-
 async def held(d: Dispatcher, function: str) -> common_pb2.ControlInstance:
     """Wait while function is handed over; returns its new owner (bounded:
     the handover RPCs have deadlines)."""
@@ -175,8 +170,8 @@ async def coordinate(
     d: Dispatcher, request: common_pb2.CoordinateRequest
 ) -> common_pb2.CoordinateReply:
     """The controller's Coordinate call: a new membership, then its actions."""
-    if request.HasField("membership") and d.membership.update(request.membership):
-        hand_over_moved(d)
+    if request.HasField("membership"):
+        d.membership_changed(request.membership)
     for action in request.actions:
         if action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_DELETED:
             function_deleted(d, action.function)

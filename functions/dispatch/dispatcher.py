@@ -24,7 +24,15 @@ from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.errors import DeadlineExceeded, ResourceExhausted
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
-from functions.dispatch import arrivals, coordination, fnstats, revisions, starts, waits
+from functions.dispatch import (
+    arrivals,
+    coordination,
+    fnstats,
+    memberchange,
+    revisions,
+    starts,
+    waits,
+)
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
 from functions.dispatch.config import DEFAULTS
 from functions.dispatch.ownership import Ownership, lease_revision
@@ -99,6 +107,7 @@ class Dispatcher:
         #: writes (or, with None, deletes) an instance record in the store
         self.record: RecordFn = record or (lambda key, value: None)
         self.membership = MembershipView()
+        self.peers.view = self.membership
         #: one router per function (or revision) this instance routes
         self.routers: dict[str, FunctionRouter] = {}
         # Read at scrape time: no bookkeeping on the request path.
@@ -162,6 +171,20 @@ class Dispatcher:
         if function in self.routers:
             return self.routers[function]
         return self.routers[max(n for n in self.routers if routing_key(n) == function)]
+
+    def membership_changed(self, m: common_pb2.Membership) -> bool:
+        """Adopt membership ``m`` if it is newer (from the controller's
+        Coordinate or a load report's reply) and do what the change asks,
+        in ``memberchange``'s order; True when adopted."""
+        if not self.membership.update(m):
+            return False
+        work = memberchange.membership_changed(
+            self.ownership, self.routers, self.owner, self.peers.credits, self.peers.grantor_owns
+        )
+        if work.refill:  # a busy holder refills at once
+            self.peers.refill()
+        coordination.perform(self, work.actions)
+        return True
 
     @property
     def specs(self) -> dict[str, common_pb2.FunctionSpec]:

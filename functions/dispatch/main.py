@@ -67,7 +67,6 @@ class DispatchComponent:
                 max_starting=cfg.credit_max_starting,
                 score=scoring.lookup(cfg.scoring),
             )
-            peers.view = self.dispatcher.membership
         self._housekeeping: asyncio.Task[None] | None = None
         # Tokens are verified against the controller's records, cached.
         rpc = config.rpc_of(args)
@@ -135,7 +134,7 @@ class DispatchComponent:
                 log.exception("autoscale tick failed")
 
     def on_membership(self, membership: common_pb2.Membership) -> None:
-        self.dispatcher.membership.update(membership)
+        self.dispatcher.membership_changed(membership)
 
     def load_counters(self) -> dict[str, int]:
         """Cumulative operation counts for the load reporter: dispatch

@@ -20,16 +20,12 @@ from controlplane.runtime.agent_streams import AgentCalls
 from controlplane.runtime.credits import Grant
 from controlplane.runtime.errors import (
     FailedPrecondition,
-    GalaxyError,
-    ResourceExhausted,
     Unavailable,
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.resources import Res
-from controlplane.runtime.validation import short
-from functions.dispatch import fnstats
 from functions.dispatch.config import DEFAULTS
-from functions.dispatch.credits import CreditWallet, SyncRequest
+from functions.dispatch.credits import Credit, CreditWallet, SyncRequest
 from galaxy.v1 import (
     common_pb2,
     dispatch_pb2,
@@ -58,9 +54,6 @@ def _owner_id(view: MembershipView, node_id: str) -> str:
     return o.id if o is not None else ""
 
 
-#: Outcomes of a Schedule call after which the next Schedule instance is
-#: tried. Not DEADLINE_EXCEEDED: that placement may still be under way.
-SPILL_ON = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
 #: DeleteInstance calls in flight at once. Without a bound, deleting a
 #: function of 5,000 instances sent 5,000 calls at once; each deadline ran
 #: from the start while the calls queued behind one another, and 60% of them
@@ -101,10 +94,8 @@ class Peers:
         self.max_spill = max_spill
         #: capacity credits (None: every start goes through Schedule)
         self.credits = credits
-        #: the membership the servicer keeps (credits whose grantor no
-        #: longer owns their node are dropped when it changes)
+        #: the membership the Dispatcher keeps (``grantor_owns`` reads it)
         self.view: MembershipView | None = None
-        self._epoch = -1
         #: Schedule RPCs sent, instances created from credits, GrantCredits calls
         self.schedule_calls = 0
         self.credit_creates = 0
@@ -150,75 +141,27 @@ class Peers:
         finally:
             self._reporting.discard(inst.id)
 
-    async def place(
+    async def ask_schedule(
         self,
         spec: common_pb2.FunctionSpec,
         instance_id: str,
-        schedulers: list[common_pb2.ControlInstance],
-        credits: bool = True,
+        sched: common_pb2.ControlInstance,
     ) -> common_pb2.InstanceInfo:
-        """Start an instance through the first Schedule instance with room
-        (from a capacity credit first when ``credits``).
-
-        schedulers is the spill order (owner first); at most 1 + max_spill
-        are tried, moving on when one has no room (RESOURCE_EXHAUSTED), cannot
-        be reached (UNAVAILABLE: a crashed or scaled-in instance the
-        membership still lists) or says the spec is too big for its
-        partition's nodes (FAILED_PRECONDITION). Raises a GalaxyError whose
-        status tells the waiters what to do: FAILED_PRECONDITION only when
-        every partition tried said the spec can never fit.
-        """
-        start = time.perf_counter()
-        if self.credits is not None and credits:
-            made = await self._from_credit(spec, instance_id, schedulers)
-            if made is not None:
-                fnstats.cold_start_ready(spec, time.perf_counter() - start)
-                return made
+        """Ask one Schedule instance to place the instance (it answers once
+        the instance is ready); raises the call's ``AioRpcError``."""
         req = schedule_pb2.ScheduleRequest(
             instance_id=instance_id, function=spec, notify_address=self.address
         )
-        reasons: list[str] = []
-        code = grpc.StatusCode.RESOURCE_EXHAUSTED
-        candidates = schedulers[: 1 + self.max_spill]
-        never = 0
-        if not candidates:
-            reasons.append("no Schedule instance is registered yet")
-            code = grpc.StatusCode.UNAVAILABLE
         timeout = spec.startup_timeout_ms / 1000.0 + SCHEDULE_SLACK_S
-        for sched in candidates:
-            self.schedule_calls += 1
-            try:
-                async with self.pool.stub(sched.address, schedule_pb2_grpc.ScheduleStub) as s:
-                    reply = await s.Schedule(req, timeout=timeout)
-            except grpc.aio.AioRpcError as e:
-                reasons.append(f"schedule {sched.id}: {e.details()}")
-                code = e.code()
-                if code == grpc.StatusCode.FAILED_PRECONDITION:
-                    never += 1  # too big for that partition; another may have larger nodes
-                    continue
-                if code in SPILL_ON:
-                    continue  # spill to the next-highest Schedule instance
-                break
-            fnstats.cold_start_ready(spec, time.perf_counter() - start)
-            info: common_pb2.InstanceInfo = reply.instance
-            return info
-        if code == grpc.StatusCode.FAILED_PRECONDITION and never < len(reasons):
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED  # some partition may fit it later
-        msg = f"cannot start an instance of {short(spec.name)}: " + "; ".join(reasons)
-        log.warning(msg)
-        err: GalaxyError
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            err = ResourceExhausted(msg)
-        elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-            # Retrying will not help: the spec itself cannot be placed.
-            err = FailedPrecondition(msg)
-        else:
-            err = Unavailable(msg + "; retry later")
-        raise err
+        self.schedule_calls += 1
+        async with self.pool.stub(sched.address, schedule_pb2_grpc.ScheduleStub) as s:
+            reply = await s.Schedule(req, timeout=timeout)
+        info: common_pb2.InstanceInfo = reply.instance
+        return info
 
     # ----- capacity credits --------------------------------------------------
 
-    async def _from_credit(
+    async def from_credit(
         self,
         spec: common_pb2.FunctionSpec,
         instance_id: str,
@@ -227,10 +170,10 @@ class Peers:
         """Create the instance from a credit that fits (the agent checks its
         capacity); None when there is none or the agent refused, and the
         start goes through Schedule. A refill is asked either way, in the
-        background."""
+        background. Raises FailedPrecondition when the agent refuses the
+        spec, Unavailable when the create is in doubt (stopped there)."""
         wallet = self.credits
         assert wallet is not None
-        self._follow_membership(wallet)
         for s in schedulers:
             self._grantors[s.id] = s.address
         t0 = time.perf_counter()
@@ -284,8 +227,6 @@ class Peers:
         """Periodic: give back credits near expiry or of an idle instance
         (with the reports of what was made from them)."""
         if self.credits is not None:
-            if self._follow_membership(self.credits):
-                self._sync("", upkeep=False)  # a busy holder refills at once
             self._sync("", upkeep=True)
             self._credit_metrics(self.credits)
 
@@ -297,14 +238,16 @@ class Peers:
                 metrics.DISPATCH_CREDIT_EVENTS.labels(event).inc(new)
         self._credit_stats = dict(wallet.stats)
 
-    def _follow_membership(self, wallet: CreditWallet) -> int:
-        """After a membership change, drop the credits whose grantor no
-        longer owns their node (the new owner knows nothing of them)."""
+    def grantor_owns(self, credit: Credit) -> bool:
+        """True while the credit's grantor still owns its node (after a
+        membership change the new owner knows nothing of it)."""
         view = self.view
-        if view is None or view.epoch == self._epoch:
-            return 0
-        self._epoch = view.epoch
-        return wallet.drop(lambda c: _owner_id(view, c.node_id) == c.grantor)
+        return view is not None and _owner_id(view, credit.node_id) == credit.grantor
+
+    def refill(self) -> None:
+        """Ask for credits at once (after some were dropped)."""
+        if self.credits is not None:
+            self._sync("", upkeep=False)
 
     def _sync(self, home: str, upkeep: bool) -> None:
         wallet = self.credits

@@ -44,20 +44,14 @@ def make_wallet(cp: ControlPlane) -> CreditWallet | None:
 
 def on_membership(cp: ControlPlane) -> None:
     """After a membership change: Schedule instances drop credits on nodes
-    that left their partition; Dispatch instances drop credits whose
-    grantor no longer owns the node (as the servicers do)."""
+    that left their partition, and those of Dispatch instances that left
+    (as the servicers do). Dispatch instances drop theirs in
+    ``Handovers.membership_changed``."""
     for sf in cp.sfs.values():
         if sf.ledger is not None:
             sf.ledger.retain()
             for holder in sf.ledger.holders() - cp.dfs.keys():
                 sf.ledger.drop_holder(holder)  # a Dispatch instance that left
-    path = cp.m.placer.credits if hasattr(cp.m, "placer") else None
-    for df in cp.dfs.values():
-        if df.wallet is not None and df.wallet.drop(
-            lambda c: cp._sf_owner_id(c.node_id) == c.grantor
-        ):
-            if path is not None:  # a busy holder refills at once
-                path.sync(df, "", cp.sim.now, upkeep=False)
 
 
 class CreditPath:

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from functions.dispatch import arrivals
+from functions.dispatch import arrivals, memberchange
 from functions.dispatch import ownership as own
 from functions.dispatch.policy import FunctionRouter, Instance
 from simulator.system import Req
 
 if TYPE_CHECKING:
-    from simulator.galaxy.control import DispatchInst
+    from simulator.galaxy.control import ControlPlane, DispatchInst
     from simulator.galaxy.model import GalaxyModel
 
 
@@ -54,23 +54,45 @@ class Handovers:
         #: (old owner's id, handover number) -> replies still outstanding
         self._left: dict[tuple[str, int], int] = {}
 
-    def repartition(self, old_owners: dict[int, DispatchInst]) -> None:
-        """The membership changed: every routed function's previous owner
-        (``old_owners``) hands over what it no longer owns."""
+    def membership_changed(self, cp: ControlPlane, old_owners: dict[int, DispatchInst]) -> None:
+        """The membership changed: each Dispatch instance does its work in
+        ``memberchange``'s order, as ``Dispatcher.membership_changed``:
+        credits whose grantor no longer owns their node are dropped (a
+        refill asked at once), then every routed function's previous owner
+        (``old_owners``) hands over what it no longer owns. ``cp`` is the
+        model's control plane (also while the model is built). (All instances
+        drop their credits before any hands over: each step's events are
+        independent of the other instances'.)"""
         by_old: dict[str, tuple[DispatchInst, dict[int, FunctionRouter]]] = {}
         routers = self.m.front.routers
         for fn, df in old_owners.items():
             r = routers[fn]
             if r is not None:
                 by_old.setdefault(df.id, (df, {}))[1][fn] = r
-        owner = self.m.control.dispatch_owner
-        for df, routed in by_old.values():
+        owner = cp.dispatch_owner
 
-            def owner_of(fn: int, df: DispatchInst = df) -> DispatchInst | None:
+        def work(df: DispatchInst, live: bool) -> memberchange.MembershipWork[int]:
+            def owner_of(fn: int) -> DispatchInst | None:
                 new = owner(fn)
                 return None if new is df else new
 
-            self.perform(df, df.ownership.membership_changed(routed, owner_of))
+            routed = by_old[df.id][1] if df.id in by_old else {}
+            wallet = df.wallet if live else None  # one that left gets no membership
+            return memberchange.membership_changed(
+                df.ownership, routed, owner_of, wallet, cp.grantor_owns
+            )
+
+        works = {df.id: work(df, True) for df in cp.dfs.values()}
+        for df, _ in by_old.values():
+            if df.id not in works:
+                works[df.id] = work(df, False)
+        placer = getattr(self.m, "placer", None)  # (not yet while the model is built)
+        path = placer.credits if placer is not None else None
+        for df in cp.dfs.values():
+            if works[df.id].refill and path is not None:  # a busy holder refills at once
+                path.sync(df, "", self.sim.now, upkeep=False)
+        for df, _ in by_old.values():
+            self.perform(df, works[df.id].actions)
 
     def perform(self, df: DispatchInst, actions: list[own.Action]) -> None:
         """Carry out ``df``'s core's actions as events, in order."""

@@ -145,7 +145,7 @@ async def test_a_credit_start_past_its_deadline_is_stopped_on_its_node(
     s0 = common_pb2.ControlInstance(id="s0", kind=common_pb2.CONTROL_KIND_SCHEDULE)
     try:
         with pytest.raises(Unavailable):
-            await p._from_credit(spec, "f-d0-0", [s0])
+            await p.from_credit(spec, "f-d0-0", [s0])
         assert agent.deleted == ["f-d0-0"]
     finally:
         await p.close()
