@@ -67,13 +67,13 @@ class CreditPath:
         #: starts refused for room waiting for their Dispatch's returns
         self._after_returns: dict[str, list[ScaleUp]] = {}
 
-    def start(self, su: ScaleUp) -> bool:
-        """Serve su from a credit if one fits (True), else leave it to Schedule."""
+    def start(self, su: ScaleUp, home: str) -> bool:
+        """Serve su from a credit if one fits (True), else leave it to
+        Schedule; ``home`` is the first ranked Schedule instance."""
         df, p = su.df, self.p
         wallet = df.wallet
         assert wallet is not None
         use = wallet.take(self.m.needs[su.fn], self.m.fns[su.fn].name)
-        home = su.cands[0].id if su.cands else ""
         now = self.sim.now
         t = df.station.finish(now, p.s_decide())
         self.sync(df, home, t, upkeep=False)
@@ -106,7 +106,9 @@ class CreditPath:
         su.df.wallet.settled(use, None, refused=True)
         su.node = None
         self.sync(su.df, "", self.sim.now, upkeep=False)
-        self.p._send(su)  # the normal path: Schedule places it
+        assert su.attempts is not None
+        su.attempts.no_credit()  # the normal path: Schedule places it
+        self.p.step(su)
 
     def _ready(self, a: tuple[ScaleUp, CreditUse]) -> None:
         su, use = a
@@ -170,7 +172,7 @@ class CreditPath:
         self.sync(df, "", self.sim.now, upkeep=True)
         if not wallet.returns_outstanding():
             for su in self._after_returns.pop(df.id, []):
-                self.p.retry(su)
+                self.p.step(su)  # a new round: a credit first, then Schedule
 
     def tick(self) -> None:
         """Periodic upkeep: return credits of idle or soon-expiring holders."""

@@ -190,7 +190,7 @@ class GalaxyModel(RoutedModel):
         router.begin_scale_up(n)
         df = self.control.dispatch_owner(fn)
         for _ in range(n):
-            self.placer.start(df, fn).router = router
+            self.placer.start(df, fn, router)
 
     def instance_ready(self, su: ScaleUp) -> None:
         """A started instance reached its Dispatch instance."""
