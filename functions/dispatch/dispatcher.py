@@ -354,6 +354,8 @@ class Dispatcher:
         """Route a started (``cold``), handed-over (with ``leases``) or
         recovered instance that arrives for ``router``; True when it is new
         here. Where it goes is ``arrivals.decide``'s decision."""
+        if cold:  # just started: its node's agent answers there now
+            self.peers.agent_seen(info.node_id, info.node_address)
         a = arrivals.decide(router, self.routers.get(router.name), self.owner(router.name), cold)
         if a.late:
             leases = coordination.late_start_done(self, router, info)

@@ -118,6 +118,22 @@ class Peers:
         self.deletes_failed = 0
         #: CreateInstance/DeleteInstance, on a stream per node agent
         self.agents = AgentCalls(lambda: self.pool)
+        # The newest node agent address seen for each node (an instance
+        # just started there, a credit just granted on it): a restarted
+        # agent may listen at another address than the one recorded with
+        # the instances its predecessor ran. One entry per node.
+        self._agent_at: dict[str, str] = {}
+
+    def agent_seen(self, node_id: str, address: str) -> None:
+        """The node's agent answers at ``address`` now (fresh news only:
+        a start placed there, a credit granted on it)."""
+        if node_id and address:
+            self._agent_at[node_id] = address
+
+    def agent_address(self, info: common_pb2.InstanceInfo) -> str:
+        """Where the agent of ``info``'s node answers now: the newest
+        address seen for the node, else the one recorded with it."""
+        return self._agent_at.get(info.node_id) or info.node_address
 
     def report_unreachable(self, controller: str, inst: common_pb2.ControlInstance) -> None:
         """Tell the controller inst did not answer (in the background, once
@@ -311,6 +327,8 @@ class Peers:
                       c.ttl_ms / 1000.0)
                 for c in reply.credits
             ]  # fmt: skip
+            for g in grants:
+                self.agent_seen(g.node_id, g.address)
         except (grpc.aio.AioRpcError, LookupError) as e:
             # Its holds go with it (or expire): drop its credits.
             log.info("credits of schedule %s dropped: %s", req.grantor, e)
@@ -346,13 +364,14 @@ class Peers:
             node_id=info.node_id, instance_id=info.instance_id
         )
         code, details = "NO_ADDRESS", "node address unknown"
-        for attempt in range(DELETE_ATTEMPTS if info.node_address else 0):
+        address = self.agent_address(info)
+        for attempt in range(DELETE_ATTEMPTS if address else 0):
             if attempt:
                 # A pause between attempts (a node agent under load), not a wait for an event.
                 await asyncio.sleep(DELETE_BACKOFF_S * 2 ** (attempt - 1))
             async with self._deletes:
                 try:
-                    await self.agents.delete(info.node_address, req)
+                    await self.agents.delete(address, req)
                     return True
                 except grpc.aio.AioRpcError as e:
                     code, details = e.code().name, e.details() or ""
