@@ -13,7 +13,7 @@ from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.metrics import QUEUE_LIMIT
 from controlplane.runtime.rpc import ChannelPool
-from functions.dispatch import autoscale
+from functions.dispatch import autoscale, routedcheck
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.credits import CreditWallet
 from functions.dispatch.service import DispatchServicer
@@ -68,6 +68,7 @@ class DispatchComponent:
                 score=scoring.lookup(cfg.scoring),
             )
         self._housekeeping: asyncio.Task[None] | None = None
+        self._routed_check: asyncio.Task[None] | None = None
         # Tokens are verified against the controller's records, cached.
         rpc = config.rpc_of(args)
         self.authenticator = (
@@ -96,6 +97,7 @@ class DispatchComponent:
         self.recorder.start()
         await self._recover()
         self._housekeeping = asyncio.create_task(self._expire_loop())
+        self._routed_check = asyncio.create_task(self._routed_loop())
 
     async def _recover(self) -> None:
         """Rebuild the routing view from instance records plus node agents.
@@ -114,6 +116,16 @@ class DispatchComponent:
         if infos:
             n = await self.dispatcher.recover(infos)
             log.info("recovered %d of %d recorded instances", n, len(infos))
+
+    async def _routed_loop(self) -> None:
+        # Periodic by nature: an agent that lost instances sends nothing.
+        while True:
+            await asyncio.sleep(routedcheck.CHECK_S)
+            try:
+                await self.dispatcher.check_routed()
+            except Exception:
+                # A bug in one round must not stop the checks for good.
+                log.exception("routed-instances check failed")
 
     async def _expire_loop(self) -> None:
         # Periodic by nature: reclaims leases of clients that never Released,
@@ -150,10 +162,11 @@ class DispatchComponent:
         return waiting + self.dispatcher.background
 
     async def stop(self) -> None:
-        if self._housekeeping:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
+        for task in (self._housekeeping, self._routed_check):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.dispatcher.close()
         await self.dispatcher.peers.close()
         await self.recorder.stop()

@@ -413,6 +413,21 @@ class Peers:
             # until it learns of it (e.g. on its next restart, from the records).
             log.warning("handover of %s to %s failed: %s", info.instance_id, owner.id, e.details())
 
+    async def node_instances(self, node_id: str, address: str) -> set[str] | None:
+        """The ids of the ready instances the agent at ``address`` runs on
+        ``node_id``; None when it could not be asked."""
+        if not address:
+            return None
+        try:
+            async with self.pool.stub(address, nodeagent_pb2_grpc.NodeAgentStub) as s:
+                r = await s.ListNodeInstances(
+                    nodeagent_pb2.ListNodeInstancesRequest(node_id=node_id), timeout=2.0
+                )
+            return {i.instance_id for i in r.instances}
+        except grpc.aio.AioRpcError as e:
+            log.warning("cannot verify instances on %s (%s): %s", node_id, address, e.details())
+            return None
+
     async def running(
         self, records: list[common_pb2.InstanceInfo]
     ) -> tuple[list[common_pb2.InstanceInfo], list[common_pb2.InstanceInfo]]:
@@ -426,17 +441,7 @@ class Peers:
             by_node.setdefault((info.node_address, info.node_id), []).append(info)
 
         async def alive(addr: str, node: str) -> set[str]:
-            if not addr:
-                return set()
-            try:
-                async with self.pool.stub(addr, nodeagent_pb2_grpc.NodeAgentStub) as s:
-                    r = await s.ListNodeInstances(
-                        nodeagent_pb2.ListNodeInstancesRequest(node_id=node), timeout=2.0
-                    )
-                return {i.instance_id for i in r.instances}
-            except grpc.aio.AioRpcError as e:
-                log.warning("cannot verify instances on %s (%s): %s", node, addr, e.details())
-                return set()
+            return await self.node_instances(node, addr) or set()
 
         keys = list(by_node)
         found = await asyncio.gather(*(alive(a, n) for a, n in keys))
