@@ -169,14 +169,6 @@ class Frontend:
         if grants:
             self._serve_all(grants)
 
-    def add(self, fn: int, inst: Instance, leases: list[str] | None = None) -> None:
-        """An instance handed over by another owner joins fn's router (not a
-        cold start) with the leases its previous owner reserved on it
-        (counted first): waiters get its free slots."""
-        grants = self.router(fn).add_instance(inst, leases=leases)
-        if grants:
-            self._serve_all(grants)
-
     def redispatch(self, req: Req) -> None:
         """A request forwarded by its function's previous owner reaches the
         router now: a slot, else it waits like any other."""

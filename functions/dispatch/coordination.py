@@ -21,7 +21,7 @@ from functions.dispatch.policy import FunctionRouter, Grant, Instance, Waiter
 from galaxy.v1 import common_pb2, dispatch_pb2
 
 if TYPE_CHECKING:
-    from functions.dispatch.service import DispatchServicer
+    from functions.dispatch.dispatcher import Dispatcher
 
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 
@@ -36,15 +36,15 @@ class Moved(Exception):
         self.owner = owner
 
 
-def perform(svc: DispatchServicer, actions: Iterable[own.Action]) -> None:
+def perform(d: Dispatcher, actions: Iterable[own.Action]) -> None:
     """Carry out the core's actions, in the order given."""
     for a in actions:
         if isinstance(a, own.DropRoute):
-            svc.routers.pop(a.function, None)
+            d.routers.pop(a.function, None)
             if a.deleted:
-                svc._specs.pop(a.function, None)
+                d.specs.pop(a.function, None)
         elif isinstance(a, own.Unrouted):
-            svc._unrouted(a.function, a.instance.instance_id)
+            d.unrouted(a.function, a.instance.instance_id)
         elif isinstance(a, own.SendInstances):
             log.info(
                 "function %s moved to dispatch %s: handing over %d instances",
@@ -52,23 +52,23 @@ def perform(svc: DispatchServicer, actions: Iterable[own.Action]) -> None:
                 a.owner.id,
                 len(a.instances),
             )
-            svc._spawn(_send_instances(svc, a))
+            d.spawn(_send_instances(d, a))
         elif isinstance(a, own.Serve):
-            svc._wake(a.grants)
+            d.wake(a.grants)
         elif isinstance(a, own.ForwardWaiters):
             _fail(a.waiters, Moved(a.owner))
         elif isinstance(a, own.FailWaiters):
             _fail(a.waiters, NotFound(a.reason))
         elif isinstance(a, own.DeleteOnNode):
             if a.instance.meta is not None:
-                svc._spawn(svc.peers.delete_on_node(a.instance.meta))
+                d.spawn(d.peers.delete_on_node(a.instance.meta))
         elif isinstance(a, own.ScaleUp):
-            router, spec = svc.routers.get(a.function), svc._specs.get(a.function)
+            router, spec = d.routers.get(a.function), d.specs.get(a.function)
             if router is not None and spec is not None:
-                svc._trigger_scale_up(router, spec)
+                d.trigger_scale_up(router, spec)
         elif isinstance(a, own.Record):
             key = f"/galaxy/instances/{a.function}/{a.instance_id}"
-            svc.record(key, None if a.value is None else a.value.SerializeToString())
+            d.record(key, None if a.value is None else a.value.SerializeToString())
 
 
 def _fail(waiters: list[Waiter], err: Exception) -> None:
@@ -78,55 +78,50 @@ def _fail(waiters: list[Waiter], err: Exception) -> None:
             fut.set_exception(err)
 
 
-async def _send_instances(svc: DispatchServicer, a: own.SendInstances[str, Any]) -> None:
+async def _send_instances(d: Dispatcher, a: own.SendInstances[str, Any]) -> None:
     try:
         await asyncio.gather(
             *(
-                svc.peers.send_instance(a.owner, inst.meta, leases)
+                d.peers.send_instance(a.owner, inst.meta, leases)
                 for inst, leases in a.instances
                 if inst.meta is not None
             )
         )
     finally:
         # Only now may the held requests go: see ``ownership``.
-        perform(svc, svc.ownership.instances_sent(a.handover))
+        perform(d, d.ownership.instances_sent(a.handover))
 
 
 def late_start_done(
-    svc: DispatchServicer, router: FunctionRouter, info: common_pb2.InstanceInfo
+    d: Dispatcher, router: FunctionRouter, info: common_pb2.InstanceInfo
 ) -> list[str]:
     """A start ``router`` asked for is ready after ``router`` was handed over:
     it serves the waiters kept for it (see ``ownership``). Returns the leases
     it now carries, to go with it to whoever routes the function now."""
     conc = info.concurrency or router.concurrency
     inst = Instance(info.instance_id, info.address, info.node_id, conc, meta=info)
-    actions, leases = svc.ownership.start_done(router.name, router, inst)
-    perform(svc, actions)
+    actions, leases = d.ownership.start_done(router.name, router, inst)
+    perform(d, actions)
     return leases
 
 
-def late_start_failed(svc: DispatchServicer, router: FunctionRouter) -> bool:
+def late_start_failed(d: Dispatcher, router: FunctionRouter) -> bool:
     """A start ``router`` asked for failed after ``router`` was handed over:
     the waiters no start covers any more go to the owner (this instance
     too, when the function came back: they queue on its new router).
     False when no owner is known (the caller fails them)."""
-    owner = svc.membership.owner(DISPATCH, routing_key(router.name))
+    owner = d.membership.owner(DISPATCH, routing_key(router.name))
     if owner is None:
         return False
-    perform(svc, svc.ownership.start_failed(router.name, router, owner))
+    perform(d, d.ownership.start_failed(router.name, router, owner))
     return True
 
 
-def hand_over_moved(svc: DispatchServicer) -> None:
-    """Give functions this instance no longer owns to their new owners."""
-    perform(svc, svc.ownership.membership_changed(svc.routers, svc._owner))
-
-
-async def held(svc: DispatchServicer, function: str) -> common_pb2.ControlInstance:
+async def held(d: Dispatcher, function: str) -> common_pb2.ControlInstance:
     """Wait while function is handed over; returns its new owner (bounded:
     the handover RPCs have deadlines)."""
     fut: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
-    svc.ownership.hold(function, fut)
+    d.ownership.hold(function, fut)
     try:
         await fut
     except Moved as moved:
@@ -134,70 +129,70 @@ async def held(svc: DispatchServicer, function: str) -> common_pb2.ControlInstan
     raise AssertionError("a held request is only ever forwarded")
 
 
-def node_dead(svc: DispatchServicer, node_id: str) -> None:
+def node_dead(d: Dispatcher, node_id: str) -> None:
     """Stop routing to instances on a dead node; replace them for waiters."""
-    actions = svc.ownership.node_dead(svc.routers, node_id)
+    actions = d.ownership.node_dead(d.routers, node_id)
     for a in actions:
         if isinstance(a, own.ScaleUp):
             lost = sum(isinstance(x, own.Unrouted) and x.function == a.function for x in actions)
             log.warning("node %s is dead: dropped %d instances of %s", node_id, lost, a.function)
-    perform(svc, actions)
+    perform(d, actions)
 
 
-def function_deleted(svc: DispatchServicer, name: str) -> None:
+def function_deleted(d: Dispatcher, name: str) -> None:
     """Forget a deleted function and its revisions; stop their instances."""
-    routed = [n for n in svc.routers if n == name or routing_key(n) == name] or [name]
+    routed = [n for n in d.routers if n == name or routing_key(n) == name] or [name]
     reason = f"function {name!r} was deleted"
-    perform(svc, svc.ownership.function_deleted(svc.routers, routed, reason))
+    perform(d, d.ownership.function_deleted(d.routers, routed, reason))
 
 
-async def function_updated(svc: DispatchServicer, name: str) -> None:
+async def function_updated(d: Dispatcher, name: str) -> None:
     """A new version of function name: its spec is read again and applied
     (a new revision of a split function is routed on its own)."""
     try:
-        await revisions.holds_lapse(svc, name)
+        await revisions.holds_lapse(d, name)
     finally:  # at once (and even if the call was cancelled meanwhile)
-        svc._specs.pop(name, None)
-    if await revisions.function_updated(svc, name):
+        d.specs.pop(name, None)
+    if await revisions.function_updated(d, name):
         return
-    router = svc.routers.get(name)
+    router = d.routers.get(name)
     if router is not None:
-        spec = await svc._spec(name)
-        router.lease_ttl_s = svc._request_timeout_s(spec)  # new leases only
-        svc._wake(router.update_spec(spec.concurrency or 1, spec.max_scale or 1))
-    elif svc._owner(name) is None:
+        spec = await d.spec(name)
+        router.lease_ttl_s = d.request_timeout_s(spec)  # new leases only
+        d.wake(router.update_spec(spec.concurrency or 1, spec.max_scale or 1))
+    elif d.owner(name) is None:
         # Route it from now on, so min_scale instances start before the
         # first request.
-        svc._router(await svc._spec(name))
+        d.router(await d.spec(name))
 
 
 async def coordinate(
-    svc: DispatchServicer, request: common_pb2.CoordinateRequest
+    d: Dispatcher, request: common_pb2.CoordinateRequest
 ) -> common_pb2.CoordinateReply:
     """The controller's Coordinate call: a new membership, then its actions."""
-    if request.HasField("membership") and svc.membership.update(request.membership):
-        hand_over_moved(svc)
+    if request.HasField("membership"):
+        d.membership_changed(request.membership)
     for action in request.actions:
         if action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_DELETED:
-            function_deleted(svc, action.function)
+            function_deleted(d, action.function)
         elif action.kind == common_pb2.CoordinateAction.KIND_NODE_DEAD:
-            node_dead(svc, action.node_id)
+            node_dead(d, action.node_id)
         elif action.kind == common_pb2.CoordinateAction.KIND_FUNCTION_UPDATED:
-            await function_updated(svc, action.function)
-    return common_pb2.CoordinateReply(epoch=svc.membership.epoch)
+            await function_updated(d, action.function)
+    return common_pb2.CoordinateReply(epoch=d.membership.epoch)
 
 
-async def recover(svc: DispatchServicer, records: list[common_pb2.InstanceInfo]) -> int:
+async def recover(d: Dispatcher, records: list[common_pb2.InstanceInfo]) -> int:
     """Adopt instances recorded by a previous incarnation, after checking
     with their node agents that they still run; returns how many.
 
     The store may hold records of instances that died while no Dispatch
     was watching, so the node agents are the authority.
     """
-    live, gone = await svc.peers.running(records)
+    live, gone = await d.peers.running(records)
     perform(
-        svc,
-        svc.ownership.recover(
+        d,
+        d.ownership.recover(
             [(i.function, i.instance_id, i) for i in live],
             [(i.function, i.instance_id) for i in gone],
         ),
@@ -206,43 +201,43 @@ async def recover(svc: DispatchServicer, records: list[common_pb2.InstanceInfo])
 
 
 async def mod_instance(
-    svc: DispatchServicer, request: dispatch_pb2.ModInstanceRequest
+    d: Dispatcher, request: dispatch_pb2.ModInstanceRequest
 ) -> dispatch_pb2.ModInstanceReply:
     """An instance handed over by a peer (OP_ADD, with its active leases) or
     reported gone (OP_REMOVE)."""
     info = request.instance
     if not info.instance_id or not info.function:
         raise InvalidArgument("instance.instance_id and instance.function: required")
-    router = svc.routers.get(info.function)
+    router = d.routers.get(info.function)
     if request.op == dispatch_pb2.ModInstanceRequest.OP_ADD:
         if not info.address:
             raise InvalidArgument("instance.address: required for OP_ADD")
         if router is None:
-            router = svc._router(await svc._spec(info.function))
+            router = d.router(await d.spec(info.function))
         # The leases go in with the instance: counted before any waiter is
         # served on it, so no slot the previous owner leased out is given again.
-        leases = svc.ownership.unreleased(list(request.active_leases))
-        changed = svc._add(router, info, cold=False, leases=leases)
+        leases = d.ownership.unreleased(list(request.active_leases))
+        changed = d.add(router, info, cold=False, leases=leases)
         return dispatch_pb2.ModInstanceReply(changed=changed)
     if request.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE:
         if router is None:
             return dispatch_pb2.ModInstanceReply(changed=False)
         log.info("instance %s removed: %s", info.instance_id, request.reason or "no reason")
-        actions = svc.ownership.instance_gone(info.function, router, info.instance_id)
-        perform(svc, actions)
+        actions = d.ownership.instance_gone(info.function, router, info.instance_id)
+        perform(d, actions)
         return dispatch_pb2.ModInstanceReply(changed=bool(actions))
     raise InvalidArgument("op: must be OP_ADD or OP_REMOVE")
 
 
 def list_instances(
-    svc: DispatchServicer, request: dispatch_pb2.ListInstancesRequest
+    d: Dispatcher, request: dispatch_pb2.ListInstancesRequest
 ) -> dispatch_pb2.ListInstancesReply:
     """What this instance routes: functions, their queues and instances."""
-    out = dispatch_pb2.ListInstancesReply(dispatch_id=svc.instance_id)
-    for name in sorted(svc.routers):
+    out = dispatch_pb2.ListInstancesReply(dispatch_id=d.instance_id)
+    for name in sorted(d.routers):
         if request.function and request.function not in (name, routing_key(name)):
             continue  # a function's filter takes in its revisions
-        r = svc.routers[name]
+        r = d.routers[name]
         out.functions.append(
             dispatch_pb2.FunctionRouting(function=name, waiting=len(r.waiters), pending=r.pending)
         )

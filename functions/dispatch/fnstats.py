@@ -45,12 +45,13 @@ def recorded(method: Handler[S]) -> Handler[S]:
         self: Any, request: dispatch_pb2.DispatchRequest, context: Any
     ) -> dispatch_pb2.InstanceAddr:
         t0 = time.perf_counter()
-        served = request.forwarded or self._owner(request.function) is None
+        d = self.dispatcher
+        served = request.forwarded or d.owner(request.function) is None
         code, rev, ns = "OK", "", ""
         try:
             addr = await method(self, request, context)
             rev = addr.function
-            addr.namespace = ns = namespace_of(self.spec_cache.specs, request.function)
+            addr.namespace = ns = namespace_of(d.specs, request.function)
             return addr
         except GalaxyError as e:
             code = e.code.name
@@ -60,7 +61,7 @@ def recorded(method: Handler[S]) -> Handler[S]:
             raise
         finally:
             if served and request.function:
-                ns = ns or namespace_of(self.spec_cache.specs, request.function)
+                ns = ns or namespace_of(d.specs, request.function)
                 METRICS.dispatch(ns, request.function, rev, code, time.perf_counter() - t0)
 
     return dispatch

@@ -13,7 +13,7 @@ from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.metrics import QUEUE_LIMIT
 from controlplane.runtime.rpc import ChannelPool
-from functions.dispatch import autoscale
+from functions.dispatch import autoscale, routedcheck
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.credits import CreditWallet
 from functions.dispatch.service import DispatchServicer
@@ -55,10 +55,11 @@ class DispatchComponent:
             record=self.recorder,
             autoscale=autoscale.AutoscaleSettings.from_args(args),
         )
+        self.dispatcher = self.servicer.dispatcher
         # Bounds per function router; the waiting gauge is the instance's total.
         QUEUE_LIMIT.labels("galaxy_dispatch_waiting").set(cfg.max_queue)
         if cfg.credits:  # scale-ups that fit a credit skip Schedule (peers.py)
-            peers = self.servicer.peers
+            peers = self.dispatcher.peers
             peers.credits = CreditWallet(
                 target=cfg.credit_target,
                 renew_s=cfg.credit_renew_ms / 1000.0,
@@ -66,8 +67,8 @@ class DispatchComponent:
                 max_starting=cfg.credit_max_starting,
                 score=scoring.lookup(cfg.scoring),
             )
-            peers.view = self.servicer.membership
         self._housekeeping: asyncio.Task[None] | None = None
+        self._routed_check: asyncio.Task[None] | None = None
         # Tokens are verified against the controller's records, cached.
         rpc = config.rpc_of(args)
         self.authenticator = (
@@ -78,7 +79,7 @@ class DispatchComponent:
 
     async def _lookup_token(self, token_id: str) -> access.TokenRecord | None:
         reply = await controllers.call(
-            self.servicer.pool,
+            self.dispatcher.pool,
             self.args.controller,
             "LookupToken",
             controller_pb2.LookupTokenRequest(id=token_id),
@@ -92,10 +93,11 @@ class DispatchComponent:
         ]
 
     async def start(self, ctx: HostContext) -> None:
-        self.servicer.bind(ctx.address, ctx.pool)
+        self.dispatcher.bind(ctx.address, ctx.pool)
         self.recorder.start()
         await self._recover()
         self._housekeeping = asyncio.create_task(self._expire_loop())
+        self._routed_check = asyncio.create_task(self._routed_loop())
 
     async def _recover(self) -> None:
         """Rebuild the routing view from instance records plus node agents.
@@ -112,51 +114,61 @@ class DispatchComponent:
             return
         infos = [common_pb2.InstanceInfo.FromString(kv.value) for kv in kvs]
         if infos:
-            n = await self.servicer.recover(infos)
+            n = await self.dispatcher.recover(infos)
             log.info("recovered %d of %d recorded instances", n, len(infos))
+
+    async def _routed_loop(self) -> None:
+        # Periodic by nature: an agent that lost instances sends nothing.
+        while True:
+            await asyncio.sleep(routedcheck.CHECK_S)
+            try:
+                await self.dispatcher.check_routed()
+            except Exception:
+                # A bug in one round must not stop the checks for good.
+                log.exception("routed-instances check failed")
 
     async def _expire_loop(self) -> None:
         # Periodic by nature: reclaims leases of clients that never Released,
         # and runs the function autoscaler every tick.
-        tick = self.servicer.autoscaling.settings.tick_s
+        tick = self.dispatcher.autoscaling.settings.tick_s
         loop = asyncio.get_running_loop()
         next_expire = loop.time() + 1.0
         while True:
             await asyncio.sleep(min(tick, 1.0))
             if loop.time() >= next_expire:
-                self.servicer.expire_leases()
-                self.servicer.peers.credit_upkeep()
+                self.dispatcher.expire_leases()
+                self.dispatcher.peers.credit_upkeep()
                 next_expire = loop.time() + 1.0
             try:
-                self.servicer.autoscale_tick()
+                self.dispatcher.autoscale_tick()
             except Exception:
                 # A bug in one round must not stop autoscaling for good.
                 log.exception("autoscale tick failed")
 
     def on_membership(self, membership: common_pb2.Membership) -> None:
-        self.servicer.membership.update(membership)
+        self.dispatcher.membership_changed(membership)
 
     def load_counters(self) -> dict[str, int]:
         """Cumulative operation counts for the load reporter: dispatch
         (requests this instance routed), scale_up, forwarded."""
-        return dict(self.servicer.ops)
+        return dict(self.dispatcher.ops)
 
     def queue_depth(self) -> int:
         """Work in progress: requests waiting for an instance, plus the
         background work under way (scale-ups, handovers to a new owner,
         deletes). The controller stops a drained instance only at zero, so a
         handover is never cut off."""
-        waiting = sum(len(r.waiters) for r in self.servicer.routers.values())
-        # The servicer has no public count of its background tasks.
-        return waiting + self.servicer.background
+        waiting = sum(len(r.waiters) for r in self.dispatcher.routers.values())
+        return waiting + self.dispatcher.background
 
     async def stop(self) -> None:
-        if self._housekeeping:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
-        await self.servicer.close()
-        await self.servicer.peers.close()
+        for task in (self._housekeeping, self._routed_check):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.dispatcher.close()
+        await self.dispatcher.peers.close()
         await self.recorder.stop()
 
 

@@ -20,16 +20,12 @@ from controlplane.runtime.agent_streams import AgentCalls
 from controlplane.runtime.credits import Grant
 from controlplane.runtime.errors import (
     FailedPrecondition,
-    GalaxyError,
-    ResourceExhausted,
     Unavailable,
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.resources import Res
-from controlplane.runtime.validation import short
-from functions.dispatch import fnstats
 from functions.dispatch.config import DEFAULTS
-from functions.dispatch.credits import CreditWallet, SyncRequest
+from functions.dispatch.credits import Credit, CreditWallet, SyncRequest
 from galaxy.v1 import (
     common_pb2,
     dispatch_pb2,
@@ -48,6 +44,9 @@ SCHEDULE_SLACK_S = 5.0
 # Deadline of a GrantCredits exchange (off the critical path).
 CREDIT_TIMEOUT_S = 2.0
 SCHEDULE = common_pb2.CONTROL_KIND_SCHEDULE
+# How long a Release forwarded to the owner may take when the caller set no
+# deadline: one hop to a peer, which answers from memory.
+FORWARD_RELEASE_S = 10.0
 
 
 def _owner_id(view: MembershipView, node_id: str) -> str:
@@ -55,9 +54,6 @@ def _owner_id(view: MembershipView, node_id: str) -> str:
     return o.id if o is not None else ""
 
 
-#: Outcomes of a Schedule call after which the next Schedule instance is
-#: tried. Not DEADLINE_EXCEEDED: that placement may still be under way.
-SPILL_ON = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
 #: DeleteInstance calls in flight at once. Without a bound, deleting a
 #: function of 5,000 instances sent 5,000 calls at once; each deadline ran
 #: from the start while the calls queued behind one another, and 60% of them
@@ -98,10 +94,8 @@ class Peers:
         self.max_spill = max_spill
         #: capacity credits (None: every start goes through Schedule)
         self.credits = credits
-        #: the membership the servicer keeps (credits whose grantor no
-        #: longer owns their node are dropped when it changes)
+        #: the membership the Dispatcher keeps (``grantor_owns`` reads it)
         self.view: MembershipView | None = None
-        self._epoch = -1
         #: Schedule RPCs sent, instances created from credits, GrantCredits calls
         self.schedule_calls = 0
         self.credit_creates = 0
@@ -124,6 +118,22 @@ class Peers:
         self.deletes_failed = 0
         #: CreateInstance/DeleteInstance, on a stream per node agent
         self.agents = AgentCalls(lambda: self.pool)
+        # The newest node agent address seen for each node (an instance
+        # just started there, a credit just granted on it): a restarted
+        # agent may listen at another address than the one recorded with
+        # the instances its predecessor ran. One entry per node.
+        self._agent_at: dict[str, str] = {}
+
+    def agent_seen(self, node_id: str, address: str) -> None:
+        """The node's agent answers at ``address`` now (fresh news only:
+        a start placed there, a credit granted on it)."""
+        if node_id and address:
+            self._agent_at[node_id] = address
+
+    def agent_address(self, info: common_pb2.InstanceInfo) -> str:
+        """Where the agent of ``info``'s node answers now: the newest
+        address seen for the node, else the one recorded with it."""
+        return self._agent_at.get(info.node_id) or info.node_address
 
     def report_unreachable(self, controller: str, inst: common_pb2.ControlInstance) -> None:
         """Tell the controller inst did not answer (in the background, once
@@ -147,75 +157,27 @@ class Peers:
         finally:
             self._reporting.discard(inst.id)
 
-    async def place(
+    async def ask_schedule(
         self,
         spec: common_pb2.FunctionSpec,
         instance_id: str,
-        schedulers: list[common_pb2.ControlInstance],
-        credits: bool = True,
+        sched: common_pb2.ControlInstance,
     ) -> common_pb2.InstanceInfo:
-        """Start an instance through the first Schedule instance with room
-        (from a capacity credit first when ``credits``).
-
-        schedulers is the spill order (owner first); at most 1 + max_spill
-        are tried, moving on when one has no room (RESOURCE_EXHAUSTED), cannot
-        be reached (UNAVAILABLE: a crashed or scaled-in instance the
-        membership still lists) or says the spec is too big for its
-        partition's nodes (FAILED_PRECONDITION). Raises a GalaxyError whose
-        status tells the waiters what to do: FAILED_PRECONDITION only when
-        every partition tried said the spec can never fit.
-        """
-        start = time.perf_counter()
-        if self.credits is not None and credits:
-            made = await self._from_credit(spec, instance_id, schedulers)
-            if made is not None:
-                fnstats.cold_start_ready(spec, time.perf_counter() - start)
-                return made
+        """Ask one Schedule instance to place the instance (it answers once
+        the instance is ready); raises the call's ``AioRpcError``."""
         req = schedule_pb2.ScheduleRequest(
             instance_id=instance_id, function=spec, notify_address=self.address
         )
-        reasons: list[str] = []
-        code = grpc.StatusCode.RESOURCE_EXHAUSTED
-        candidates = schedulers[: 1 + self.max_spill]
-        never = 0
-        if not candidates:
-            reasons.append("no Schedule instance is registered yet")
-            code = grpc.StatusCode.UNAVAILABLE
         timeout = spec.startup_timeout_ms / 1000.0 + SCHEDULE_SLACK_S
-        for sched in candidates:
-            self.schedule_calls += 1
-            try:
-                async with self.pool.stub(sched.address, schedule_pb2_grpc.ScheduleStub) as s:
-                    reply = await s.Schedule(req, timeout=timeout)
-            except grpc.aio.AioRpcError as e:
-                reasons.append(f"schedule {sched.id}: {e.details()}")
-                code = e.code()
-                if code == grpc.StatusCode.FAILED_PRECONDITION:
-                    never += 1  # too big for that partition; another may have larger nodes
-                    continue
-                if code in SPILL_ON:
-                    continue  # spill to the next-highest Schedule instance
-                break
-            fnstats.cold_start_ready(spec, time.perf_counter() - start)
-            info: common_pb2.InstanceInfo = reply.instance
-            return info
-        if code == grpc.StatusCode.FAILED_PRECONDITION and never < len(reasons):
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED  # some partition may fit it later
-        msg = f"cannot start an instance of {short(spec.name)}: " + "; ".join(reasons)
-        log.warning(msg)
-        err: GalaxyError
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            err = ResourceExhausted(msg)
-        elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-            # Retrying will not help: the spec itself cannot be placed.
-            err = FailedPrecondition(msg)
-        else:
-            err = Unavailable(msg + "; retry later")
-        raise err
+        self.schedule_calls += 1
+        async with self.pool.stub(sched.address, schedule_pb2_grpc.ScheduleStub) as s:
+            reply = await s.Schedule(req, timeout=timeout)
+        info: common_pb2.InstanceInfo = reply.instance
+        return info
 
     # ----- capacity credits --------------------------------------------------
 
-    async def _from_credit(
+    async def from_credit(
         self,
         spec: common_pb2.FunctionSpec,
         instance_id: str,
@@ -224,10 +186,10 @@ class Peers:
         """Create the instance from a credit that fits (the agent checks its
         capacity); None when there is none or the agent refused, and the
         start goes through Schedule. A refill is asked either way, in the
-        background."""
+        background. Raises FailedPrecondition when the agent refuses the
+        spec, Unavailable when the create is in doubt (stopped there)."""
         wallet = self.credits
         assert wallet is not None
-        self._follow_membership(wallet)
         for s in schedulers:
             self._grantors[s.id] = s.address
         t0 = time.perf_counter()
@@ -281,8 +243,6 @@ class Peers:
         """Periodic: give back credits near expiry or of an idle instance
         (with the reports of what was made from them)."""
         if self.credits is not None:
-            if self._follow_membership(self.credits):
-                self._sync("", upkeep=False)  # a busy holder refills at once
             self._sync("", upkeep=True)
             self._credit_metrics(self.credits)
 
@@ -294,14 +254,16 @@ class Peers:
                 metrics.DISPATCH_CREDIT_EVENTS.labels(event).inc(new)
         self._credit_stats = dict(wallet.stats)
 
-    def _follow_membership(self, wallet: CreditWallet) -> int:
-        """After a membership change, drop the credits whose grantor no
-        longer owns their node (the new owner knows nothing of them)."""
+    def grantor_owns(self, credit: Credit) -> bool:
+        """True while the credit's grantor still owns its node (after a
+        membership change the new owner knows nothing of it)."""
         view = self.view
-        if view is None or view.epoch == self._epoch:
-            return 0
-        self._epoch = view.epoch
-        return wallet.drop(lambda c: _owner_id(view, c.node_id) == c.grantor)
+        return view is not None and _owner_id(view, credit.node_id) == credit.grantor
+
+    def refill(self) -> None:
+        """Ask for credits at once (after some were dropped)."""
+        if self.credits is not None:
+            self._sync("", upkeep=False)
 
     def _sync(self, home: str, upkeep: bool) -> None:
         wallet = self.credits
@@ -365,6 +327,8 @@ class Peers:
                       c.ttl_ms / 1000.0)
                 for c in reply.credits
             ]  # fmt: skip
+            for g in grants:
+                self.agent_seen(g.node_id, g.address)
         except (grpc.aio.AioRpcError, LookupError) as e:
             # Its holds go with it (or expire): drop its credits.
             log.info("credits of schedule %s dropped: %s", req.grantor, e)
@@ -400,13 +364,14 @@ class Peers:
             node_id=info.node_id, instance_id=info.instance_id
         )
         code, details = "NO_ADDRESS", "node address unknown"
-        for attempt in range(DELETE_ATTEMPTS if info.node_address else 0):
+        address = self.agent_address(info)
+        for attempt in range(DELETE_ATTEMPTS if address else 0):
             if attempt:
                 # A pause between attempts (a node agent under load), not a wait for an event.
                 await asyncio.sleep(DELETE_BACKOFF_S * 2 ** (attempt - 1))
             async with self._deletes:
                 try:
-                    await self.agents.delete(info.node_address, req)
+                    await self.agents.delete(address, req)
                     return True
                 except grpc.aio.AioRpcError as e:
                     code, details = e.code().name, e.details() or ""
@@ -420,6 +385,15 @@ class Peers:
             info.instance_id, info.function, info.node_id, code, details,
         )  # fmt: skip
         return False
+
+    async def forward_release(self, owner: common_pb2.ControlInstance, lease_id: str) -> None:
+        """Pass a release that reached a stale owner on to the function's owner."""
+        fwd = dispatch_pb2.ReleaseRequest(lease_id=lease_id, forwarded=True)
+        try:
+            async with self.pool.stub(owner.address, dispatch_pb2_grpc.DispatchStub) as s:
+                await s.Release(fwd, timeout=FORWARD_RELEASE_S)
+        except grpc.aio.AioRpcError as e:
+            log.warning("forwarding release %s failed: %s", lease_id, e.details())
 
     async def send_instance(
         self, owner: common_pb2.ControlInstance, info: common_pb2.InstanceInfo, leases: list[str]
@@ -439,6 +413,21 @@ class Peers:
             # until it learns of it (e.g. on its next restart, from the records).
             log.warning("handover of %s to %s failed: %s", info.instance_id, owner.id, e.details())
 
+    async def node_instances(self, node_id: str, address: str) -> set[str] | None:
+        """The ids of the ready instances the agent at ``address`` runs on
+        ``node_id``; None when it could not be asked."""
+        if not address:
+            return None
+        try:
+            async with self.pool.stub(address, nodeagent_pb2_grpc.NodeAgentStub) as s:
+                r = await s.ListNodeInstances(
+                    nodeagent_pb2.ListNodeInstancesRequest(node_id=node_id), timeout=2.0
+                )
+            return {i.instance_id for i in r.instances}
+        except grpc.aio.AioRpcError as e:
+            log.warning("cannot verify instances on %s (%s): %s", node_id, address, e.details())
+            return None
+
     async def running(
         self, records: list[common_pb2.InstanceInfo]
     ) -> tuple[list[common_pb2.InstanceInfo], list[common_pb2.InstanceInfo]]:
@@ -452,17 +441,7 @@ class Peers:
             by_node.setdefault((info.node_address, info.node_id), []).append(info)
 
         async def alive(addr: str, node: str) -> set[str]:
-            if not addr:
-                return set()
-            try:
-                async with self.pool.stub(addr, nodeagent_pb2_grpc.NodeAgentStub) as s:
-                    r = await s.ListNodeInstances(
-                        nodeagent_pb2.ListNodeInstancesRequest(node_id=node), timeout=2.0
-                    )
-                return {i.instance_id for i in r.instances}
-            except grpc.aio.AioRpcError as e:
-                log.warning("cannot verify instances on %s (%s): %s", node, addr, e.details())
-                return set()
+            return await self.node_instances(node, addr) or set()
 
         keys = list(by_node)
         found = await asyncio.gather(*(alive(a, n) for a, n in keys))

@@ -20,14 +20,14 @@ from functions.dispatch.policy import FunctionRouter
 from galaxy.v1 import common_pb2, dispatch_pb2
 
 if TYPE_CHECKING:
-    from functions.dispatch.service import DispatchServicer
+    from functions.dispatch.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 
 
-def _ready(svc: DispatchServicer, function: str) -> Callable[[int], bool]:
+def _ready(d: Dispatcher, function: str) -> Callable[[int], bool]:
     def ready(rev: int) -> bool:
-        r = svc.routers.get(revisions.revision_name(function, rev))
+        r = d.routers.get(revisions.revision_name(function, rev))
         return r is not None and r.live_count() > 0
 
     return ready
@@ -38,7 +38,7 @@ def _no_hold() -> float:
 
 
 async def resolve(
-    svc: DispatchServicer, request: dispatch_pb2.DispatchRequest
+    d: Dispatcher, request: dispatch_pb2.DispatchRequest
 ) -> tuple[common_pb2.FunctionSpec, FunctionRouter, Callable[[], float]]:
     """The spec and router that serve one request for ``request.function``
     (a function, or a revision name that pins one revision), and what to
@@ -46,36 +46,36 @@ async def resolve(
     lease for later requests (``FunctionRouter.hold``; 0 when the request
     did not ask, or the revision was drawn from a split)."""
     function, tag = request.function, request.tag
-    spec = await svc._spec(function)
+    spec = await d.spec(function)
     # Before anything starts: a caller of another namespace gets nothing.
     authn.ensure_invoke(spec.namespace, spec.public, f"function {function}")
     if not spec.revision or revisions.split(function)[1]:
         # No revisions (older records), or pinned: nothing is drawn.
-        router = svc._router(spec)
-        return spec, router, _holder(svc, function, spec, router) if request.hold else _no_hold
-    ready = _ready(svc, function)
+        router = d.router(spec)
+        return spec, router, _holder(d, function, spec, router) if request.hold else _no_hold
+    ready = _ready(d, function)
     rev = revisions.choose(spec, tag, random.random(), ready)
-    rev_spec = await svc._spec(revisions.revision_name(function, rev))
-    router = svc._router(rev_spec)
+    rev_spec = await d.spec(revisions.revision_name(function, rev))
+    router = d.router(rev_spec)
     if rev != spec.revision and not tag:
-        await _warm_latest(svc, spec)
+        await _warm_latest(d, spec)
     hold = request.hold and revisions.settled(spec, tag, ready)
-    return rev_spec, router, _holder(svc, function, spec, router) if hold else _no_hold
+    return rev_spec, router, _holder(d, function, spec, router) if hold else _no_hold
 
 
 def _holder(
-    svc: DispatchServicer, function: str, spec: common_pb2.FunctionSpec, router: FunctionRouter
+    d: Dispatcher, function: str, spec: common_pb2.FunctionSpec, router: FunctionRouter
 ) -> Callable[[], float]:
     """The hold of a grant chosen under spec: none once the spec was replaced
     (a change of split or a new revision: see ``holds_lapse``)."""
 
     def hold() -> float:
-        return router.hold() if svc._specs.get(function) is spec else 0.0
+        return router.hold() if d.specs.get(function) is spec else 0.0
 
     return hold
 
 
-async def holds_lapse(svc: DispatchServicer, function: str) -> None:
+async def holds_lapse(d: Dispatcher, function: str) -> None:
     """Return once no lease held under function's current spec can take a
     new request (bounded by ``FunctionRouter.hold_s``), with holds closed
     meanwhile; call right before replacing the spec. A change of split or a
@@ -86,7 +86,7 @@ async def holds_lapse(svc: DispatchServicer, function: str) -> None:
     try:
         while True:
             # Again after each wait: a revision may have been routed meanwhile.
-            for n, r in svc.routers.items():
+            for n, r in d.routers.items():
                 if revisions.routing_key(n) == function and id(r) not in closed:
                     r.close_holds()
                     closed[id(r)] = r
@@ -99,64 +99,63 @@ async def holds_lapse(svc: DispatchServicer, function: str) -> None:
             r.open_holds()
 
 
-async def _warm_latest(svc: DispatchServicer, spec: common_pb2.FunctionSpec) -> None:
+async def _warm_latest(d: Dispatcher, spec: common_pb2.FunctionSpec) -> None:
     """Start the latest revision's first instance while an older one serves
     (traffic moves to it once it is ready: a rollout without cold starts)."""
-    latest = await svc._spec(revisions.revision_name(spec.name, spec.revision))
-    router = svc._router(latest)
+    latest = await d.spec(revisions.revision_name(spec.name, spec.revision))
+    router = d.router(latest)
     if router.live_count() == 0 and router.pending == 0:
         log.info("rolling out %s: starting its first instance", latest.name)
-        router.begin_scale_up(1)
-        svc._spawn(svc._scale_up(router, latest))
+        d.start(router, latest, 1)
 
 
-async def function_updated(svc: DispatchServicer, name: str) -> bool:
+async def function_updated(d: Dispatcher, name: str) -> bool:
     """A new spec or traffic split of a function this instance owns, if it
     has revisions: route the revisions that now get traffic (so their
     min_scale instances start before any request) and warm the latest one
     while an older one serves. False when the caller's path applies (not
     the owner, or a function without revisions)."""
-    if svc._owner(name) is not None:
+    if d.owner(name) is not None:
         return False
-    spec = await svc._spec(name)
+    spec = await d.spec(name)
     if not spec.revision:
         return False
-    ready = _ready(svc, name)
+    ready = _ready(d, name)
     for rev in sorted(revisions.routed(spec, ready)):
-        svc._router(await svc._spec(revisions.revision_name(name, rev)))
+        d.router(await d.spec(revisions.revision_name(name, rev)))
     if revisions.latest_ready(spec.revision, ready) != spec.revision:
-        await _warm_latest(svc, spec)
+        await _warm_latest(d, spec)
     return True
 
 
-def inactive(svc: DispatchServicer) -> set[str]:
+def inactive(d: Dispatcher) -> set[str]:
     """Revision routers that get no new requests (no share, no tag, not the
     latest ready one): their idle instances retire at once, min_scale aside."""
     out: set[str] = set()
-    for name in svc.routers:
+    for name in d.routers:
         function, rev = revisions.split(name)
         if not rev:
             continue
-        spec = svc._specs.get(function)
+        spec = d.specs.get(function)
         if spec is None or not spec.revision:
             continue
-        if rev not in revisions.routed(spec, _ready(svc, function)):
+        if rev not in revisions.routed(spec, _ready(d, function)):
             out.add(name)
     return out
 
 
-def retire_inactive(svc: DispatchServicer, names: set[str]) -> None:
+def retire_inactive(d: Dispatcher, names: set[str]) -> None:
     """Retire idle instances of inactive revisions; drop emptied routers.
     Busy instances finish their requests first (no request is dropped)."""
     for name in names:
-        router = svc.routers[name]
+        router = d.routers[name]
         for iid, inst in list(router.instances.items()):
             if inst.in_flight == 0:
                 router.drain(iid)
-                gone = svc._remove(router, iid)
+                gone = d.remove(router, iid)
                 if gone is not None and gone.meta is not None:
                     log.info("retiring %s: revision %s gets no traffic", iid, name)
-                    svc._spawn(svc.peers.delete_on_node(gone.meta))
+                    d.spawn(d.peers.delete_on_node(gone.meta))
         if not router.instances and not router.waiters and not router.pending:
-            del svc.routers[name]
-            svc._specs.pop(name, None)
+            del d.routers[name]
+            d.specs.pop(name, None)

@@ -112,7 +112,7 @@ class _Stream(multiplex.ServerStream[dispatch_pb2.DispatchStreamReply]):
     log = log
 
     def __init__(self, servicer: DispatchServicer, context: grpc.aio.ServicerContext) -> None:
-        config = servicer.pool.config
+        config = servicer.dispatcher.pool.config
         super().__init__(
             context, dispatch_pb2.DispatchStreamReply, MAX_IN_FLIGHT, config.stream_batches
         )
@@ -130,7 +130,7 @@ class _Stream(multiplex.ServerStream[dispatch_pb2.DispatchStreamReply]):
                 validation.check_releases(msg.releases, required=True)
             except GalaxyError as e:
                 return multiplex.Fatal(e.code, e.message)
-            self.servicer.release_many(msg.releases)
+            self.servicer.dispatcher.release_many(msg.releases)
             if not seq:
                 return None  # releases only
         if msg.cancel:

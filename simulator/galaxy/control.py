@@ -39,7 +39,7 @@ from simulator.galaxy.modnodes import ModNodes
 from simulator.galaxy.scaling import make_control_scaling
 
 if TYPE_CHECKING:
-    from functions.dispatch.credits import CreditWallet
+    from functions.dispatch.credits import Credit, CreditWallet
     from functions.schedule.credits import CreditLedger
     from simulator.galaxy.model import GalaxyModel
 
@@ -275,13 +275,11 @@ class ControlPlane:
                 cmf.registry.register(node.status())
                 if self._live:
                     self._reregister(cmf, node)
-        # Credits on partitions that moved are dropped (both sides), as the
-        # servicers do on a membership change.
+        # Credits on partitions that moved are dropped (both sides), and
+        # functions whose owner changed are handed over by their previous
+        # owner's protocol core, as events, as the servicers do.
         credits.on_membership(self)
-        if routed:
-            # Functions whose owner changed are handed over by their
-            # previous owner's protocol core, as events.
-            self.m.handovers.repartition(routed)
+        self.m.handovers.membership_changed(self, routed)
 
     def _reregister(self, cmf: ClusterMgrInst, node: SimNode) -> None:
         """A node moved to cmf: its agent makes one RegisterNode call (an
@@ -302,6 +300,10 @@ class ControlPlane:
 
     def _owns(self, sf_id: str, node_id: str) -> bool:
         return self._sf_owner_id(node_id) == sf_id
+
+    def grantor_owns(self, credit: Credit) -> bool:
+        """True while a credit's grantor still owns its node."""
+        return self._sf_owner_id(credit.node_id) == credit.grantor
 
     def _sf_owner_id(self, node_id: str) -> str:
         # Cached: every node status update asks (the cache is reset when

@@ -44,20 +44,14 @@ def make_wallet(cp: ControlPlane) -> CreditWallet | None:
 
 def on_membership(cp: ControlPlane) -> None:
     """After a membership change: Schedule instances drop credits on nodes
-    that left their partition; Dispatch instances drop credits whose
-    grantor no longer owns the node (as the servicers do)."""
+    that left their partition, and those of Dispatch instances that left
+    (as the servicers do). Dispatch instances drop theirs in
+    ``Handovers.membership_changed``."""
     for sf in cp.sfs.values():
         if sf.ledger is not None:
             sf.ledger.retain()
             for holder in sf.ledger.holders() - cp.dfs.keys():
                 sf.ledger.drop_holder(holder)  # a Dispatch instance that left
-    path = cp.m.placer.credits if hasattr(cp.m, "placer") else None
-    for df in cp.dfs.values():
-        if df.wallet is not None and df.wallet.drop(
-            lambda c: cp._sf_owner_id(c.node_id) == c.grantor
-        ):
-            if path is not None:  # a busy holder refills at once
-                path.sync(df, "", cp.sim.now, upkeep=False)
 
 
 class CreditPath:
@@ -73,13 +67,13 @@ class CreditPath:
         #: starts refused for room waiting for their Dispatch's returns
         self._after_returns: dict[str, list[ScaleUp]] = {}
 
-    def start(self, su: ScaleUp) -> bool:
-        """Serve su from a credit if one fits (True), else leave it to Schedule."""
+    def start(self, su: ScaleUp, home: str) -> bool:
+        """Serve su from a credit if one fits (True), else leave it to
+        Schedule; ``home`` is the first ranked Schedule instance."""
         df, p = su.df, self.p
         wallet = df.wallet
         assert wallet is not None
         use = wallet.take(self.m.needs[su.fn], self.m.fns[su.fn].name)
-        home = su.cands[0].id if su.cands else ""
         now = self.sim.now
         t = df.station.finish(now, p.s_decide())
         self.sync(df, home, t, upkeep=False)
@@ -112,7 +106,9 @@ class CreditPath:
         su.df.wallet.settled(use, None, refused=True)
         su.node = None
         self.sync(su.df, "", self.sim.now, upkeep=False)
-        self.p._send(su)  # the normal path: Schedule places it
+        assert su.attempts is not None
+        su.attempts.no_credit()  # the normal path: Schedule places it
+        self.p.step(su)
 
     def _ready(self, a: tuple[ScaleUp, CreditUse]) -> None:
         su, use = a
@@ -176,7 +172,7 @@ class CreditPath:
         self.sync(df, "", self.sim.now, upkeep=True)
         if not wallet.returns_outstanding():
             for su in self._after_returns.pop(df.id, []):
-                self.p.retry(su)
+                self.p.step(su)  # a new round: a credit first, then Schedule
 
     def tick(self) -> None:
         """Periodic upkeep: return credits of idle or soon-expiring holders."""

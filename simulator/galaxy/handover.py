@@ -21,9 +21,9 @@ actions it returns, as the servicer does with RPCs:
 Starts under way stay with the old owner with the waiters they cover
 (``Ownership.membership_changed``). One that becomes ready after the
 handover serves those waiters there (``Ownership.start_done``: ``Serve``)
-and is then sent on the same way with the leases it now carries, as
-``_add`` does; one that fails forwards the waiters no start covers any
-more (``Ownership.start_failed``).
+and is then sent on the same way with the leases it now carries
+(``arrivals.decide``, as ``Dispatcher.add``); one that fails forwards the
+waiters no start covers any more (``Ownership.start_failed``).
 ModInstance has no calibrated cost of its own: it is charged as a Release
 (one map update on the receiving Dispatch instance).
 """
@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from functions.dispatch import arrivals, memberchange
 from functions.dispatch import ownership as own
 from functions.dispatch.policy import FunctionRouter, Instance
 from simulator.system import Req
 
 if TYPE_CHECKING:
-    from simulator.galaxy.control import DispatchInst
+    from simulator.galaxy.control import ControlPlane, DispatchInst
     from simulator.galaxy.model import GalaxyModel
 
 
@@ -53,23 +54,45 @@ class Handovers:
         #: (old owner's id, handover number) -> replies still outstanding
         self._left: dict[tuple[str, int], int] = {}
 
-    def repartition(self, old_owners: dict[int, DispatchInst]) -> None:
-        """The membership changed: every routed function's previous owner
-        (``old_owners``) hands over what it no longer owns."""
+    def membership_changed(self, cp: ControlPlane, old_owners: dict[int, DispatchInst]) -> None:
+        """The membership changed: each Dispatch instance does its work in
+        ``memberchange``'s order, as ``Dispatcher.membership_changed``:
+        credits whose grantor no longer owns their node are dropped (a
+        refill asked at once), then every routed function's previous owner
+        (``old_owners``) hands over what it no longer owns. ``cp`` is the
+        model's control plane (also while the model is built). (All instances
+        drop their credits before any hands over: each step's events are
+        independent of the other instances'.)"""
         by_old: dict[str, tuple[DispatchInst, dict[int, FunctionRouter]]] = {}
         routers = self.m.front.routers
         for fn, df in old_owners.items():
             r = routers[fn]
             if r is not None:
                 by_old.setdefault(df.id, (df, {}))[1][fn] = r
-        owner = self.m.control.dispatch_owner
-        for df, routed in by_old.values():
+        owner = cp.dispatch_owner
 
-            def owner_of(fn: int, df: DispatchInst = df) -> DispatchInst | None:
+        def work(df: DispatchInst, live: bool) -> memberchange.MembershipWork[int]:
+            def owner_of(fn: int) -> DispatchInst | None:
                 new = owner(fn)
                 return None if new is df else new
 
-            self.perform(df, df.ownership.membership_changed(routed, owner_of))
+            routed = by_old[df.id][1] if df.id in by_old else {}
+            wallet = df.wallet if live else None  # one that left gets no membership
+            return memberchange.membership_changed(
+                df.ownership, routed, owner_of, wallet, cp.grantor_owns
+            )
+
+        works = {df.id: work(df, True) for df in cp.dfs.values()}
+        for df, _ in by_old.values():
+            if df.id not in works:
+                works[df.id] = work(df, False)
+        placer = getattr(self.m, "placer", None)  # (not yet while the model is built)
+        path = placer.credits if placer is not None else None
+        for df in cp.dfs.values():
+            if works[df.id].refill and path is not None:  # a busy holder refills at once
+                path.sync(df, "", self.sim.now, upkeep=False)
+        for df, _ in by_old.values():
+            self.perform(df, works[df.id].actions)
 
     def perform(self, df: DispatchInst, actions: list[own.Action]) -> None:
         """Carry out ``df``'s core's actions as events, in order."""
@@ -115,39 +138,47 @@ class Handovers:
 
     def add(self, owner: DispatchInst, fn: int, inst: Instance, leases: list[str]) -> None:
         """ModInstance(OP_ADD) on ``owner``: a new routing entry for the
-        instance (as the servicer builds one from the message), then the
-        leases the previous owner reserved on it."""
-        router = self.m.front.router(fn)
-        if inst.instance_id in router.instances:
-            return
+        instance (as the servicer builds one from the message), with the
+        leases the previous owner reserved on it that were not released
+        here meanwhile (``arrivals.join``, as ``Dispatcher.add``)."""
         new = Instance(
             inst.instance_id, inst.address, inst.node_id, inst.concurrency, meta=inst.meta
         )
-        self.m.scaling.added(fn, new)
-        # The leases go in with the instance (``FunctionRouter.add_instance``
-        # counts them before it serves a waiter), as the servicer does.
-        self.m.front.add(fn, new, owner.ownership.unreleased(leases))
+        self._join(fn, self.m.front.router(fn), new, False, owner.ownership.unreleased(leases))
 
-    def late_instance(
-        self, df: DispatchInst, fn: int, inst: Instance, old: FunctionRouter | None
+    def _join(
+        self, fn: int, router: FunctionRouter, inst: Instance, cold: bool, leases: list[str] | None
     ) -> None:
-        """A start ``df`` asked for (on router ``old``) became ready after
-        ``old`` was dropped: it serves the waiters ``old`` kept for it, then
-        goes to the owner with their leases; or it is stopped if ``df`` owns
-        the function but no longer routes it."""
+        new, grants = arrivals.join(router, inst, cold, leases)
+        if new:
+            self.m.scaling.added(fn, inst)
+        if grants:
+            self.m.front.serve_all(grants)
+
+    def instance_ready(
+        self, df: DispatchInst, fn: int, inst: Instance, started: FunctionRouter | None
+    ) -> None:
+        """A start ``df`` asked for (on router ``started``) is ready there:
+        ``arrivals.decide`` says where it goes, as in ``Dispatcher.add``.
+        When ``started`` was dropped meanwhile, it first serves the waiters
+        ``started`` kept for it; then it goes to the owner with their
+        leases, joins the router ``df`` has now, or is stopped."""
         owner = self.m.control.dispatch_owner(fn)
-        routed = self.m.front.routers[fn] is not None
+        current = self.m.front.routers[fn]
+        a = arrivals.decide(started, current, None if owner is df else owner, cold=True)
         leases: list[str] = []
-        if old is not None and (owner is not df or routed):
-            actions, leases = df.ownership.start_done(fn, old, inst)
+        if a.late and started is not None:
+            actions, leases = df.ownership.start_done(fn, started, inst)
             self.perform(df, actions)
-        if owner is not df:
+        if a.owner is not None:
             t = self.sim.now + self.net.hop()
             self.sim.stage(t, owner.station, self.s_mod(), self._late, (owner, fn, inst, leases))
-        elif routed:
+        elif a.route is None:
+            self.m.delete_on_node(inst.meta, inst.instance_id, self.m.a_delete())
+        elif a.late:  # a new routing entry, as for a handed-over instance
             self.add(df, fn, inst, leases)
         else:
-            self.m.delete_on_node(inst.meta, inst.instance_id, self.m.a_delete())
+            self._join(fn, a.route, inst, a.cold, None)
 
     def late_failure(self, df: DispatchInst, fn: int, old: FunctionRouter) -> None:
         """A start ``df`` asked for (on ``old``) failed after ``old`` was

@@ -190,17 +190,14 @@ class GalaxyModel(RoutedModel):
         router.begin_scale_up(n)
         df = self.control.dispatch_owner(fn)
         for _ in range(n):
-            self.placer.start(df, fn).router = router
+            self.placer.start(df, fn, router)
 
     def instance_ready(self, su: ScaleUp) -> None:
         """A started instance reached its Dispatch instance."""
         node = su.node
         assert node is not None
         inst = Instance(su.iid, node.address, node.id, self.fns[su.fn].concurrency, meta=node)
-        if su.router is self.front.routers[su.fn]:
-            self.routable((su.fn, inst))
-        else:  # handed over while it started
-            self.handovers.late_instance(su.df, su.fn, inst, su.router)
+        self.handovers.instance_ready(su.df, su.fn, inst, su.router)
 
     def scale_up_failed(self, su: ScaleUp) -> None:
         """No Schedule instance could place it."""

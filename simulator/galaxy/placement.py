@@ -1,13 +1,15 @@
 """The scale-up path of the Galaxy model: Dispatch -> Schedule -> node agent.
 
-A ``ScaleUp`` is one instance start. Dispatch sends it to the Schedule
-instances ranked for the function (owner first, then up to ``max_spill``
-more on NoFit). The Schedule instance steps its production
-``PlacementPolicy`` as events arrive: ``advance`` gives ProbeNodes (send the
-probes; each answer is the node's status when its agent served the probe;
-feed them back with ``record_probe`` once all are in, as the servicer
-does), a Reservation (ask the node to create the instance: ``confirm`` when
-it is ready, ``reject`` when the node's ``NodeCapacity`` refuses), or NoFit.
+A ``ScaleUp`` is one instance start. Its attempt loop is production's
+(``functions.dispatch.attempts.StartAttempts``): a credit first, then the
+Schedule instances ranked for the function (owner first, then up to
+``max_spill`` more on NoFit), then a retry once spent credits are back.
+The Schedule instance steps its production ``PlacementPolicy`` as events
+arrive: ``advance`` gives ProbeNodes (send the probes; each answer is the
+node's status when its agent served the probe; feed them back with
+``record_probe`` once all are in, as the servicer does), a Reservation
+(ask the node to create the instance: ``confirm`` when it is ready,
+``reject`` when the node's ``NodeCapacity`` refuses), or NoFit.
 
 Costs: the two halves of an RPC's client-side CPU are charged on send and on
 reply; the server side on receipt. Without the connection cache a call
@@ -16,8 +18,10 @@ first opens a channel (``connect_s`` of caller CPU and one round trip).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
+from functions.dispatch import attempts as at
 from functions.dispatch.policy import FunctionRouter
 from functions.schedule.model import NodeInfo, Placement, ProbeNodes, Reservation, Target
 from simulator.cluster import SimNode
@@ -34,7 +38,7 @@ class ScaleUp:
     __slots__ = (
         "answers",
         "asked",
-        "cands",
+        "attempts",
         "decide",
         "df",
         "fn",
@@ -46,21 +50,18 @@ class ScaleUp:
         "pl",
         "probe_t0",
         "res",
-        "room_tries",
         "router",
         "sf",
         "t_begin",
         "targets",
-        "tries",
     )
 
     def __init__(self, df: DispatchInst, fn: int, asked: float) -> None:
         self.df = df
         self.fn = fn
         self.asked = asked
-        self.cands: list[ScheduleInst] = []
-        self.tries = 0
-        self.room_tries = 0
+        #: its attempt loop (production's core; set by ``Placer.start``)
+        self.attempts: at.StartAttempts[ScheduleInst] | None = None
         self.sf: ScheduleInst | None = None
         self.pl: Placement | None = None
         self.targets: tuple[Target, ...] = ()
@@ -111,31 +112,47 @@ class Placer:
 
     # -- Dispatch side --------------------------------------------------------
 
-    def start(self, df: DispatchInst, fn: int) -> ScaleUp:
-        """Dispatch starts one instance of fn."""
+    def start(self, df: DispatchInst, fn: int, router: FunctionRouter) -> ScaleUp:
+        """Dispatch starts one instance of fn, counted pending on ``router``:
+        the steps of production's attempt loop (``attempts.StartAttempts``),
+        as events."""
         su = ScaleUp(df, fn, self.sim.now)
-        su.cands = self.m.control.schedule_ranked(fn)[: 1 + self.m.cfg.max_spill]
+        su.router = router
+        wallet = df.wallet if self.credits is not None else None
+        su.attempts = at.StartAttempts(
+            "an instance",
+            functools.partial(self.m.control.schedule_ranked, fn),
+            self.m.cfg.max_spill,
+            wallet.room_retry if wallet is not None else None,
+        )
         self.rec.asked(self.sim.now)
-        if self.credits is not None and self.credits.start(su):
-            return su
-        self._send(su)
+        self.step(su)
         return su
 
-    def _send(self, su: ScaleUp) -> None:
-        if su.tries >= len(su.cands):
-            wallet = su.df.wallet
-            if self.credits is not None and wallet is not None and su.cands:
-                if wallet.room_retry(su.room_tries):  # as the servicer's _scale_up
-                    su.room_tries += 1
-                    self.credits.after_returns(su)
-                    return
+    def step(self, su: ScaleUp) -> None:
+        """Perform su's next step (after the outcome of the last one)."""
+        loop = su.attempts
+        assert loop is not None
+        step = loop.next(routed=su.router is self.m.front.routers[su.fn])
+        if isinstance(step, at.UseCredit):
+            assert self.credits is not None
+            if not self.credits.start(su, step.ranked[0].id if step.ranked else ""):
+                loop.no_credit()
+                self.step(su)
+        elif isinstance(step, at.AskSchedule):
+            self._send(su, step)
+        elif isinstance(step, at.ReturnCredits):
+            assert self.credits is not None
+            self.credits.after_returns(su)
+        elif isinstance(step, at.Pause):
+            self.sim.at(self.sim.now + step.seconds, self.step, su)
+        else:
             self.m.scale_up_failed(su)
-            return
-        sf = su.cands[su.tries]
-        su.tries += 1
-        su.sf = sf
+
+    def _send(self, su: ScaleUp, step: at.AskSchedule[ScheduleInst]) -> None:
+        sf = su.sf = step.schedule
         self.m.control.critical["schedule"] += 1
-        if su.tries > 1:
+        if step.spill:
             self.rec.count("spills")
         t = su.df.station.finish(self.sim.now, self.s_scale_up() + self.connect) + self._call()
         # The policy's own computing (begin/advance/choose) ends the
@@ -144,20 +161,16 @@ class Placer:
         service = self.s_schedule() + su.decide
         self.sim.stage(max(t, sf.ready_at), sf.station, service, self._on_begin, su)
 
-    def retry(self, su: ScaleUp) -> None:
-        """A start refused for room, again once its Dispatch instance's
-        spent credits are back with their grantors: a credit first, then
-        the Schedule instances in rank order."""
-        su.tries = 0
-        su.cands = self.m.control.schedule_ranked(su.fn)[: 1 + self.m.cfg.max_spill]
-        if self.credits is not None and self.credits.start(su):
-            return
-        self._send(su)
-
     def _no_fit(self, su: ScaleUp) -> None:
         self.sim.reply(
-            self.sim.now + self.net.hop(), su.df.station, self.s_scale_up(), self._send, su
+            self.sim.now + self.net.hop(), su.df.station, self.s_scale_up(), self._spill, su
         )
+
+    def _spill(self, su: ScaleUp) -> None:
+        """Schedule answered RESOURCE_EXHAUSTED."""
+        assert su.attempts is not None and su.sf is not None
+        su.attempts.failed("RESOURCE_EXHAUSTED", su.sf.id)
+        self.step(su)
 
     # -- Schedule side --------------------------------------------------------
 

@@ -53,7 +53,9 @@ async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[InProcessClus
 
 def _calls(c: InProcessCluster) -> tuple[Any, Any]:
     """(Dispatch's AgentCalls, Schedule's)."""
-    return c.parts["d-0"].component.servicer.peers.agents, c.parts["s-0"].component.servicer.agents
+    return c.parts["d-0"].component.dispatcher.peers.agents, c.parts[
+        "s-0"
+    ].component.servicer.agents
 
 
 async def _cold_start_then_delete(c: InProcessCluster) -> None:
@@ -78,7 +80,7 @@ async def test_cold_starts_and_deletes_travel_on_the_stream(cluster) -> None:
     await _cold_start_then_delete(cluster)
     dispatch, schedule = _calls(cluster)
     creator = (
-        schedule if cluster.parts["d-0"].component.servicer.peers.credits is None else dispatch
+        schedule if cluster.parts["d-0"].component.dispatcher.peers.credits is None else dispatch
     )
     assert creator.sent["stream"] >= 1 and creator.sent["unary"] == 0
     assert dispatch.sent["unary"] == 0 and schedule.sent["unary"] == 0

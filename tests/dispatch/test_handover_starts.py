@@ -36,17 +36,19 @@ async def cluster():
 
 async def test_a_start_under_way_serves_its_waiter_across_a_handover(cluster, monkeypatch):
     fn = "slow"
-    d0 = cluster.parts["d-0"].component.servicer
+    d0 = cluster.parts["d-0"].component.dispatcher
     # Hold the placement's answer until the function has moved.
     gate, placing = asyncio.Event(), asyncio.Event()
-    place = d0.peers.place
+    # (Whichever way it is placed: from a credit or through Schedule.)
+    for name in ("from_credit", "ask_schedule"):
+        place = getattr(d0.peers, name)
 
-    async def gated(*a: Any, **k: Any) -> common_pb2.InstanceInfo:
-        placing.set()
-        await gate.wait()
-        return await place(*a, **k)
+        async def gated(*a: Any, place: Any = place, **k: Any) -> Any:
+            placing.set()
+            await gate.wait()
+            return await place(*a, **k)
 
-    monkeypatch.setattr(d0.peers, "place", gated)
+        monkeypatch.setattr(d0.peers, name, gated)
     async with GalaxyClient(cluster.controller) as c:
         spec = common_pb2.FunctionSpec(name=fn, command=["x"], concurrency=1, max_scale=5)
         await deploy(c, spec)
@@ -60,7 +62,7 @@ async def test_a_start_under_way_serves_its_waiter_across_a_handover(cluster, mo
             new_id = next(
                 f"d-x{i}" for i in range(100) if rendezvous.owner(fn, ["d-0", f"d-x{i}"]) != "d-0"
             )
-            d1 = (await cluster.add("dispatch", new_id)).component.servicer
+            d1 = (await cluster.add("dispatch", new_id)).component.dispatcher
             await eventually(
                 lambda: not d0.routes(fn) and not d0.ownership.handing_over(fn), what="handover"
             )

@@ -28,7 +28,9 @@ def _handed_over(iid: str, leases: list[str]) -> dispatch_pb2.ModInstanceRequest
 async def test_op_add_adopts_the_old_owners_leases_before_serving_waiters() -> None:
     svc = DispatchServicer(instance_id="d1", pool=rpc.ChannelPool(), controller="")
     try:
-        router = svc._router(common_pb2.FunctionSpec(name="f", concurrency=2, max_scale=4))
+        router = svc.dispatcher.router(
+            common_pb2.FunctionSpec(name="f", concurrency=2, max_scale=4)
+        )
         loop = asyncio.get_running_loop()
         futs: list[asyncio.Future[Grant]] = [loop.create_future() for _ in range(2)]
         for f in futs:
@@ -39,24 +41,26 @@ async def test_op_add_adopts_the_old_owners_leases_before_serving_waiters() -> N
         assert inst.in_flight == 2 and len(router.leases) == 2
         assert not any(f.done() for f in futs)  # no slot given twice
         # A slot its old lease frees goes to the first waiter.
-        assert svc._release("f", "d0:f/1.a")
+        assert svc.dispatcher.release("f", "d0:f/1.a")
         assert futs[0].done() and not futs[1].done()
         assert inst.in_flight == 2
     finally:
-        await svc.close()
+        await svc.dispatcher.close()
 
 
 async def test_op_add_with_no_room_under_max_scale_takes_no_new_request() -> None:
     svc = DispatchServicer(instance_id="d1", pool=rpc.ChannelPool(), controller="")
     try:
-        router = svc._router(common_pb2.FunctionSpec(name="f", concurrency=2, max_scale=1))
+        router = svc.dispatcher.router(
+            common_pb2.FunctionSpec(name="f", concurrency=2, max_scale=1)
+        )
         router.add_instance(Instance("mine", "127.0.0.1:3", "n0", 2))
         await svc.ModInstance(_handed_over("i0", ["d0:f/1.a"]), None)  # type: ignore[arg-type]
         assert router.live_count() + router.pending == 1
         assert router.instances["i0"].draining
         got = [router.acquire() for _ in range(3)]  # new requests: only "mine" takes them
         assert [g.instance.instance_id if g else None for g in got] == ["mine", "mine", None]
-        svc._release("f", "d0:f/1.a")
+        svc.dispatcher.release("f", "d0:f/1.a")
         assert retirable(router) == ["i0"]
     finally:
-        await svc.close()
+        await svc.dispatcher.close()

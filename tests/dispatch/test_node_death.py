@@ -19,7 +19,7 @@ async def test_instances_on_a_dead_node_stop_being_routed():
         await c.add("controller", "controller")
         await c.add("clustermgr", "clustermgr-0", "--heartbeat-ms", "50", "--dead-after-ms", "1000")
         await c.add("schedule", "schedule-0")
-        d0 = (await c.add("dispatch", "d-0", "--no-autoscale")).component.servicer
+        d0 = (await c.add("dispatch", "d-0", "--no-autoscale")).component.dispatcher
         for i in range(2):
             await c.add(
                 "nodeagent",

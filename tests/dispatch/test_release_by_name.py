@@ -46,7 +46,7 @@ async def release(address: str, function: str, lease_id: str) -> dispatch_pb2.Re
 @pytest.mark.parametrize("via", ["d-0", "d-1"])  # the owner, and an instance that forwards
 async def test_release_naming_the_function_frees_the_slot(cluster, via):
     name = owned_by("d-0", "f")
-    d0 = cluster.parts["d-0"].component.servicer
+    d0 = cluster.parts["d-0"].component.dispatcher
     async with GalaxyClient(cluster.controller) as c:
         await deploy(c, common_pb2.FunctionSpec(name=name, command=["x"], concurrency=1))
         got = await c.dispatch(name)

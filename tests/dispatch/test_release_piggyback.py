@@ -29,7 +29,7 @@ async def cluster():
 
 
 async def test_deferred_release_frees_the_slot_for_the_next_request(cluster):
-    d0 = cluster.parts["d-0"].component.servicer
+    d0 = cluster.parts["d-0"].component.dispatcher
     async with GalaxyClient(cluster.controller, streams=False) as c:
         await deploy(
             c, common_pb2.FunctionSpec(name="f", command=["x"], concurrency=1, max_scale=3)
@@ -48,7 +48,7 @@ async def test_deferred_release_frees_the_slot_for_the_next_request(cluster):
 
 
 async def test_close_sends_deferred_releases(cluster):
-    d0 = cluster.parts["d-0"].component.servicer
+    d0 = cluster.parts["d-0"].component.dispatcher
     c = GalaxyClient(cluster.controller, streams=False)
     await deploy(c, common_pb2.FunctionSpec(name="g", command=["x"], concurrency=1))
     got = await c.dispatch("g")

@@ -39,7 +39,7 @@ async def test_new_dispatch_instance_takes_over_its_functions_warm(cluster):
     names = [f"f-{i}" for i in range(12)]
     moved = [n for n in names if rendezvous.owner(n, ["d-0", "d-1"]) == "d-1"]
     assert moved, "hash should send some functions to d-1"
-    d0 = cluster.parts["d-0"].component.servicer
+    d0 = cluster.parts["d-0"].component.dispatcher
     async with GalaxyClient(cluster.controller) as c:
         for n in names:
             await deploy(c, spec(n))
@@ -55,7 +55,7 @@ async def test_new_dispatch_instance_takes_over_its_functions_warm(cluster):
             if n != moved[0]:
                 await c.release(first[n])
 
-        d1 = (await cluster.add("dispatch", "d-1")).component.servicer
+        d1 = (await cluster.add("dispatch", "d-1")).component.dispatcher
         await eventually(
             lambda: all(d1.routes(n) for n in moved) and not any(d0.routes(n) for n in moved),
             what="handover",
@@ -92,7 +92,7 @@ async def test_waiting_request_follows_its_function_to_the_new_owner(cluster):
                 for i in range(100)
                 if rendezvous.owner("solo", ["d-0", f"d-x{i}"]) == f"d-x{i}"
             )
-            d1 = (await cluster.add("dispatch", new_id)).component.servicer
+            d1 = (await cluster.add("dispatch", new_id)).component.dispatcher
             await eventually(lambda: d1.routes("solo"), what="handover")
             assert not waiting.done()
             await c.release(busy)  # the SDK routes the release to the new owner

@@ -34,7 +34,7 @@ async def test_request_timeout_bounds_the_wait_for_a_cold_start(cluster) -> None
         with pytest.raises(DeadlineExceeded) as e:
             await client.dispatch("slow", deadline_s=15.0)
         assert "slow" in str(e.value)
-        router = cluster.parts["d-0"].component.servicer.router_of("slow")
+        router = cluster.parts["d-0"].component.dispatcher.router_of("slow")
         # It gave up on the request timeout, not on the client's deadline and
         # not because the start ended: the instance is still starting.
         assert router.pending == 1
@@ -52,7 +52,7 @@ async def test_lease_lives_as_long_as_the_request_timeout() -> None:
             await deploy(client, spec)
             held = await client.dispatch("f")  # never released: a client that died
             assert held.lease_ttl_ms == 1500
-            router = c.parts["d-0"].component.servicer.router_of("f")
+            router = c.parts["d-0"].component.dispatcher.router_of("f")
             assert router.load() == 1
             # Reclaimed after the function's timeout, not Dispatch's 300 s default.
             await eventually(lambda: router.load() == 0, within_s=10.0, what="lease reclaimed")
@@ -63,7 +63,7 @@ async def test_lease_lives_as_long_as_the_request_timeout() -> None:
             # once the new revision has an instance to serve them.
             spec.request_timeout_ms = 0
             await deploy(client, spec)
-            d0 = c.parts["d-0"].component.servicer
+            d0 = c.parts["d-0"].component.dispatcher
             await eventually(
                 lambda: d0.router_of("f").lease_ttl_s == 300.0 and d0.router_of("f").live_count(),
                 what="new revision serving with the default timeout",

@@ -34,7 +34,7 @@ async def test_scale_up_spills_past_an_unreachable_schedule_instance() -> None:
             dead = common_pb2.ControlInstance(id="s-dead", kind=SCHEDULE, address=_dead_address())
             async with client.pool.stub(c.controller, controller_pb2_grpc.ControllerStub) as s:
                 await s.RegisterInstance(dead)
-            dispatch = c.parts["d-0"].component.servicer
+            dispatch = c.parts["d-0"].component.dispatcher
             await eventually(
                 lambda: "s-dead" in dispatch.membership.ids(SCHEDULE), what="membership"
             )

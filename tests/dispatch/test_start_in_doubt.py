@@ -74,15 +74,15 @@ async def test_a_start_past_its_deadline_is_retried_under_the_same_id(
         s0 = common_pb2.ControlInstance(
             id="s0", kind=common_pb2.CONTROL_KIND_SCHEDULE, address=f"127.0.0.1:{port}"
         )
-        svc.membership.update(common_pb2.Membership(epoch=1, instances=[s0]))
+        svc.dispatcher.membership.update(common_pb2.Membership(epoch=1, instances=[s0]))
         spec = common_pb2.FunctionSpec(name="f", concurrency=1, max_scale=1, startup_timeout_ms=1)
-        router = svc._router(spec)
+        router = svc.dispatcher.router(spec)
         loop = asyncio.get_running_loop()
         grant: Grant | None = None
         for _ in range(2):  # the caller tries again if its request failed
             fut: asyncio.Future[Grant] = loop.create_future()
             router.enqueue(fut)
-            svc._trigger_scale_up(router, spec)
+            svc.dispatcher.trigger_scale_up(router, spec)
             try:
                 grant = await asyncio.wait_for(fut, 10.0)
                 break
@@ -94,7 +94,7 @@ async def test_a_start_past_its_deadline_is_retried_under_the_same_id(
         assert grant is not None and grant.instance.instance_id == sched.calls[0]
         assert router.live_count() + router.pending == 1
     finally:
-        await svc.close()
+        await svc.dispatcher.close()
         await pool.close()
         await server.stop(None)
 
@@ -145,7 +145,7 @@ async def test_a_credit_start_past_its_deadline_is_stopped_on_its_node(
     s0 = common_pb2.ControlInstance(id="s0", kind=common_pb2.CONTROL_KIND_SCHEDULE)
     try:
         with pytest.raises(Unavailable):
-            await p._from_credit(spec, "f-d0-0", [s0])
+            await p.from_credit(spec, "f-d0-0", [s0])
         assert agent.deleted == ["f-d0-0"]
     finally:
         await p.close()

@@ -105,8 +105,8 @@ async def test_restarted_dispatch_rebuilds_its_view_warm(etcd):
             c.membership = type(c.membership)()
             again = await c.dispatch("keep")
             assert not again.cold_start and again.instance_id == first.instance_id
-            servicer = d0.component.servicer
-            assert not [f for f in servicer._recovered if routing_key(f) == "gone"]
+            servicer = d0.component.dispatcher
+            assert not [f for f in servicer.ownership.recovered if routing_key(f) == "gone"]
             assert not servicer.routes("gone")
             await asyncio.wait_for(d0.component.recorder.writer.flush(), 30)
             # The function's records, whichever revision (gone-NNNNN) they are of.

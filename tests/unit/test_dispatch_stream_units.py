@@ -45,6 +45,9 @@ class _Servicer:
         self.pool = SimpleNamespace(
             config=SimpleNamespace(stream_batches=batches, max_message_bytes=MAX_MESSAGE_BYTES)
         )
+        # The stream reaches the channel config and releases through the
+        # servicer's Dispatcher: here, this stand-in itself.
+        self.dispatcher = self
         #: When set, each request waits for it; `held` is set once `expect`
         #: requests wait, `all_ended` once `expect` answers ended.
         self.gate: asyncio.Event | None = None
