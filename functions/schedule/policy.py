@@ -52,6 +52,7 @@ from functions.schedule.model import (
     NodeState,
     NoFit,
     Placement,
+    Placing,
     ProbeNodes,
     Reservation,
     Score,
@@ -173,6 +174,14 @@ class PlacementPolicy:
     def __contains__(self, node_id: object) -> bool:
         return node_id in self._nodes
 
+    def model_size(self, digest: str) -> int:
+        """A model's size as a node that holds it reports it (0: none does)."""
+        for n in self._nodes.values():
+            held = n.info.models.get(digest) if n.info.models else None
+            if held is not None and held[1] > 0:
+                return held[1]
+        return 0
+
     def free(self, node_id: str) -> Res:
         """Free capacity this policy believes a known node has now (freshest
         knowledge, less its reservations); KeyError for an unknown node."""
@@ -180,8 +189,9 @@ class PlacementPolicy:
 
     # ----- placement steps --------------------------------------------------
 
-    def begin(self, need: Res, function: str = "") -> Placement:
-        """Start placing one instance of ``function`` that needs ``need``."""
+    def begin(self, need: Res, function: str | Placing = "") -> Placement:
+        """Start placing one instance of ``function`` (its name, or a
+        ``Placing`` naming its model too) that needs ``need``."""
         return Placement(need=need, started_at=self.clock.now(), function=function)
 
     def advance(self, pl: Placement) -> ProbeNodes | Reservation | NoFit:
@@ -246,6 +256,7 @@ class PlacementPolicy:
                 status.allocated,
                 status.seq,
                 status.instances,
+                models=status.models,
             )
             self._apply_status(node, merged, confirmed_then)
         if tick >= node.probe_tick:  # an older answer must not replace a newer one
