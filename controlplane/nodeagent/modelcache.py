@@ -36,7 +36,7 @@ from controlplane.runtime import models
 from controlplane.runtime.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from controlplane.runtime.scoring import FETCHING, MODELS_PER_NODE
 from controlplane.runtime.validation import short
-from galaxy.v1 import common_pb2
+from galaxy.v1 import common_pb2, nodeagent_pb2
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,16 @@ class ModelCache:
         if entry.tier == self.landing.name and len(self.tiers) > 1:
             self._spawn(self._promote(entry))
         return self._path(entry.tier, digest), entry
+
+    async def warm(self, ref: common_pb2.ModelRef) -> nodeagent_pb2.WarmModelReply:
+        """Fetch ``ref`` as a start would, and unpin it at once (warm-up)."""
+        t0 = time.monotonic()
+        fetched = self.index.find(models.digest(ref)) is None
+        _, entry = await self.acquire(ref)
+        self.release(entry)
+        return nodeagent_pb2.WarmModelReply(
+            tier=entry.tier, fetched=fetched, seconds=time.monotonic() - t0
+        )
 
     def release(self, entry: Entry) -> None:
         """An instance that acquired entry ended."""

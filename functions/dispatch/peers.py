@@ -224,7 +224,12 @@ class Peers:
         """Create the instance from a credit that fits (the agent checks its
         capacity); None when there is none or the agent refused, and the
         start goes through Schedule. A refill is asked either way, in the
-        background."""
+        background. A function with a model always goes through Schedule:
+        a credit knows nothing of its node's model cache, Schedule's
+        ``model_locality`` term does (an RPC of milliseconds against a
+        model load of seconds)."""
+        if spec.HasField("model"):
+            return None
         wallet = self.credits
         assert wallet is not None
         self._follow_membership(wallet)

@@ -92,7 +92,7 @@ def placing(fn: common_pb2.FunctionSpec, policy: PlacementPolicy) -> str | Placi
     if not fn.HasField("model"):
         return fn.name
     digest = models.digest(fn.model)
-    return Placing(fn.name, digest, fn.model.size_bytes or policy.model_size(digest))
+    return Placing(fn.name, digest, fn.model.size_bytes or policy.holders.size(digest))
 
 
 def node_status(n: NodeInfo) -> common_pb2.NodeStatus:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from controlplane.runtime.clock import ManualClock
 from controlplane.runtime.resources import Res
 from controlplane.runtime.scoring import (
@@ -16,7 +18,7 @@ from controlplane.runtime.scoring import (
     lookup,
 )
 from functions.schedule.config import ScheduleConfig
-from functions.schedule.policy import PlacementPolicy, Reservation
+from functions.schedule.policy import PlacementPolicy, ProbeNodes, Reservation
 from functions.schedule.service import held_models, node_info, node_status, placing
 from galaxy.v1 import common_pb2
 
@@ -99,30 +101,45 @@ def test_wire_models_reach_node_info_bounded() -> None:
     assert [m.digest for m in back.models][:2] == ["d0", "d1"]
 
 
-def test_schedule_places_a_model_function_on_the_node_holding_it() -> None:
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "probing"])
+def test_schedule_places_a_model_function_on_the_node_holding_it(exact: bool) -> None:
+    """8 nodes, power-of-2 sampling, the model on n5 only: with locality
+    every placement lands on n5 (its holders join the sampled candidates);
+    blind, about 2 in 8 do."""
     assert ScheduleConfig().scoring == "model_locality"
     fn = common_pb2.FunctionSpec(name="llm")
     fn.model.uri = "http://store/m.bin"
     fn.model.sha256 = "a" * 64
     fn.model.size_bytes = 250 * MB
+    held = {"a" * 64: ("disk", 250 * MB)}
     hits = {"on": 0, "off": 0}
     for mode, term in (("on", TERM), ("off", least_loaded)):
-        clock = ManualClock()
-        policy = PlacementPolicy("s", clock=clock, rng=random.Random(1), score=term, d=4)
-        policy.exact = True
-        for i in range(4):
-            models = {"a" * 64: ("disk", 250 * MB)} if i == 0 else None
-            policy.upsert(NodeInfo(f"n{i}", f"n{i}:1", CAP, seq=1, models=models))
+        policy = PlacementPolicy(
+            "s", clock=ManualClock(), rng=random.Random(3), score=term, d=2, exact=exact
+        )
+        used = {f"n{i}": Res() for i in range(8)}
+
+        def status(nid: str, seq: int, used: dict[str, Res] = used) -> NodeInfo:
+            models = held if nid == "n5" else None
+            return NodeInfo(nid, f"{nid}:1", CAP, used[nid], seq=seq, models=models)
+
+        for nid in used:
+            policy.upsert(status(nid, 1))
         want = placing(fn, policy)
         assert isinstance(want, Placing) and want.model == "a" * 64
-        for _ in range(6):  # room for 8 on n0: it wins every time with locality
+        for k in range(6):  # n5 has room for 8
             pl = policy.begin(Res(500, 512, 0), want)
             step = policy.advance(pl)
+            while isinstance(step, ProbeNodes):
+                for t in step.targets:
+                    policy.record_probe(pl, t.node_id, status(t.node_id, 10 + k))
+                step = policy.advance(pl)
             assert isinstance(step, Reservation)
             policy.confirm(step)
-            hits[mode] += step.node_id == "n0"
+            used[step.node_id] = used[step.node_id] + step.need
+            hits[mode] += step.node_id == "n5"
     assert hits["on"] == 6
-    assert hits["off"] < 6
+    assert hits["off"] < 4
 
 
 def test_an_unknown_size_comes_from_the_node_table() -> None:
