@@ -158,6 +158,23 @@ class ModelSim:
         n.fetching[digest] = (size, done)
         return done - now + size / bw.disk_bps
 
+    def warm(self, node_ids: list[str], fn: int) -> float:
+        """Warm-up (``galaxy models warm``): fetch ``fn``'s model to these
+        nodes now, each over its own link (behind its fetch queue); the
+        seconds until the last one holds it."""
+        now = self.clock()
+        digest, size = self.digest(fn), self.sizes[fn][1]
+        last = now
+        for nid in node_ids:
+            n = self.node(nid)
+            n.settle(now)
+            if n.index.find(digest) is not None or digest in n.fetching:
+                continue
+            done = self._fetch(n, now, size)
+            n.fetching[digest] = (size, done)
+            last = max(last, done)
+        return last - now
+
     def fetch_only(self, node_id: str, fn: int) -> float:
         """A start without a node cache: the model over the node's link."""
         now = self.clock()
