@@ -74,6 +74,9 @@ def test_scale_ups_land_where_the_model_was_warmed(tmp_path: Path, locality: boo
 
         held = _until("the warmed node's status", holders)
         assert [h["node"] for h in held] == [warmed] and held[0]["size_bytes"] == size
+        r = g.cli("models", "warm", "llm", "--nodes", "0")
+        assert r.returncode != 0 and "nodes: 1 to" in r.stderr, r.stdout + r.stderr
+        assert "Traceback" not in r.stderr
         # Warming again is a no-op: the node holds it.
         r = g.cli("models", "warm", "llm", "--nodes", "1")
         assert r.returncode == 0 and "holds llm's model already" in r.stdout, r.stdout
