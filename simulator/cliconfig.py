@@ -49,6 +49,14 @@ class SimulateConfig(Config):
     no_progress: bool = setting(False, "no progress bar")
     seed: int = setting(1, "seed of every random stream")
     calibration: str | None = setting(None, "calibration JSON (default: the shipped one)")
+    models: str | None = setting(
+        None,
+        "give each function a model: 'mixed' (sizes: simulator/models.py); node caches, "
+        "fetches over each node's link, Schedule scoring model_locality",
+    )
+    model_locality: bool = setting(
+        True, "ablation with --models: Schedule scores least_loaded", flag="--no-model-locality"
+    )
 
 
 class FidelityConfig(Config):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -18,8 +19,9 @@ from simulator.experiments import (
     plan_table,
     plan_workload,
 )
+from simulator.models import DISTRIBUTIONS
 from simulator.network import PROFILES
-from simulator.runner import SYSTEMS, run_one
+from simulator.runner import SYSTEMS, run_one, with_params
 from simulator.sensitivity import sensitivity
 from simulator.studies import STUDIES as _STUDIES
 from simulator.studies import Section
@@ -46,10 +48,18 @@ def base_config(args: Any) -> SimConfig:
     """SimConfig from the common flags."""
     if args.network not in PROFILES:
         raise UsageError(f"--network: one of {', '.join(PROFILES)}")
-    return SimConfig(
+    cfg = SimConfig(
         nodes=args.nodes, seed=args.seed, network=PROFILES[args.network],
         keep_alive_s=args.keep_alive,
     )  # fmt: skip
+    models = getattr(args, "models", None)
+    if models:
+        if models not in DISTRIBUTIONS:
+            raise UsageError(f"--models: one of {', '.join(DISTRIBUTIONS)}")
+        cfg = replace(cfg, models=models)
+        if args.model_locality:
+            cfg = with_params(cfg, "galaxy", scoring="model_locality")
+    return cfg
 
 
 def simulate(args: Any, out: TextIO | None = None) -> int:
@@ -87,6 +97,7 @@ def _meta(
         "seed": cfg.seed,
         "network": cfg.network.as_dict(),
         "keep_alive_s": cfg.keep_alive_s,
+        **({"models": cfg.models} if cfg.models else {}),
         "workload": workload,
         "calibration": {k: v for k, v in cal.meta.items() if isinstance(v, str | int | float)},
     }

@@ -247,10 +247,13 @@ class RoutedModel(SystemModel):
     def create_on(self, node: SimNode, fn: int, iid: str, at: float) -> None:
         """The node's agent creates the (already allocated) instance; it is
         ready after the sandbox start, then ``ready`` runs."""
-        stages = [
-            (node.agent, self.a_create(), 0.0),
-            (node.creator, self.fns[fn].cold_start_s, 0.0),
-        ]
+        cold = self.fns[fn].cold_start_s
+        models = self.env.models
+        if models is not None:  # no node cache: the model over the node's link
+            load = models.fetch_only(node.id, fn)
+            self.rec.sample("model_load", self.sim.now, load)
+            cold += load
+        stages = [(node.agent, self.a_create(), 0.0), (node.creator, cold, 0.0)]
         self.sim.pipeline(at, stages, self.ready, (node, fn, iid))
 
     def ready(self, a: tuple[SimNode, int, str]) -> None:

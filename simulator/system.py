@@ -24,6 +24,7 @@ from simulator.engine import Sim, Station
 from simulator.host import Host
 from simulator.loop import REPLY_STEPS, REQUEST_STEPS, EventLoop
 from simulator.metrics import Recorder
+from simulator.models import ModelSim, sizes_for
 from simulator.network import Network, NetworkConfig
 from simulator.workload import FunctionDef, Workload
 
@@ -65,6 +66,9 @@ class SimConfig:
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     #: system-specific overrides, e.g. {"galaxy": {"instances": 8}}.
     params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: a model per function from this size distribution (simulator/models.py;
+    #: "": no models)
+    models: str = ""
 
 
 class Env:
@@ -98,6 +102,12 @@ class Env:
             host=self.host,
         )
         self.rec = Recorder(workload.duration_s, workload.warmup_s)
+        #: the functions' models and the nodes' caches (None: no models)
+        self.models = (
+            ModelSim(sizes_for(len(workload.functions), cfg.models, seed), lambda: self.sim.now)
+            if cfg.models
+            else None
+        )
         #: every process of the system under test (``station``): its
         #: control plane and request routing, not node agents or sandboxes
         self.stations: list[Station] = []

@@ -61,6 +61,19 @@ def add_subparser(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+def _model_plan(path: str) -> dict[str, Any] | None:
+    """The model cold-start plan of a bench file of that kind, else None
+    (controlplane.bench.models); exits 2 naming a bad field."""
+    import yaml
+
+    from controlplane.bench import models
+
+    try:
+        return models.load_plan(yaml.safe_load(Path(path).read_text()))
+    except (OSError, yaml.YAMLError, ValueError) as e:
+        raise SystemExit(f"galaxy bench: {path}: {e}") from None
+
+
 async def cmd_bench(args: argparse.Namespace) -> int:
     """Run a bench file or a recommendation search; returns the exit code."""
     from controlplane.bench import plan as pl
@@ -78,6 +91,10 @@ async def cmd_bench(args: argparse.Namespace) -> int:
 
         return await cmd_llm(args, out, data_dir)
     opts = runner.RunOptions(out=out, data_dir=data_dir, profile=args.profile)
+    if args.file and (model_plan := _model_plan(args.file)) is not None:
+        from controlplane.bench import models
+
+        return await models.run_plan(model_plan, out)
     try:
         bf = pl.load_file(args.file) if args.file else None
         if args.recommend:

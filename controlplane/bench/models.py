@@ -12,6 +12,13 @@ from memory it is the tmpfs copy. Floors are measured on the same machine in
 the same run: the link's throughput (a plain download), the disk's read
 throughput (a file of the same size, its pages dropped) and tmpfs's. Needs
 root (network namespace, tc). Prints a table; ``--out`` writes JSON.
+
+``galaxy bench -f experiments/model-cold-start.yaml --out DIR`` runs the
+same measurement as a bench plan: a file with ``kind: model_cold_start``
+and a ``model: {size_mb, rate_mbit, trials}`` block (``load_plan``); it
+writes DIR/results.json and DIR/report.md, and fails (exit 1) when a cache
+state misses its goal (``goals``: at least ``min_speedup`` x faster than
+the store, at most ``max_x_floor`` x its floor).
 """
 
 from __future__ import annotations
@@ -192,6 +199,65 @@ def render(r: dict[str, Any]) -> str:
         f"{r['disk_first_read_seconds']:.3f} s; a disk-tier hit reads a settled file)"
     )
     return "\n".join(lines)
+
+
+#: The plan file's ``kind`` that selects this bench.
+PLAN_KIND = "model_cold_start"
+_PLAN_KEYS = {"size_mb": int, "rate_mbit": float, "trials": int}
+
+
+def load_plan(doc: Any) -> dict[str, Any] | None:
+    """The model block of a bench file of ``kind: model_cold_start`` (None
+    for any other bench file); ``ValueError`` naming a bad field."""
+    if not isinstance(doc, dict) or doc.get("kind") != PLAN_KIND:
+        return None
+    block = doc.get("model") or {}
+    if not isinstance(block, dict):
+        raise ValueError("model: a mapping of size_mb, rate_mbit, trials")
+    out: dict[str, Any] = {"size_mb": 250, "rate_mbit": 1000.0, "trials": 3}
+    for key, value in block.items():
+        kind = _PLAN_KEYS.get(key)
+        if kind is None:
+            raise ValueError(f"model.{str(key)[:40]}: unknown (known: {', '.join(_PLAN_KEYS)})")
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError(f"model.{key}: a positive number")
+        out[key] = kind(value)
+    goals = doc.get("goals") or {}
+    out["goals"] = {
+        tier: {
+            "min_speedup": float(g.get("min_speedup", 0)),
+            "max_x_floor": float(g["max_x_floor"]),
+        }
+        for tier, g in goals.items()
+    }
+    return out
+
+
+def misses(report: dict[str, Any], goals: dict[str, dict[str, float]]) -> list[str]:
+    """The goals a report misses, one sentence each."""
+    out = []
+    for tier, g in goals.items():
+        x = report["x_floor"][tier]
+        if x > g["max_x_floor"]:
+            out.append(f"{tier}: {x:.2f}x its floor (goal <= {g['max_x_floor']:g}x)")
+        speed = report["speedup_vs_store"].get(tier)
+        if speed is not None and speed < g["min_speedup"]:
+            out.append(
+                f"{tier}: {speed:.1f}x faster than the store (goal >= {g['min_speedup']:g}x)"
+            )
+    return out
+
+
+async def run_plan(plan: dict[str, Any], out: Path) -> int:
+    """``galaxy bench`` of a model_cold_start file: measure, write, judge."""
+    report = await run(plan["size_mb"], plan["rate_mbit"], plan["trials"])
+    report["goals_missed"] = misses(report, plan["goals"])
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - local, instant
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = render(report) + "".join(f"\nmissed: {m}" for m in report["goals_missed"])
+    (out / "report.md").write_text("```\n" + text + "\n```\n")
+    print(text)
+    return 1 if report["goals_missed"] else 0
 
 
 def main(argv: list[str] | None = None) -> int:

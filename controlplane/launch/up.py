@@ -288,6 +288,7 @@ class Supervisor:
             probe_cache=self.cfg.probe_cache,
             exact_partition=self.cfg.exact_partition,
             credits=self.cfg.credits,
+            scoring="model_locality" if self.cfg.locality else "least_loaded",
         )
         return config.to_flags(sched)
 

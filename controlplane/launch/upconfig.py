@@ -159,6 +159,12 @@ class UpConfig(Config):
     # `galaxy up` hands it on (default and rule from there).
     connection_cache: bool = _switch(RpcConfig, "connection_cache", "a new gRPC channel per call")
     probe_cache: bool = _switch(ScheduleConfig, "probe_cache", "Schedule probes on every placement")
+    locality: bool = setting(
+        True,
+        "ablation: Schedule places by load alone (scoring least_loaded, blind to the models "
+        "nodes hold; on: model_locality)",
+        flag="--no-locality",
+    )
     agent_streams: bool = _switch(
         RpcConfig,
         "agent_streams",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -34,8 +35,9 @@ from controlplane.nodeagent import s3fetch
 from controlplane.nodeagent.modelindex import Entry, ModelIndex
 from controlplane.runtime import models
 from controlplane.runtime.errors import FailedPrecondition, ResourceExhausted, Unavailable
+from controlplane.runtime.scoring import FETCHING, MODELS_PER_NODE
 from controlplane.runtime.validation import short
-from galaxy.v1 import common_pb2
+from galaxy.v1 import common_pb2, nodeagent_pb2
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,8 @@ class ModelCache:
         self.index = ModelIndex({t.name: t.capacity_bytes for t in tiers}, clock)
         self.fetch_timeout_s = fetch_timeout_s
         self._fetches: dict[str, asyncio.Future[Entry]] = {}
+        #: digest -> bytes expected (0: unknown) of each fetch in _fetches
+        self._fetch_sizes: dict[str, int] = {}
         self._slots = asyncio.Semaphore(max_fetches)
         self._background: set[asyncio.Task[None]] = set()
         for t in tiers:
@@ -118,7 +122,8 @@ class ModelCache:
                 if fut is None:
                     fut = asyncio.ensure_future(self._fetch(ref, digest))
                     self._fetches[digest] = fut
-                    fut.add_done_callback(lambda _: self._fetches.pop(digest, None))
+                    self._fetch_sizes[digest] = ref.size_bytes
+                    fut.add_done_callback(lambda _: self._fetched(digest))
                 entry = await asyncio.shield(fut)
                 LOOKUPS.labels("store").inc()
             # Another start may have evicted it while this one waited for the
@@ -133,16 +138,37 @@ class ModelCache:
             self._spawn(self._promote(entry))
         return self._path(entry.tier, digest), entry
 
+    async def warm(self, ref: common_pb2.ModelRef) -> nodeagent_pb2.WarmModelReply:
+        """Fetch ``ref`` as a start would, and unpin it at once (warm-up)."""
+        t0 = time.monotonic()
+        fetched = self.index.find(models.digest(ref)) is None
+        _, entry = await self.acquire(ref)
+        self.release(entry)
+        return nodeagent_pb2.WarmModelReply(
+            tier=entry.tier, fetched=fetched, seconds=time.monotonic() - t0
+        )
+
     def release(self, entry: Entry) -> None:
         """An instance that acquired entry ended."""
         self.index.unpin(entry)
 
     def held(self) -> list[common_pb2.ModelHeld]:
-        """What this node reports to placement (bounded)."""
-        return [
-            common_pb2.ModelHeld(digest=e.digest, tier=e.tier, size_bytes=e.size)
-            for e in self.index.report()
+        """What this node reports to placement (bounded): its fetches in
+        progress first (tier ``fetching``: the node's fetch queue), then the
+        models it holds, the most recently used first."""
+        out = [
+            common_pb2.ModelHeld(digest=d, tier=FETCHING, size_bytes=size)
+            for d, size in itertools.islice(self._fetch_sizes.items(), MODELS_PER_NODE)
         ]
+        out += [
+            common_pb2.ModelHeld(digest=e.digest, tier=e.tier, size_bytes=e.size)
+            for e in self.index.report(MODELS_PER_NODE - len(out))
+        ]
+        return out
+
+    def _fetched(self, digest: str) -> None:
+        self._fetches.pop(digest, None)
+        self._fetch_sizes.pop(digest, None)
 
     async def close(self) -> None:
         """Stop background promotions."""

@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from controlplane.runtime.scoring import MODELS_PER_NODE
+
 #: At most this many models are reported to placement per node (the most
 #: recently used): heartbeats stay small whatever the cache holds.
-REPORT_LIMIT = 64
+REPORT_LIMIT = MODELS_PER_NODE
 
 
 @dataclass

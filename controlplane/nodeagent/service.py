@@ -253,6 +253,18 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         infos = [i.info for i in node.instances.values() if i.info is not None]
         return nodeagent_pb2.ListNodeInstancesReply(instances=infos)
 
+    async def WarmModel(
+        self, request: nodeagent_pb2.WarmModelRequest, context: grpc.aio.ServicerContext
+    ) -> nodeagent_pb2.WarmModelReply:
+        """Fetch a model into the node's cache now (``ModelCache.warm``)."""
+        self.node(request.node_id)
+        if not request.HasField("model"):
+            raise InvalidArgument("model: required")
+        models.check(request.model)
+        if self.models is None:
+            raise FailedPrecondition("this node agent has no model cache (--model-cache-dir)")
+        return await self.models.warm(request.model)
+
     # --- lifecycle -----------------------------------------------------------
 
     def ready_instances(self) -> dict[str, tuple[str, str, float]]:

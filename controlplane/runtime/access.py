@@ -93,6 +93,7 @@ _ROLES_OF: dict[str, frozenset[str]] = {
             "CreateToken",
             "ListTokens",
             "DeleteToken",
+            "WarmModel",
         ),
         frozenset({ADMIN}),
     ),

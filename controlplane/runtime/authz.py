@@ -37,6 +37,9 @@ PUBLIC: dict[str, frozenset[str]] = {
     ),
     # ListInstances is read-only: what `galaxy status` shows anyway.
     "galaxy.v1.Dispatch": frozenset({"Dispatch", "DispatchStream", "Release", "ListInstances"}),
+    # Warm-up (`galaxy models warm`): fills a node's model cache as a start
+    # would; admins only (controlplane.runtime.access).
+    "galaxy.v1.NodeAgent": frozenset({"WarmModel"}),
     # Standard services: probes and tooling (grpcurl) need them.
     "grpc.health.v1.Health": frozenset({"Check", "Watch"}),
     "grpc.reflection.v1alpha.ServerReflection": frozenset({"ServerReflectionInfo"}),

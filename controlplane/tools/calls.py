@@ -30,7 +30,12 @@ async def cmd_deploy(args: argparse.Namespace) -> int:
         # the controller resolves the spec again (the runtime may change).
         servingruntime.resolve(spec, rt)
         stored = await c.deploy(spec)
-    print(f"deployed {stored.name} (revision {stored.revision}, version {stored.version})")
+        print(f"deployed {stored.name} (revision {stored.revision}, version {stored.version})")
+        if stored.HasField("model") and stored.model.warm_nodes:
+            from controlplane.tools.models_cmd import warm  # only for a spec that warms
+
+            args.timeout_s = 600.0
+            return await warm(c, stored, stored.model.warm_nodes, args)
     return 0
 
 

@@ -74,12 +74,14 @@ class OwnerChange:
 
 
 def _content(s: common_pb2.NodeStatus) -> tuple[object, ...]:
-    # Everything but seq: what the state store and Schedule care about.
+    # Everything but seq: what the state store and Schedule care about
+    # (the models a node holds, by tier, reach placement's locality term).
     return (
         s.address,
         s.capacity.SerializeToString(deterministic=True),
         s.allocated.SerializeToString(deterministic=True),
         s.instances,
+        tuple((m.digest, m.tier) for m in s.models),
     )
 
 

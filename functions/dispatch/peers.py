@@ -187,7 +187,12 @@ class Peers:
         capacity); None when there is none or the agent refused, and the
         start goes through Schedule. A refill is asked either way, in the
         background. Raises FailedPrecondition when the agent refuses the
-        spec, Unavailable when the create is in doubt (stopped there)."""
+        spec, Unavailable when the create is in doubt (stopped there). A
+        function with a model always goes through Schedule: a credit knows
+        nothing of its node's model cache, Schedule's ``model_locality`` term
+        does (an RPC of milliseconds against a model load of seconds)."""
+        if spec.HasField("model"):
+            return None
         wallet = self.credits
         assert wallet is not None
         for s in schedulers:

@@ -56,8 +56,9 @@ class ScheduleConfig(Config):
         4, "credits one Dispatch instance may hold from this instance at once", ge=0, le=64
     )
     scoring: str = setting(
-        "least_loaded",
-        "placement scoring term (functions/schedule/scoring.py registry)",
+        "model_locality",
+        "placement scoring term (functions/schedule/scoring.py registry); model_locality "
+        "is least_loaded for a function without a model, least_loaded to ignore caches",
     )
 
     @field_validator("scoring")

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from controlplane.runtime.resources import Res, interned
-from controlplane.runtime.scoring import NodeInfo, Score, least_loaded
+from controlplane.runtime.scoring import NodeInfo, Placing, Score, least_loaded
 
 ZERO = Res()
 
-__all__ = ["NodeInfo", "Score", "least_loaded"]  # also used from here
+__all__ = ["NodeInfo", "Placing", "Score", "least_loaded"]  # also used from here
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Placement:
     reservation: Reservation | None = None
     done: bool = False
     #: The function being placed (scoring terms may use it: locality).
-    function: str = ""
+    function: str | Placing = ""
 
 
 @dataclass

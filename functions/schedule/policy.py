@@ -46,12 +46,14 @@ from collections.abc import Callable
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.resources import Res
 from functions.schedule.config import ScheduleConfig
+from functions.schedule.holders import ModelHolders, add_holders
 from functions.schedule.model import (
     ZERO,
     NodeInfo,
     NodeState,
     NoFit,
     Placement,
+    Placing,
     ProbeNodes,
     Reservation,
     Score,
@@ -61,19 +63,12 @@ from functions.schedule.model import (
     least_loaded,
 )
 
+# fmt: off
 __all__ = [
-    "NoFit",
-    "NodeInfo",
-    "Placement",
-    "PlacementPolicy",
-    "ProbeNodes",
-    "Res",
-    "Reservation",
-    "Stats",
-    "Target",
-    "describe",
-    "least_loaded",
+    "NoFit", "NodeInfo", "Placement", "PlacementPolicy", "ProbeNodes", "Res",
+    "Reservation", "Stats", "Target", "describe", "least_loaded",
 ]
+# fmt: on
 
 
 #: Production's defaults (one place: ``ScheduleConfig``).
@@ -125,6 +120,7 @@ class PlacementPolicy:
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._tick = 0
         self._next_reservation = 0
+        self.holders = ModelHolders()  # the nodes that hold each model
 
     # ----- node table -------------------------------------------------------
 
@@ -134,6 +130,7 @@ class PlacementPolicy:
         n = self._nodes.get(info.node_id)
         if n is None:
             n = self._nodes[info.node_id] = NodeState(info=info)
+            self.holders.update(info.node_id, None, info.models)
             if self.exact:
                 n.settle(info)
             self._index[info.node_id] = len(self._ids)
@@ -146,8 +143,10 @@ class PlacementPolicy:
 
     def remove(self, node_id: str) -> bool:
         """Forget a node (gone, or no longer in this partition)."""
-        if self._nodes.pop(node_id, None) is None:
+        gone = self._nodes.pop(node_id, None)
+        if gone is None:
             return False
+        self.holders.update(node_id, gone.info.models, None)
         i = self._index.pop(node_id)
         last = self._ids.pop()
         if last != node_id:
@@ -180,8 +179,9 @@ class PlacementPolicy:
 
     # ----- placement steps --------------------------------------------------
 
-    def begin(self, need: Res, function: str = "") -> Placement:
-        """Start placing one instance of ``function`` that needs ``need``."""
+    def begin(self, need: Res, function: str | Placing = "") -> Placement:
+        """Start placing one instance of ``function`` (its name, or a
+        ``Placing`` naming its model too) that needs ``need``."""
         return Placement(need=need, started_at=self.clock.now(), function=function)
 
     def advance(self, pl: Placement) -> ProbeNodes | Reservation | NoFit:
@@ -202,7 +202,7 @@ class PlacementPolicy:
         if pl.attempts >= self.max_attempts:
             return self._fail(pl, now)
         pl.attempts += 1
-        fresh, stale = self._candidates(pl, now)
+        fresh, stale = add_holders(self, pl, *self._candidates(pl, now), now)
         if not fresh and not stale:
             return self._fail(pl, now)
         pl.candidates = fresh + stale
@@ -246,6 +246,7 @@ class PlacementPolicy:
                 status.allocated,
                 status.seq,
                 status.instances,
+                models=status.models,
             )
             self._apply_status(node, merged, confirmed_then)
         if tick >= node.probe_tick:  # an older answer must not replace a newer one
@@ -319,6 +320,7 @@ class PlacementPolicy:
 
     def _apply_status(self, n: NodeState, info: NodeInfo, confirmed_then: Res) -> None:
         # confirmed_then: the ``confirmed`` total the status already includes.
+        self.holders.update(info.node_id, n.info.models, info.models)
         n.info = info
         n.status_confirmed = confirmed_then
         if self.exact:

@@ -8,12 +8,14 @@ and the CreateInstance that completes a placement.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import OrderedDict
+from collections.abc import Iterable
 
 import grpc
 
-from controlplane.runtime import rpc
+from controlplane.runtime import models, rpc
 from controlplane.runtime.agent_streams import AgentCalls
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.errors import (
@@ -32,6 +34,7 @@ from controlplane.runtime.metrics import (
     SCHEDULING_LATENCY,
 )
 from controlplane.runtime.resources import Res
+from controlplane.runtime.scoring import MODELS_PER_NODE, Placing
 from functions.schedule.credits import CreditLedger, Use
 from functions.schedule.model import ZERO, NodeInfo, NoFit, Placement, ProbeNodes, Target
 from functions.schedule.policy import PlacementPolicy
@@ -70,7 +73,26 @@ def node_info(s: common_pb2.NodeStatus) -> NodeInfo:
         s.seq,
         s.instances,
         Res.from_proto(s.starting) if s.HasField("starting") else ZERO,
+        held_models(s.models),
     )
+
+
+def held_models(held: Iterable[common_pb2.ModelHeld]) -> dict[str, tuple[str, int]] | None:
+    """NodeStatus.models -> NodeInfo.models (the first, most recently used,
+    of a digest wins; at most ``MODELS_PER_NODE`` are read whatever was sent)."""
+    out: dict[str, tuple[str, int]] = {}
+    for m in itertools.islice(held, MODELS_PER_NODE):
+        out.setdefault(m.digest, (m.tier, m.size_bytes))
+    return out or None
+
+
+def placing(fn: common_pb2.FunctionSpec, policy: PlacementPolicy) -> str | Placing:
+    """What the scoring term sees of a function: its name, and its model's
+    cache key and size (from the spec, else from a node that holds it)."""
+    if not fn.HasField("model"):
+        return fn.name
+    digest = models.digest(fn.model)
+    return Placing(fn.name, digest, fn.model.size_bytes or policy.holders.size(digest))
 
 
 def node_status(n: NodeInfo) -> common_pb2.NodeStatus:
@@ -83,6 +105,10 @@ def node_status(n: NodeInfo) -> common_pb2.NodeStatus:
         instances=n.instances,
         seq=n.seq,
         starting=n.starting.to_proto(),
+        models=[
+            common_pb2.ModelHeld(digest=d, tier=tier, size_bytes=size)
+            for d, (tier, size) in (n.models or {}).items()
+        ],
     )
 
 
@@ -321,7 +347,8 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
 
     async def _place(self, request: schedule_pb2.ScheduleRequest) -> schedule_pb2.ScheduleReply:
         t0 = self.clock.now()
-        pl = self.policy.begin(Res.from_proto(request.function.resources), request.function.name)
+        need = Res.from_proto(request.function.resources)
+        pl = self.policy.begin(need, placing(request.function, self.policy))
         try:
             while True:
                 step = self.policy.advance(pl)

@@ -25,33 +25,37 @@ _sym_db = _symbol_database.Default()
 from galaxy.v1 import common_pb2 as galaxy_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19galaxy/v1/nodeagent.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"\xd6\x01\n\x15InstanceStreamRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\x32\n\x06\x63reate\x18\x03 \x01(\x0b\x32 .galaxy.v1.CreateInstanceRequestH\x00\x12\x32\n\x06\x64\x65lete\x18\x04 \x01(\x0b\x32 .galaxy.v1.DeleteInstanceRequestH\x00\x12.\n\x04more\x18\x05 \x03(\x0b\x32 .galaxy.v1.InstanceStreamRequestB\x04\n\x02op\"\xef\x01\n\x13InstanceStreamReply\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x31\n\x07\x63reated\x18\x04 \x01(\x0b\x32\x1e.galaxy.v1.CreateInstanceReplyH\x00\x12\x31\n\x07\x64\x65leted\x18\x05 \x01(\x0b\x32\x1e.galaxy.v1.DeleteInstanceReplyH\x00\x12\x0e\n\x06goaway\x18\x06 \x01(\x08\x12,\n\x04more\x18\x07 \x03(\x0b\x32\x1e.galaxy.v1.InstanceStreamReplyB\x08\n\x06result\"\x80\x01\n\x15\x43reateInstanceRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12)\n\x08\x66unction\x18\x03 \x01(\x0b\x32\x17.galaxy.v1.FunctionSpec\x12\x16\n\x0enotify_address\x18\x04 \x01(\t\"f\n\x13\x43reateInstanceReply\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x12\n\nstartup_ms\x18\x02 \x01(\x01\x12\x10\n\x08node_seq\x18\x03 \x01(\x04\"=\n\x15\x44\x65leteInstanceRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\"&\n\x13\x44\x65leteInstanceReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x1f\n\x0cProbeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"3\n\nProbeReply\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.galaxy.v1.NodeStatus\"+\n\x18ListNodeInstancesRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"D\n\x16ListNodeInstancesReply\x12*\n\tinstances\x18\x01 \x03(\x0b\x32\x17.galaxy.v1.InstanceInfo2\xa1\x03\n\tNodeAgent\x12R\n\x0e\x43reateInstance\x12 .galaxy.v1.CreateInstanceRequest\x1a\x1e.galaxy.v1.CreateInstanceReply\x12R\n\x0e\x44\x65leteInstance\x12 .galaxy.v1.DeleteInstanceRequest\x1a\x1e.galaxy.v1.DeleteInstanceReply\x12\x37\n\x05Probe\x12\x17.galaxy.v1.ProbeRequest\x1a\x15.galaxy.v1.ProbeReply\x12[\n\x11ListNodeInstances\x12#.galaxy.v1.ListNodeInstancesRequest\x1a!.galaxy.v1.ListNodeInstancesReply\x12V\n\x0eInstanceStream\x12 .galaxy.v1.InstanceStreamRequest\x1a\x1e.galaxy.v1.InstanceStreamReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19galaxy/v1/nodeagent.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"G\n\x10WarmModelRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\"\n\x05model\x18\x02 \x01(\x0b\x32\x13.galaxy.v1.ModelRef\"@\n\x0eWarmModelReply\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x65tched\x18\x02 \x01(\x08\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\xd6\x01\n\x15InstanceStreamRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\x32\n\x06\x63reate\x18\x03 \x01(\x0b\x32 .galaxy.v1.CreateInstanceRequestH\x00\x12\x32\n\x06\x64\x65lete\x18\x04 \x01(\x0b\x32 .galaxy.v1.DeleteInstanceRequestH\x00\x12.\n\x04more\x18\x05 \x03(\x0b\x32 .galaxy.v1.InstanceStreamRequestB\x04\n\x02op\"\xef\x01\n\x13InstanceStreamReply\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x31\n\x07\x63reated\x18\x04 \x01(\x0b\x32\x1e.galaxy.v1.CreateInstanceReplyH\x00\x12\x31\n\x07\x64\x65leted\x18\x05 \x01(\x0b\x32\x1e.galaxy.v1.DeleteInstanceReplyH\x00\x12\x0e\n\x06goaway\x18\x06 \x01(\x08\x12,\n\x04more\x18\x07 \x03(\x0b\x32\x1e.galaxy.v1.InstanceStreamReplyB\x08\n\x06result\"\x80\x01\n\x15\x43reateInstanceRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12)\n\x08\x66unction\x18\x03 \x01(\x0b\x32\x17.galaxy.v1.FunctionSpec\x12\x16\n\x0enotify_address\x18\x04 \x01(\t\"f\n\x13\x43reateInstanceReply\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x12\n\nstartup_ms\x18\x02 \x01(\x01\x12\x10\n\x08node_seq\x18\x03 \x01(\x04\"=\n\x15\x44\x65leteInstanceRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\"&\n\x13\x44\x65leteInstanceReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x1f\n\x0cProbeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"3\n\nProbeReply\x12%\n\x06status\x18\x01 \x01(\x0b\x32\x15.galaxy.v1.NodeStatus\"+\n\x18ListNodeInstancesRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"D\n\x16ListNodeInstancesReply\x12*\n\tinstances\x18\x01 \x03(\x0b\x32\x17.galaxy.v1.InstanceInfo2\xe6\x03\n\tNodeAgent\x12R\n\x0e\x43reateInstance\x12 .galaxy.v1.CreateInstanceRequest\x1a\x1e.galaxy.v1.CreateInstanceReply\x12R\n\x0e\x44\x65leteInstance\x12 .galaxy.v1.DeleteInstanceRequest\x1a\x1e.galaxy.v1.DeleteInstanceReply\x12\x37\n\x05Probe\x12\x17.galaxy.v1.ProbeRequest\x1a\x15.galaxy.v1.ProbeReply\x12[\n\x11ListNodeInstances\x12#.galaxy.v1.ListNodeInstancesRequest\x1a!.galaxy.v1.ListNodeInstancesReply\x12V\n\x0eInstanceStream\x12 .galaxy.v1.InstanceStreamRequest\x1a\x1e.galaxy.v1.InstanceStreamReply(\x01\x30\x01\x12\x43\n\tWarmModel\x12\x1b.galaxy.v1.WarmModelRequest\x1a\x19.galaxy.v1.WarmModelReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'galaxy.v1.nodeagent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INSTANCESTREAMREQUEST']._serialized_start=65
-  _globals['_INSTANCESTREAMREQUEST']._serialized_end=279
-  _globals['_INSTANCESTREAMREPLY']._serialized_start=282
-  _globals['_INSTANCESTREAMREPLY']._serialized_end=521
-  _globals['_CREATEINSTANCEREQUEST']._serialized_start=524
-  _globals['_CREATEINSTANCEREQUEST']._serialized_end=652
-  _globals['_CREATEINSTANCEREPLY']._serialized_start=654
-  _globals['_CREATEINSTANCEREPLY']._serialized_end=756
-  _globals['_DELETEINSTANCEREQUEST']._serialized_start=758
-  _globals['_DELETEINSTANCEREQUEST']._serialized_end=819
-  _globals['_DELETEINSTANCEREPLY']._serialized_start=821
-  _globals['_DELETEINSTANCEREPLY']._serialized_end=859
-  _globals['_PROBEREQUEST']._serialized_start=861
-  _globals['_PROBEREQUEST']._serialized_end=892
-  _globals['_PROBEREPLY']._serialized_start=894
-  _globals['_PROBEREPLY']._serialized_end=945
-  _globals['_LISTNODEINSTANCESREQUEST']._serialized_start=947
-  _globals['_LISTNODEINSTANCESREQUEST']._serialized_end=990
-  _globals['_LISTNODEINSTANCESREPLY']._serialized_start=992
-  _globals['_LISTNODEINSTANCESREPLY']._serialized_end=1060
-  _globals['_NODEAGENT']._serialized_start=1063
-  _globals['_NODEAGENT']._serialized_end=1480
+  _globals['_WARMMODELREQUEST']._serialized_start=64
+  _globals['_WARMMODELREQUEST']._serialized_end=135
+  _globals['_WARMMODELREPLY']._serialized_start=137
+  _globals['_WARMMODELREPLY']._serialized_end=201
+  _globals['_INSTANCESTREAMREQUEST']._serialized_start=204
+  _globals['_INSTANCESTREAMREQUEST']._serialized_end=418
+  _globals['_INSTANCESTREAMREPLY']._serialized_start=421
+  _globals['_INSTANCESTREAMREPLY']._serialized_end=660
+  _globals['_CREATEINSTANCEREQUEST']._serialized_start=663
+  _globals['_CREATEINSTANCEREQUEST']._serialized_end=791
+  _globals['_CREATEINSTANCEREPLY']._serialized_start=793
+  _globals['_CREATEINSTANCEREPLY']._serialized_end=895
+  _globals['_DELETEINSTANCEREQUEST']._serialized_start=897
+  _globals['_DELETEINSTANCEREQUEST']._serialized_end=958
+  _globals['_DELETEINSTANCEREPLY']._serialized_start=960
+  _globals['_DELETEINSTANCEREPLY']._serialized_end=998
+  _globals['_PROBEREQUEST']._serialized_start=1000
+  _globals['_PROBEREQUEST']._serialized_end=1031
+  _globals['_PROBEREPLY']._serialized_start=1033
+  _globals['_PROBEREPLY']._serialized_end=1084
+  _globals['_LISTNODEINSTANCESREQUEST']._serialized_start=1086
+  _globals['_LISTNODEINSTANCESREQUEST']._serialized_end=1129
+  _globals['_LISTNODEINSTANCESREPLY']._serialized_start=1131
+  _globals['_LISTNODEINSTANCESREPLY']._serialized_end=1199
+  _globals['_NODEAGENT']._serialized_start=1202
+  _globals['_NODEAGENT']._serialized_end=1688
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WarmModelRequest(_message.Message):
+    __slots__ = ("node_id", "model")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    model: _common_pb2.ModelRef
+    def __init__(self, node_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelRef, _Mapping]] = ...) -> None: ...
+
+class WarmModelReply(_message.Message):
+    __slots__ = ("tier", "fetched", "seconds")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    fetched: bool
+    seconds: float
+    def __init__(self, tier: _Optional[str] = ..., fetched: _Optional[bool] = ..., seconds: _Optional[float] = ...) -> None: ...
+
 class InstanceStreamRequest(_message.Message):
     __slots__ = ("seq", "timeout_ms", "create", "delete", "more")
     SEQ_FIELD_NUMBER: _ClassVar[int]

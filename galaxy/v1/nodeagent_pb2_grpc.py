@@ -59,6 +59,11 @@ class NodeAgentStub:
                 request_serializer=galaxy_dot_v1_dot_nodeagent__pb2.InstanceStreamRequest.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_nodeagent__pb2.InstanceStreamReply.FromString,
                 _registered_method=True)
+        self.WarmModel = channel.unary_unary(
+                '/galaxy.v1.NodeAgent/WarmModel',
+                request_serializer=galaxy_dot_v1_dot_nodeagent__pb2.WarmModelRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_nodeagent__pb2.WarmModelReply.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServicer:
@@ -115,6 +120,17 @@ class NodeAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WarmModel(self, request, context):
+        """Fetch a model into the node's cache now, as a start of a function that
+        names it would (warm-up, as Fluid's DataLoad), and answer when it is
+        there. Errors as a start's: FAILED_PRECONDITION (checksum or size),
+        RESOURCE_EXHAUSTED (no room), UNAVAILABLE (the store did not answer),
+        FAILED_PRECONDITION too when the agent has no model cache.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +158,11 @@ def add_NodeAgentServicer_to_server(servicer, server):
                     servicer.InstanceStream,
                     request_deserializer=galaxy_dot_v1_dot_nodeagent__pb2.InstanceStreamRequest.FromString,
                     response_serializer=galaxy_dot_v1_dot_nodeagent__pb2.InstanceStreamReply.SerializeToString,
+            ),
+            'WarmModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.WarmModel,
+                    request_deserializer=galaxy_dot_v1_dot_nodeagent__pb2.WarmModelRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_nodeagent__pb2.WarmModelReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -279,6 +300,33 @@ class NodeAgent:
             '/galaxy.v1.NodeAgent/InstanceStream',
             galaxy_dot_v1_dot_nodeagent__pb2.InstanceStreamRequest.SerializeToString,
             galaxy_dot_v1_dot_nodeagent__pb2.InstanceStreamReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WarmModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.NodeAgent/WarmModel',
+            galaxy_dot_v1_dot_nodeagent__pb2.WarmModelRequest.SerializeToString,
+            galaxy_dot_v1_dot_nodeagent__pb2.WarmModelReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -411,7 +411,9 @@ class ControlPlane:
         # The status as sent, and as Schedule's ModNode handler converts it
         # (``node_info``: the same values, taken here from the node, which
         # is cheaper than converting the message).
-        a = (cmf, node.status(), node.info())
+        models = self.env.models
+        info = node.info() if models is None else models.info(node.id, node.info())
+        a = (cmf, node.status(), info)
         self.sim.stage(t, cmf.station, self.s_update(), self._on_update, a)
         if self.cfg.heartbeats == "all":
             self.sim.after(self.cfg.heartbeat_s, self._beat, node)

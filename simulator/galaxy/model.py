@@ -101,8 +101,11 @@ class GalaxyConfig:
     #: credits one Dispatch instance may hold from one Schedule instance
     #: (``ScheduleConfig.credits_per_holder``: the ledger's limit)
     credits_per_holder: int = _SCHEDULE.credits_per_holder
-    #: placement scoring term (``functions.schedule.scoring`` registry)
-    scoring: str = _SCHEDULE.scoring
+    #: placement scoring term (``functions.schedule.scoring`` registry).
+    #: Not Schedule's default (``model_locality``): the simulated functions
+    #: name no models, and for them that term is ``least_loaded`` exactly,
+    #: so the reports keep naming what decides.
+    scoring: str = "least_loaded"
 
     def params(self) -> dict[str, Any]:
         """For reports."""

@@ -102,7 +102,9 @@ class Placer:
         self._on_begin, self._on_probed = self._begin, self._probed
         self._on_create, self._on_confirmed = self._create, self._confirmed
         #: capacity credits: scale-ups that fit one skip Schedule
-        self.credits = CreditPath(self) if cfg.credits else None
+        #: (none when functions have models: as in production, a start of a
+        #: function with a model goes through Schedule, functions.dispatch.peers)
+        self.credits = CreditPath(self) if cfg.credits and env.models is None else None
 
     def _call(self) -> float:
         """Network time of an RPC's request leg (a new connection first
@@ -177,7 +179,12 @@ class Placer:
     def _begin(self, su: ScaleUp) -> None:
         assert su.sf is not None
         su.t_begin = self.sim.now - su.decide
-        su.pl = su.sf.policy.begin(self.m.needs[su.fn])
+        models = self.m.env.models
+        if models is None:
+            su.pl = su.sf.policy.begin(self.m.needs[su.fn])
+        else:
+            placing = models.placing(su.fn, self.m.fns[su.fn].name)
+            su.pl = su.sf.policy.begin(self.m.needs[su.fn], placing)
         self._advance(su)
 
     def _advance(self, su: ScaleUp) -> None:
@@ -209,7 +216,8 @@ class Placer:
     def _probed(self, a: tuple[ScaleUp, SimNode]) -> None:
         su, node = a
         # The answer is the node's status when its agent served the probe.
-        su.answers.append(node.info())
+        models = self.m.env.models
+        su.answers.append(node.info() if models is None else models.info(node.id, node.info()))
         back = self.sim.now + self.net.hop()
         su.latest = max(su.latest, back)
         su.left -= 1
@@ -255,7 +263,13 @@ class Placer:
             self.rec.count("rejections")  # the node refused: the view was stale
             self.sim.at(self.sim.now + self.net.hop(), self._refused, su)
             return
-        t = node.creator.finish(self.sim.now, self.m.fns[su.fn].cold_start_s)
+        cold = self.m.fns[su.fn].cold_start_s
+        models = self.m.env.models
+        if models is not None:
+            load = models.load_s(node.id, su.fn)
+            self.rec.sample("model_load", self.sim.now, load)
+            cold += load
+        t = node.creator.finish(self.sim.now, cold)
         self.sim.at(t, self._ready, su)
 
     def _refused(self, su: ScaleUp) -> None:

@@ -125,3 +125,15 @@ async def test_a_shared_volume_path_is_copied_and_checked(tmp_path) -> None:
     assert path.read_bytes() == src.read_bytes()
     with pytest.raises(Unavailable, match="cannot read"):
         await cache.acquire(common_pb2.ModelRef(uri=str(tmp_path / "nope.bin")))
+
+
+async def test_a_fetch_in_progress_is_reported_as_the_fetch_queue(store, tmp_path) -> None:
+    ref, _ = _model(store, "q.bin", 256 * KIB)
+    cache = _cache(tmp_path, disk=10 * 256 * KIB)
+    start = asyncio.ensure_future(cache.acquire(ref))
+    await asyncio.sleep(0)  # one turn: acquire registers its fetch, then waits on it
+    assert [(m.digest, m.tier, m.size_bytes) for m in cache.held()] == [
+        (ref.sha256, "fetching", 256 * KIB)
+    ]
+    await start
+    assert [(m.digest, m.tier) for m in cache.held()] == [(ref.sha256, "disk")]
