@@ -13,6 +13,7 @@ next to their TLS material, ``lease.key``); an instance never sees it.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import enum
 import hashlib
@@ -102,6 +103,12 @@ def ensure(tls_dir: str | os.PathLike[str]) -> Path:
     with os.fdopen(fd, "wb") as f:
         f.write(secrets.token_bytes(KEY_BYTES))
     return path
+
+
+def from_args(args: argparse.Namespace) -> LeaseKey | None:
+    """The lease key of a `galaxy serve` process (its resolved ``args.rpc``)."""
+    rpc = getattr(args, "rpc", None)
+    return load(rpc.tls_dir) if rpc is not None and rpc.tls is not None else None
 
 
 def load(tls_dir: str | os.PathLike[str] | None) -> LeaseKey | None:

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Gauge
 
-from controlplane.runtime import authn, rpc, validation
+from controlplane.runtime import authn, leasetoken, rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.errors import (
     DeadlineExceeded,
@@ -83,6 +83,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self.clock: Clock = clock or MonotonicClock()
         self.autoscaling = FunctionAutoscaling(autoscale or AutoscaleSettings(), self.clock)
         self.lease_ttl_s = lease_ttl_s
+        #: Signs each lease for the node's entry (None: leases carry no token).
+        self.lease_key: leasetoken.LeaseKey | None = None
         self.max_queue = max_queue
         self.record: RecordFn = record or (lambda key, value: None)
         self.membership = MembershipView()
@@ -195,6 +197,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             wait_ms=wait_s * 1000.0,
             lease_ttl_ms=int(ttl_s * 1000),
             hold_ms=int(hold_s * 1000),
+            lease_token=self.lease_key.sign(
+                g.instance.instance_id, time.time_ns() // 1_000_000 + int(ttl_s * 1000)
+            )
+            if self.lease_key is not None
+            else "",
         )
 
     @staticmethod
