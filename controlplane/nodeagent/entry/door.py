@@ -24,6 +24,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from typing import cast
 
 import httptools  # type: ignore[import-not-found,unused-ignore]
 
@@ -85,8 +86,8 @@ class _Client(asyncio.Protocol):
         self.connecting: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports have Transport's methods, not its class.
+        self.transport = cast(asyncio.Transport, transport)
         self.door.clients.add(self)
 
     # httptools callbacks, called during feed_data.
@@ -140,10 +141,9 @@ class _Client(asyncio.Protocol):
         if self.transport.is_closing():
             up.close()
             return
-        assert isinstance(up, asyncio.Transport)
-        self.up = up
+        self.up = cast(asyncio.Transport, up)
         for chunk in self.pending or ():
-            up.write(chunk)
+            self.up.write(chunk)
         self.pending = None
 
     def _refuse(self, status: int, message: str) -> None:
