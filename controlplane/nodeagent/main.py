@@ -106,9 +106,9 @@ class NodeAgentComponent:
         await self.servicer.close()
 
 
-def _cgroups(mode: str, max_pids: int) -> Cgroups | None:
+def _cgroups(mode: str, max_pids: int, root: str) -> Cgroups | None:
     try:
-        return open_cgroups(mode, max_pids)
+        return open_cgroups(mode, max_pids, Path(root))
     except CgroupError as e:
         raise ValueError(f"--cgroups on: {e}") from None
 
@@ -139,7 +139,7 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
             cfg.sandbox,
             log_dir=cfg.log_dir,
             startup_timeout_ms=cfg.startup_timeout_ms,
-            cgroups=_cgroups(cfg.cgroups, cfg.instance_max_pids),
+            cgroups=_cgroups(cfg.cgroups, cfg.instance_max_pids, cfg.cgroup_root),
             user=cfg.instance_user,
             instance_dir=cfg.instance_dir,
             **entry,
