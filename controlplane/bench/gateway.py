@@ -44,7 +44,9 @@ async def _bare_proxy(upstream: str) -> tuple[web.AppRunner, str]:
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        async with session.post(f"http://{upstream}/", data=body) as r:
+        # The lease, for the node's entry (what a gateway adds too).
+        lease = {k: v for k, v in request.headers.items() if k == leasetoken.HEADER}
+        async with session.post(f"http://{upstream}/", data=body, headers=lease) as r:
             out = web.StreamResponse(status=r.status)
             out.content_type = r.content_type
             await out.prepare(request)
