@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from controlplane.launch.endpoints import default_run_dir, read_endpoints
-from controlplane.runtime import credentials, tlsfiles
+from controlplane.runtime import credentials, leasetoken, tlsfiles
 from controlplane.runtime import spec as specs
 from controlplane.runtime.host import (
     READY_PREFIX,
@@ -44,7 +44,9 @@ async def _bare_proxy(upstream: str) -> tuple[web.AppRunner, str]:
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        async with session.post(f"http://{upstream}/", data=body) as r:
+        # The lease, for the node's entry (what a gateway adds too).
+        lease = {k: v for k, v in request.headers.items() if k == leasetoken.HEADER}
+        async with session.post(f"http://{upstream}/", data=body, headers=lease) as r:
             out = web.StreamResponse(status=r.status)
             out.content_type = r.content_type
             await out.prepare(request)
@@ -146,6 +148,8 @@ async def measure(
     ) as c:
         addr = await c.dispatch("echo")  # a warm instance to aim at directly
         await c.release(addr)
+    if addr.lease_token:  # the node's entry wants it; gateways use their own
+        auth = {**(auth or {}), leasetoken.HEADER: addr.lease_token}
     # The bare proxy twice: in a process of its own, as the gateways run
     # (the yardstick), and inside this load generator, as measured before.
     runner, inproc = await _bare_proxy(addr.address)

@@ -48,6 +48,7 @@ HOP = frozenset(
     for h in (
         "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE",
         "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
+        "Galaxy-Lease",  # the gateway's own proof for the node's entry, never a caller's
     )
 )  # fmt: skip
 

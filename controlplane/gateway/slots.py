@@ -132,7 +132,7 @@ class SlotCache:
                 data = await body()  # the caller's reader keeps it for a retry
                 try:
                     async with client.http.open(
-                        h.addr.address, path, data, limit, method, headers
+                        h.addr.address, path, data, limit, method, headers, h.addr.lease_token
                     ) as resp:
                         yield h, resp
                         return

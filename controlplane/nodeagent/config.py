@@ -68,6 +68,13 @@ class NodeAgentConfig(Config):
         choices=("auto", "on", "off"),
         group=GROUP,
     )
+    cgroup_root: str = setting(
+        "/sys/fs/cgroup",
+        "where the agent makes its instances' cgroups: the cgroup v2 mount or a subtree "
+        "delegated to the agent's user (v1: a directory with one entry per hierarchy, cpu, "
+        "memory, pids); the Kubernetes DaemonSet's is delegated (docs/security.md)",
+        group=GROUP,
+    )
     instance_max_pids: int = setting(
         DEFAULT_MAX_PIDS,
         "process sandbox with cgroups: at most N processes and threads per instance "

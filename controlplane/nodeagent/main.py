@@ -19,7 +19,7 @@ from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS, Registrar
 from controlplane.nodeagent.sandbox import SandboxBackend, make_sandbox_backend
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, open_cgroups
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
-from controlplane.runtime import config
+from controlplane.runtime import config, leasetoken
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.metrics import QUEUE_LIMIT
 from controlplane.runtime.netaddr import split_host_port
@@ -106,9 +106,9 @@ class NodeAgentComponent:
         await self.servicer.close()
 
 
-def _cgroups(mode: str, max_pids: int) -> Cgroups | None:
+def _cgroups(mode: str, max_pids: int, root: str) -> Cgroups | None:
     try:
-        return open_cgroups(mode, max_pids)
+        return open_cgroups(mode, max_pids, Path(root))
     except CgroupError as e:
         raise ValueError(f"--cgroups on: {e}") from None
 
@@ -133,13 +133,16 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
     if cfg.sandbox == "emulated":
         backend = make_sandbox_backend("emulated", start_delay_ms=cfg.start_delay_ms)
     else:
+        # The bwrap sandbox's entry checks leases with the cluster's key.
+        entry = {"lease_key": leasetoken.from_args(args)} if cfg.sandbox == "bwrap" else {}
         backend = make_sandbox_backend(
             cfg.sandbox,
             log_dir=cfg.log_dir,
             startup_timeout_ms=cfg.startup_timeout_ms,
-            cgroups=_cgroups(cfg.cgroups, cfg.instance_max_pids),
+            cgroups=_cgroups(cfg.cgroups, cfg.instance_max_pids, cfg.cgroup_root),
             user=cfg.instance_user,
             instance_dir=cfg.instance_dir,
+            **entry,
         )
     cap = Res(cfg.cpu_millis, cfg.memory_mib, cfg.gpus)
     ids = node_ids(cfg.node_prefix, cfg.nodes, cfg.node_index_start)

@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from controlplane.runtime import leasetoken
 from controlplane.runtime.validation import short
 
 SPIFFE_PREFIX = "spiffe://galaxy/"
@@ -231,6 +232,9 @@ def ensure(
             # Never drop a host: a peer may dial the certificate by it.
             issue(d, identity, [str(g.value) for g in have or []] + ([] if client else [*hosts]))
             written.append(identity)
+    if not leasetoken.key_path(d).exists():
+        leasetoken.ensure(d)  # Dispatch and the node agents sign and check leases with it
+        written.append("lease-key")
     return written
 
 

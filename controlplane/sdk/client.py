@@ -476,7 +476,7 @@ class GalaxyClient:
                     limit = min(limit, addr.lease_ttl_ms / 1000.0)
                 try:
                     async with self.http.open(
-                        addr.address, path, data, limit, method, headers
+                        addr.address, path, data, limit, method, headers, addr.lease_token
                     ) as resp:
                         held.append(addr)
                         yield addr, resp

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from controlplane.runtime.errors import DeadlineExceeded, Unavailable
+from controlplane.runtime.leasetoken import HEADER as LEASE_HEADER
 
 
 class NotSent(Unavailable):
@@ -60,8 +61,12 @@ class HttpPool:
         timeout_s: float,
         method: str = "POST",
         headers: dict[str, str] | None = None,
+        lease: str = "",
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """The response of one request, its body not yet read."""
+        """The response of one request, its body not yet read. lease: the
+        grant's ``lease_token``, shown to the node's entry."""
+        if lease:
+            headers = {**headers, LEASE_HEADER: lease} if headers else {LEASE_HEADER: lease}
         url = f"http://{address}{path if path.startswith('/') else '/' + path}"
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:

@@ -8,7 +8,7 @@ import contextlib
 import logging
 from typing import Any
 
-from controlplane.runtime import access, authn, config, controllers, scoring
+from controlplane.runtime import access, authn, config, controllers, leasetoken, scoring
 from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.metrics import QUEUE_LIMIT
@@ -67,6 +67,7 @@ class DispatchComponent:
                 max_starting=cfg.credit_max_starting,
                 score=scoring.lookup(cfg.scoring),
             )
+        self.servicer.lease_key = leasetoken.from_args(args)
         self._housekeeping: asyncio.Task[None] | None = None
         self._routed_check: asyncio.Task[None] | None = None
         # Tokens are verified against the controller's records, cached.

@@ -9,11 +9,12 @@ instance owns is forwarded once to its owner.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import grpc
 
-from controlplane.runtime import authn, validation
+from controlplane.runtime import authn, leasetoken, validation
 from functions.dispatch import coordination, fnstats, stream
 from functions.dispatch.dispatcher import Dispatcher, Served
 from functions.dispatch.ownership import lease_revision
@@ -32,6 +33,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
     def __init__(self, **kwargs: Any) -> None:
         #: the state and decisions this servicer serves
         self.dispatcher = Dispatcher(**kwargs)
+        #: signs each lease for the node's entry (None: leases carry no token)
+        self.lease_key: leasetoken.LeaseKey | None = None
 
     # Read-only views of the dispatcher, for `galaxy status` and tests.
 
@@ -67,9 +70,12 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
 
         context.add_done_callback(done)
 
-    @staticmethod
-    def _reply(s: Served) -> dispatch_pb2.InstanceAddr:
+    def _reply(self, s: Served) -> dispatch_pb2.InstanceAddr:
         g = s.grant
+        token = ""
+        if self.lease_key is not None:  # the node's entry admits this lease until it ends
+            ends_ms = time.time_ns() // 1_000_000 + int(s.ttl_s * 1000)
+            token = self.lease_key.sign(g.instance.instance_id, ends_ms)
         return dispatch_pb2.InstanceAddr(
             function=g.instance.meta.function if g.instance.meta else "",
             instance_id=g.instance.instance_id,
@@ -80,6 +86,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             wait_ms=s.wait_s * 1000.0,
             lease_ttl_ms=int(s.ttl_s * 1000),
             hold_ms=int(s.hold_s * 1000),
+            lease_token=token,
         )
 
     # -- public API -------------------------------------------------------

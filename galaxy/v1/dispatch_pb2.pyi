@@ -57,7 +57,7 @@ class DispatchStreamReply(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., addr: _Optional[_Union[InstanceAddr, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., goaway: _Optional[bool] = ..., more: _Optional[_Iterable[_Union[DispatchStreamReply, _Mapping]]] = ...) -> None: ...
 
 class InstanceAddr(_message.Message):
-    __slots__ = ("function", "instance_id", "address", "node_id", "lease_id", "cold_start", "wait_ms", "lease_ttl_ms", "hold_ms", "namespace")
+    __slots__ = ("function", "instance_id", "address", "node_id", "lease_id", "cold_start", "wait_ms", "lease_ttl_ms", "hold_ms", "namespace", "lease_token")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class InstanceAddr(_message.Message):
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     HOLD_MS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     function: str
     instance_id: str
     address: str
@@ -78,7 +79,8 @@ class InstanceAddr(_message.Message):
     lease_ttl_ms: int
     hold_ms: int
     namespace: str
-    def __init__(self, function: _Optional[str] = ..., instance_id: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., cold_start: _Optional[bool] = ..., wait_ms: _Optional[float] = ..., lease_ttl_ms: _Optional[int] = ..., hold_ms: _Optional[int] = ..., namespace: _Optional[str] = ...) -> None: ...
+    lease_token: str
+    def __init__(self, function: _Optional[str] = ..., instance_id: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., cold_start: _Optional[bool] = ..., wait_ms: _Optional[float] = ..., lease_ttl_ms: _Optional[int] = ..., hold_ms: _Optional[int] = ..., namespace: _Optional[str] = ..., lease_token: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("function", "lease_id", "forwarded")

@@ -1,9 +1,10 @@
 """A hostile function for the escape suite (tests/security/test_escape.py).
 
 An HTTP server on $HOST:$PORT that, asked on POST /probe with a JSON list of
-host paths and pids, reports from inside its instance what it can see and
-do; POST /forkbomb forks until the kernel refuses; POST /memhog allocates
-until something stops it. It only reports: the test decides what is an escape.
+host paths, pids and URLs, reports from inside its instance what it can see
+and do (direct HTTP calls to other instances included); POST /forkbomb forks
+until the kernel refuses; POST /memhog allocates until something stops it.
+It only reports: the test decides what is an escape.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -40,6 +43,17 @@ def try_kill(pid: int) -> str:
         return type(e).__name__
 
 
+def try_http(url: str) -> str:
+    """The HTTP status a plain GET (no lease) gets, or the error's name."""
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return str(resp.status)
+    except urllib.error.HTTPError as e:
+        return str(e.code)
+    except (urllib.error.URLError, OSError) as e:
+        return type(getattr(e, "reason", e)).__name__
+
+
 def probe(req: dict) -> dict:
     st = status_fields()
     pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
@@ -52,6 +66,7 @@ def probe(req: dict) -> dict:
         "seccomp": st["Seccomp"].strip(),
         "paths": {p: try_read(p) for p in req.get("paths", [])},
         "kills": {str(p): try_kill(p) for p in req.get("kill", [])},
+        "http": {u: try_http(u) for u in req.get("http", [])},
         "proc_pids": pids,
         "proc_cmdlines": [try_read(f"/proc/{p}/environ") for p in pids],
         "root": sorted(os.listdir("/")),

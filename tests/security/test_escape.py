@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -129,8 +131,41 @@ def report(up, victim):
         "/etc/shadow",
         "/root",
     ]
-    doc = body(invoke(up, "probe", "/probe", {"paths": paths}))
+    port = int(_environ(victim["pid"])["PORT"])
+    http = [f"http://{host}:{port}/" for host in {door_host(port), "127.0.0.1"}]
+    doc = body(invoke(up, "probe", "/probe", {"paths": paths, "http": http}))
     return doc
+
+
+def door_host(port: int) -> str:
+    """The address the node's entry listens on for the instance at port (the
+    node's advertised address), read from the host's socket table."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        ip, _, hexport = local.partition(":")
+        if state == "0A" and int(hexport, 16) == port:
+            return socket.inet_ntoa(bytes.fromhex(ip)[::-1])
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def test_no_direct_http_call_reaches_another_tenants_instance(report, victim):
+    """From inside the hostile instance: the neighbour's port, without a
+    lease, answers nothing but a refusal."""
+    assert report["http"], report
+    for url, outcome in report["http"].items():
+        assert outcome in ("401", "403", "ConnectionRefusedError"), (url, outcome)
+
+
+def test_from_the_node_an_instance_without_a_lease_is_refused(up, victim):
+    """From the host (curl, outside every sandbox): the instance's address
+    is its door, and the door wants a lease."""
+    port = int(_environ(victim["pid"])["PORT"])
+    url = f"http://{door_host(port)}:{port}/"
+    out = subprocess.run(
+        ["curl", "-sS", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}", url],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.stdout == "401", (url, out.stdout, out.stderr)
 
 
 def test_runs_as_its_own_unprivileged_user(report, victim):

@@ -7,9 +7,14 @@ Each instance gets its own mount, PID, IPC, UTS and cgroup namespaces,
 ``sandbox.seccomp``, and a filesystem of its own: the interpreter it runs and
 its libraries read-only, its artifact (and any other existing absolute path
 of its command line) read-only, its private directory read-write, a private
-``/tmp``, a minimal ``/dev`` and a ``/proc`` of its own PID namespace. The
-network namespace is the host's, so the node agent, Dispatch and the gateway
-reach it on its port as before.
+``/tmp``, a minimal ``/dev`` and a ``/proc`` of its own PID namespace.
+
+Network: a root agent gives each instance a network namespace of its own
+(loopback only; it listens there) and the node's entry
+(``controlplane.nodeagent.entry``) listens for it on the node's address,
+admitting only requests with a lease Dispatch signed for it. An agent that is
+not root cannot enter other namespaces: its instances share the host's
+network namespace and are reachable without a lease (docs/security.md).
 
 Users: a root agent gives each instance its own uid from a ``UidPool``. The
 namespaces are then set up by bwrap as root (a source path such as an
@@ -23,21 +28,27 @@ no capabilities; every instance then shares that uid.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+from controlplane.nodeagent.entry import netns
+from controlplane.nodeagent.entry.door import Door
 from controlplane.nodeagent.sandbox import seccomp
 from controlplane.nodeagent.sandbox.launch import instance_user, pdeathsig_prefix
-from controlplane.nodeagent.sandbox.process import ProcessBackend
+from controlplane.nodeagent.sandbox.process import ProcessBackend, ProcessSandbox
 from controlplane.nodeagent.sandbox.uidpool import UidPool, UidPoolExhausted
 from controlplane.runtime import models
 from controlplane.runtime.errors import Unavailable
+from controlplane.runtime.leasetoken import LeaseKey
 from galaxy.v1 import common_pb2
 
 log = logging.getLogger(__name__)
+_INFO_TIMEOUT_S = 10.0
 
 # Top-level paths of the system's programs and libraries; on a merged-/usr
 # system all but /usr are symlinks, recreated as such.
@@ -114,12 +125,15 @@ class BwrapBackend(ProcessBackend):
 
     uid_pool: where a root agent takes each instance's uid (default: a new
     ``UidPool``; ignored when ``user`` names a fixed user or the agent is not
-    root). Other options are ``ProcessBackend``'s.
+    root). lease_key: what the entry checks callers' leases with (None:
+    it admits every request). Other options are ``ProcessBackend``'s.
     """
 
     kind = "bwrap"
 
-    def __init__(self, uid_pool: UidPool | None = None, **opts: Any) -> None:
+    def __init__(
+        self, uid_pool: UidPool | None = None, lease_key: LeaseKey | None = None, **opts: Any
+    ) -> None:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise ValueError(
@@ -131,6 +145,15 @@ class BwrapBackend(ProcessBackend):
         # The user switch happens inside the sandbox, not before bwrap.
         self._prefix = pdeathsig_prefix()
         self._root = os.geteuid() == 0
+        #: Instances get a network namespace of their own (and the entry).
+        self.own_netns = netns.can_enter()
+        self.lease_key = lease_key
+        if self.own_netns and lease_key is None:
+            log.warning(
+                "no lease key (lease.key in the TLS directory): the node's entry lets "
+                "every request into an instance"
+            )
+        self._info: int | None = None  # read end of the last --info-fd pipe
         self._fixed_uid: int | None = None
         if self.user is not None:
             self._fixed_uid = instance_user(self.user).pw_uid
@@ -202,9 +225,20 @@ class BwrapBackend(ProcessBackend):
             "--chdir", cwd,
             "--seccomp", str(fd),
         ]  # fmt: skip
+        fds: tuple[int, ...] = (fd,)
+        if self.own_netns:
+            # bwrap reports the sandbox's pid (whose namespace the entry
+            # enters) on this pipe; read in _attach.
+            r, w = os.pipe2(os.O_CLOEXEC)
+            os.set_inheritable(w, True)
+            if self._info is not None:  # a start that failed before its process ran
+                os.close(self._info)
+            self._info = r
+            fds = (fd, w)
+            argv += ["--unshare-net", "--info-fd", str(w)]
         if not self._root:
             argv += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--"]
-            return [*argv, *self._inner, *command], (fd,)
+            return [*argv, *self._inner, *command], fds
         assert self._setpriv is not None
         if uid is None:  # a fixed --instance-user
             pw = instance_user(str(self.user))
@@ -215,10 +249,59 @@ class BwrapBackend(ProcessBackend):
             "--", self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
         ]  # fmt: skip
-        return [*argv, *self._inner, *command], (fd,)
+        return [*argv, *self._inner, *command], fds
+
+    @property
+    def inner_host(self) -> str:
+        return "127.0.0.1" if self.own_netns else self.host
+
+    async def _attach(self, sb: ProcessSandbox) -> None:
+        info, self._info = self._info, None
+        if info is None:
+            return
+        pid = await _child_pid(info, sb.instance_id)
+        dialer = netns.NetnsDialer(pid)
+        sb.dial = dialer.socket
+        sb.entry = Door(sb.instance_id, sb.port, self.lease_key, dialer.socket, dialer.close)
+
+    async def _admit(self, sb: ProcessSandbox) -> None:
+        if sb.entry is not None:
+            try:
+                await sb.entry.open(self.host, sb.port)
+            except OSError as e:
+                raise Unavailable(
+                    f"instance {sb.instance_id}: the entry cannot listen on port {sb.port}: {e}"
+                ) from None
+
+    async def _detach(self, sb: ProcessSandbox) -> None:
+        if sb.entry is not None:
+            await sb.entry.close()
 
     async def close(self) -> None:
         await super().close()
         if self.uid_pool is not None:
             self.uid_pool.close()
         self._bpf.unlink(missing_ok=True)
+
+
+async def _child_pid(info: int, instance_id: str) -> int:
+    """The sandbox's pid from bwrap's --info-fd JSON (read to its end, which
+    comes once bwrap has set the sandbox up, or when it fails)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(info, "rb", buffering=0)
+    )
+    try:
+        async with asyncio.timeout(_INFO_TIMEOUT_S):
+            data = await reader.read()
+    except TimeoutError:
+        data = b""
+    finally:
+        transport.close()
+    try:
+        return int(json.loads(data)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        raise Unavailable(
+            f"instance {instance_id}: bubblewrap did not set up its sandbox"
+        ) from None

@@ -10,14 +10,16 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from prometheus_client import Counter
 
+from controlplane.nodeagent.entry.door import Door
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, InstanceGroup
 from controlplane.nodeagent.sandbox.launch import (
@@ -61,11 +63,29 @@ def _tail(path: Path, max_lines: int = 10, max_bytes: int = 4096) -> str:
     return "\n".join(data.decode(errors="replace").splitlines()[-max_lines:])
 
 
-async def _ready_probe(host: str, port: int, path: str, timeout_s: float) -> bool:
+async def _connect(
+    host: str, port: int, dial: Callable[[], socket.socket] | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to host:port, from a socket of dial when given (one in
+    the instance's network namespace)."""
+    if dial is None:
+        return await asyncio.open_connection(host, port)
+    sock = dial()
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock)
+
+
+async def _ready_probe(
+    host: str, port: int, path: str, timeout_s: float, dial: Callable[[], socket.socket] | None
+) -> bool:
     """One readiness check: TCP connect, or HTTP GET path answering 2xx."""
     try:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await _connect(host, port, dial)
             try:
                 if not path:
                     return True
@@ -130,6 +150,13 @@ class ProcessSandbox(Sandbox):
         self.pid = proc.pid
         self.host = backend.host
         self.port = port
+        #: Where the instance itself listens, and how to reach it there: the
+        #: node's address, or the loopback of its own network namespace
+        #: through ``dial`` (the bwrap backend sets both, and ``entry``, the
+        #: door that alone admits callers, closed when it ends).
+        self.inner_host = backend.inner_host
+        self.dial: Callable[[], socket.socket] | None = None
+        self.entry: Door | None = None
         self.stderr_path = stderr_path
         self.returncode: int | None = None
         self._backend = backend
@@ -147,6 +174,7 @@ class ProcessSandbox(Sandbox):
         rc = await wait_exit(self._proc)
         self.returncode = rc
         self._backend._live.discard(self)
+        await self._backend._detach(self)
         # The leader is gone; anything it left in its group goes too.
         _killpg(self.pid or 0, signal.SIGKILL)
         if self.group is not None:
@@ -209,7 +237,7 @@ class ProcessSandbox(Sandbox):
                     f"did not become ready within {timeout_s * 1000:.0f} ms "
                     f"(waited for {check} on {self.address})"
                 )
-            if await _ready_probe(self.host, self.port, path, min(remaining, 1.0)):
+            if await _ready_probe(self.inner_host, self.port, path, min(remaining, 1.0), self.dial):
                 self._ready = True
                 return
             # Waiting on the exit task (not a plain sleep) notices a crash at once.
@@ -304,9 +332,24 @@ class ProcessBackend(SandboxBackend):
         env["GALAXY_FUNCTION"] = function
         env["GALAXY_REVISION"] = str(revision)  # 0: a function without revisions
         env["GALAXY_NODE_ID"] = node_id
-        env["HOST"] = self.host
+        env["HOST"] = self.inner_host
         env["PORT"] = str(port)
         return env
+
+    @property
+    def inner_host(self) -> str:
+        """The address an instance listens on (a backend that gives it a
+        network namespace of its own: that namespace's loopback)."""
+        return self.host
+
+    async def _attach(self, sb: ProcessSandbox) -> None:
+        """Called once sb's process runs, before its readiness is checked."""
+
+    async def _admit(self, sb: ProcessSandbox) -> None:
+        """Called once sb is ready, before its start returns."""
+
+    async def _detach(self, sb: ProcessSandbox) -> None:
+        """Called once sb's process has ended."""
 
     def _acquire_uid(self) -> int | None:
         """A uid of the instance's own (None: the backend's user)."""
@@ -431,7 +474,9 @@ class ProcessBackend(SandboxBackend):
         if path and not path.startswith("/"):
             path = "/" + path
         try:
+            await self._attach(sb)
             await sb.wait_ready(timeout_ms / 1000, path)
+            await self._admit(sb)
             if group is not None:
                 group.limit_cpu(spec.resources.cpu_millis)
         except BaseException as e:

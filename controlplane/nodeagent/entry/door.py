@@ -1,0 +1,227 @@
+"""An instance's door: the entry's listener for one instance.
+
+Every HTTP/1.1 request arriving on it must carry a ``Galaxy-Lease`` token
+Dispatch signed for this instance (``controlplane.runtime.leasetoken``); a
+request without one, with a forged, expired or another instance's token gets
+401 or 403 with the reason and the connection is closed, and nothing of it
+reaches the instance. An accepted connection is connected into the
+instance's network namespace and its bytes flow both ways unchanged: the
+door parses requests (to check each one's header) but never rewrites them,
+and does not parse answers. After a protocol upgrade (WebSocket) the rest of
+the connection is raw bytes, its opening request having been checked.
+
+Extension points (docs/security.md, "The node's entry"): ``_Client.
+on_headers_complete`` sees every admitted request of an instance (per-
+instance concurrency, load signals, batching would hook there), and
+``Door.close`` is where a drain would wait for open requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import cast
+
+import httptools  # type: ignore[import-not-found,unused-ignore]
+
+from controlplane.runtime.leasetoken import LeaseKey, Verdict
+
+log = logging.getLogger(__name__)
+
+_LEASE = b"galaxy-lease"
+_REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway"}
+
+
+def _answer(status: int, message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    auth = b'WWW-Authenticate: Galaxy-Lease realm="galaxy"\r\n' if status == 401 else b""
+    head = (
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+    ).encode()
+    return head + auth + b"\r\n" + body
+
+
+class _Upstream(asyncio.Protocol):
+    """The door's connection into the instance: answers go back as they come."""
+
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+
+    def data_received(self, data: bytes) -> None:
+        self.client.transport.write(data)
+
+    def eof_received(self) -> bool:
+        if self.client.transport.can_write_eof():
+            self.client.transport.write_eof()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client.transport.close()
+
+    def pause_writing(self) -> None:
+        self.client.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.client.transport.resume_reading()
+
+
+class _Client(asyncio.Protocol):
+    """One caller's connection to the door."""
+
+    transport: asyncio.Transport
+
+    def __init__(self, door: Door) -> None:
+        self.door = door
+        self.parser = httptools.HttpRequestParser(self)
+        self.lease: bytes | None = None
+        self.refused: Verdict | None = None
+        self.raw = False  # after an upgrade: no more requests to check
+        self.up: asyncio.Transport | None = None
+        self.pending: list[bytes] | None = None  # while connecting upstream
+        self.connecting: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports have Transport's methods, not its class.
+        self.transport = cast(asyncio.Transport, transport)
+        self.door.clients.add(self)
+
+    # httptools callbacks, called during feed_data.
+    def on_message_begin(self) -> None:
+        self.lease = None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == _LEASE:
+            self.lease = value
+
+    def on_headers_complete(self) -> None:
+        verdict = self.door.check(self.lease)
+        if verdict is not Verdict.OK and self.refused is None:
+            self.refused = verdict
+
+    def data_received(self, data: bytes) -> None:
+        if not self.raw:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:
+                self.raw = True  # the upgrading request's headers were checked
+            except httptools.HttpParserError:
+                self._refuse(400, "not an HTTP/1.1 request")
+                return
+            if self.refused is not None:
+                # Nothing of a connection that shows a bad token goes on.
+                self._refuse(self.refused.status, self.refused.value)
+                return
+        if self.up is not None:
+            self.up.write(data)
+        elif self.pending is not None:
+            self.pending.append(data)
+        else:
+            self.pending = [data]
+            self.connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            sock = self.door.dial()
+            try:
+                await loop.sock_connect(sock, ("127.0.0.1", self.door.port))
+                up, _ = await loop.create_connection(lambda: _Upstream(self), sock=sock)
+            except BaseException:
+                sock.close()
+                raise
+        except OSError as e:
+            log.info("entry: instance %s unreachable: %s", self.door.instance_id, e)
+            self._refuse(502, f"instance {self.door.instance_id} is not accepting connections")
+            return
+        if self.transport.is_closing():
+            up.close()
+            return
+        self.up = cast(asyncio.Transport, up)
+        for chunk in self.pending or ():
+            self.up.write(chunk)
+        self.pending = None
+
+    def _refuse(self, status: int, message: str) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(_answer(status, message))
+            self.transport.close()
+        if self.up is not None:
+            self.up.close()
+
+    def eof_received(self) -> bool:
+        if self.up is not None and self.up.can_write_eof():
+            self.up.write_eof()
+            return True  # half-close: the answer may still come
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.door.clients.discard(self)
+        if self.up is not None:
+            self.up.close()
+        if self.connecting is not None and not self.connecting.done():
+            self.connecting.cancel()
+
+    def pause_writing(self) -> None:
+        if self.up is not None:
+            self.up.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.up is not None:
+            self.up.resume_reading()
+
+
+class Door:
+    """The entry's listener for one instance.
+
+    key: the cluster's lease key (None: every request is let in; a cluster
+    without TLS material has no key, and says loudly that it checks nothing).
+    dial: makes a socket in the instance's network namespace; the instance
+    listens on its loopback at port. on_close: called once closed (lets go of
+    the namespace). clock_ms: wall clock, milliseconds.
+    """
+
+    def __init__(
+        self,
+        instance_id: str,
+        port: int,
+        key: LeaseKey | None,
+        dial: Callable[[], socket.socket],
+        on_close: Callable[[], None] = lambda: None,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.instance_id = instance_id
+        self.port = port
+        self.key = key
+        self.dial = dial
+        self._on_close = on_close
+        self.clock_ms = clock_ms
+        self.clients: set[_Client] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    def check(self, token: bytes | None) -> Verdict:
+        """The verdict on one request's token."""
+        if self.key is None:
+            return Verdict.OK
+        return self.key.verify(token, self.instance_id, self.clock_ms())
+
+    async def open(self, host: str, port: int) -> None:
+        """Listen on host:port (the node's advertised address)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Client(self), host, port)
+
+    async def close(self) -> None:
+        """Stop listening and cut every connection."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for c in list(self.clients):
+            c.transport.abort()
+            if c.up is not None:
+                c.up.abort()
+        self._on_close()
+        self._on_close = lambda: None

@@ -1,0 +1,129 @@
+"""The node's entry with real sandboxes and a client we did not write (curl):
+an instance in its own network namespace is reachable only through its door
+on the node's address, and only with a lease token signed for it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from controlplane.nodeagent.entry import netns
+from controlplane.nodeagent.sandbox import BwrapBackend
+from controlplane.nodeagent.sandbox.uidpool import UidPool
+from controlplane.runtime.leasetoken import SKEW_MS, LeaseKey
+
+from .conftest import echo_spec
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None or shutil.which("curl") is None or not netns.can_enter(),
+        reason="needs bubblewrap, curl and a root agent (network namespaces)",
+    ),
+]
+
+
+def node_address() -> str:
+    """A non-loopback address of this machine when it has one: the entry
+    listens where the node is advertised, not on loopback."""
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    return next((a for a in out if ":" not in a), "127.0.0.1")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@pytest.fixture
+async def entry(tmp_path):
+    key = LeaseKey(os.urandom(32))
+    b = BwrapBackend(
+        log_dir=tmp_path / "logs",
+        instance_dir=tmp_path / "inst",
+        uid_pool=UidPool(lock_dir=tmp_path / "uids"),
+        lease_key=key,
+    )
+    b.host = node_address()
+    a = await b.start("n1", "inst-a", echo_spec("team-a-fn"))
+    other = await b.start("n1", "inst-b", echo_spec("team-b-fn"))
+    yield key, a, other
+    await b.close()
+
+
+async def curl(address: str, *headers: str) -> tuple[int, str]:
+    args = [f"-H{h}" for h in headers]
+    p = await asyncio.create_subprocess_exec(
+        "curl", "-sS", "-m", "5", "-w", "\n%{http_code}", "--data", "hello", *args,
+        f"http://{address}/echo", stdout=subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await p.communicate()
+    body, _, code = out.decode().rpartition("\n")
+    return int(code), body
+
+
+async def test_only_a_lease_for_this_instance_opens_it(entry):
+    key, a, other = entry
+    assert not a.address.startswith("127.") or node_address().startswith("127.")
+    live = now_ms() + 60_000
+    code, body = await curl(a.address)
+    assert (code, "Galaxy-Lease" in body) == (401, True), body
+    forged = key.sign("inst-a", live)[:-4] + "AAAA"
+    assert (await curl(a.address, f"Galaxy-Lease: {forged}"))[0] == 403
+    assert (await curl(a.address, "Galaxy-Lease: not-a-token"))[0] == 401
+    stranger = LeaseKey(os.urandom(32)).sign("inst-a", live)  # another cluster's key
+    assert (await curl(a.address, f"Galaxy-Lease: {stranger}"))[0] == 403
+    expired = key.sign("inst-a", now_ms() - SKEW_MS - 1_000)
+    code, body = await curl(a.address, f"Galaxy-Lease: {expired}")
+    assert (code, "ended" in body) == (401, True), body
+    # The other function's instance, on the same node, with its own lease.
+    theirs = key.sign(other.instance_id, live)
+    assert (await curl(a.address, f"Galaxy-Lease: {theirs}"))[0] == 403
+    assert (await curl(other.address, f"Galaxy-Lease: {theirs}"))[0] == 200
+    code, body = await curl(a.address, f"Galaxy-Lease: {key.sign('inst-a', live)}")
+    assert code == 200 and json.loads(body)["echo"] == "hello", body
+
+
+def _request(token: str) -> bytes:
+    return (
+        f"POST /echo HTTP/1.1\r\nHost: x\r\nGalaxy-Lease: {token}\r\nContent-Length: 2\r\n\r\nhi"
+    ).encode()
+
+
+async def test_every_request_on_a_kept_connection_is_checked(entry):
+    """A connection opened with a good lease does not carry a bad one in."""
+    key, a, _ = entry
+    host, port = a.address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(_request(key.sign("inst-a", now_ms() + 60_000)))
+        first = await asyncio.wait_for(reader.readuntil(b"}"), 5)
+        assert first.startswith(b"HTTP/1.1 200") or first.startswith(b"HTTP/1.0 200"), first
+        writer.write(_request(key.sign("inst-b", now_ms() + 60_000)))
+        second = await asyncio.wait_for(reader.read(), 5)
+        assert second.startswith(b"HTTP/1.1 403"), second
+    finally:
+        writer.close()
+
+
+def _listeners(port: int) -> int:
+    """Sockets listening on port in this (the host's) network namespace."""
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.read().splitlines()[1:]]
+    return sum(1 for r in rows if r[3] == "0A" and int(r[1].split(":")[1], 16) == port)
+
+
+async def test_the_instance_does_not_listen_on_the_node(entry):
+    """Only the door is on the node's address; the instance itself is in
+    its own namespace (its port there is not the node's)."""
+    _, a, _ = entry
+    assert _listeners(a.port) == 1
+    await a.entry.close()  # the door alone closes the way in
+    with pytest.raises(OSError):
+        socket.create_connection((a.host, a.port), timeout=2).close()
