@@ -22,12 +22,14 @@ from controlplane.runtime import authn, rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     ResourceExhausted,
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch import coordination, fnstats, revisions, starts, stream, waits
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
+from functions.dispatch.backoff import BackoffConfig, StartBackoff
 from functions.dispatch.config import DEFAULTS
 from functions.dispatch.ownership import Ownership, lease_revision
 from functions.dispatch.peers import Peers
@@ -98,6 +100,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         self.ownership: Ownership[str, common_pb2.ControlInstance] = Ownership()
         self._recovered = self.ownership.recovered
         self.ops: dict[str, int] = {"dispatch": 0, "scale_up": 0, "forwarded": 0}
+        # Start backoff (functions/dispatch/backoff.py); main sets its flags.
+        self.backoff = StartBackoff(BackoffConfig(), self.clock)
 
     # -- helpers ----------------------------------------------------------
 
@@ -239,6 +243,10 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
             router.remember(rid, grant)
             self._release_if_abandoned(context, router, grant.lease_id)
             return self._reply(grant, time.perf_counter() - start, router.lease_ttl_s, hold())
+        # Start backoff: only a start could serve this request, and none may go now.
+        failing = self.backoff.blocked(spec.name, spec.version)
+        if failing is not None and not router.live_count() and not router.pending:
+            raise FailedPrecondition(failing.message(spec.name, self.clock.now()))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Grant] = loop.create_future()
         try:
@@ -376,7 +384,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
 
     def _trigger_scale_up(self, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
         n = router.scale_ups_needed()
-        if n:
+        if n and not self.backoff.blocked(spec.name, spec.version):  # start backoff
             router.begin_scale_up(n)
             for _ in range(n):
                 self._spawn(self._scale_up(router, spec))
@@ -472,7 +480,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         active = {n: r for n, r in self.routers.items() if n not in idle}
         for d in self.autoscaling.tick(active, self._specs):
             router = self.routers[d.function]
-            if d.start:
+            if d.start and not self.backoff.blocked(d.function, self._specs[d.function].version):
                 spec = self._specs[d.function]  # (a scaler decided: the spec is known)
                 router.begin_scale_up(d.start)
                 for _ in range(d.start):

@@ -83,6 +83,12 @@ async def scale_up(
             svc, router
         ):
             return  # handed over meanwhile: what it covered went to the owner
+        step = svc.backoff.failed(spec.name, spec.version, err.message)  # start backoff
+        if step is not None:
+            log.warning(
+                "starts of %s failed %d times in a row: next attempt in %.1fs; last error: %s",
+                step.function, step.failures, step.delay_s, step.error,
+            )  # fmt: skip
         # Tell the waiters that nothing will serve them (if that is so).
         for w in router.scale_up_failed():
             fut: asyncio.Future[Grant] = w.token
@@ -90,3 +96,4 @@ async def scale_up(
                 fut.set_exception(err)
         return
     svc._add(router, info, cold=True)
+    svc.backoff.succeeded(spec.name)  # start backoff: it served
