@@ -34,6 +34,9 @@ class BackoffConfig:
     cap_s: float = 60.0
     #: Bound on the functions tracked at once (the oldest is forgotten).
     max_functions: int = 10_000
+    #: Start failures that say nothing of the function: no node has room
+    #: now (the autoscaler and the caller's retries are the answer to that).
+    not_counted: tuple[str, ...] = ("RESOURCE_EXHAUSTED",)
 
 
 @dataclass
@@ -81,9 +84,11 @@ class StartBackoff:
             return 0.0
         return float(min(c.cap_s, c.base_s * c.factor ** (failures - c.after)))
 
-    def failed(self, function: str, version: int, error: str) -> Step | None:
-        """A start of function (spec version) failed with error; a Step when
-        this begins a new backoff period."""
+    def failed(self, function: str, version: int, error: str, code: str = "") -> Step | None:
+        """A start of function (spec version) failed with error (status code
+        name); a Step when this begins a new backoff period."""
+        if code in self.config.not_counted:
+            return None
         now = self.clock.now()
         f = self._failing.get(function)
         if f is not None and f.version == version and now < f.retry_at:

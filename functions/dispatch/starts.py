@@ -83,7 +83,7 @@ async def scale_up(
             svc, router
         ):
             return  # handed over meanwhile: what it covered went to the owner
-        step = svc.backoff.failed(spec.name, spec.version, err.message)  # start backoff
+        step = svc.backoff.failed(spec.name, spec.version, err.message, err.code.name)  # backoff
         if step is not None:
             log.warning(
                 "starts of %s failed %d times in a row: next attempt in %.1fs; last error: %s",

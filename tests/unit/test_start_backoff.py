@@ -57,6 +57,15 @@ def test_success_or_a_new_version_ends_it() -> None:
     assert b.state("f") is None and b.blocked("f", 2) is None
 
 
+def test_a_full_cluster_is_not_the_functions_fault() -> None:
+    b = StartBackoff(CFG, ManualClock())
+    for _ in range(5):
+        assert b.failed("f", 1, "no node has room", "RESOURCE_EXHAUSTED") is None
+    assert b.state("f") is None and b.blocked("f", 1) is None
+    b.failed("f", 1, "exit 1", "UNAVAILABLE")
+    assert b.failed("f", 1, "bad checksum", "FAILED_PRECONDITION") is not None
+
+
 def test_tracked_functions_are_bounded() -> None:
     b = StartBackoff(BackoffConfig(max_functions=3), ManualClock())
     for i in range(5):
