@@ -245,10 +245,11 @@ class ControllerServicer(TokensApi, RuntimesApi, controller_pb2_grpc.ControllerS
         spec = request.function
         servingruntime.check_request(spec)
         await self._check_namespace(spec)
-        # The runtime cannot be deleted between its check and the write.
+        # The registered nodes: a spec must fit one; the default quota is a share.
         known = await nodes.capacities(
             self.pool, (m.info for m in self.registry.members(common_pb2.CONTROL_KIND_CLUSTERMGR))
         )
+        # The runtime cannot be deleted between its check and the write.
         async with self.runtimes.lock:
             resolved = await self._resolve(spec)
             stored = await self.functions.deploy(resolved, known)

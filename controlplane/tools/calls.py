@@ -97,9 +97,10 @@ def _print_status(st: Any, max_nodes: int) -> None:
 
 
 def _backoff_text(r: Any) -> str:
-    """A function's start backoff (a FunctionRouting row), e.g. ``backoff
-    4s: process exited with code 1 (3 failed starts in a row)``."""
-    wait = f"backoff {r.backoff_ms / 1000:.0f}s" if r.backoff_ms else "retrying"
+    """A function's start backoff (a FunctionRouting row), e.g. ``f-00001:
+    backoff 4.0s: ... process exited with code 1 ... (3 failed starts in a
+    row)``; ``retrying`` once the next start may go."""
+    wait = f"backoff {r.backoff_ms / 1000:.1f}s" if r.backoff_ms else "retrying"
     return (
         f"{r.function}: {wait}: {r.start_error} "
         f"({r.start_failures} failed start{'s' if r.start_failures != 1 else ''} in a row)"

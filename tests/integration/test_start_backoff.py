@@ -81,7 +81,7 @@ def test_failing_starts_back_off_and_a_fix_serves(up, tmp_path):
 
     r = up.cli("status")
     assert r.returncode == 0, r.stderr
-    row = re.search(r"^\s+crashy-00001: (backoff \d+s|retrying): (.*)$", r.stdout, re.M)
+    row = re.search(r"^\s+crashy-00001: (backoff [\d.]+s|retrying): (.*)$", r.stdout, re.M)
     assert row is not None, r.stdout
     assert "process exited with code 1" in row.group(2)
     assert re.search(r"\(\d+ failed starts in a row\)", row.group(2)), row.group(2)
