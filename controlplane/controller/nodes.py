@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 #: Deadline of the ListNodes call a deploy makes: a ClusterMgr slower than
 #: this costs the deploy its node figures (judged as if none registered),
 #: never the deploy itself.
-DEPLOY_LIST_S = 1.0
+DEPLOY_LIST_S = 2.0
 
 
 async def cluster_nodes(

@@ -24,8 +24,9 @@ def spec(name: str, cpu: int = 250, gpus: int = 0, min_scale: int = 0):
     )
 
 
-async def test_deploy_is_judged_against_the_registered_nodes() -> None:
-    # One emulated node of 4,000 millicores and no GPU.
+@pytest.fixture
+async def one_node():
+    """A cluster of one emulated node (4,000 millicores, no GPU), registered."""
     c = await small_cluster()
     try:
         async with GalaxyClient(c.controller) as client:
@@ -34,34 +35,45 @@ async def test_deploy_is_judged_against_the_registered_nodes() -> None:
                 return len((await client.status()).nodes) == 1
 
             await eventually_async(registered, what="the node registered")
-            with pytest.raises(FailedPrecondition) as e:
-                await deploy(client, spec("gpu", gpus=2))
-            assert e.value.message.startswith(
-                "resources.gpus: 2 per instance, but the largest of the 1 registered node has 0"
-            )
-            with pytest.raises(FailedPrecondition) as e:
-                await deploy(client, spec("wide", cpu=4001))
-            assert "resources.cpu_millis: 4001" in e.value.message and "has 4000" in e.value.message
-            # min_scale 9 x 250 m = 2,250 m: over half of 4,000.
-            with pytest.raises(ResourceExhausted) as e2:
-                await deploy(client, spec("hog", min_scale=9))
-            assert e2.value.message.startswith(
-                "default quota cpu_millis of namespace default (0.5 of the registered nodes): 2000"
-            )
-            await deploy(client, spec("fits", min_scale=8))
-            names = {f.name for f in await client.list_functions()}
-            assert names == {"fits"}
+        yield c
     finally:
         await c.close()
 
 
-async def test_before_any_node_registers_nothing_is_refused_for_its_size() -> None:
+async def test_deploy_is_judged_against_the_registered_nodes(one_node) -> None:
+    async with GalaxyClient(one_node.controller) as client:
+        with pytest.raises(FailedPrecondition) as e:
+            await deploy(client, spec("gpu", gpus=2))
+        assert e.value.message.startswith(
+            "resources.gpus: 2 per instance, but the largest of the 1 registered node has 0"
+        )
+        with pytest.raises(FailedPrecondition) as e:
+            await deploy(client, spec("wide", cpu=4001))
+        assert "resources.cpu_millis: 4001" in e.value.message and "has 4000" in e.value.message
+        # min_scale 9 x 250 m = 2,250 m: over half of 4,000.
+        with pytest.raises(ResourceExhausted) as e2:
+            await deploy(client, spec("hog", min_scale=9))
+        assert e2.value.message.startswith(
+            "default quota cpu_millis of namespace default (0.5 of the registered nodes): 2000"
+        )
+        await deploy(client, spec("fits", min_scale=8))
+        names = {f.name for f in await client.list_functions()}
+        assert names == {"fits"}
+
+
+@pytest.fixture
+async def no_node():
+    """A controller and a ClusterMgr that knows no node yet."""
     c = InProcessCluster()
     try:
         await c.add("controller", "controller")
         await c.add("clustermgr", "cm-0")
-        async with GalaxyClient(c.controller) as client:
-            await deploy(client, spec("gpu", gpus=2))
-            await deploy(client, spec("hog", min_scale=9))
+        yield c
     finally:
         await c.close()
+
+
+async def test_before_any_node_registers_nothing_is_refused_for_its_size(no_node) -> None:
+    async with GalaxyClient(no_node.controller) as client:
+        await deploy(client, spec("gpu", gpus=2))
+        await deploy(client, spec("hog", min_scale=9))
