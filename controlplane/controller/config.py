@@ -28,7 +28,7 @@ from controlplane.controller.scaling import (
 from controlplane.runtime import validation
 from controlplane.runtime.config import Config, setting
 from controlplane.runtime.loadreport import BURST_INTERVAL_S
-from controlplane.runtime.quotas import Quota
+from controlplane.runtime.quotas import DEFAULT_FRACTION, Quota
 from controlplane.runtime.quotas import parse as parse_quota
 
 SCALING = "control function scaling (see docs/controller.md)"
@@ -97,6 +97,14 @@ class ControllerConfig(Config):
         "functions, instances, cpu_millis, memory_mib, gpus; NS '*' = every namespace "
         "without its own (repeatable; docs/security.md, Quotas)",
         metavar="NS=KEY:N[,KEY:N]",
+    )
+    default_quota_fraction: float = setting(
+        DEFAULT_FRACTION,
+        "share of the cluster (registered nodes' CPU, memory, GPUs; --max-reserved-instances) "
+        "the min_scale of one namespace's functions may hold when no --namespace-quota "
+        "names it; 0 = no default (docs/security.md, Quotas)",
+        ge=0.0,
+        le=1.0,
     )
     autoscale_control: bool = setting(
         False,

@@ -18,7 +18,9 @@ beyond ``MAX_REVISIONS`` that no traffic target names are deleted.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
+from controlplane.controller import placeable
 from controlplane.runtime import revisions, validation
 from controlplane.runtime import spec as specs
 from controlplane.runtime.access import DEFAULT_NAMESPACE
@@ -64,10 +66,18 @@ class FunctionStore:
         # (possibly slightly stale) listing, good enough while the store is down.
         self._complete = False
 
-    async def deploy(self, spec: common_pb2.FunctionSpec) -> common_pb2.FunctionSpec:
+    async def deploy(
+        self,
+        spec: common_pb2.FunctionSpec,
+        nodes: Sequence[common_pb2.Resources] = (),
+    ) -> common_pb2.FunctionSpec:
         """Validate, fill defaults, write durably; returns the stored spec
-        (a new revision when the spec changed, the current one otherwise)."""
+        (a new revision when the spec changed, the current one otherwise).
+        nodes: the capacities of the registered nodes (none known: empty),
+        which a spec must fit (``placeable``) and the default quota is a
+        share of."""
         stored = specs.with_defaults(spec)
+        placeable.check_placeable(stored, nodes)
         stored.version = 0
         stored.revision = 0
         del stored.traffic[:]  # set with set_traffic only
@@ -93,6 +103,8 @@ class FunctionStore:
                     if n != stored.name and (f.namespace or DEFAULT_NAMESPACE) == ns
                 ),
                 stored,
+                placeable.total(nodes),
+                self.max_reserved_instances,
             )
             n = (current.revision if current is not None else 0) + 1
             if n > revisions.MAX_REVISION:

@@ -193,7 +193,7 @@ class ControllerComponent:
                 max_functions=c.max_functions,
                 max_instances_per_function=c.max_instances_per_function,
                 max_reserved_instances=c.max_reserved_instances,
-                quotas=NamespaceQuotas(c.quotas()),
+                quotas=NamespaceQuotas(c.quotas(), c.default_quota_fraction),
             ),
             pool,
             coordinator=coordinator,

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from controlplane.controller import nodes
 from controlplane.controller.coordinator import COORDINATE_STUBS, Coordinator
 from controlplane.controller.functions_store import FunctionStore
 from controlplane.controller.leader import LeaderElector
@@ -28,8 +29,6 @@ from controlplane.runtime import access, authn, rpc, servingruntime, validation
 from controlplane.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from controlplane.runtime.membership import KIND_NAMES
 from galaxy.v1 import (
-    clustermgr_pb2,
-    clustermgr_pb2_grpc,
     common_pb2,
     controller_pb2,
     controller_pb2_grpc,
@@ -246,10 +245,14 @@ class ControllerServicer(TokensApi, RuntimesApi, controller_pb2_grpc.ControllerS
         spec = request.function
         servingruntime.check_request(spec)
         await self._check_namespace(spec)
+        # The registered nodes: a spec must fit one; the default quota is a share.
+        known = await nodes.capacities(
+            self.pool, (m.info for m in self.registry.members(common_pb2.CONTROL_KIND_CLUSTERMGR))
+        )
         # The runtime cannot be deleted between its check and the write.
         async with self.runtimes.lock:
             resolved = await self._resolve(spec)
-            stored = await self.functions.deploy(resolved)
+            stored = await self.functions.deploy(resolved, known)
         log.info(
             "deployed function %s (revision %d, version %d)",
             stored.name,
@@ -380,12 +383,8 @@ class ControllerServicer(TokensApi, RuntimesApi, controller_pb2_grpc.ControllerS
             out.scaling.extend(self.reconciler.status())
         out.functions.extend(await self.functions.list())
 
-        async def nodes(inst: common_pb2.ControlInstance) -> None:
-            async with self.pool.stub(inst.address, clustermgr_pb2_grpc.ClusterMgrStub) as s:
-                r = await s.ListNodes(
-                    clustermgr_pb2.ListClusterNodesRequest(), timeout=PUSH_TIMEOUT_S
-                )
-            out.nodes.extend(r.nodes)
+        async def known(inst: common_pb2.ControlInstance) -> None:
+            out.nodes.extend(await nodes.cluster_nodes(self.pool, inst, PUSH_TIMEOUT_S))
 
         async def instances(inst: common_pb2.ControlInstance) -> None:
             async with self.pool.stub(inst.address, dispatch_pb2_grpc.DispatchStub) as s:
@@ -396,7 +395,7 @@ class ControllerServicer(TokensApi, RuntimesApi, controller_pb2_grpc.ControllerS
             out.routing.extend(r.functions)
 
         calls = [
-            (m.info, nodes(m.info))
+            (m.info, known(m.info))
             for m in self.registry.members(common_pb2.CONTROL_KIND_CLUSTERMGR)
         ]
         calls += [

@@ -62,6 +62,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
 def _print_status(st: Any, max_nodes: int) -> None:
     from controlplane.runtime.membership import KIND_NAMES
+    from controlplane.runtime.revisions import routing_key
 
     print(f"control functions (epoch {st.membership.epoch}):")
     for i in st.membership.instances:
@@ -80,12 +81,15 @@ def _print_status(st: Any, max_nodes: int) -> None:
     if len(st.nodes) > max_nodes:
         print(f"  ... {len(st.nodes) - max_nodes} more (--max-nodes)")
     print(f"functions: {len(st.functions)}")
+    failing = {r.function: r for r in st.routing if r.start_failures}
     for f in st.functions:
         print(
             f"  {f.name:<16} v{f.version} concurrency={f.concurrency} "
             f"scale={f.min_scale}..{f.max_scale} cpu={f.resources.cpu_millis}m "
             f"mem={f.resources.memory_mib}Mi gpu={f.resources.gpus}"
         )
+        for name in sorted(n for n in failing if n == f.name or routing_key(n) == f.name):
+            print(f"    {_backoff_text(failing[name])}")
     print(f"instances: {len(st.instances)}")
     for s in st.instances:
         i = s.instance
@@ -95,6 +99,17 @@ def _print_status(st: Any, max_nodes: int) -> None:
         )
     for w in st.warnings:
         print(f"warning: {w}")
+
+
+def _backoff_text(r: Any) -> str:
+    """A function's start backoff (a FunctionRouting row), e.g. ``f-00001:
+    backoff 4.0s: ... process exited with code 1 ... (3 failed starts in a
+    row)``; ``retrying`` once the next start may go."""
+    wait = f"backoff {r.backoff_ms / 1000:.1f}s" if r.backoff_ms else "retrying"
+    return (
+        f"{r.function}: {wait}: {r.start_error} "
+        f"({r.start_failures} failed start{'s' if r.start_failures != 1 else ''} in a row)"
+    )
 
 
 def _print_scaling(st: Any) -> None:

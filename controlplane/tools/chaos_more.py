@@ -68,6 +68,8 @@ def config_for(
         "controller_args": [
             "--max-instances-per-function", str(max(instances, 1000)),
             "--max-reserved-instances", str(max(instances, 5000)),
+            # One namespace may keep them all (the default quota: half).
+            "--default-quota-fraction", "1",
         ],
         "extra": {"nodeagent": ["--orphan-check-s", str(orphan_check_s)]},
     }  # fmt: skip

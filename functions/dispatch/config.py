@@ -9,7 +9,10 @@ from pydantic import field_validator
 
 from controlplane.runtime import scoring
 from controlplane.runtime.config import setting
+from functions.dispatch.backoff import BackoffConfig
 from statestore.records import RecordsConfig
+
+BACKOFF = BackoffConfig()
 
 
 class DispatchConfig(RecordsConfig):
@@ -56,6 +59,35 @@ class DispatchConfig(RecordsConfig):
         "scoring term ranking the nodes this instance holds credit on (the registry "
         "Schedule places with, controlplane/runtime/scoring.py); set it as Schedule's",
     )
+
+    start_backoff_after: int = setting(
+        BACKOFF.after,
+        "failed starts of a function in a row before its starts back off (one may be a node "
+        "that died under it)",
+        ge=1,
+        le=1000,
+    )
+    start_backoff_base_ms: float = setting(
+        BACKOFF.base_s * 1000.0,
+        "first backoff of a function whose starts keep failing, ms (requests that only a "
+        "start could serve fail at once meanwhile; functions/dispatch/backoff.py)",
+        gt=0,
+    )
+    start_backoff_factor: float = setting(
+        BACKOFF.factor, "each further failed start multiplies the backoff by this", ge=1.0
+    )
+    start_backoff_cap_ms: float = setting(
+        BACKOFF.cap_s * 1000.0, "longest backoff between starts of a function, ms", gt=0
+    )
+
+    def start_backoff(self) -> BackoffConfig:
+        """The start backoff's configuration from these flags."""
+        return BackoffConfig(
+            after=self.start_backoff_after,
+            base_s=self.start_backoff_base_ms / 1000.0,
+            factor=self.start_backoff_factor,
+            cap_s=max(self.start_backoff_cap_ms, self.start_backoff_base_ms) / 1000.0,
+        )
 
     @field_validator("scoring")
     @classmethod

@@ -241,6 +241,11 @@ def list_instances(
         out.functions.append(
             dispatch_pb2.FunctionRouting(function=name, waiting=len(r.waiters), pending=r.pending)
         )
+        failing = d.backoff.state(name)  # start backoff
+        if failing is not None:
+            row = out.functions[-1]
+            row.start_failures, row.start_error = failing.failures, failing.error
+            row.backoff_ms = max(0.0, failing.retry_at - d.clock.now()) * 1000.0
         for inst in r.instances.values():
             out.instances.append(
                 dispatch_pb2.InstanceState(

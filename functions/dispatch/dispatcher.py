@@ -21,7 +21,7 @@ from prometheus_client import Counter, Gauge
 
 from controlplane.runtime import rpc, validation
 from controlplane.runtime.clock import Clock, MonotonicClock
-from controlplane.runtime.errors import DeadlineExceeded, ResourceExhausted
+from controlplane.runtime.errors import DeadlineExceeded, FailedPrecondition, ResourceExhausted
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch import (
@@ -35,6 +35,7 @@ from functions.dispatch import (
     waits,
 )
 from functions.dispatch.autoscale import AutoscaleSettings, FunctionAutoscaling
+from functions.dispatch.backoff import BackoffConfig, StartBackoff
 from functions.dispatch.config import DEFAULTS
 from functions.dispatch.ownership import Ownership, lease_revision
 from functions.dispatch.peers import Peers
@@ -102,6 +103,8 @@ class Dispatcher:
         self.controller = controller
         self.clock: Clock = clock or MonotonicClock()
         self.autoscaling = FunctionAutoscaling(autoscale or AutoscaleSettings(), self.clock)
+        #: starts of a function that keep failing back off (main sets the flags)
+        self.backoff = StartBackoff(BackoffConfig(), self.clock)
         #: a lease's lifetime for functions without a request timeout
         self.lease_ttl_s = lease_ttl_s
         self.max_queue = max_queue
@@ -250,6 +253,10 @@ class Dispatcher:
             )
         grant = router.acquire()
         if grant is None:
+            # Start backoff: only a start could serve this request, and none may go now.
+            failing = self.backoff.blocked(spec.name, spec.version)
+            if failing is not None and not router.live_count() and not router.pending:
+                raise FailedPrecondition(failing.message(spec.name, self.clock.now()))
             grant = await self._wait(request, spec, router, remaining)
         router.remember(rid, grant)
         wait_s = time.perf_counter() - start
@@ -331,7 +338,7 @@ class Dispatcher:
     def trigger_scale_up(self, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
         """Start the instances ``router``'s waiters need now."""
         n = router.scale_ups_needed()
-        if n:
+        if n and not self.backoff.blocked(spec.name, spec.version):  # start backoff
             self.start(router, spec, n)
 
     def start(self, router: FunctionRouter, spec: common_pb2.FunctionSpec, n: int) -> None:
@@ -431,9 +438,9 @@ class Dispatcher:
         active = {n: r for n, r in self.routers.items() if n not in idle}
         for d in self.autoscaling.tick(active, self.specs):
             router = self.routers[d.function]
-            if d.start:
-                # (a scaler decided: the spec is known)
-                self.start(router, self.specs[d.function], d.start)
+            spec = self.specs[d.function]  # (a scaler decided: the spec is known)
+            if d.start and not self.backoff.blocked(d.function, spec.version):  # start backoff
+                self.start(router, spec, d.start)
             for iid in d.retire:
                 # Out of the routing tables first, then off the node.
                 router.drain(iid)

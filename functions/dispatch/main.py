@@ -14,6 +14,7 @@ from controlplane.runtime.host import HostContext
 from controlplane.runtime.metrics import QUEUE_LIMIT
 from controlplane.runtime.rpc import ChannelPool
 from functions.dispatch import autoscale, routedcheck
+from functions.dispatch.backoff import StartBackoff
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.credits import CreditWallet
 from functions.dispatch.service import DispatchServicer
@@ -56,6 +57,7 @@ class DispatchComponent:
             autoscale=autoscale.AutoscaleSettings.from_args(args),
         )
         self.dispatcher = self.servicer.dispatcher
+        self.dispatcher.backoff = StartBackoff(cfg.start_backoff(), self.dispatcher.clock)
         # Bounds per function router; the waiting gauge is the instance's total.
         QUEUE_LIMIT.labels("galaxy_dispatch_waiting").set(cfg.max_queue)
         if cfg.credits:  # scale-ups that fit a credit skip Schedule (peers.py)

@@ -106,20 +106,29 @@ async def scale_up(d: Dispatcher, router: FunctionRouter, spec: common_pb2.Funct
             await asyncio.sleep(step.seconds)
         else:
             log.warning(step.message)
-            start_failed(d, router, ERRORS[step.failure](step.message))
+            start_failed(d, router, spec, ERRORS[step.failure](step.message))
             return
         if info is not None:
             fnstats.cold_start_ready(spec, time.perf_counter() - t0)
             d.add(router, info, cold=True)
+            d.backoff.succeeded(spec.name)  # start backoff: a start served
             return
 
 
-def start_failed(d: Dispatcher, router: FunctionRouter, err: GalaxyError) -> None:
+def start_failed(
+    d: Dispatcher, router: FunctionRouter, spec: common_pb2.FunctionSpec, err: GalaxyError
+) -> None:
     """A start of ``router``'s failed for good (``err``): the waiters no
     other start covers fail with it, or go to the function's owner when
-    ``router`` was handed over meanwhile."""
+    ``router`` was handed over meanwhile. Counted by the start backoff."""
     if d.routers.get(router.name) is not router and coordination.late_start_failed(d, router):
         return  # handed over meanwhile: what it covered went to the owner
+    step = d.backoff.failed(spec.name, spec.version, err.message, err.code.name)
+    if step is not None:  # one line per backoff step, not per request
+        log.warning(
+            "starts of %s failed %d times in a row: next attempt in %.1fs; last error: %s",
+            step.function, step.failures, step.delay_s, step.error,
+        )  # fmt: skip
     # Tell the waiters that nothing will serve them (if that is so).
     for w in router.scale_up_failed():
         fut: asyncio.Future[Grant] = w.token

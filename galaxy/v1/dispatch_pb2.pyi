@@ -141,14 +141,20 @@ class InstanceState(_message.Message):
     def __init__(self, instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class FunctionRouting(_message.Message):
-    __slots__ = ("function", "waiting", "pending")
+    __slots__ = ("function", "waiting", "pending", "start_failures", "start_error", "backoff_ms")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    START_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    START_ERROR_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_MS_FIELD_NUMBER: _ClassVar[int]
     function: str
     waiting: int
     pending: int
-    def __init__(self, function: _Optional[str] = ..., waiting: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+    start_failures: int
+    start_error: str
+    backoff_ms: float
+    def __init__(self, function: _Optional[str] = ..., waiting: _Optional[int] = ..., pending: _Optional[int] = ..., start_failures: _Optional[int] = ..., start_error: _Optional[str] = ..., backoff_ms: _Optional[float] = ...) -> None: ...
 
 class ListInstancesReply(_message.Message):
     __slots__ = ("dispatch_id", "instances", "functions")

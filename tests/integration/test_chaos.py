@@ -73,6 +73,7 @@ def test_delete_many_gets_room_and_limits_for_its_instances() -> None:
     assert (cfg["node_cpu_millis"], cfg["node_memory_mib"]) == (4000 + 2500, 8192 + 2500)
     args = cfg["controller_args"]
     assert args[args.index("--max-instances-per-function") + 1] == "5000"
+    assert args[args.index("--default-quota-fraction") + 1] == "1"
     assert cfg["extra"] == {"nodeagent": ["--orphan-check-s", "2.0"]}
 
 

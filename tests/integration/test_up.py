@@ -183,11 +183,12 @@ def test_a_spec_larger_than_any_node_is_failed_precondition(up, tmp_path):
         f"name: big\nruntime: python\nartifact: {REPO / 'examples' / 'echo_server.py'}\n"
         "resources: {cpu_millis: 64000}\n"
     )
-    assert up.cli("deploy", "-f", str(big)).returncode == 0
-    r = invoke(up, "big", "x")
+    # Refused at deploy: `galaxy up` returns once its nodes registered.
+    r = up.cli("deploy", "-f", str(big))
     assert r.returncode == 1
     # Retrying cannot help (README): not RESOURCE_EXHAUSTED, which means "full now".
     assert "FAILED_PRECONDITION" in r.stderr, r.stderr
+    assert "resources.cpu_millis: 64000 per instance" in r.stderr and "has 1000" in r.stderr
 
 
 def test_concurrent_cold_requests_share_one_scale_up(up, tmp_path):
