@@ -71,6 +71,11 @@ class Load:
         """Requests waiting plus running (what least-request counts)."""
         return self.sample.waiting + self.sample.running
 
+    @property
+    def kv_usage(self) -> float:
+        """KV-cache use, 0-1 (0 when the instance does not report it)."""
+        return self.sample.kv_usage or 0.0
+
 
 def parse(text: str, max_blocks: int = 256, max_adapters: int = 32) -> Sample:
     """A Sample from a Prometheus text page (vLLM's names; see the module

@@ -33,10 +33,24 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from controlplane.llm.signals import Load
 from functions.dispatch.autoscaling.kpaconfig import KpaConfig
+
+
+class Load(Protocol):
+    """One instance's scraped signals (``controlplane.llm.signals.Load``;
+    services do not import each other, so this names only what is read)."""
+
+    @property
+    def queue(self) -> int: ...
+
+    @property
+    def kv_usage(self) -> float: ...
+
+    @property
+    def tokens_per_s(self) -> float: ...
+
 
 #: metric -> default target per instance (0: the function's concurrency)
 METRICS: dict[str, float] = {
@@ -119,7 +133,7 @@ def fleet_value(
     if m == "queue":
         return float(sum(x.queue for x in loads))
     if m == "kv":
-        return sum(x.sample.kv_usage or 0.0 for x in loads)
+        return sum(x.kv_usage for x in loads)
     return sum(x.tokens_per_s for x in loads)
 
 
