@@ -55,7 +55,15 @@ DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 RELEASE_DELAY_S = 0.002
 # Controller calls that change nothing: safe to repeat while it fails over.
 _READS = frozenset(
-    {"GetMembership", "GetClusterStatus", "GetFunction", "ListFunctions", "ListRevisions"}
+    {
+        "GetMembership",
+        "GetClusterStatus",
+        "GetFunction",
+        "ListFunctions",
+        "ListRevisions",
+        "GetGraph",
+        "ListGraphs",
+    }
 )
 
 
@@ -237,6 +245,29 @@ class GalaxyClient:
     async def delete_runtime(self, name: str) -> None:
         """Delete a serving runtime (FAILED_PRECONDITION while a function uses it)."""
         await self._ctl("DeleteRuntime", controller_pb2.DeleteRuntimeRequest(name=name))
+
+    async def apply_graph(self, document_json: str) -> controller_pb2.GraphSpec:
+        """Store or replace an inference graph (its document as JSON);
+        durable when this returns."""
+        req = controller_pb2.ApplyGraphRequest(document_json=document_json)
+        return await self._ctl("ApplyGraph", req)  # type: ignore[no-any-return]
+
+    async def get_graph(
+        self, name: str, token: str | None = None, retry_s: float | None = None
+    ) -> controller_pb2.GraphSpec:
+        """A stored graph (NOT_FOUND if none; PERMISSION_DENIED outside the
+        caller's namespace). token: asked on behalf of that caller."""
+        req = controller_pb2.GetGraphRequest(name=name)
+        return await self._ctl("GetGraph", req, retry_s=retry_s, token=token)  # type: ignore[no-any-return]
+
+    async def list_graphs(self) -> list[controller_pb2.GraphSpec]:
+        """The stored graphs the caller may see, by name."""
+        r = await self._ctl("ListGraphs", controller_pb2.ListGraphsRequest())
+        return list(r.graphs)
+
+    async def delete_graph(self, name: str) -> None:
+        """Delete a stored graph."""
+        await self._ctl("DeleteGraph", controller_pb2.DeleteGraphRequest(name=name))
 
     async def status(self) -> controller_pb2.ClusterStatus:
         """Control instances, nodes, functions and instances."""
