@@ -40,6 +40,7 @@ from controlplane.runtime.revisions import routing_key
 from controlplane.runtime.rpc import ChannelPool
 from controlplane.runtime.tls import TlsConfig
 from controlplane.runtime.validation import short
+from controlplane.sdk.graphcalls import GRAPH_READS, GraphCalls
 from controlplane.sdk.http import HttpPool, NotSent
 from controlplane.sdk.retry import Backoff
 from controlplane.sdk.streams import DispatchStreams
@@ -54,17 +55,8 @@ DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 # How long a deferred release waits for a Dispatch call to ride on.
 RELEASE_DELAY_S = 0.002
 # Controller calls that change nothing: safe to repeat while it fails over.
-_READS = frozenset(
-    {
-        "GetMembership",
-        "GetClusterStatus",
-        "GetFunction",
-        "ListFunctions",
-        "ListRevisions",
-        "GetGraph",
-        "ListGraphs",
-    }
-)
+_READS = GRAPH_READS | {"GetMembership", "GetClusterStatus", "GetFunction"}
+_READS |= {"ListFunctions", "ListRevisions"}
 
 
 @dataclass
@@ -85,7 +77,7 @@ class InvokeResult:
 TIMEOUT_S = 30.0
 
 
-class GalaxyClient:
+class GalaxyClient(GraphCalls):
     """Async client of one Galaxy control plane.
 
     controller: the controller's host:port, or several (a list, or
@@ -245,29 +237,6 @@ class GalaxyClient:
     async def delete_runtime(self, name: str) -> None:
         """Delete a serving runtime (FAILED_PRECONDITION while a function uses it)."""
         await self._ctl("DeleteRuntime", controller_pb2.DeleteRuntimeRequest(name=name))
-
-    async def apply_graph(self, document_json: str) -> controller_pb2.GraphSpec:
-        """Store or replace an inference graph (its document as JSON);
-        durable when this returns."""
-        req = controller_pb2.ApplyGraphRequest(document_json=document_json)
-        return await self._ctl("ApplyGraph", req)  # type: ignore[no-any-return]
-
-    async def get_graph(
-        self, name: str, token: str | None = None, retry_s: float | None = None
-    ) -> controller_pb2.GraphSpec:
-        """A stored graph (NOT_FOUND if none; PERMISSION_DENIED outside the
-        caller's namespace). token: asked on behalf of that caller."""
-        req = controller_pb2.GetGraphRequest(name=name)
-        return await self._ctl("GetGraph", req, retry_s=retry_s, token=token)  # type: ignore[no-any-return]
-
-    async def list_graphs(self) -> list[controller_pb2.GraphSpec]:
-        """The stored graphs the caller may see, by name."""
-        r = await self._ctl("ListGraphs", controller_pb2.ListGraphsRequest())
-        return list(r.graphs)
-
-    async def delete_graph(self, name: str) -> None:
-        """Delete a stored graph."""
-        await self._ctl("DeleteGraph", controller_pb2.DeleteGraphRequest(name=name))
 
     async def status(self) -> controller_pb2.ClusterStatus:
         """Control instances, nodes, functions and instances."""
