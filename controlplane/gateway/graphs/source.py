@@ -76,7 +76,7 @@ class GraphSource:
             found = hit[1]
         else:
             found = await self._read(name, token)
-            if isinstance(found, graphspec.Graph | _KEPT):
+            if isinstance(found, (graphspec.Graph, *_KEPT)):
                 self._cache.pop(key, None)
                 if len(self._cache) >= MAX_ENTRIES:
                     self._cache.pop(next(iter(self._cache)))
