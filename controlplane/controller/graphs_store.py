@@ -17,11 +17,12 @@ from collections.abc import Callable
 
 import orjson
 
+from controlplane.controller.keyed_store import KeyedRecords, unchanged
 from controlplane.runtime import access, graphspec
-from controlplane.runtime.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from controlplane.runtime.errors import InvalidArgument, NotFound, ResourceExhausted
 from controlplane.runtime.validation import short
 from galaxy.v1 import controller_pb2
-from statestore import StateStore, StoreUnavailable
+from statestore import StateStore
 
 PREFIX = "/galaxy/graphs/"
 #: A graph document's JSON at most (32 nodes of 16 steps fit in a few KiB).
@@ -57,7 +58,7 @@ class GraphStore:
     def __init__(
         self, store: StateStore, max_per_namespace: int = MAX_GRAPHS_PER_NAMESPACE
     ) -> None:
-        self.store = store
+        self.records = KeyedRecords(store, PREFIX, "graph", GraphSpec.FromString)
         self.max_per_namespace = max_per_namespace
         # A put's count and write, and a delete, happen one at a time: two
         # applies cannot both take a namespace's last place.
@@ -75,25 +76,16 @@ class GraphStore:
         async with self.lock:
             current = await self.find(stored.name)
             admit(current)
-            if current is not None:
-                version = current.version
-                current.version = 0
-                if current == stored:
-                    stored.version = version
-                    return stored  # unchanged: nothing to write
-            else:
+            if unchanged(current, stored):
+                return stored  # nothing to write
+            if current is None:
                 n = sum(g.namespace == stored.namespace for g in await self.list())
                 if n >= self.max_per_namespace:
                     raise ResourceExhausted(
                         f"graphs: namespace {stored.namespace} holds {n} graphs, at most "
                         f"{self.max_per_namespace} allowed; delete one first"
                     )
-            try:
-                stored.version = await self.store.put(
-                    PREFIX + stored.name, stored.SerializeToString()
-                )
-            except StoreUnavailable as e:
-                raise Unavailable(f"state store unavailable, graph not stored: {e}") from e
+            stored.version = await self.records.write(stored.name, stored)
         return stored
 
     async def get(self, name: str) -> GraphSpec:
@@ -108,32 +100,13 @@ class GraphStore:
 
     async def find(self, name: str) -> GraphSpec | None:
         """The graph, or None when no graph has that name."""
-        try:
-            kv = await self.store.get(PREFIX + name)
-        except StoreUnavailable as e:
-            raise Unavailable(f"state store unavailable: {e}") from e
-        return None if kv is None else _decode(kv.value, kv.version)
+        return await self.records.find(name)
 
     async def delete(self, name: str) -> None:
         """Delete the graph, or NotFound."""
-        try:
-            deleted = await self.store.delete(PREFIX + name)
-        except StoreUnavailable as e:
-            raise Unavailable(f"state store unavailable, graph not deleted: {e}") from e
-        if not deleted:
-            raise NotFound(f"graph {short(name)} not found")
+        await self.records.remove(name)
 
     # Last: the name shadows the builtin in annotations below it.
     async def list(self) -> list[GraphSpec]:
         """Every graph, sorted by name."""
-        try:
-            kvs = await self.store.get_prefix(PREFIX)
-        except StoreUnavailable as e:
-            raise Unavailable(f"state store unavailable: {e}") from e
-        return sorted((_decode(kv.value, kv.version) for kv in kvs), key=lambda g: g.name)
-
-
-def _decode(value: bytes, version: int) -> GraphSpec:
-    graph = GraphSpec.FromString(value)
-    graph.version = version
-    return graph
+        return sorted(await self.records.every(), key=lambda g: g.name)

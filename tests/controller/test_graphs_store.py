@@ -28,24 +28,10 @@ from controlplane.runtime.errors import (
 )
 from galaxy.v1 import controller_pb2
 from statestore import StateStore
-from statestore.etcd import EtcdStore
-from statestore.memory import MemoryStore
-from tests.etcd_server import EtcdServer
+from tests.controller import test_runtimes_store
 
-
-@pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
-    if request.param == "memory":
-        memory = MemoryStore()
-        yield memory
-        await memory.close()
-        return
-    server: EtcdServer = request.getfixturevalue("etcd_server")
-    etcd = EtcdStore([server.endpoint], timeout_s=5.0)
-    try:
-        yield etcd
-    finally:
-        await etcd.close()
+#: The state store on both backends: memory and a real etcd.
+store = test_runtimes_store.store
 
 
 def _doc(name: str, namespace: str = "", fn: str = "echo") -> dict[str, Any]:
