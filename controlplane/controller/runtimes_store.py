@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 
+from controlplane.controller.keyed_store import KeyedRecords, unchanged
 from controlplane.runtime import servingruntime
-from controlplane.runtime.errors import NotFound, ResourceExhausted, Unavailable
+from controlplane.runtime.errors import NotFound, ResourceExhausted
 from controlplane.runtime.validation import short
 from galaxy.v1 import common_pb2
-from statestore import StateStore, StoreUnavailable
+from statestore import StateStore
 
 PREFIX = "/galaxy/runtimes/"
 
@@ -28,6 +29,7 @@ class RuntimeStore:
 
     def __init__(self, store: StateStore, max_runtimes: int = servingruntime.MAX_RUNTIMES) -> None:
         self.store = store
+        self.records = KeyedRecords(store, PREFIX, "runtime", common_pb2.ServingRuntime.FromString)
         self.max_runtimes = max_runtimes
         self.lock = asyncio.Lock()
 
@@ -39,23 +41,14 @@ class RuntimeStore:
         servingruntime.check_runtime(stored)
         async with self.lock:
             current = await self._get(stored.name)
-            if current is not None:
-                version = current.version
-                current.version = 0
-                if current == stored:
-                    stored.version = version
-                    return stored  # unchanged: nothing to write
-            elif (n := len(await self._list())) >= self.max_runtimes:
+            if unchanged(current, stored):
+                return stored  # nothing to write
+            if current is None and (n := len(await self._list())) >= self.max_runtimes:
                 raise ResourceExhausted(
                     f"runtimes: the cluster holds {n} runtimes, at most {self.max_runtimes} "
                     "allowed; delete one first"
                 )
-            try:
-                stored.version = await self.store.put(
-                    PREFIX + stored.name, stored.SerializeToString()
-                )
-            except StoreUnavailable as e:
-                raise Unavailable(f"state store unavailable, runtime not stored: {e}") from e
+            stored.version = await self.records.write(stored.name, stored)
         return stored
 
     async def get(self, name: str) -> common_pb2.ServingRuntime:
@@ -73,35 +66,16 @@ class RuntimeStore:
         return await self._get(name)
 
     async def _get(self, name: str) -> common_pb2.ServingRuntime | None:
-        try:
-            kv = await self.store.get(PREFIX + name)
-        except StoreUnavailable as e:
-            raise Unavailable(f"state store unavailable: {e}") from e
-        return None if kv is None else _decode(kv.value, kv.version)
+        return await self.records.find(name)
 
     async def _list(self) -> list[common_pb2.ServingRuntime]:
-        try:
-            kvs = await self.store.get_prefix(PREFIX)
-        except StoreUnavailable as e:
-            raise Unavailable(f"state store unavailable: {e}") from e
-        return [_decode(kv.value, kv.version) for kv in kvs]
+        return await self.records.every()
 
     async def delete(self, name: str) -> None:
         """Delete the runtime, or NotFound (the caller checks it is unused)."""
-        try:
-            deleted = await self.store.delete(PREFIX + name)
-        except StoreUnavailable as e:
-            raise Unavailable(f"state store unavailable, runtime not deleted: {e}") from e
-        if not deleted:
-            raise NotFound(f"runtime {short(name)} not found")
+        await self.records.remove(name)
 
     # Last: the name shadows the builtin in annotations below it.
     async def list(self) -> list[common_pb2.ServingRuntime]:
         """Every runtime, sorted by name."""
         return sorted(await self._list(), key=lambda r: r.name)
-
-
-def _decode(value: bytes, version: int) -> common_pb2.ServingRuntime:
-    rt = common_pb2.ServingRuntime.FromString(value)
-    rt.version = version
-    return rt

@@ -17,6 +17,8 @@ import grpc
 from controlplane.controller import nodes
 from controlplane.controller.coordinator import COORDINATE_STUBS, Coordinator
 from controlplane.controller.functions_store import FunctionStore
+from controlplane.controller.graphs_api import GraphsApi
+from controlplane.controller.graphs_store import GraphStore
 from controlplane.controller.leader import LeaderElector
 from controlplane.controller.leaderonly import leader_only
 from controlplane.controller.reconcile import Reconciler
@@ -42,13 +44,14 @@ log = logging.getLogger(__name__)
 PUSH_TIMEOUT_S = 2.0
 
 
-class ControllerServicer(TokensApi, RuntimesApi, controller_pb2_grpc.ControllerServicer):
+class ControllerServicer(TokensApi, RuntimesApi, GraphsApi, controller_pb2_grpc.ControllerServicer):
     """Membership, load reports, the function admin API, tokens and status.
 
     coordinator: membership pushes (made from registry and pool if None).
     reconciler: scaling (status only shows load without one). elector:
     leader election (None: this controller always leads). runtimes: the
-    serving runtimes (default: in the functions' state store). tokens:
+    serving runtimes (default: in the functions' state store); inference
+    graphs are kept in the functions' state store too. tokens:
     where bearer tokens are kept (made on functions' store if None);
     authenticator: set when this controller checks tokens (its cache
     forgets a revoked token at once). Namespaces are checked against the
@@ -74,6 +77,7 @@ class ControllerServicer(TokensApi, RuntimesApi, controller_pb2_grpc.ControllerS
         self.functions = functions
         self.runtimes = runtimes or RuntimeStore(functions.store)
         self.tokens = tokens or TokenStore(functions.store)
+        self.graphs = GraphStore(functions.store)
         self.authenticator = authenticator
         self.coordinator = coordinator or Coordinator(registry, pool)
         self.reconciler = reconciler

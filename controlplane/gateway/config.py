@@ -82,8 +82,8 @@ class GatewayConfig(Config):
     slot_max: int = setting(1024, "leases held idle at most in all", ge=1, le=1_000_000)
     graphs_dir: str = setting(
         "",
-        "serve the inference graphs of this directory's *.yaml files at POST /graphs/NAME "
-        "(docs/models.md, graphs)",
+        "also serve the inference graphs of this directory's *.yaml files at POST "
+        "/graphs/NAME; a graph stored by the controller wins a name clash (docs/models.md, graphs)",
         max_length=4096,
     )
     batch_parallel: int = setting(

@@ -19,6 +19,7 @@ from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.conns import Connections
 from controlplane.gateway.graphs import runner as graphs_runner
 from controlplane.gateway.graphs.runner import GraphRunner
+from controlplane.gateway.graphs.source import GraphSource
 from controlplane.gateway.slots import SlotCache
 from controlplane.runtime import access, authn, fnmetrics
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
@@ -185,9 +186,8 @@ class Proxy:
         self.require_token = require_token
         self.slots = SlotCache(client, cfg)
         self.batcher = Batcher(client, self.slots, cfg)
-        self.graphs = GraphRunner(
-            self.slots, cfg, graphs_runner.load_dir(cfg.graphs_dir) if cfg.graphs_dir else {}
-        )
+        files = graphs_runner.load_dir(cfg.graphs_dir) if cfg.graphs_dir else {}
+        self.graphs = GraphRunner(self.slots, cfg, GraphSource(client, files))
         self.in_flight = 0
         self._models: tuple[float, list[dict[str, Any]]] = (0.0, [])
         self.refusals = guard.Refusals()

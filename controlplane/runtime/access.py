@@ -12,8 +12,10 @@ A caller is one of:
   admin      everything public: functions of every namespace, traffic,
              runtimes, tokens, cluster status
   developer  deploy, delete, read, set traffic and invoke the functions
-             of its namespace; read the runtimes
-  invoker    invoke the functions of its namespace (and nothing else)
+             of its namespace; apply, read and delete its graphs; read
+             the runtimes
+  invoker    invoke the functions and run the graphs of its namespace
+             (and nothing else)
   ========== ==========================================================
 
 - **anonymous**: no token. Only health checks and reflection answer it.
@@ -80,9 +82,16 @@ _ROLES_OF: dict[str, frozenset[str]] = {
             "SetTraffic",
             "GetRuntime",
             "ListRuntimes",
+            "ApplyGraph",
+            "ListGraphs",
+            "DeleteGraph",
         ),
         frozenset({ADMIN, DEVELOPER}),
     ),
+    # Running a graph reads it first (the gateway asks with the caller's
+    # token): whoever may invoke a namespace's functions may read its
+    # graphs. Namespace checked by the servicer.
+    "GetGraph": frozenset(ROLES),
     # Cluster-wide views and what changes what every namespace may run.
     **dict.fromkeys(
         (

@@ -33,6 +33,10 @@ PUBLIC: dict[str, frozenset[str]] = {
             "GetRuntime",
             "ListRuntimes",
             "DeleteRuntime",
+            "ApplyGraph",
+            "GetGraph",
+            "ListGraphs",
+            "DeleteGraph",
         }
     ),
     # ListInstances is read-only: what `galaxy status` shows anyway.

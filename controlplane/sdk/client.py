@@ -40,6 +40,7 @@ from controlplane.runtime.revisions import routing_key
 from controlplane.runtime.rpc import ChannelPool
 from controlplane.runtime.tls import TlsConfig
 from controlplane.runtime.validation import short
+from controlplane.sdk.graphcalls import GRAPH_READS, GraphCalls
 from controlplane.sdk.http import HttpPool, NotSent
 from controlplane.sdk.retry import Backoff
 from controlplane.sdk.streams import DispatchStreams
@@ -54,9 +55,8 @@ DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 # How long a deferred release waits for a Dispatch call to ride on.
 RELEASE_DELAY_S = 0.002
 # Controller calls that change nothing: safe to repeat while it fails over.
-_READS = frozenset(
-    {"GetMembership", "GetClusterStatus", "GetFunction", "ListFunctions", "ListRevisions"}
-)
+_READS = GRAPH_READS | {"GetMembership", "GetClusterStatus", "GetFunction"}
+_READS |= {"ListFunctions", "ListRevisions"}
 
 
 @dataclass
@@ -77,7 +77,7 @@ class InvokeResult:
 TIMEOUT_S = 30.0
 
 
-class GalaxyClient:
+class GalaxyClient(GraphCalls):
     """Async client of one Galaxy control plane.
 
     controller: the controller's host:port, or several (a list, or

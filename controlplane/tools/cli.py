@@ -214,6 +214,7 @@ REGISTRARS: dict[str, tuple[str, str]] = {
     "traffic": ("controlplane.tools.revisions_cmd", "add_subparsers"),
     "runtimes": ("controlplane.tools.runtimes_cmd", "add_subparser"),
     "models": ("controlplane.tools.models_cmd", "add_subparser"),
+    "graphs": ("controlplane.tools.graphs_cmd", "add_subparser"),
     "certs": ("controlplane.tools.certs_cmd", "add_subparser"),
     "chaos": ("controlplane.tools.chaos", "add_subparser"),
     "tokens": ("controlplane.tools.tokens_cmd", "add_subparser"),

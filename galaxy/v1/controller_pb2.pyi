@@ -301,3 +301,47 @@ class DeleteRuntimeRequest(_message.Message):
 class DeleteRuntimeReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GraphSpec(_message.Message):
+    __slots__ = ("name", "namespace", "document_json", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    namespace: str
+    document_json: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., document_json: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ApplyGraphRequest(_message.Message):
+    __slots__ = ("document_json",)
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    document_json: str
+    def __init__(self, document_json: _Optional[str] = ...) -> None: ...
+
+class GetGraphRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListGraphsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListGraphsReply(_message.Message):
+    __slots__ = ("graphs",)
+    GRAPHS_FIELD_NUMBER: _ClassVar[int]
+    graphs: _containers.RepeatedCompositeFieldContainer[GraphSpec]
+    def __init__(self, graphs: _Optional[_Iterable[_Union[GraphSpec, _Mapping]]] = ...) -> None: ...
+
+class DeleteGraphRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteGraphReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

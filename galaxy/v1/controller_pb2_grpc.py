@@ -135,6 +135,26 @@ class ControllerStub:
                 request_serializer=galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeRequest.SerializeToString,
                 response_deserializer=galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeReply.FromString,
                 _registered_method=True)
+        self.ApplyGraph = channel.unary_unary(
+                '/galaxy.v1.Controller/ApplyGraph',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.ApplyGraphRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.GraphSpec.FromString,
+                _registered_method=True)
+        self.GetGraph = channel.unary_unary(
+                '/galaxy.v1.Controller/GetGraph',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.GetGraphRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.GraphSpec.FromString,
+                _registered_method=True)
+        self.ListGraphs = channel.unary_unary(
+                '/galaxy.v1.Controller/ListGraphs',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.ListGraphsRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.ListGraphsReply.FromString,
+                _registered_method=True)
+        self.DeleteGraph = channel.unary_unary(
+                '/galaxy.v1.Controller/DeleteGraph',
+                request_serializer=galaxy_dot_v1_dot_controller__pb2.DeleteGraphRequest.SerializeToString,
+                response_deserializer=galaxy_dot_v1_dot_controller__pb2.DeleteGraphReply.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -297,6 +317,40 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApplyGraph(self, request, context):
+        """Inference graphs (docs/models.md, graphs), run by the gateway at
+        POST /graphs/NAME. Namespaced like functions: a developer acts on its
+        namespace's graphs only. Stores or replaces one; durable when it answers.
+        Errors: INVALID_ARGUMENT naming the bad field, RESOURCE_EXHAUSTED past
+        the per-namespace limit, PERMISSION_DENIED, FAILED_PRECONDITION when
+        the name is taken in another namespace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGraph(self, request, context):
+        """Errors: NOT_FOUND, PERMISSION_DENIED (the gateway asks with the caller's
+        token before it runs a graph).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGraphs(self, request, context):
+        """The graphs the caller may see, sorted by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGraph(self, request, context):
+        """Errors: NOT_FOUND, PERMISSION_DENIED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -399,6 +453,26 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.DeleteRuntime,
                     request_deserializer=galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeRequest.FromString,
                     response_serializer=galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeReply.SerializeToString,
+            ),
+            'ApplyGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyGraph,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.ApplyGraphRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.GraphSpec.SerializeToString,
+            ),
+            'GetGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGraph,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.GetGraphRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.GraphSpec.SerializeToString,
+            ),
+            'ListGraphs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGraphs,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.ListGraphsRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.ListGraphsReply.SerializeToString,
+            ),
+            'DeleteGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGraph,
+                    request_deserializer=galaxy_dot_v1_dot_controller__pb2.DeleteGraphRequest.FromString,
+                    response_serializer=galaxy_dot_v1_dot_controller__pb2.DeleteGraphReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -941,6 +1015,114 @@ class Controller:
             '/galaxy.v1.Controller/DeleteRuntime',
             galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeRequest.SerializeToString,
             galaxy_dot_v1_dot_controller__pb2.DeleteRuntimeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/ApplyGraph',
+            galaxy_dot_v1_dot_controller__pb2.ApplyGraphRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.GraphSpec.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/GetGraph',
+            galaxy_dot_v1_dot_controller__pb2.GetGraphRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.GraphSpec.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGraphs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/ListGraphs',
+            galaxy_dot_v1_dot_controller__pb2.ListGraphsRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.ListGraphsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/galaxy.v1.Controller/DeleteGraph',
+            galaxy_dot_v1_dot_controller__pb2.DeleteGraphRequest.SerializeToString,
+            galaxy_dot_v1_dot_controller__pb2.DeleteGraphReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from controlplane.gateway.graphs import spec
 from controlplane.gateway.graphs.planner import Call, Plan, holds
 from controlplane.gateway.graphs.runner import load_dir
+from controlplane.runtime import graphspec as spec
 from controlplane.runtime.errors import InvalidArgument
 
 

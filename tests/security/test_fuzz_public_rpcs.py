@@ -329,6 +329,10 @@ PUBLIC = [
     ("controller", "/galaxy.v1.Controller/DeleteToken"),
     ("controller", "/galaxy.v1.Controller/ListRevisions"),
     ("controller", "/galaxy.v1.Controller/SetTraffic"),
+    ("controller", "/galaxy.v1.Controller/ApplyGraph"),
+    ("controller", "/galaxy.v1.Controller/GetGraph"),
+    ("controller", "/galaxy.v1.Controller/ListGraphs"),
+    ("controller", "/galaxy.v1.Controller/DeleteGraph"),
     ("dispatch", "/galaxy.v1.Dispatch/Dispatch"),
     ("dispatch", "/galaxy.v1.Dispatch/Release"),
     ("dispatch", "/galaxy.v1.Dispatch/ListInstances"),
@@ -355,6 +359,8 @@ def test_random_bytes(fuzzed: ThreadedCluster, target: tuple[str, str], data: by
         "CreateToken",
         "DeleteToken",
         "SetTraffic",
+        "ApplyGraph",
+        "DeleteGraph",
     )
     if code == grpc.StatusCode.OK and method.endswith(mutating):
         pytest.fail(f"random bytes {data[:40]!r} were a valid {method}")

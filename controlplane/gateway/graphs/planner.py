@@ -22,7 +22,7 @@ from typing import Any
 
 import jsonpointer
 
-from controlplane.gateway.graphs.spec import Condition, Graph, Node, Step
+from controlplane.runtime.graphspec import Condition, Graph, Node, Step
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,11 @@ from aiohttp import web
 
 from controlplane.gateway import guard
 from controlplane.gateway.config import GatewayConfig
-from controlplane.gateway.graphs import spec
 from controlplane.gateway.graphs.planner import Call, Plan
+from controlplane.gateway.graphs.source import GraphSource
 from controlplane.gateway.slots import SlotCache
-from controlplane.runtime.errors import GalaxyError, InvalidArgument, NotFound
+from controlplane.runtime import graphspec as spec
+from controlplane.runtime.errors import GalaxyError, InvalidArgument
 
 #: gRPC refusals of a step's Dispatch call -> HTTP status of the graph's answer
 _STATUS = {"NOT_FOUND": 404, "PERMISSION_DENIED": 403, "UNAUTHENTICATED": 401,
@@ -58,13 +59,13 @@ def load_dir(path: str) -> dict[str, spec.Graph]:
 
 
 class GraphRunner:
-    """Runs the gateway's graphs (``graphs``: by name)."""
+    """Runs the gateway's graphs (``graphs``: where they are found)."""
 
     def __init__(
         self,
         slots: SlotCache,
         cfg: GatewayConfig,
-        graphs: dict[str, spec.Graph],
+        graphs: GraphSource,
         draw: Callable[[], float] = random.random,
     ) -> None:
         self.slots = slots
@@ -77,9 +78,7 @@ class GraphRunner:
     ) -> web.Response:
         """Run graph ``name`` on a request body; its answer, or the error of
         the step that failed."""
-        graph = self.graphs.get(name)
-        if graph is None:
-            raise NotFound(f"path: no graph {name!r}")
+        graph = await self.graphs.find(name, token)
         try:
             request = guard.parse_json(body)
         except guard.BadJson as e:

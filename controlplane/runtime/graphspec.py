@@ -6,6 +6,7 @@ A graph is named nodes, one of them ``root``; a node routes among its steps
 a Galaxy function (``function``) or another node (``node``)::
 
     name: iris-ensemble
+    namespace: default   # optional: the applying caller's by default
     nodes:
       root:
         router: Sequence
@@ -92,6 +93,9 @@ class Graph:
 
     name: str
     nodes: dict[str, Node]
+    #: "" when the document names none (the controller gives it the
+    #: caller's, as for a function)
+    namespace: str = ""
 
     @property
     def root(self) -> Node:
@@ -201,13 +205,22 @@ def _node(doc: Any, field: str, name: str) -> Node:
     return Node(name, router, steps)
 
 
+def _text(doc: dict[str, Any], field: str) -> str:
+    """doc[field] as a string ("" when absent); InvalidArgument otherwise."""
+    value = doc.get(field, "")
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{field}: a string, got {type(value).__name__}")
+    return value
+
+
 def parse(doc: Any) -> Graph:
     """The graph of a document (parsed YAML or JSON); InvalidArgument
     naming the field otherwise: unknown fields and routers, step rules,
     references to nodes that do not exist, cycles."""
     g = _mapping(doc, "graph")
-    _only(g, ("name", "nodes"), "")
-    name = check_name("name", g.get("name", ""))
+    _only(g, ("name", "namespace", "nodes"), "")
+    name = check_name("name", _text(g, "name"))
+    namespace = check_name("namespace", ns) if (ns := _text(g, "namespace")) else ""
     nodes_doc = _mapping(g.get("nodes"), "nodes")
     if not 1 <= len(nodes_doc) <= MAX_NODES:
         raise InvalidArgument(f"nodes: 1 to {MAX_NODES} nodes")
@@ -227,7 +240,7 @@ def parse(doc: Any) -> Graph:
         raise InvalidArgument(
             f"nodes: a request may make {calls} function calls, at most {MAX_CALLS} allowed"
         )
-    return Graph(name, nodes)
+    return Graph(name, nodes, namespace)
 
 
 def _calls(nodes: dict[str, Node], name: str) -> int:
