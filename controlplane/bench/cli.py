@@ -33,6 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "generator during each measured phase (needs py-spy)",
     )
     p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the plan's short form: at most 4 nodes, 2 configurations per swept "
+        "parameter and 40 requests per scenario; checks that it runs, not its figures",
+    )
+    p.add_argument(
         "--data-dir",
         default=None,
         help="where trace samples live (default: <repo>/../shared/data)",
@@ -72,9 +78,11 @@ async def cmd_bench(args: argparse.Namespace) -> int:
     if args.profile and not profile.available():
         print("galaxy bench: --profile needs py-spy (pip install py-spy)", file=sys.stderr)
         return 2
-    opts = runner.RunOptions(out=out, data_dir=data_dir, profile=args.profile)
+    opts = runner.RunOptions(
+        out=out, data_dir=data_dir, profile=args.profile, settle=not args.quick
+    )
     try:
-        bf = pl.load_file(args.file) if args.file else None
+        bf = pl.load_file(args.file, quick=args.quick) if args.file else None
         if args.recommend:
             if not args.slo or not args.load:
                 raise slo.SloError("--recommend needs --slo and --load")
