@@ -43,7 +43,7 @@ def _run(plan: Path, out: Path) -> subprocess.CompletedProcess[str]:
 def problems(plan: Path, out: Path, r: subprocess.CompletedProcess[str]) -> list[str]:
     """What is wrong with one short run (empty when nothing is)."""
     if r.returncode != 0:
-        return [f"{plan.name}: exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-2500:]}"]
+        return [f"{plan.name}: exit {r.returncode}: {r.stderr[-3000:]}"]
     doc = json.loads((out / "results.json").read_text())
     found = []
     if doc["failures"]:

@@ -1,5 +1,5 @@
-"""The shipped plans on state and traces (etcd-vs-memory, azure-replay) run
-end to end in their short form, `galaxy bench --quick`
+"""The shipped ablation, state and trace plans (ablation, etcd-vs-memory,
+azure-replay) run end to end in their short form, `galaxy bench --quick`
 (tests/bench/quickplans.py)."""
 
 from __future__ import annotations
@@ -14,15 +14,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.mark.timeout(600)
-def test_the_etcd_vs_memory_plan_runs_in_its_short_form(tmp_path: Path) -> None:
-    assert run_all(shipped("etcd-vs-memory.yaml"), tmp_path) == []
+def test_the_ablation_and_etcd_vs_memory_plans_run_in_their_short_form(tmp_path: Path) -> None:
+    found = run_all(shipped("ablation.yaml", "etcd-vs-memory.yaml"), tmp_path)
+    assert found == [], "\n\n".join(found)
 
 
 @pytest.mark.timeout(600)
 def test_the_trace_replay_plan_runs_in_its_short_form(tmp_path: Path) -> None:
     if not DATA.is_dir():
         pytest.skip(f"trace data not found at {DATA} (the shared/ folder next to the repo)")
-    assert run_all(shipped("azure-replay.yaml"), tmp_path) == []
+    found = run_all(shipped("azure-replay.yaml"), tmp_path)
+    assert found == [], "\n\n".join(found)
 
 
 def test_every_shipped_plan_has_a_short_run() -> None:

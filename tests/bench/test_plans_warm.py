@@ -21,4 +21,5 @@ def test_the_warm_path_plans_run_in_their_short_form(tmp_path: Path) -> None:
         "warm-nodes.yaml",
         "warm-streams.yaml",
     )
-    assert run_all(plans, tmp_path) == []
+    found = run_all(plans, tmp_path)
+    assert found == [], "\n\n".join(found)
