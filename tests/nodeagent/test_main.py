@@ -145,6 +145,7 @@ asyncio.run(host.serve(build(args), instance_id="agent-t", listen="127.0.0.1:0",
 """
 
 
+@pytest.mark.slow  # starts a node agent process, then its instances
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 async def test_agent_process_leaves_no_instances(tmp_path, how):
     """A real agent process: ready line, create an instance, then stop the
