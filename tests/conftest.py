@@ -19,6 +19,28 @@ anything near the bound ``slow`` rather than raising the bound: CI machines are
 loaded and a test at 1.8 s here is a flaky failure there. A busy developer
 machine may export ``GALAXY_FAST_TEST_S=5`` for a local run.
 
+Parallel by default
+-------------------
+With pytest-xdist installed (the dev extra), a run without ``-n`` uses
+``DEFAULT_WORKERS`` worker processes and ``--dist loadfile`` (set in
+``pytest_cmdline_main`` below rather than in pyproject's ``addopts``, so that
+``-p no:xdist`` still parses). ``-n 0`` or ``-p no:xdist`` runs in this process
+(one test, a debugger). ``loadfile`` keeps a module on one worker, so a
+module- or session-scoped fixture (a shared ``galaxy up``, an etcd) is started
+once per worker that needs it, never shared across processes. The suite mostly
+waits on process starts, not CPU, which is why more workers than cores pay.
+
+Every test must be safe next to other test processes: ports are bound to 0,
+names of network namespaces, cgroups and run dirs carry a random tag or the
+pid, files live under ``tmp_path``.
+
+The fast-test bound under parallel load
+---------------------------------------
+Workers compete for the cores, so a test's wall time stretches with the ratio
+of workers to CPUs. The bound is ``GALAXY_FAST_TEST_S`` times
+``max(1, workers / CPUs)`` (4 s for 4 workers on 2 cores): the same work per
+core, not a looser bound. A serial run (``-n 0``) keeps the plain bound.
+
 Shared real parts
 -----------------
 - ``etcd_server`` (session) / ``etcd_url`` (function, own key prefix): a real
@@ -50,8 +72,32 @@ register_all()
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: Worker processes for a run that does not say ``-n`` (measured: README, Tests).
+DEFAULT_WORKERS = 4
+
+
+def _load_factor() -> float:
+    """Workers per CPU in this run (1 when serial or fewer workers than CPUs)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1.0, workers / (os.cpu_count() or 1))
+
+
 #: The call-phase bound, in seconds, of a test not marked ``slow``.
-FAST_TEST_BOUND_S = float(os.environ.get("GALAXY_FAST_TEST_S", "2"))
+FAST_TEST_BOUND_S = float(os.environ.get("GALAXY_FAST_TEST_S", "2")) * _load_factor()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Default to ``-n DEFAULT_WORKERS --dist loadfile`` when xdist is loaded and
+    the command line names no ``-n``. Runs before xdist's own hook (both are
+    ``tryfirst``; a conftest registers later, so it is called first), which
+    turns the count into worker processes. A worker never spawns workers."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if config.option.numprocesses is None and not config.option.collectonly:
+        config.option.numprocesses = DEFAULT_WORKERS
+        if config.option.dist == "no":
+            config.option.dist = "loadfile"
 
 
 def deploy_changed() -> bool:

@@ -58,6 +58,10 @@ CASES = {
     ),
     "bench-missing-file": (["bench", "-f", "{missing}", "--out", "{out}"], "cannot read"),
     "bench-bad-plan": (["bench", "-f", "{bad}", "--out", "{out}"], "scenarios: required"),
+    "bench-quick-bad-plan": (
+        ["bench", "-f", "{bad}", "--quick", "--out", "{out}"],
+        "scenarios: required",
+    ),
     "chaos-unknown-fault": (["chaos", "--fault", "nosuch"], "--fault"),
     "up-unknown-flag": (["up", "--no-such-flag"], "unrecognized arguments"),
 }

@@ -33,6 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "generator during each measured phase (needs py-spy)",
     )
     p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the plan's short form: at most 4 nodes, 2 configurations per swept "
+        "parameter and 40 requests per scenario; checks that it runs, not its figures",
+    )
+    p.add_argument(
         "--data-dir",
         default=None,
         help="where trace samples live (default: <repo>/../shared/data)",
@@ -69,9 +75,14 @@ def _model_plan(path: str) -> dict[str, Any] | None:
     from controlplane.bench import models
 
     try:
-        return models.load_plan(yaml.safe_load(Path(path).read_text()))
-    except (OSError, yaml.YAMLError, ValueError) as e:
-        raise SystemExit(f"galaxy bench: {path}: {e}") from None
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # the ordinary loader reports the error
+    try:
+        return models.load_plan(doc)
+    except ValueError as e:
+        print(f"galaxy bench: {path}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 async def cmd_bench(args: argparse.Namespace) -> int:
@@ -90,13 +101,15 @@ async def cmd_bench(args: argparse.Namespace) -> int:
         from controlplane.bench.llmcli import cmd_llm
 
         return await cmd_llm(args, out, data_dir)
-    opts = runner.RunOptions(out=out, data_dir=data_dir, profile=args.profile)
     if args.file and (model_plan := _model_plan(args.file)) is not None:
         from controlplane.bench import models
 
         return await models.run_plan(model_plan, out)
+    opts = runner.RunOptions(
+        out=out, data_dir=data_dir, profile=args.profile, settle=not args.quick
+    )
     try:
-        bf = pl.load_file(args.file) if args.file else None
+        bf = pl.load_file(args.file, quick=args.quick) if args.file else None
         if args.recommend:
             if not args.slo or not args.load:
                 raise slo.SloError("--recommend needs --slo and --load")

@@ -42,6 +42,7 @@ from controlplane.bench.planconfig import (
     defaults,
     first_error,
 )
+from controlplane.bench.quick import shorten
 from controlplane.launch.up import UpConfig
 from controlplane.runtime import servingruntime, validation
 from galaxy.v1 import common_pb2
@@ -118,8 +119,9 @@ def _block(doc: dict[str, Any], key: str) -> dict[str, Any]:
     return v
 
 
-def load_file(path: str | Path) -> BenchFile:
-    """Read and validate a bench file."""
+def load_file(path: str | Path, quick: bool = False) -> BenchFile:
+    """Read and validate a bench file; ``quick``: its short form
+    (:mod:`controlplane.bench.quick`)."""
     p = Path(path)
     try:
         doc = yaml.safe_load(p.read_text())
@@ -127,7 +129,7 @@ def load_file(path: str | Path) -> BenchFile:
         raise BenchFileError(f"cannot read {p}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise BenchFileError(f"{p}: not valid YAML: {e}") from None
-    return parse(doc, p)
+    return parse(shorten(doc) if quick else doc, p)
 
 
 def control_plane_config(bf: BenchFile, params: dict[str, Any]) -> dict[str, Any]:

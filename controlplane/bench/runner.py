@@ -56,6 +56,9 @@ class RunOptions:
     out: Path
     data_dir: Path
     profile: bool = False
+    #: Wait for the control plane to go quiet before the echo after a plan
+    #: (for trustworthy ratios; the short form, which checks no figure, skips it).
+    settle: bool = True
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
 
 
@@ -264,7 +267,11 @@ async def _run_plan(
     # The echo is measured before and after the plan: on a shared machine the
     # two differ, and their spread says how far to trust the ratios. The
     # plan's aftermath (idle instances deleted) is let pass first.
-    settled_s = await prof.settle(pids, SETTLED_CORES, SETTLE_MAX_S, quiet_s=SETTLE_QUIET_S)
+    settled_s = (
+        await prof.settle(pids, SETTLED_CORES, SETTLE_MAX_S, quiet_s=SETTLE_QUIET_S)
+        if opts.settle
+        else None
+    )
     echo_b = await _echo(bf, echo, s.concurrency, work, f"{prefix}-echo-after")
     echo_res = sm.merge_runs(echo_a[0], echo_b[0])
     out = sm.summarize_plan(plan, cp, s, wl, res, echo_res, scr)

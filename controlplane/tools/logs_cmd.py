@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,20 +79,76 @@ def render(line: str) -> str:
     return f"{head} [{extra}]" if extra else head
 
 
-def _lines(files: list[Path], since: float | None) -> Iterator[str]:
+def _lines(sources: list[Iterable[str]], since: float | None) -> Iterator[str]:
+    """The lines of each source in turn (without newlines), from --since on."""
     keep = since is None
-    for path in files:
-        with path.open(errors="replace") as f:
-            for line in f:
-                line = line.rstrip("\n")
-                if not keep:
-                    when = _when(line)
-                    # Lines without a time (traceback lines) follow the
-                    # decision of the line before them.
-                    if when is not None and since is not None:
-                        keep = when >= since
-                if keep:
-                    yield line
+    for source in sources:
+        for line in source:
+            line = line.rstrip("\n")
+            if not keep:
+                when = _when(line)
+                # Lines without a time (traceback lines) follow the
+                # decision of the line before them.
+                if when is not None and since is not None:
+                    keep = when >= since
+            if keep:
+                yield line
+
+
+def _read(path: Path) -> Iterator[str]:
+    with path.open(errors="replace") as f:
+        yield from f
+
+
+class _Tail:
+    """The current log file, read from its start and then followed across
+    rotations. History and follow read one open file, so a line written
+    between them is neither lost nor shown twice."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.f = path.open(errors="replace")
+        self.ident = self._ident(os.fstat(self.f.fileno()))
+        self.partial = ""  # a line still being written: shown once complete
+
+    @staticmethod
+    def _ident(st: os.stat_result) -> tuple[int, int]:
+        return (st.st_dev, st.st_ino)
+
+    def __iter__(self) -> Iterator[str]:
+        """The complete lines available now (the history, on the first call)."""
+        while True:
+            chunk = self.f.readline()
+            if not chunk:
+                return
+            self.partial += chunk
+            if self.partial.endswith("\n"):
+                line, self.partial = self.partial, ""
+                yield line
+
+    def new_lines(self) -> list[str]:
+        """Lines appended since the last call; after a rotation, the rest of
+        the old file, then the new file from its start."""
+        lines = list(self)
+        try:
+            rotated = self._ident(os.stat(self.path)) != self.ident
+        except FileNotFoundError:  # between the rename and the new file
+            return lines
+        if rotated:
+            # The old file may have grown after the read above and before
+            # the rename: drain it (a last line without a newline included).
+            lines += list(self)
+            if self.partial:
+                lines.append(self.partial)
+            self.close()
+            self.f = self.path.open(errors="replace")
+            self.ident = self._ident(os.fstat(self.f.fileno()))
+            self.partial = ""
+            lines += list(self)
+        return lines
+
+    def close(self) -> None:
+        self.f.close()
 
 
 async def cmd_logs(args: argparse.Namespace) -> int:
@@ -110,34 +166,31 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         raise CliError(f"no log for {args.component!r}; components: {', '.join(known)}")
     since = parse_since(args.since, time.time()) if args.since else None
     show = (lambda s: s) if args.raw else render
-    for line in _lines(files, since):
-        print(show(line))
+    current = log_dir / f"{args.component}.log"
+    tail: _Tail | None = None
     if args.follow:
-        await _follow(log_dir / f"{args.component}.log", show)
+        if not current.exists():
+            raise CliError(f"{current} does not exist: nothing to follow (only rotated files)")
+        tail = _Tail(current)
+    try:
+        sources: list[Iterable[str]] = [_read(p) for p in files if tail is None or p != current]
+        if tail is not None:
+            sources.append(tail)
+        for line in _lines(sources, since):
+            print(show(line))
+        if tail is not None:
+            await _follow(tail, show)
+    finally:
+        if tail is not None:
+            tail.close()
     return 0
 
 
-async def _follow(path: Path, show: Any) -> None:
-    """Print lines appended to path, reopening it when it is rotated. A
-    local file has no change event portable enough to await: poll it."""
-    f = path.open(errors="replace")
-    f.seek(0, os.SEEK_END)
-    inode = os.fstat(f.fileno()).st_ino
-    try:
-        while True:
-            line = f.readline()
-            if line:
-                print(show(line.rstrip("\n")), flush=True)
-                continue
-            try:
-                if os.stat(path).st_ino != inode:  # rotated: the new file from its start
-                    f.close()
-                    f = path.open(errors="replace")
-                    inode = os.fstat(f.fileno()).st_ino
-                    continue
-            except FileNotFoundError:
-                pass
-            sys.stdout.flush()
-            await asyncio.sleep(FOLLOW_POLL_S)
-    finally:
-        f.close()
+async def _follow(tail: _Tail, show: Any) -> None:
+    """Print lines appended to the tail's file. A local file has no change
+    event portable enough to await: poll it."""
+    while True:
+        for line in tail.new_lines():
+            print(show(line.rstrip("\n")))
+        sys.stdout.flush()
+        await asyncio.sleep(FOLLOW_POLL_S)

@@ -3,7 +3,10 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
+from controlplane.bench import llm as llm_bench
+from controlplane.bench import models as models_bench
 from controlplane.bench import plan as pl
 from controlplane.bench import trace as tr
 
@@ -118,6 +121,13 @@ def test_every_bundled_experiment_parses():
     assert {"smoke", "warm-dispatch", "cold-burst", "ablation", "azure-replay"} <= names
     assert "etcd-vs-memory" in names
     for f in files:
+        doc = yaml.safe_load(f.read_text())
+        if doc.get("kind") == "llm":  # the LLM bench's own format
+            assert llm_bench.load_file(str(f)).plans
+            continue
+        if doc.get("kind") == models_bench.PLAN_KIND:  # the model cold-start plan
+            assert models_bench.load_plan(doc) is not None
+            continue
         bf = pl.load_file(f)
         for p in bf.experiment.plans():
             pl.load_settings(bf, p)

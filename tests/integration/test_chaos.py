@@ -1,23 +1,23 @@
-"""The fault suite: kill -9 of a control function under load loses no
-request (SDK failover, supervision), through `galaxy chaos` itself; the
-goals of the leading controller's death (--ha), of an etcd outage, of a node
-agent stopped past the dead-node timeout and of a whole-control-plane
-restart, short versions; and the report's and checks' arithmetic (pure)."""
+"""The fault suite, kills of the request path: kill -9 of Dispatch or
+Schedule under load loses no request (SDK failover, supervision), a
+restarted controller then a Dispatch kill keep epochs, through `galaxy
+chaos` itself; and the report's and checks' arithmetic (pure). The other
+faults: test_chaos_failover.py (controller leader, etcd) and
+test_chaos_nodes.py (node agents, restarts, deletes)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from controlplane.tools.chaos import Outcome, report
-from controlplane.tools.chaos_checks import busiest_agent, epoch_check, scale_action_check
+from controlplane.tools.chaos_checks import epoch_check, scale_action_check
 from controlplane.tools.chaos_more import config_for
-from tests.etcd_server import require_etcd
-from tests.integration.upctl import REPO, pid_alive
+from tests.integration.chaosrun import chaos
+from tests.integration.upctl import REPO
 
 # Real `galaxy` processes: the full suite, not the fast tier.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -93,121 +93,6 @@ def test_kill_9_under_load_loses_no_request(fault: str, tmp_path) -> None:
     assert r.returncode == 0
 
 
-def chaos(
-    tmp_path, *flags: str, etcd: bool = True
-) -> tuple[dict, subprocess.CompletedProcess[str]]:
-    """Run `galaxy chaos` with its own etcd (the binary the fixtures use)
-    when the fault needs one."""
-    out = tmp_path / "chaos.json"
-    env = {**os.environ, "GALAXY_ETCD_BINARY": require_etcd()} if etcd else None
-    r = subprocess.run(
-        [sys.executable, "-m", "controlplane.tools.cli", "chaos", "--rate", "40", "--nodes", "2",
-         "--out", str(out), *flags],
-        capture_output=True, text=True, timeout=180, cwd=REPO, env=env,
-    )  # fmt: skip
-    assert out.exists(), r.stdout[-2000:] + r.stderr[-3000:]
-    rep = json.loads(out.read_text())
-    # Everything the run started is gone (kills and stops were by PID).
-    assert not [p for p in rep["pids"] if pid_alive(p)]
-    return rep, r
-
-
-@pytest.mark.etcd
-def test_kill_9_of_the_leading_controller_fails_over_within_the_lease_ttl(tmp_path) -> None:
-    rep, r = chaos(tmp_path, "--fault", "controller-leader", "--duration-s", "8", "--at-s", "3")
-    assert rep["ha"] and rep["victim"].startswith("controller-"), r.stdout[-2000:]
-    # The goal is the lease TTL; by design a takeover may take up to etcd's
-    # lease expiry sweep (500 ms) more, which the report states.
-    assert rep["detect_s"] is not None and rep["detect_s"] <= rep["takeover_bound_s"], rep
-    assert (rep["requests"], rep["failed"], rep["hung"]) == (320, 0, 0), rep["errors"]
-    assert rep["victim_back"] and rep["functions_after"] == rep["functions_before"]
-    assert rep["scale_actions_applied_twice"] == rep["scale_actions_after_a_newer_term"] == 0
-
-
-@pytest.mark.etcd
-def test_a_takeover_with_scale_actions_fails_nothing_and_applies_none_twice(tmp_path) -> None:
-    # T = 10/s per Dispatch instance at 40/s: the leader scales out before
-    # the kill, and its instances (its children) die with it.
-    rep, r = chaos(
-        tmp_path, "--fault", "controller-leader", "--duration-s", "10", "--at-s", "5",
-        "--autoscale-t-df", "10",
-    )  # fmt: skip
-    assert rep["scale_actions"] >= 1, (rep["scale_action_log"], r.stdout[-2000:])
-    assert rep["scale_actions_applied_twice"] == rep["scale_actions_after_a_newer_term"] == 0
-    # The new leader answers no membership read before it has loaded its
-    # predecessor's (the SDK failed with FAILED_PRECONDITION when it did).
-    assert (rep["failed"], rep["hung"]) == (0, 0), rep["error_samples"]
-
-
-@pytest.mark.etcd
-def test_an_etcd_outage_refuses_deploys_and_leaves_warm_traffic_alone(tmp_path) -> None:
-    rep, r = chaos(
-        tmp_path, "--fault", "etcd", "--duration-s", "10", "--at-s", "3", "--outage-s", "4"
-    )
-    assert (rep["requests"], rep["failed"], rep["hung"]) == (400, 0, 0), rep["errors"]
-    during = rep["deploys_during_outage"]
-    assert during >= 3 and rep["deploys_refused_unavailable"] == during, rep
-    assert rep["acknowledged_deploys_lost"] == 0 and rep["deploys_back_after_s"] is not None
-    assert rep["cold_start_during_outage"] == "OK" and rep["write_behind_peak"] > 0
-    assert rep["write_behind_drained_after_s"] is not None  # the records landed
-    # Before the fault: a function to cold-start in the outage; after the restart: a probe.
-    assert rep["functions_after"] == rep["functions_before"] + rep["acknowledged_deploys"] == 6
-    assert rep["goal_met"] and r.returncode == 0
-
-
-def test_the_agent_fault_picks_the_agent_hosting_instances() -> None:
-    agents = {"agent-0": ["n-0", "n-1"], "agent-1": ["n-2"]}
-    assert busiest_agent(agents, ["n-2", "n-2", "n-0"]) == "agent-1"
-    assert busiest_agent(agents, ["n-1", "n-0", "n-2"]) == "agent-0"
-    assert busiest_agent(agents, ["n-9"]) is None
-
-
-@pytest.mark.slow
-def test_a_restarted_agent_leaves_no_ghost_instance_with_process_sandboxes(tmp_path) -> None:
-    """kill -9 of the node agent hosting the load's instances, restarted at
-    once by supervision: Dispatch must stop routing to the instances that
-    died with it well before the node could be declared dead."""
-    rep, r = chaos(
-        tmp_path, "--fault", "agent", "--sandbox", "process", "--duration-s", "12",
-        "--at-s", "4", etcd=False,
-    )  # fmt: skip
-    assert rep["victim"].startswith("agent-") and rep["victim_back"], r.stdout[-2000:]
-    assert rep["views_agree_s"] is not None, rep
-    assert rep["ghost_instances"] == rep["duplicate_instances"] == 0, rep
-    assert rep["goal_met"], rep
-
-
-def test_a_stopped_node_agent_is_detected_within_3_beats_and_leaks_nothing(tmp_path) -> None:
-    # Stopped for 4 s: past the dead-node timeout (3 heartbeats of 1 s).
-    rep, r = chaos(
-        tmp_path, "--fault", "sigstop-nodeagent", "--duration-s", "10", "--at-s", "3",
-        "--outage-s", "4", etcd=False,
-    )  # fmt: skip
-    assert rep["victim"].startswith("agent-"), r.stdout[-2000:]
-    # Declared dead at its last heartbeat + 3 heartbeats: within 3 of the
-    # stop (its last beat came before), plus the time to see it.
-    assert rep["detect_s"] is not None and rep["detect_s"] <= rep["detect_bound_s"], rep
-    assert 3.0 <= rep["silence_when_seen_dead_s"] <= rep["detect_bound_s"], rep
-    # Back after SIGCONT, with no duplicate instance and no leaked allocation.
-    assert rep["victim_back"] and rep["nodes_alive"] == 2, rep
-    assert rep["duplicate_instances"] == rep["leaked_instances"] == 0, rep
-    assert (rep["requests"], rep["failed"], rep["hung"]) == (400, 0, 0), rep["errors"]
-    assert rep["goal_met"] and r.returncode == 0
-
-
-@pytest.mark.etcd
-def test_a_restarted_control_plane_brings_everything_back(tmp_path) -> None:
-    rep, r = chaos(
-        tmp_path, "--fault", "restart", "--duration-s", "5", "--at-s", "2", "--functions", "2"
-    )
-    assert rep["victim"] == "control plane", r.stdout[-2000:]
-    assert rep["functions_after"] == rep["functions_before"] == 2, rep
-    assert rep["revisions_after"] == rep["revisions_before"] > 0, rep
-    assert rep["duplicate_instances"] == rep["leaked_instances"] == 0, rep
-    assert rep["nodes_alive"] == 2, rep
-    assert rep["goal_met"] and r.returncode == 0
-
-
 @pytest.mark.etcd
 def test_a_restarted_controller_then_a_dispatch_kill_fails_nothing_and_keeps_epochs(
     tmp_path,
@@ -224,16 +109,4 @@ def test_a_restarted_controller_then_a_dispatch_kill_fails_nothing_and_keeps_epo
     assert rep["epoch_samples"] > 10 and rep["epochs_backwards"] == 0, rep
     assert (rep["failed"], rep["hung"]) == (0, 0), rep["error_samples"]
     assert rep["functions_after"] == rep["functions_before"] == 4
-    assert rep["goal_met"] and r.returncode == 0
-
-
-def test_deleting_a_function_of_many_instances_leaves_none_on_the_nodes(tmp_path) -> None:
-    rep, r = chaos(
-        tmp_path, "--fault", "delete-many", "--instances", "200", "--orphan-check-s", "1",
-        "--duration-s", "4", "--at-s", "2", etcd=False,
-    )  # fmt: skip
-    assert rep["instances_running_before_delete"] == 200, r.stdout[-2000:] + r.stderr[-2000:]
-    assert rep["left_first_look"] > 0  # counted while they were being deleted
-    assert rep["zero_left_after_s"] is not None and rep["left_after_grace"] == 0, rep
-    assert (rep["failed"], rep["hung"]) == (0, 0), rep["error_samples"]
     assert rep["goal_met"] and r.returncode == 0

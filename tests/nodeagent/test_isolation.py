@@ -116,6 +116,7 @@ def _hits() -> float:
     return REGISTRY.get_sample_value("galaxy_instance_pids_limit_hits_total") or 0.0
 
 
+@pytest.mark.slow  # a real fork loop in a real cgroup, stopped at its pids limit
 async def test_fork_loop_stops_at_the_pids_limit_and_the_agent_stays_healthy(
     backend: ProcessBackend, make_agent: MakeAgent
 ) -> None:

@@ -45,6 +45,7 @@ def test_taken_gateway_port_names_the_way_out() -> None:
     assert f"--gateway-port {port}" in str(e.value) and "--gateway-port 0" in str(e.value)
 
 
+@pytest.mark.slow  # a real `galaxy serve gateway` subprocess
 def test_gateway_on_a_taken_port_says_so_in_one_line() -> None:
     with _taken() as s:
         listen = f"127.0.0.1:{s.getsockname()[1]}"

@@ -4,16 +4,21 @@ across rotated files, --since, -f across a rotation, clear errors)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from controlplane.tools.cli import main
-from controlplane.tools.logs_cmd import render
+from controlplane.tools import logs_cmd
+from controlplane.tools.cli import build_parser, main
+from controlplane.tools.logs_cmd import cmd_logs, render
 from tests.integration.upctl import REPO
 
 CHILD = """
@@ -113,9 +118,63 @@ def test_follow_continues_across_a_rotation(tmp_path: Path) -> None:
         with current.open("a") as f:
             f.write("appended\n")
         assert p.stdout.readline().strip() == "appended"
+        with current.open("a") as f:
+            f.write("last before rotation\n")
         current.rename(logs / "gateway-0.log.1")  # what the rotating handler does
         current.write_text("after rotation\n")
+        assert p.stdout.readline().strip() == "last before rotation"
         assert p.stdout.readline().strip() == "after rotation"
     finally:
         p.kill()
         p.wait(timeout=10)
+
+
+class _Shown:
+    """stdout for an in-process `galaxy logs -f`: records the lines shown and
+    sets ``seen`` when ``want`` is one of them."""
+
+    def __init__(self, want: str) -> None:
+        self.want, self.text, self.seen = want, "", asyncio.Event()
+
+    def write(self, text: str) -> int:
+        self.text += text
+        if self.want in self.text.splitlines():
+            self.seen.set()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+async def test_follow_shows_a_line_written_just_after_the_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line a process appends right after the history was read is shown, not
+    skipped: the follow continues where the history stopped. (It once reopened
+    the file and started at its end, so a line written in between was lost;
+    with stdout unbuffered, PYTHONUNBUFFERED=1, the subprocess test below hit
+    that gap now and then. Here the line is written exactly in the gap.)"""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    current = logs / "gateway-0.log"
+    current.write_text("old line\n")
+    history = logs_cmd._lines
+
+    def history_then_a_write(*args: Any, **kwargs: Any) -> Iterator[str]:
+        yield from history(*args, **kwargs)
+        with current.open("a") as f:  # the history is read: a process writes
+            f.write("written after the history\n")
+
+    monkeypatch.setattr(logs_cmd, "_lines", history_then_a_write)
+    out = _Shown("written after the history")
+    monkeypatch.setattr(sys, "stdout", out)
+    argv = ["--run-dir", str(tmp_path), "logs", "gateway-0", "-f", "--raw"]
+    task = asyncio.create_task(cmd_logs(build_parser(argv).parse_args(argv)))
+    try:
+        # Shown within a poll or two (FOLLOW_POLL_S); the bound only ends a failure.
+        await asyncio.wait_for(out.seen.wait(), timeout=5)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert out.text.splitlines() == ["old line", "written after the history"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from controlplane.runtime import metrics  # noqa: F401 (registers the collector)
@@ -13,6 +14,7 @@ from controlplane.runtime.version import commit, version
 from tests.integration.upctl import REPO
 
 
+@pytest.mark.slow  # a real `galaxy` subprocess
 def test_version_flag_prints_version_and_commit() -> None:
     r = subprocess.run([sys.executable, "-m", "controlplane.tools.cli", "--version"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
