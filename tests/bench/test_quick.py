@@ -43,6 +43,8 @@ def test_shorten_leaves_other_shapes_for_validation_to_name(doc: object) -> None
 
 def test_every_shipped_plan_is_valid_in_its_short_form() -> None:
     for path in sorted((REPO / "experiments").glob("*.yaml")):
+        if "\nkind:" in path.read_text():  # an LLM or model bench: its own format
+            continue
         bf = pl.load_file(path, quick=True)
         assert bf.control_plane["nodes"] <= QUICK_NODES, path.name
         assert all(len(v) == 1 for v in bf.experiment.parameters.values()), path.name

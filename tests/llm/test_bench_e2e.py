@@ -1,6 +1,7 @@
-"""`galaxy bench` on an LLM bench file, end to end: a real `galaxy up`, the
-emulated LLM server deployed at two instances, a few seconds of the Azure
-LLM trace through the gateway, and the report's figures."""
+"""`galaxy bench` on the shipped LLM bench file in a short form, end to end:
+a real `galaxy up`, the emulated LLM server deployed at two instances, a few
+seconds of the Azure LLM trace through the gateway, and the report's
+figures."""
 
 from __future__ import annotations
 
@@ -22,18 +23,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DATA = shared_data_dir(REPO)
 
 
-@pytest.mark.skipif(not (DATA / tr.DIR).is_dir(), reason="no Azure LLM trace in ../shared/data")
-def test_llm_bench_through_a_real_galaxy_up(tmp_path: Path) -> None:
-    window = {"service": "conv", "duration_s": 4, "max_output_tokens": 20}
-    bench = {
-        "kind": "llm",
-        "name": "e2e",
-        "trace": window,
-        "limits": {"ttft_s": 5.0, "tpot_s": 1.0},
-        "plans": [{"label": "emu x2", "spec": "experiments/llm/llama2-13b-emulated.yaml",
-                   "instances": 2}],
-    }  # fmt: skip
-    f = tmp_path / "llm.yaml"
+def short_run(shipped: str, tmp_path: Path, instances: int) -> tuple[dict, dict, Path]:
+    """The shipped LLM bench file in a short form (4 s of its trace, its
+    first plan at ``instances``), run with `galaxy bench`: (the results'
+    plan, the trace window, the output directory)."""
+    bench = yaml.safe_load((REPO / "experiments" / shipped).read_text())
+    window = dict(bench["trace"], duration_s=4, max_output_tokens=20)
+    bench.update(trace=window, limits={"ttft_s": 5.0, "tpot_s": 1.0})
+    bench["plans"] = [dict(bench["plans"][0], instances=instances)]
+    bench.pop("recommend", None)
+    f = tmp_path / shipped
     f.write_text(yaml.safe_dump(bench))
     out = tmp_path / "out"
     r = subprocess.run(
@@ -41,8 +40,13 @@ def test_llm_bench_through_a_real_galaxy_up(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=400, cwd=REPO, env=dict(os.environ),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    res = json.loads((out / "results.json").read_text())
-    (p,) = res["plans"]
+    (p,) = json.loads((out / "results.json").read_text())["plans"]
+    return p, window, out
+
+
+@pytest.mark.skipif(not (DATA / tr.DIR).is_dir(), reason="no Azure LLM trace in ../shared/data")
+def test_llm_bench_through_a_real_galaxy_up(tmp_path: Path) -> None:
+    p, window, out = short_run("llm-azure.yaml", tmp_path, instances=2)
     sent = len(tr.load(DATA, tr.TraceWindow.from_dict(window)))
     assert p["requests"] == {"sent": sent, "ok": sent, "errors": 0}
     lat = p["latency_ms"]

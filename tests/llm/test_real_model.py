@@ -66,3 +66,12 @@ async def test_openai_client_and_curl_through_the_gateway(tmp_path, monkeypatch,
         assert 1 <= answer["usage"]["completion_tokens"] <= 4
     finally:
         g.stop()
+
+
+def test_the_shipped_gemma_bench_in_its_short_form(tmp_path, monkeypatch, gemma_file):
+    from tests.llm.test_bench_e2e import short_run
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    p, _, _ = short_run("llm-azure-gemma.yaml", tmp_path, instances=1)
+    assert p["requests"]["errors"] == 0 and p["requests"]["ok"] == p["requests"]["sent"] > 0
+    assert p["latency_ms"]["ttft"]["count"] == p["requests"]["ok"]

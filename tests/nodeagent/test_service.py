@@ -247,7 +247,7 @@ async def test_exit_frees_and_notifies_dispatch(peers, pool, tmp_path, caplog):
     st = await probe_at(pool, agent.address, "node-0")
     assert st.instances == 1 and st.allocated.cpu_millis == 250
     os.kill(pid, signal.SIGKILL)
-    await eventually(lambda: not routing.router("echo").instances, what="Dispatch drops it")
+    await eventually(lambda: not routing.router_of("echo").instances, what="Dispatch drops it")
     assert await dispatched(pool, dispatch) == []
     assert any(
         m.startswith(f"instance {addr.instance_id} removed: process exited with code -9")
