@@ -37,6 +37,20 @@ def test_report_counts_failures_gaps_and_latency_around_the_fault() -> None:
     assert rep["hung"] == 1 and rep["longest_gap_s"] == pytest.approx(6.97)
 
 
+def test_report_counts_apart_the_failures_in_flight_at_the_fault() -> None:
+    out = Outcome()
+    out.rows = [
+        (1.0, 0.8, "UNAVAILABLE"),  # in flight at 1.5: died with its instance
+        (1.2, 0.2, "UNAVAILABLE"),  # over before the fault
+        (1.6, 0.1, "UNAVAILABLE"),  # sent after it
+        (1.4, 6.0, "HUNG"),  # in flight, but hung: never excused
+        (2.0, 0.01, ""),
+    ]
+    rep = report(out, at_s=1.5, fault="agent", victim="agent-0", back=True, fault_t=1.5)
+    assert rep["failed"] == 4 and rep["failed_in_flight_at_fault"] == 1
+    assert report(out, 1.5, "agent", "agent-0", True)["failed_in_flight_at_fault"] == 0
+
+
 def test_scale_action_check_finds_an_action_applied_twice() -> None:
     def rec(action: str, term: int) -> dict[str, object]:
         return {"action": action, "term": term, "desired": 3}
