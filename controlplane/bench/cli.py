@@ -67,19 +67,23 @@ def add_subparser(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def _model_plan(path: str) -> dict[str, Any] | None:
-    """The model cold-start plan of a bench file of that kind, else None
-    (controlplane.bench.models); exits 2 naming a bad field."""
+def _model_plan(path: str, kind: str = "models") -> dict[str, Any] | None:
+    """The plan of a bench file of a kind with its own format (``models``: the
+    model cold start, controlplane.bench.models; ``batching``:
+    controlplane.bench.batching), else None; exits 2 naming a bad field."""
+    import importlib
+
     import yaml
 
-    from controlplane.bench import models
+    module = importlib.import_module(f"controlplane.bench.{kind}")
 
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
         return None  # the ordinary loader reports the error
     try:
-        return models.load_plan(doc)
+        plan: dict[str, Any] | None = module.load_plan(doc)
+        return plan
     except ValueError as e:
         print(f"galaxy bench: {path}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -105,6 +109,10 @@ async def cmd_bench(args: argparse.Namespace) -> int:
         from controlplane.bench import models
 
         return await models.run_plan(model_plan, out)
+    if args.file and (batch_plan := _model_plan(args.file, "batching")) is not None:
+        from controlplane.bench import batching
+
+        return await batching.run_plan(batch_plan, out)
     opts = runner.RunOptions(
         out=out, data_dir=data_dir, profile=args.profile, settle=not args.quick
     )

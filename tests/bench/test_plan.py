@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from controlplane.bench import batching as batching_bench
 from controlplane.bench import llm as llm_bench
 from controlplane.bench import models as models_bench
 from controlplane.bench import plan as pl
@@ -127,6 +128,9 @@ def test_every_bundled_experiment_parses():
             continue
         if doc.get("kind") == models_bench.PLAN_KIND:  # the model cold-start plan
             assert models_bench.load_plan(doc) is not None
+            continue
+        if doc.get("kind") == batching_bench.PLAN_KIND:  # the batching plan
+            assert batching_bench.load_plan(doc) is not None
             continue
         bf = pl.load_file(f)
         for p in bf.experiment.plans():

@@ -33,7 +33,12 @@ def test_every_shipped_plan_has_a_short_run() -> None:
     tested += (here / "test_smoke.py").read_text()
     # Bench files of their own kinds have their short runs beside their code.
     tests = here.parent
-    for other in ("llm/test_bench_e2e.py", "llm/test_real_model.py", "models/test_bench_plan.py"):
+    for other in (
+        "llm/test_bench_e2e.py",
+        "llm/test_real_model.py",
+        "models/test_bench_plan.py",
+        "models/test_batching_bench.py",
+    ):
         tested += (tests / other).read_text()
     shipped_names = sorted(p.name for p in (here.parents[1] / "experiments").glob("*.yaml"))
     assert [n for n in shipped_names if f'{n}"' not in tested] == []
