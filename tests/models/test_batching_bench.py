@@ -4,15 +4,13 @@ real `galaxy up` (speeds are the verdict's business, not this test's)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from controlplane.bench import batching
+from tests.models.benchrun import short_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,18 +53,8 @@ def test_the_verdict_names_each_goal_missed() -> None:
 
 @pytest.mark.slow
 def test_the_shipped_plan_runs_in_a_short_form(tmp_path: Path) -> None:
-    doc = yaml.safe_load((REPO / "experiments" / "batching.yaml").read_text())
-    doc["batching"] = dict(doc["batching"], runs=1, seconds=1, closed_workers=8)
-    f = tmp_path / "batching.yaml"
-    f.write_text(yaml.safe_dump(doc))
-    out = tmp_path / "out"
-    r = subprocess.run(
-        [sys.executable, "-m", "controlplane.tools.cli", "bench", "-f", str(f), "--out", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
-    assert r.returncode in (0, 1), r.stderr[-2000:]
-    assert "Traceback" not in r.stderr
-    report = json.loads((out / "results.json").read_text())
+    rc, report = short_run("batching.yaml", tmp_path, "batching", runs=1, seconds=1,
+                           closed_workers=8)  # fmt: skip
     (run,) = report["runs"]
     assert run["saturation_per_s"]["without"] > 0 and run["saturation_per_s"]["with"] > 0
-    assert (r.returncode == 1) == bool(report["verdict"]["goals_missed"])
+    assert (rc == 1) == bool(report["verdict"]["goals_missed"])
