@@ -27,9 +27,15 @@ def test_a_restarted_agent_leaves_no_ghost_instance_with_process_sandboxes(tmp_p
     """kill -9 of the node agent hosting the load's instances, restarted at
     once by supervision: Dispatch must stop routing to the instances that
     died with it well before the node could be declared dead."""
+    # A request to the max_scale: 1 function waits for its replacement: a
+    # cold start of a real sandboxed process after the new agent registers.
+    # On an idle machine that is well under the tool's 5 s "hung" bound; in
+    # CI, with three other test processes on two cores, it reached 5-6 s
+    # (2026-11-29: 32 of 480 requests answered over 5 s, none failed),
+    # so the bound here is 15 s: a request that never comes back still fails.
     rep, r = chaos(
         tmp_path, "--fault", "agent", "--sandbox", "process", "--duration-s", "12",
-        "--at-s", "4", etcd=False,
+        "--at-s", "4", "--hung-s", "15", etcd=False,
     )  # fmt: skip
     assert rep["victim"].startswith("agent-") and rep["victim_back"], r.stdout[-2000:]
     assert rep["views_agree_s"] is not None, rep
