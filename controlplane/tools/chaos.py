@@ -169,9 +169,12 @@ def report(
     back: bool | None,
     hung_s: float = 5.0,
     fault_t: float | None = None,
+    registered_t: float | None = None,
 ) -> dict[str, Any]:
     """The summary of one run (pure). ``fault_t``: when the fault was
-    injected, in the rows' time (requests in flight then are counted apart)."""
+    injected, in the rows' time (requests in flight then are counted apart);
+    ``registered_t``: when a restarted agent was seen registered (requests
+    sent from the fault until then are counted apart too)."""
     rows = sorted(out.rows)
     ok = [r for r in rows if not r[2]]
     errors: dict[str, int] = {}
@@ -208,6 +211,11 @@ def report(
         "failed_in_flight_at_fault": 0
         if fault_t is None
         else sum(1 for r in rows if r[2] and r[2] != HUNG and r[0] <= fault_t <= r[0] + r[1]),
+        # Failed (not hung) requests sent between the fault and the restarted
+        # agent's registration: nothing could know the instance had died.
+        "failed_before_registration": 0
+        if fault_t is None or registered_t is None
+        else sum(1 for r in rows if r[2] and r[2] != HUNG and fault_t < r[0] < registered_t),
         "recover_s": round(max(failed_after) - at_s, 3) if failed_after else 0.0,
         "longest_gap_s": round(max(gaps, default=0.0), 3),
         "p50_ms_before": p(before, 0.5),
@@ -287,8 +295,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await load
                 functions_after = len(await c.list_functions())
             fault_t = r.fault_at - out.t0 if r.fault_at else None
+            registered_t = r.registered_at - out.t0 if r.registered_at else None
             summary = report(out, args.at_s, args.fault, found.victim, found.replaced,
-                             args.hung_s, fault_t)  # fmt: skip
+                             args.hung_s, fault_t, registered_t)  # fmt: skip
             rep.update(summary)
             rep.update(
                 detect_s=None if found.detect_s is None else round(found.detect_s, 3),
@@ -299,14 +308,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             # A restart stops everything: its requests meanwhile fail by design.
             # A killed agent takes its instances along (they live in its
-            # sandboxes): a request in flight on one then cannot be answered,
-            # and is counted apart; every request sent after the kill counts.
-            excused = rep["failed_in_flight_at_fault"] if args.fault == "agent" else 0
+            # sandboxes): a request in flight on one, or sent to one before
+            # the restarted agent registered (until then nothing knows it
+            # died), cannot be answered and is counted apart; every request
+            # sent after the registration counts, and so does every hang.
+            excused = 0
+            if args.fault == "agent":
+                excused = rep["failed_in_flight_at_fault"] + rep["failed_before_registration"]
             load_ok = args.fault == "restart" or (rep["failed"] - excused == 0 and rep["hung"] == 0)
             rep["goal"] = "; ".join(
                 g for g in ("" if args.fault == "restart" else
                             "0 requests failed or hung" + (
-                                " (but those in flight on the killed agent's instances)"
+                                " (but those on the killed agent's instances before it"
+                                " registered again)"
                                 if args.fault == "agent" else ""),
                             found.goal) if g
             )  # fmt: skip

@@ -64,6 +64,8 @@ class Run:
     watcher: asyncio.Task[str | None] | None = None
     #: When the fault happened (loop time), set by the fault.
     fault_at: float = 0.0
+    #: agent: when the restarted agent's registration was first seen (loop time).
+    registered_at: float = 0.0
     #: delete-many: instances of its function, and the node agents' orphan check period.
     instances: int = 5000
     orphan_check_s: float = 10.0
@@ -180,6 +182,8 @@ async def kill(run: Run, kind: str) -> Found:
             for n in st.nodes
             if n.status.node_id in lives
         )
+        if new and not run.registered_at:
+            run.registered_at = _now()
         return new and (await cluster_check(run.client))["ghost_instances"] == 0
 
     agree = await _until(views_agree, AGREE_WITHIN_S)

@@ -48,7 +48,13 @@ def test_report_counts_apart_the_failures_in_flight_at_the_fault() -> None:
     ]
     rep = report(out, at_s=1.5, fault="agent", victim="agent-0", back=True, fault_t=1.5)
     assert rep["failed"] == 4 and rep["failed_in_flight_at_fault"] == 1
+    assert rep["failed_before_registration"] == 0  # no registration seen: none
     assert report(out, 1.5, "agent", "agent-0", True)["failed_in_flight_at_fault"] == 0
+    # Registered again at 1.65: the request sent at 1.6 could not have known.
+    rep = report(out, 1.5, "agent", "agent-0", True, fault_t=1.5, registered_t=1.65)
+    assert rep["failed_before_registration"] == 1
+    rep = report(out, 1.5, "agent", "agent-0", True, fault_t=1.5, registered_t=1.55)
+    assert rep["failed_before_registration"] == 0
 
 
 def test_scale_action_check_finds_an_action_applied_twice() -> None:
