@@ -24,6 +24,7 @@ HEADERS = [{}, {"Authorization": "Bearer sk-x"}, {"Authorization": "Basic x"},
            {"Content-Type": "application/json"}, {"Host": "x.galaxy.local"}]  # fmt: skip
 
 
+@pytest.mark.slow  # hundreds of fuzzed requests through a real gateway: ~2-9 s
 async def test_fuzzed_requests_never_get_a_500_or_a_traceback(
     gw: Gateway, caplog: pytest.LogCaptureFixture
 ) -> None:
