@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -167,20 +168,27 @@ class LlmServer:
         except QueueFull as e:
             self.refused.inc()
             return _error(429, f"engine queue full: {e}")
-        q: asyncio.Queue[int] = asyncio.Queue()
-        self._waiters[req.id] = q
-        self._work.set()
-        stream = bool(body.get("stream"))
-        try:
-            if stream:
+        with self._tracked(req) as q:
+            if body.get("stream"):
                 return await self._stream(request, req, q, chat, body)
             while (await q.get()) < req.max_tokens:
                 pass
             return web.json_response(self._final(req, chat))
+
+    @contextlib.contextmanager
+    def _tracked(self, req: Request) -> Iterator[asyncio.Queue[int]]:
+        """The queue of a queued request's token counts while it runs. On
+        exit, a request that did not finish (its client went away) leaves
+        the engine, and one that did is observed."""
+        q: asyncio.Queue[int] = asyncio.Queue()
+        self._waiters[req.id] = q
+        self._work.set()
+        try:
+            yield q
         finally:
             self._waiters.pop(req.id, None)
             if req.finished_at is None:
-                self.engine.cancel(req)  # the client went away
+                self.engine.cancel(req)
             else:
                 self._observe(req)
 
@@ -218,18 +226,9 @@ class LlmServer:
         """Queue req and wait until it finishes (QueueFull or ValueError from
         the engine when it cannot be queued)."""
         self.engine.submit(req)
-        q: asyncio.Queue[int] = asyncio.Queue()
-        self._waiters[req.id] = q
-        self._work.set()
-        try:
+        with self._tracked(req) as q:
             while (await q.get()) < req.max_tokens:
                 pass
-        finally:
-            self._waiters.pop(req.id, None)
-            if req.finished_at is None:
-                self.engine.cancel(req)
-            else:
-                self._observe(req)
 
     def _final(self, req: Request, chat: bool) -> dict[str, Any]:
         text = "".join(f" tok{i}" for i in range(1, req.generated + 1)).strip()
