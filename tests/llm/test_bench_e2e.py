@@ -45,6 +45,7 @@ def short_run(shipped: str, tmp_path: Path, instances: int) -> tuple[dict, dict,
 
 
 @pytest.mark.skipif(not (DATA / tr.DIR).is_dir(), reason="no Azure LLM trace in ../shared/data")
+@pytest.mark.timeout(420)  # the bench subprocess's own bound (400 s), not the suite's 120 s
 def test_llm_bench_through_a_real_galaxy_up(tmp_path: Path) -> None:
     p, window, out = short_run("llm-azure.yaml", tmp_path, instances=2)
     sent = len(tr.load(DATA, tr.TraceWindow.from_dict(window)))
