@@ -45,3 +45,21 @@ def test_dispatch_and_simulator_merge_the_same_kpa(cal):
 
 def test_the_simulator_keep_alive_default_is_dispatch_s():
     assert SimConfig().keep_alive_s == AutoscaleSettings().keepalive_s
+
+
+def test_a_valid_short_window_spec_yields_a_kpa_that_runs():
+    """Validation accepts stable_window_ms 6000 (Knative's minimum); with the
+    default 10% its panic window (0.6 s) is below the 2 s tick, which KpaConfig
+    refuses. The merge raises it to one tick instead of failing every tick."""
+    from controlplane.runtime.validation import STABLE_WINDOW_MS_MIN, check_autoscaling
+
+    a = common_pb2.AutoscalingSpec(stable_window_ms=STABLE_WINDOW_MS_MIN)
+    check_autoscaling(a)  # accepted at deploy
+    spec = common_pb2.FunctionSpec(name="short", version=1, concurrency=1, autoscaling=a)
+    scaler = FunctionAutoscaling(AutoscaleSettings(tick_s=2.0), ManualClock())._scaler(spec)
+    assert scaler.config.stable_window_s == 6.0
+    assert scaler.config.panic_window_s == 2.0  # one tick, not 0.6 s
+    # A Dispatch-wide stable window shorter than a tick is raised to the tick.
+    wide = FunctionAutoscaling(AutoscaleSettings(tick_s=2.0, stable_window_s=1.0), ManualClock())
+    cfg = wide._scaler(common_pb2.FunctionSpec(name="w", version=1, concurrency=1)).config
+    assert (cfg.stable_window_s, cfg.panic_window_s) == (2.0, 2.0)

@@ -151,6 +151,19 @@ class ScaleDecision(NamedTuple):
         return self.reason_format.format(*self.reason_args)
 
 
+def window_at_least_a_tick(
+    stable_window_s: float, panic_fraction: float, tick_s: float
+) -> tuple[float, float]:
+    """The stable window and panic fraction a KPA can run with: each window
+    at least one autoscaler tick. A window shorter than a tick holds no sample
+    (``KpaConfig`` refuses it), and a valid spec must not meet that: Knative's
+    6 s minimum stable window with the default 10% gives a 0.6 s panic window
+    against Dispatch's 2 s tick. So the windows are raised to one tick (the
+    same rounding up Knative's bucketed averages make) instead."""
+    stable = max(stable_window_s, tick_s)
+    return stable, min(1.0, max(panic_fraction, tick_s / stable))
+
+
 def function_kpa(
     settings: AutoscaleSettings, spec: common_pb2.FunctionSpec
 ) -> tuple[KpaConfig, str, dict[str, Any]]:
@@ -159,11 +172,16 @@ def function_kpa(
     zero means "the Dispatch-wide setting". Dispatch and the simulator both
     merge them here."""
     s, a = settings, spec.autoscaling
+    stable_s, fraction = window_at_least_a_tick(
+        a.stable_window_ms / 1000.0 or s.stable_window_s,
+        a.panic_window_percent / 100.0 or PANIC_WINDOW_FRACTION,
+        s.tick_s,
+    )
     cfg = KpaConfig(
         target_concurrency=float(spec.concurrency or 1),
         target_utilization=a.target_utilization or s.target_utilization,
-        stable_window_s=a.stable_window_ms / 1000.0 or s.stable_window_s,
-        panic_window_fraction=a.panic_window_percent / 100.0 or PANIC_WINDOW_FRACTION,
+        stable_window_s=stable_s,
+        panic_window_fraction=fraction,
         scale_to_zero_grace_s=a.scale_to_zero_grace_ms / 1000.0 or s.scale_to_zero_grace_s,
         min_scale=spec.min_scale,
         max_scale=spec.max_scale or None,
