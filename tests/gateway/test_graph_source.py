@@ -6,6 +6,7 @@ naming the path."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -85,3 +86,29 @@ async def test_an_unreachable_controller_fails_the_lookup_within_its_bound() -> 
     async with GalaxyClient("127.0.0.1:1", timeout=1.0) as c:
         with pytest.raises(Unavailable):
             await GraphSource(c, {}).find("g", None)
+
+
+async def test_callers_that_miss_together_share_one_read(client: GalaxyClient) -> None:
+    """Single flight: 20 concurrent lookups of one graph by one caller cost the
+    controller one read; a caller cancelled mid-read does not fail the rest."""
+    await client.apply_graph(json.dumps(_doc("g", "echo-a")))
+    reads = 0
+    gate, started = asyncio.Event(), asyncio.Event()
+    real = client.get_graph
+
+    async def counted(*a: Any, **kw: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        started.set()
+        await gate.wait()
+        return await real(*a, **kw)
+
+    client.get_graph = counted  # type: ignore[method-assign]
+    graphs = GraphSource(client, {}, Clock())
+    calls = [asyncio.create_task(graphs.find("g", None)) for _ in range(20)]
+    await started.wait()
+    calls[0].cancel()
+    gate.set()
+    done = await asyncio.gather(*calls[1:])
+    assert {_fn(g) for g in done} == {"echo-a"}
+    assert reads == 1

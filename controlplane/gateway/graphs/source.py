@@ -6,7 +6,8 @@ whether the caller may read (so run) the graph's namespace; the answer
 (the graph, or NOT_FOUND / PERMISSION_DENIED / UNAUTHENTICATED) is kept
 ``TTL_S`` per (graph, caller), so a graph applied, replaced or deleted is
 served as such within ``TTL_S``, and a flood of calls to one graph costs the
-controller one read per caller per ``TTL_S``. A name the controller does not
+controller one read per caller per ``TTL_S``: callers that miss together
+share one read (single flight). A name the controller does not
 hold is looked up in the files: a stored graph wins a name clash (the
 control plane is the source of truth; the files are the fallback of a
 gateway run without one). A file graph has no namespace check of its own:
@@ -58,6 +59,9 @@ class GraphSource:
         self.files = files
         self.clock = clock
         self._cache: dict[tuple[str, str], tuple[float, Found]] = {}
+        # Reads under way, one per key (bounded by the gateway's in-flight
+        # bound: each is awaited by at least one request).
+        self._reading: dict[tuple[str, str], asyncio.Task[Found]] = {}
 
     def _now(self) -> float:
         return self.clock() if self.clock else asyncio.get_running_loop().time()
@@ -75,16 +79,31 @@ class GraphSource:
         if hit is not None and hit[0] > now:
             found = hit[1]
         else:
-            found = await self._read(name, token)
-            if isinstance(found, (graphspec.Graph, *_KEPT)):
-                self._cache.pop(key, None)
-                if len(self._cache) >= MAX_ENTRIES:
-                    self._cache.pop(next(iter(self._cache)))
-                self._cache[key] = (now + TTL_S, found)
+            found = await self._read_shared(key, name, token)
         if isinstance(found, NotFound):
             return self._file(name)
         if isinstance(found, GalaxyError):
             raise found
+        return found
+
+    async def _read_shared(self, key: tuple[str, str], name: str, token: str | None) -> Found:
+        """One controller read per key at a time, its answer cached; a caller
+        that gives up (cancelled) does not cancel the read the others wait on."""
+        task = self._reading.get(key)
+        if task is None:
+            task = asyncio.create_task(self._read_and_keep(key, name, token))
+            self._reading[key] = task
+            task.add_done_callback(lambda _: self._reading.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _read_and_keep(self, key: tuple[str, str], name: str, token: str | None) -> Found:
+        found = await self._read(name, token)
+        if isinstance(found, (graphspec.Graph, *_KEPT)):
+            self._cache.pop(key, None)
+            if len(self._cache) >= MAX_ENTRIES:
+                self._cache.pop(next(iter(self._cache)))
+            # From when the answer came: the bound is on its age.
+            self._cache[key] = (self._now() + TTL_S, found)
         return found
 
     async def _read(self, name: str, token: str | None) -> Found:
