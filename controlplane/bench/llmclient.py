@@ -42,6 +42,11 @@ class Target:
     prompt: str = "tokens"  # "tokens" (emulated server) or "text" (a real model)
 
 
+def text_prompt(n: int) -> str:
+    """A text prompt of about ``n`` tokens (n common words)."""
+    return " ".join(_WORDS[i % len(_WORDS)] for i in range(n))
+
+
 def body(t: Target, r: LlmRequest) -> dict[str, object]:
     """The chat completion request for one trace row."""
     b: dict[str, object] = {
@@ -56,8 +61,7 @@ def body(t: Target, r: LlmRequest) -> dict[str, object]:
         # The Azure trace has no prompt contents: no prefix blocks to share.
         b["galaxy_prefix_blocks"] = []
     else:
-        words = " ".join(_WORDS[i % len(_WORDS)] for i in range(r.prompt_tokens))
-        b["messages"] = [{"role": "user", "content": words}]
+        b["messages"] = [{"role": "user", "content": text_prompt(r.prompt_tokens)}]
     return b
 
 

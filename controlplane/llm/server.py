@@ -126,9 +126,9 @@ class LlmServer:
                 raise BadRequest("messages: a non-empty list of {role, content}")
             words: list[str] = []
             for i, m in enumerate(msgs):
-                if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
-                    raise BadRequest(f"messages[{i}]: {{role, content}} with string content")
-                words += [str(m.get("role", "user")) + ":", *str(m.get("content", "")).split()]
+                if not isinstance(m, dict):
+                    raise BadRequest(f"messages[{i}]: {{role, content}}")
+                words += [str(m.get("role", "user")) + ":", *_message_text(m, i).split()]
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
@@ -334,6 +334,20 @@ async def serve(
         await server.run()
     finally:
         await runner.cleanup()
+
+
+def _message_text(m: dict[str, Any], i: int) -> str:
+    """A chat message's text: OpenAI's content is a string or a list of
+    parts, of which the ``text`` parts count (clients such as guidellm send
+    parts); other parts (images) carry no prompt words here."""
+    content = m.get("content", "")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and len(content) <= 1024:
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if all(isinstance(t, str) for t in texts):
+            return " ".join(texts)  # type: ignore[arg-type]
+    raise BadRequest(f"messages[{i}].content: a string or a list of {{type, text}} parts")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,6 +55,16 @@ async def test_openai_client_chat_and_completions(llm) -> None:
     assert done.choices[0].text == "tok1 tok2"
     models = await client.models.list()
     assert [m.id for m in models.data] == ["tiny-emulated"]
+    # Content as a list of parts (the OpenAI API allows it; guidellm sends it),
+    # and the newer max_completion_tokens.
+    parts = await client.chat.completions.create(
+        model="tiny-emulated",
+        messages=[{"role": "user", "content": [{"type": "text", "text": "hello there"},
+                                               {"type": "text", "text": "again"}]}],
+        max_completion_tokens=3,
+    )  # fmt: skip
+    assert parts.usage is not None
+    assert (parts.usage.prompt_tokens, parts.usage.completion_tokens) == (4, 3)
     await client.close()
 
 
@@ -107,6 +117,11 @@ async def test_bad_requests_name_the_field_and_a_full_queue_is_429(llm) -> None:
             ({"messages": "hi"}, "messages"),
             ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
             ({"prompt": 5}, "prompt"),
+            (
+                {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+                "messages[0].content",
+            ),
+            ({"messages": [{"role": "user", "content": 7}]}, "messages[0].content"),
         ):
             path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
             async with s.post(url + path, json=body) as r:
