@@ -61,7 +61,7 @@ def body(t: Target, r: LlmRequest) -> dict[str, object]:
         # The Azure trace has no prompt contents: no prefix blocks to share.
         b["galaxy_prefix_blocks"] = []
     else:
-        b["messages"] = [{"role": "user", "content": text_prompt(r.prompt_tokens)}]
+        b["messages"] = [{"role": "user", "content": r.text or text_prompt(r.prompt_tokens)}]
     return b
 
 

@@ -59,6 +59,8 @@ class LlmRequest:
     at_s: float
     prompt_tokens: int
     output_tokens: int
+    #: the prompt to send in text form ("": ``prompt_tokens`` common words)
+    text: str = ""
 
 
 def _ts(text: str) -> float:

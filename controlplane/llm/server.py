@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
 import time
@@ -336,6 +337,21 @@ async def serve(
         await runner.cleanup()
 
 
+class _OneLineBadRequests(logging.Filter):
+    """aiohttp logs a malformed request (e.g. a router probing with HTTP/2
+    prior knowledge) with a full traceback; one line names it instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, web.HTTPException) or type(exc).__name__ == "BadHttpMessage":
+            record.msg, record.args = (
+                "refused a malformed request: %s",
+                (" ".join(str(exc).split())[:120],),
+            )
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def _message_text(m: dict[str, Any], i: int) -> str:
     """A chat message's text: OpenAI's content is a string or a list of
     parts, of which the ``text`` parts count (clients such as guidellm send
@@ -372,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-unix", default=os.environ.get("GALAXY_KV_UNIX", ""),
                    help="also listen on this Unix socket (same-node KV transfers)")  # fmt: skip
     a = p.parse_args(argv)
+    logging.getLogger("aiohttp.server").addFilter(_OneLineBadRequests())
     try:
         profile(a.profile)
     except ValueError as e:
