@@ -179,6 +179,13 @@ async def _chunks(nbytes: int, fill: bytes) -> AsyncIterator[bytes]:
         left -= n
 
 
+async def _slices(data: bytes) -> AsyncIterator[memoryview]:
+    """A real cache, CHUNK at a time (views: no copy of the whole)."""
+    view = memoryview(data)
+    for at in range(0, len(data), CHUNK):
+        yield view[at : at + CHUNK]
+
+
 async def send(
     target: str,
     kv_id: str,
@@ -186,11 +193,15 @@ async def send(
     tokens: int,
     *,
     fill: bytes = b"\x5a",
+    data: bytes | None = None,
     timeout_s: float = 120.0,
 ) -> float:
-    """PUT an emulated cache of nbytes to target (``http://HOST:PORT`` or
-    ``unix:/path``); the seconds it took. RuntimeError with the receiver's
-    message when it refuses."""
+    """PUT a cache to target (``http://HOST:PORT`` or ``unix:/path``): the
+    real bytes ``data`` (then nbytes must be their length), or else an
+    emulated cache of nbytes of ``fill``; the seconds it took. RuntimeError
+    with the receiver's message when it refuses."""
+    if data is not None and len(data) != nbytes:
+        raise ValueError(f"nbytes: {nbytes}, but the cache has {len(data)} bytes")
     if target.startswith("unix:"):
         connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=target[len("unix:") :])
         url = f"http://localhost/v1/kv/{kv_id}"
@@ -203,7 +214,7 @@ async def send(
     t0 = time.perf_counter()
     async with (
         aiohttp.ClientSession(connector=connector, timeout=timeout) as s,
-        s.put(url, data=_chunks(nbytes, fill), headers=headers) as resp,
+        s.put(url, data=_slices(data) if data else _chunks(nbytes, fill), headers=headers) as resp,
     ):
         if resp.status != 201:
             text = (await resp.text())[:300]
