@@ -19,6 +19,7 @@ through one worker thread.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,7 @@ class ModelHost:
         if self.asleep:
             return False
         self.llm._ctx.close()
+        _give_back_freed_memory()
         self.asleep = True
         self.sleeps += 1
         return True
@@ -132,3 +134,14 @@ class ModelHost:
         to wake first."""
         woke = self.wake()
         return realkv.export(self.llm, tokens), woke
+
+
+def _give_back_freed_memory() -> None:
+    """Return the context's freed pages to the system. glibc raises its mmap
+    threshold to the size of a freed mapped block, so a context built after
+    a sleep lives on the heap, whose freed pages stay resident until trimmed."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: its allocator returns memory its own way
+        return
+    libc.malloc_trim(0)

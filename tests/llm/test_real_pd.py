@@ -178,10 +178,11 @@ async def test_bad_fields_are_named(two_hosts, body, field) -> None:
 
 
 def _rss_kib(pid: int) -> int:
+    """Resident anonymous memory (the mapped weights are not the process's)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith("RssAnon:"):
             return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    raise AssertionError("no RssAnon")
 
 
 async def test_a_sleeping_instance_gives_back_its_context_and_wakes_on_a_request(
@@ -193,7 +194,8 @@ async def test_a_sleeping_instance_gives_back_its_context_and_wakes_on_a_request
     before = _rss_kib(pid)
     status, slept = await _post(decode + "/v1/galaxy/sleep", {})
     assert status == 200 and slept == {"asleep": True, "changed": True}
-    assert _rss_kib(pid) < before  # the KV cache and compute buffers are freed
+    # The KV cache (512 tokens x 18,432 bytes: 9 MiB) and compute buffers are freed.
+    assert before - _rss_kib(pid) >= 512 * 18_432 // 1024
     async with aiohttp.ClientSession() as s, s.get(decode + "/v1/galaxy/state") as r:
         assert (await r.json())["asleep"] is True
 
