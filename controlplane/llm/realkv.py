@@ -65,17 +65,20 @@ def unpack(blob: bytes | bytearray, n_ctx: int) -> tuple[list[int], memoryview]:
 
 
 def export(llm: Llama, tokens: list[int]) -> Exported:
-    """Evaluate the prompt from an empty context; its state as wire bytes."""
-    llm.reset()
-    llm._ctx.kv_cache_clear()
-    llm.eval(tokens)
+    """Evaluate the prompt from an empty context (unless the context holds
+    exactly this prompt already); its state as wire bytes."""
+    n = len(tokens)
+    if llm.n_tokens != n or llm.input_ids[:n].tolist() != tokens:
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        llm.eval(tokens)
     ctx = llm._ctx.ctx
     size = _llama().llama_state_seq_get_size(ctx, SEQ)
     buf = (ctypes.c_uint8 * size)()
-    n = _llama().llama_state_seq_get_data(ctx, buf, size, SEQ)
-    if n == 0 or n > size:
-        raise RuntimeError(f"llama.cpp exported {n} of {size} state bytes")
-    return Exported(len(tokens), pack(tokens, bytes(memoryview(buf)[:n])))
+    got = _llama().llama_state_seq_get_data(ctx, buf, size, SEQ)
+    if got == 0 or got > size:
+        raise RuntimeError(f"llama.cpp exported {got} of {size} state bytes")
+    return Exported(n, pack(tokens, bytes(memoryview(buf)[:got])))
 
 
 def load(llm: Llama, blob: bytes | bytearray) -> list[int]:
