@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.bench import kvtransfer as kt
+from controlplane.bench.llmup import write_text
 from controlplane.bench.shapedlink import ShapedHost
 
 PREFILL_PORT = kt.PORT + 10
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     from controlplane.llm import realmodel
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=str(realmodel.DEFAULT_DEST), help="the GGUF file")
+    p.add_argument("--model", type=realmodel.existing, default=str(realmodel.DEFAULT_DEST),
+                   help="the GGUF file")  # fmt: skip
     p.add_argument("--prompt-tokens", type=int, default=1400)
     p.add_argument("--rate-mbit", type=float, default=1000.0, help="the shaped link's rate")
     p.add_argument("--trials", type=int, default=3)
@@ -142,16 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not 32 <= a.prompt_tokens <= 16384 or not a.rate_mbit > 0 or not 1 <= a.trials <= 20:
         p.error("--prompt-tokens 32..16384, --rate-mbit > 0, --trials 1..20")
-    if not Path(a.model).is_file():
-        p.error(f"--model: no file {a.model} (python -m controlplane.llm.realmodel makes it)")
     if os.geteuid() != 0:
         print("kvreal bench: needs root (network namespaces and tc)", file=sys.stderr)
         return 2
-    r = run(Path(a.model), a.prompt_tokens, a.rate_mbit, a.trials)
+    r = run(a.model, a.prompt_tokens, a.rate_mbit, a.trials)
     print(render(r))
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(r, indent=2) + "\n")
+        write_text(Path(a.out), json.dumps(r, indent=2) + "\n")
     return 0
 
 

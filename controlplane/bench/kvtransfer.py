@@ -88,7 +88,7 @@ def _await_line(p: subprocess.Popen[str], word: str) -> None:
         raise RuntimeError(f"a bench process did not start (exit {p.poll()})")
 
 
-def _await_http(url: str, p: subprocess.Popen[str], within_s: float = 30) -> None:
+def _await_http(url: str, p: subprocess.Popen[Any], within_s: float = 30) -> None:
     deadline = time.monotonic() + within_s
     while True:  # an external process: poll its health route
         try:

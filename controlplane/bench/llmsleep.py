@@ -30,6 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from controlplane.bench.kvtransfer import _await_http
+from controlplane.bench.llmup import write_text
+
 REPO = Path(__file__).resolve().parents[2]
 #: The number leads, so no two prompts share a prefix past the BOS token.
 PROMPT = "{n} things to pack for a week of hiking in the mountains, a list:"
@@ -65,15 +68,7 @@ class Instance:
 
     def ready(self) -> None:
         """Wait for the health route (an external process: polled)."""
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                _call(self.url + "/health")
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"realserver did not start ({self.proc.poll()})") from None
-                time.sleep(0.02)
+        _await_http(self.url, self.proc, within_s=300)
 
     def first_token(self) -> dict[str, Any]:
         """One token of a prompt not asked before."""
@@ -180,21 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     from controlplane.llm import realmodel
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=str(realmodel.DEFAULT_DEST), help="the GGUF file")
+    p.add_argument("--model", type=realmodel.existing, default=str(realmodel.DEFAULT_DEST),
+                   help="the GGUF file")  # fmt: skip
     p.add_argument("--n-ctx", type=int, default=2048)
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--out", default=None, help="write the report as JSON here")
     a = p.parse_args(argv)
     if not 1 <= a.trials <= 50 or not 64 <= a.n_ctx <= 32768:
         p.error("--trials 1..50, --n-ctx 64..32768")
-    model = Path(a.model)
-    if not model.is_file():
-        p.error(f"--model: no file {model} (python -m controlplane.llm.realmodel makes it)")
-    r = run(model, a.n_ctx, a.trials)
+    r = run(a.model, a.n_ctx, a.trials)
     print(render(r))
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(r, indent=2) + "\n")
+        write_text(Path(a.out), json.dumps(r, indent=2) + "\n")
     return 0
 
 

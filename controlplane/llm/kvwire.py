@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from controlplane.llm.errors import BadRequest
+
 CHUNK = 1 << 20
 #: KV ids are ours (hex) or a caller's: short, printable, no path tricks.
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
@@ -110,6 +112,21 @@ class KvInbox:
                 break
             del self.entries[e.kv_id]
             self.held -= e.size
+
+
+def claim(inbox: KvInbox, kv_id: object) -> KvEntry:
+    """The cache a decode request names in ``galaxy_kv_id``, taken from the
+    inbox; BadRequest naming the field when the id is malformed or the cache
+    is not here."""
+    if not isinstance(kv_id, str) or not valid_id(kv_id):
+        raise BadRequest("galaxy_kv_id: 1-64 of A-Z, a-z, 0-9, '-', '_'")
+    entry = inbox.take(kv_id)
+    if entry is None:
+        raise BadRequest(
+            "galaxy_kv_id: no KV cache with this id here (never sent to this "
+            "instance, still arriving, expired, or already used)"
+        )
+    return entry
 
 
 def receiver(inbox: KvInbox) -> Callable[[web.Request], Awaitable[web.Response]]:

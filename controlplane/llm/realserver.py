@@ -147,17 +147,7 @@ class RealServer:
         })  # fmt: skip
 
     def _take_state(self, kv_id: Any) -> bytearray | None:
-        if kv_id is None:
-            return None
-        if not isinstance(kv_id, str) or not kvwire.valid_id(kv_id):
-            raise BadRequest("galaxy_kv_id: 1-64 of A-Z, a-z, 0-9, '-', '_'")
-        entry = self.inbox.take(kv_id)
-        if entry is None:
-            raise BadRequest(
-                "galaxy_kv_id: no KV state with this id here (never sent to this "
-                "instance, still arriving, expired, or already used)"
-            )
-        return entry.data
+        return None if kv_id is None else kvwire.claim(self.inbox, kv_id).data
 
     async def prefill(self, request: web.Request) -> web.Response:
         """``POST /v1/pd/prefill`` (see the module docstring)."""

@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import aiohttp
 import openai
 import pytest
 
+from controlplane.bench.kvtransfer import _await_http
 from controlplane.llm import kvwire
 from tests.netns import Hosts, require_netns
 
@@ -38,19 +37,6 @@ REPO = Path(__file__).resolve().parents[2]
 PORT = 8400
 #: Greedy, a fixed seed, few tokens: cheap on a shared machine.
 ASK: dict[str, Any] = {"max_tokens": 10, "temperature": 0, "seed": 7}
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
-    """An external process: poll its health route until it answers."""
-    deadline = time.monotonic() + 180  # loading the weights on a busy machine
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the real-model server at {url} did not start ({proc.poll()})")
-            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +62,7 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
             procs.append(p)
             urls[role] = f"http://{hosts.ip(i)}:{PORT}"
         for p, role in zip(procs, ("prefill", "decode"), strict=True):
-            _wait_ready(urls[role], p)
+            _await_http(urls[role], p, within_s=300)  # weights loading on a busy machine
         urls["decode_unix"] = f"unix:{sock}"
         urls["decode_pid"] = procs[1].pid
         yield urls
