@@ -14,6 +14,7 @@ root for the namespaces: skipped with the reason otherwise."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import openai
 import pytest
 
 from controlplane.bench.kvtransfer import _await_http
-from controlplane.llm import kvwire
+from controlplane.llm import kvwire, realkv
 from tests.netns import Hosts, require_netns
 
 pytestmark = [pytest.mark.slow, pytest.mark.llm]
@@ -132,6 +133,13 @@ async def test_a_state_is_refused_when_it_is_not_one_or_not_this_prompts(two_hos
         decode + "/v1/completions", {"prompt": "Hi", **ASK, "galaxy_kv_id": "junk01"}
     )
     assert status == 400 and out["error"]["message"].startswith("KV state:"), out
+    # A well-formed header before bytes llama.cpp does not take for a state.
+    noise = realkv.pack([2, 9259], random.Random(1).randbytes(4096))
+    await kvwire.send(decode, "noise01", len(noise), 2, data=noise)
+    status, out = await _post(
+        decode + "/v1/completions", {"prompt": "Hi", **ASK, "galaxy_kv_id": "noise01"}
+    )
+    assert status == 400 and "llama.cpp refused it" in out["error"]["message"], out
 
     status, moved = await _post(
         two_hosts["prefill"] + "/v1/pd/prefill",
