@@ -16,7 +16,8 @@ Routes (JSON; errors name the field, OpenAI's error shape):
   (``http://HOST:PORT`` or ``unix:/path``); answers ``{kv_id, kv_bytes,
   prompt_tokens, prefill_s, transfer_s}``.
 - ``POST /v1/galaxy/sleep``: release the context, keep the weights (realhost);
-  any request wakes the instance; ``GET /v1/galaxy/state`` tells which.
+  any request wakes the instance, or ``POST /v1/galaxy/wake`` ahead of one;
+  ``GET /v1/galaxy/state`` tells which.
 
 One request runs at a time (llama.cpp's context is not shared), so the
 runtime's concurrency is 1, like llama-cpp-python's own server.
@@ -64,6 +65,7 @@ class RealServer:
         app.router.add_put("/v1/kv/{kv_id}", kvwire.receiver(self.inbox))
         app.router.add_delete("/v1/kv/{kv_id}", kvwire.remover(self.inbox))
         app.router.add_post("/v1/galaxy/sleep", self.sleep)
+        app.router.add_post("/v1/galaxy/wake", self.wake)
         app.router.add_get("/v1/galaxy/state", self.state)
         app.on_cleanup.append(self._close)
         return app
@@ -92,6 +94,12 @@ class RealServer:
         """Release the context (waits for a running request to finish)."""
         slept = await self._run(self.host.sleep)
         return web.json_response({"asleep": True, "changed": slept})
+
+    async def wake(self, _r: web.Request) -> web.Response:
+        """Build the context now (a scale-out wakes an instance ahead of the
+        requests it routes there, so none of them waits for it)."""
+        woke_s = await self._run(self.host.wake)
+        return web.json_response({"asleep": False, "woke_s": woke_s})
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:

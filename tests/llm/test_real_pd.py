@@ -198,3 +198,9 @@ async def test_a_sleeping_instance_gives_back_its_context_and_wakes_on_a_request
     assert woken["choices"][0]["text"] == awake["choices"][0]["text"]
     async with aiohttp.ClientSession() as s, s.get(decode + "/v1/galaxy/state") as r:
         assert await r.json() == {"asleep": False, "sleeps": 1}
+
+    # Woken ahead of a request: the request finds the context built.
+    await _post(decode + "/v1/galaxy/sleep", {})
+    status, woke = await _post(decode + "/v1/galaxy/wake", {})
+    assert status == 200 and woke["woke_s"] > 0
+    assert (await _alone(decode, "Ahead of time"))["usage"]["galaxy_woke_s"] == 0
