@@ -12,8 +12,7 @@ sleeping instance, ``SIGCONT`` for a stopped one; and a sleeping instance
 woken by ``POST /v1/galaxy/wake`` before the request, timed from the
 request). Also the resident memory (RssAnon: the weights' mapped pages are
 the page cache's) awake, asleep and stopped. The goal: a sleeping
-instance's first
-token within 0.5 s (p50).
+instance's first token within 0.5 s (p50).
 """
 
 from __future__ import annotations
