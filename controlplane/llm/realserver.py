@@ -19,7 +19,8 @@ Routes (JSON; errors name the field, OpenAI's error shape):
   any request wakes the instance, or ``POST /v1/galaxy/wake`` ahead of one;
   ``GET /v1/galaxy/state`` tells which.
 
-One request runs at a time (llama.cpp's context is not shared), so the
+No streaming and no chat route (llama-cpp-python's own server, runtime
+``llama-cpp``, has both). One request runs at a time (llama.cpp's context is not shared), so the
 runtime's concurrency is 1, like llama-cpp-python's own server.
 """
 
@@ -125,6 +126,8 @@ class RealServer:
         """``POST /v1/completions`` (see the module docstring)."""
         try:
             body = await self._body(request)
+            if body.get("stream"):
+                raise BadRequest("stream: not served here (one JSON answer per request)")
             tokens = self._prompt(body)
             max_tokens = _int(body, "max_tokens", 16, 1, MAX_TOKENS)
             seed = _int(body, "seed", 0, 0, 2**31 - 1)

@@ -161,6 +161,7 @@ async def test_a_state_is_refused_when_it_is_not_one_or_not_this_prompts(two_hos
         ({"prompt": "", "max_tokens": 1}, "prompt"),
         ({"prompt": "x", "max_tokens": "many"}, "max_tokens"),
         ({"prompt": "x", "temperature": 9}, "temperature"),
+        ({"prompt": "x", "stream": True}, "stream"),
         ({"prompt": "x", "galaxy_kv_id": "../etc"}, "galaxy_kv_id"),
         ({"prompt": "x", "galaxy_decode": "ftp://h"}, "galaxy_decode"),
     ],
