@@ -88,8 +88,8 @@ def _await_line(p: subprocess.Popen[str], word: str) -> None:
         raise RuntimeError(f"a bench process did not start (exit {p.poll()})")
 
 
-def _await_http(url: str, p: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
+def _await_http(url: str, p: subprocess.Popen[Any], within_s: float = 30) -> None:
+    deadline = time.monotonic() + within_s
     while True:  # an external process: poll its health route
         try:
             urllib.request.urlopen(url + "/health", timeout=1).close()
@@ -102,22 +102,24 @@ def _await_http(url: str, p: subprocess.Popen[str]) -> None:
 
 @contextlib.contextmanager
 def _host(
-    prefix: tuple[str, ...], ip: str, inbox_mb: int, unix: str | None
-) -> Iterator[list[subprocess.Popen[str]]]:
-    """A decode instance and a raw sink on one host (prefix: its namespace)."""
+    prefix: tuple[str, ...], ip: str, inbox_mb: int, unix: str | None,
+    server: tuple[str, ...] = ("-m", "controlplane.llm.server"),
+) -> Iterator[list[subprocess.Popen[str]]]:  # fmt: skip
+    """A decode instance (``server``: its module and arguments; the emulated
+    server by default) and a raw sink on one host (prefix: its namespace)."""
     env = dict(os.environ, HOST=ip, PORT=str(PORT))
     procs: list[subprocess.Popen[str]] = []
     try:
-        argv = ["-m", "controlplane.llm.server", "--kv-inbox-mb", str(inbox_mb)]
+        argv = [*server, "--kv-inbox-mb", str(inbox_mb)]
         if unix:
             argv += ["--kv-unix", unix + ".kv"]
-        server = _spawn(prefix, argv, env)
-        procs.append(server)
+        server_proc = _spawn(prefix, argv, env)
+        procs.append(server_proc)
         for kind, where in [("tcp", f"{ip}:{SINK_PORT}")] + ([("unix", unix)] if unix else []):
             sink = _spawn(prefix, ["-c", _SINK, kind, where], env)
             procs.append(sink)
             _await_line(sink, "ready")
-        _await_http(f"http://{ip}:{PORT}", server)
+        _await_http(f"http://{ip}:{PORT}", server_proc, within_s=300)
         yield procs
     finally:
         for p in procs:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from controlplane.llm.errors import BadRequest
+
 CHUNK = 1 << 20
 #: KV ids are ours (hex) or a caller's: short, printable, no path tricks.
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
@@ -112,6 +114,21 @@ class KvInbox:
             self.held -= e.size
 
 
+def claim(inbox: KvInbox, kv_id: object) -> KvEntry:
+    """The cache a decode request names in ``galaxy_kv_id``, taken from the
+    inbox; BadRequest naming the field when the id is malformed or the cache
+    is not here."""
+    if not isinstance(kv_id, str) or not valid_id(kv_id):
+        raise BadRequest("galaxy_kv_id: 1-64 of A-Z, a-z, 0-9, '-', '_'")
+    entry = inbox.take(kv_id)
+    if entry is None:
+        raise BadRequest(
+            "galaxy_kv_id: no KV cache with this id here (never sent to this "
+            "instance, still arriving, expired, or already used)"
+        )
+    return entry
+
+
 def receiver(inbox: KvInbox) -> Callable[[web.Request], Awaitable[web.Response]]:
     """The aiohttp handler of ``PUT /v1/kv/{kv_id}``."""
 
@@ -179,6 +196,13 @@ async def _chunks(nbytes: int, fill: bytes) -> AsyncIterator[bytes]:
         left -= n
 
 
+async def _slices(data: bytes) -> AsyncIterator[memoryview]:
+    """A real cache, CHUNK at a time (views: no copy of the whole)."""
+    view = memoryview(data)
+    for at in range(0, len(data), CHUNK):
+        yield view[at : at + CHUNK]
+
+
 async def send(
     target: str,
     kv_id: str,
@@ -186,11 +210,15 @@ async def send(
     tokens: int,
     *,
     fill: bytes = b"\x5a",
+    data: bytes | None = None,
     timeout_s: float = 120.0,
 ) -> float:
-    """PUT an emulated cache of nbytes to target (``http://HOST:PORT`` or
-    ``unix:/path``); the seconds it took. RuntimeError with the receiver's
-    message when it refuses."""
+    """PUT a cache to target (``http://HOST:PORT`` or ``unix:/path``): the
+    real bytes ``data`` (then nbytes must be their length), or else an
+    emulated cache of nbytes of ``fill``; the seconds it took. RuntimeError
+    with the receiver's message when it refuses."""
+    if data is not None and len(data) != nbytes:
+        raise ValueError(f"nbytes: {nbytes}, but the cache has {len(data)} bytes")
     if target.startswith("unix:"):
         connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=target[len("unix:") :])
         url = f"http://localhost/v1/kv/{kv_id}"
@@ -203,7 +231,7 @@ async def send(
     t0 = time.perf_counter()
     async with (
         aiohttp.ClientSession(connector=connector, timeout=timeout) as s,
-        s.put(url, data=_chunks(nbytes, fill), headers=headers) as resp,
+        s.put(url, data=_slices(data) if data else _chunks(nbytes, fill), headers=headers) as resp,
     ):
         if resp.status != 201:
             text = (await resp.text())[:300]

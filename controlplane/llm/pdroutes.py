@@ -60,14 +60,7 @@ class Disaggregation:
         kv_id = body.get("galaxy_kv_id")
         if kv_id is None:
             return
-        if not isinstance(kv_id, str) or not kvwire.valid_id(kv_id):
-            raise BadRequest("galaxy_kv_id: 1-64 of A-Z, a-z, 0-9, '-', '_'")
-        entry = self.inbox.take(kv_id)
-        if entry is None:
-            raise BadRequest(
-                "galaxy_kv_id: no KV cache with this id here (never sent to this "
-                "instance, still arriving, expired, or already used)"
-            )
+        entry = kvwire.claim(self.inbox, kv_id)
         req.prompt_tokens = entry.tokens
         req.blocks = ()
         req.imported = True

@@ -70,6 +70,16 @@ def assemble(dest: Path, model: RealModel = GEMMA3_270M) -> Path:
     return dest
 
 
+def existing(path: str) -> Path:
+    """The argparse ``type`` of a bench's ``--model``: a model file that is there."""
+    p = Path(path)
+    if not p.is_file():
+        raise argparse.ArgumentTypeError(
+            f"no file {p} (python -m controlplane.llm.realmodel makes it)"
+        )
+    return p
+
+
 def spec_lines(path: Path, model: RealModel = GEMMA3_270M) -> str:
     """The ``model:`` block of a function spec for the file."""
     return (
