@@ -96,25 +96,24 @@ async def test_a_request_prefills_on_one_host_and_decodes_on_another(two_hosts, 
     assert done["transfer_s"] > 0 and done["prefill_s"] >= 300 / 2000 * 0.9
 
     client = openai.AsyncOpenAI(base_url=two_hosts["decode"] + "/v1", api_key="unused")
-    t0 = time.perf_counter()
     stream = await client.completions.create(
         model="m", prompt="ignored: the cache stands for the prompt", max_tokens=8,
         stream=True, stream_options={"include_usage": True},
         extra_body={"galaxy_kv_id": done["kv_id"]},
     )  # fmt: skip
-    texts, usage, first = [], None, None
+    texts, usage = [], None
     async for chunk in stream:
         if chunk.choices:
-            first = first or time.perf_counter()
             texts.append(chunk.choices[0].text)
         if chunk.usage is not None:
             usage = chunk.usage
     assert len(texts) == 8
     assert usage is not None and usage.prompt_tokens == 300
     assert usage.prompt_tokens_details is not None
-    assert usage.prompt_tokens_details.cached_tokens == 300  # nothing prefilled here
-    # The decode side did not prefill 300 tokens (0.15 s at the profile's rate).
-    assert first is not None and first - t0 < 300 / 2000
+    # Nothing prefilled here: the decode side's engine counts all 300 prompt
+    # tokens as cached (a wall-clock bound on the first token said the same
+    # but failed under parallel load: speed is the bench's, not a test's).
+    assert usage.prompt_tokens_details.cached_tokens == 300
 
     with pytest.raises(openai.BadRequestError, match="galaxy_kv_id"):
         await client.completions.create(model="m", prompt="x", max_tokens=1,
