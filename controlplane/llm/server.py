@@ -29,10 +29,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from controlplane.llm.engine import Engine, QueueFull, Request, block_hashes
+from controlplane.llm.engine import Engine, QueueFull, Request
 from controlplane.llm.errors import BadRequest
 from controlplane.llm.profiles import profile
-from controlplane.llm.signals import digest
+from controlplane.runtime.llmprompt import block_hashes, chat_words
+from controlplane.runtime.llmsignals import digest
 
 MAX_TOKENS = 4096
 MAX_BODY = 4 * 1024 * 1024
@@ -69,7 +70,7 @@ class _EngineGauges(Collector):
             g.add_metric(labels, value)
             yield g
         # The most recent prefix blocks, bounded: what a router's precise
-        # prefix affinity reads (controlplane.llm.signals).
+        # prefix affinity reads (controlplane.runtime.llmsignals).
         g = GaugeMetricFamily(
             "galaxy:prefix_cache_block", "A cached prefix block (most recent).", labels=["block"]
         )
@@ -124,11 +125,10 @@ class LlmServer:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
                 raise BadRequest("messages: a non-empty list of {role, content}")
-            words: list[str] = []
-            for i, m in enumerate(msgs):
-                if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
-                    raise BadRequest(f"messages[{i}]: {{role, content}} with string content")
-                words += [str(m.get("role", "user")) + ":", *str(m.get("content", "")).split()]
+            got = chat_words(msgs)
+            if isinstance(got, int):
+                raise BadRequest(f"messages[{got}]: {{role, content}} with string content")
+            words = got
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):

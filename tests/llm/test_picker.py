@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.llm.picker import (
+from controlplane.runtime.llmpicker import (
     Ask,
     Candidate,
     LeastRequest,
@@ -15,7 +15,7 @@ from controlplane.llm.picker import (
     check_weights,
     make,
 )
-from controlplane.llm.signals import Load, Sample
+from controlplane.runtime.llmsignals import Load, Sample
 
 
 def cand(name: str, inflight: int = 0, **sample: object) -> Candidate:

@@ -39,7 +39,7 @@ from functions.dispatch.autoscaling.kpaconfig import KpaConfig
 
 
 class Load(Protocol):
-    """One instance's scraped signals (``controlplane.llm.signals.Load``;
+    """One instance's scraped signals (``controlplane.runtime.llmsignals.Load``;
     services do not import each other, so this names only what is read)."""
 
     @property
@@ -124,7 +124,7 @@ def fleet_value(
 ) -> float:
     """The fleet total of the chosen metric: ``concurrency`` and ``rps``
     come from the router's own counts, the engine metrics from scraped
-    loads (``controlplane.llm.signals``)."""
+    loads (``controlplane.runtime.llmsignals``)."""
     m = signal.metric
     if m == "concurrency":
         return concurrency

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.llm.signals import Load
+from controlplane.runtime.llmsignals import Load
 
 
 @dataclass(frozen=True)
