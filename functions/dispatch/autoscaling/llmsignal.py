@@ -111,6 +111,12 @@ class ScalingSignal:
             tpot_s=float(doc.get("tpot_ms", 0)) / 1000.0,
         )
 
+    @classmethod
+    def from_proto(cls, a: Any) -> ScalingSignal:
+        """From an ``AutoscalingSpec`` (checked by the controller, so a bad
+        value here is a bug: ValueError)."""
+        return cls(a.metric or "concurrency", a.target, a.ttft_ms / 1000.0, a.tpot_ms / 1000.0)
+
     def target_for(self, concurrency: int) -> float:
         """The target per instance (the function's concurrency for the
         concurrency metric when none is given)."""
