@@ -54,7 +54,7 @@ def body(t: Target, r: LlmRequest) -> dict[str, object]:
         b["messages"] = [{"role": "user", "content": "bench"}]
         b["galaxy_prompt_tokens"] = r.prompt_tokens
         # The Azure trace has no prompt contents: no prefix blocks to share.
-        b["galaxy_prefix_blocks"] = []
+        b["galaxy_prefix_blocks"] = list(r.prefix_blocks)
     else:
         words = " ".join(_WORDS[i % len(_WORDS)] for i in range(r.prompt_tokens))
         b["messages"] = [{"role": "user", "content": words}]

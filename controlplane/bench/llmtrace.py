@@ -59,6 +59,9 @@ class LlmRequest:
     at_s: float
     prompt_tokens: int
     output_tokens: int
+    #: the prompt's block ids, shared between requests with a common prefix
+    #: (the emulated server's ``galaxy_prefix_blocks``); () for none
+    prefix_blocks: tuple[str, ...] = ()
 
 
 def _ts(text: str) -> float:
