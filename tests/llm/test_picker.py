@@ -48,6 +48,17 @@ def test_approximate_prefix_follows_where_blocks_were_sent() -> None:
     assert p.pick(loaded, sys_a) == "y"
 
 
+def test_new_prefixes_spread_over_an_idle_fleet() -> None:
+    # Equal scores (idle, nothing cached): each new prefix goes to the
+    # instance sent the fewest blocks, not always to the first one.
+    p = ScoredPicker()
+    idle = [cand("x"), cand("y"), cand("z")]
+    got = [p.pick(idle, Ask((f"s{k}.0", f"s{k}.1"))) for k in range(6)]
+    assert sorted(got) == ["x", "x", "y", "y", "z", "z"]
+    # And each comes back to where it went.
+    assert [p.pick(idle, Ask((f"s{k}.0", f"s{k}.1", "u"))) for k in range(6)] == got
+
+
 def test_forget_drops_an_instance_from_the_index() -> None:
     p = ScoredPicker({"prefix": 3.0, "queue": 1.0})
     p.pick([cand("x"), cand("y", 1)], Ask(("a0",)))

@@ -1,0 +1,157 @@
+"""The LLM picker and the LLM scaling metric on the real request path: a real
+`galaxy up`, emulated LLM instances as real processes on real sockets, the
+official `openai` client through the gateway's OpenAI routes.
+
+- A shared-prefix workload sent concurrently lands each system prompt on the
+  instance that holds it: every request after a prompt's first is a prefix
+  hit (the emulated server's ``usage.prompt_tokens_details.cached_tokens``).
+- A queue on one instance steers new requests to the others.
+- A function with ``autoscaling.metric: queue`` scales out under a load its
+  concurrency (64 slots per instance) would not scale on, and Dispatch's
+  decision names the metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from controlplane.bench.llmup import Up
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACT = str(REPO / "examples" / "llm_emulated.py")
+#: three system prompts of 64 words (4 blocks of 16), distinct from word one
+SYSTEMS = [" ".join(f"p{k}w{j}" for j in range(64)) for k in range(3)]
+
+
+def write_spec(path: Path, name: str, n: int, top: int, **extra: object) -> Path:
+    spec = {
+        "name": name,
+        "public": True,
+        "runtime": "llm-emulated",
+        "artifact": ARTIFACT,
+        "args": ["--profile=smollm2-135m-cpu"],
+        "min_scale": n,
+        "max_scale": top,
+        **extra,
+    }
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture
+async def up(tmp_path: Path) -> AsyncIterator[Up]:
+    # Instances run `python3`: this interpreter's (aiohttp, prometheus_client).
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    g = Up(tmp_path / "run", nodes=1, env=env)
+    await g.start()
+    try:
+        yield g
+    finally:
+        await g.stop()
+
+
+def client(g: Up) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"http://{g.gateway}/v1", api_key=g.token, timeout=60)
+
+
+async def chat(c: openai.AsyncOpenAI, model: str, system: str, user: str, n: int = 2):
+    raw = await c.chat.completions.with_raw_response.create(
+        model=model,
+        max_tokens=n,
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+    )
+    done = raw.parse()
+    assert done.usage is not None and done.usage.prompt_tokens_details is not None
+    return raw.headers["X-Galaxy-Instance"], done.usage.prompt_tokens_details.cached_tokens or 0
+
+
+async def test_shared_prefixes_land_where_they_are_cached(up: Up, tmp_path: Path) -> None:
+    name = await up.deploy(write_spec(tmp_path / "f.yaml", "pfx-llm", 3, 3), 3, tmp_path)
+    c = client(up)
+    homes: dict[int, str] = {}
+    for k, s in enumerate(SYSTEMS):  # each prompt's first request (a miss)
+        homes[k], _ = await chat(c, name, s, "first")
+    # Three prompts on three idle instances: one each.
+    assert len(set(homes.values())) == 3
+    # Then four users per prompt at once, twice: the queue term alone (least
+    # request) would spread a prompt's users over the fleet.
+    for rnd in range(2):
+        got = await asyncio.gather(
+            *(
+                chat(c, name, SYSTEMS[k], f"user {u} round {rnd}")
+                for k in range(3)
+                for u in range(4)
+            )
+        )
+        for i, (where, cached) in enumerate(got):
+            k = i // 4
+            assert where == homes[k], f"prompt {k} went to {where}, not {homes[k]}"
+            # The 64 system words and "system:" make 4 full blocks: 64 tokens.
+            assert cached >= 64, f"prompt {k}: {cached} cached tokens"
+    await c.close()
+
+
+async def test_a_queue_on_one_instance_steers_new_requests_away(up: Up, tmp_path: Path) -> None:
+    name = await up.deploy(write_spec(tmp_path / "q.yaml", "steer-llm", 2, 2), 2, tmp_path)
+    c = client(up)
+    busy, _ = await chat(c, name, SYSTEMS[0], "seed")
+    # Long answers on the prompt's instance keep its queue deep...
+    long = [asyncio.create_task(chat(c, name, SYSTEMS[0], f"long {u}", n=400)) for u in range(6)]
+    await asyncio.sleep(0.5)  # (let them reach it: the load is what is tested)
+    # ...so requests with no shared prefix go to the other instance.
+    fresh = [await chat(c, name, f"unrelated {u} " * 20, "q") for u in range(4)]
+    assert all(where != busy for where, _ in fresh), fresh
+    for t in long:
+        t.cancel()
+    await asyncio.gather(*long, return_exceptions=True)
+    await c.close()
+
+
+async def test_the_queue_metric_scales_out_where_concurrency_would_not(
+    up: Up, tmp_path: Path
+) -> None:
+    spec = write_spec(
+        tmp_path / "s.yaml", "qscale-llm", 1, 3,
+        autoscaling={"metric": "queue", "target": 2},
+    )  # fmt: skip
+    said = await up.cli("deploy", "-f", str(spec))
+    assert "qscale-llm" in said
+    await up.wait_instances("qscale-llm-00001", 1)
+    c = client(up)
+    # Eight long streams: 8 in flight of 64 slots, a queue of 8 for a target of 2.
+    load = [
+        asyncio.create_task(chat(c, "qscale-llm", SYSTEMS[u % 3], f"load {u}", n=600))
+        for u in range(8)
+    ]
+    try:
+        line = await dispatch_log_line(up, "scaling qscale-llm-00001 out by", limit_s=60.0)
+    finally:
+        for t in load:
+            t.cancel()
+        await asyncio.gather(*load, return_exceptions=True)
+        await c.close()
+    assert ": queue " in line, line
+
+
+async def dispatch_log_line(g: Up, text: str, limit_s: float) -> str:
+    """The first line of a Dispatch log containing ``text`` (polled: the log
+    is another process's file)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while loop.time() < deadline:
+        for f in sorted((g.run_dir / "logs").glob("dispatch*.log")):
+            for line in f.read_text(errors="replace").splitlines():
+                if text in line:
+                    return line
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"no Dispatch log line with {text!r} within {limit_s:.0f}s")
