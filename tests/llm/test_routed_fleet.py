@@ -14,8 +14,10 @@ official `openai` client through the gateway's OpenAI routes.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,6 +26,7 @@ import pytest
 import yaml
 
 from controlplane.bench.llmup import Up
+from controlplane.runtime import leasetoken
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -129,6 +132,59 @@ async def test_a_queue_on_one_instance_steers_new_requests_away(up: Up, tmp_path
     finally:
         for _, stream in long:
             await stream.close()
+        await c.close()
+
+
+async def test_a_load_dispatch_cannot_count_is_read_from_the_scraped_signals(
+    up: Up, tmp_path: Path
+) -> None:
+    name = await up.deploy(write_spec(tmp_path / "s.yaml", "scrape-llm", 3, 3), 3, tmp_path)
+    st = json.loads(await up.cli("status", "-o", "json"))
+    where = {
+        i["instance"].get("instance_id") or i["instance"]["instanceId"]: i["instance"]["address"]
+        for i in st["instances"]
+        if i["instance"]["function"].startswith(name)
+    }
+    assert len(where) == 3
+    free, *loaded = sorted(where)
+    # Requests sent to two instances directly, past Galaxy: Dispatch counts
+    # none of them in flight; only their engines' /metrics show the queue
+    # (more than the profile's 16 running) and the KV cache filling.
+    prompt = " ".join(f"w{k}" for k in range(1000))
+    # The node's entry admits a caller with a lease token for the instance:
+    # signed here with the cluster's lease key, as Dispatch signs its grants.
+    key = leasetoken.load(up.run_dir / "certs")
+    assert key is not None
+    ends_ms = time.time_ns() // 1_000_000 + 120_000
+    direct = [
+        openai.AsyncOpenAI(
+            base_url=f"http://{where[i]}/v1", api_key="x", timeout=60,
+            default_headers={leasetoken.HEADER: key.sign(i, ends_ms)},
+        )
+        for i in loaded
+    ]  # fmt: skip
+    streams = [
+        await d.chat.completions.create(
+            model=name, max_tokens=2000, stream=True,
+            messages=[{"role": "user", "content": f"{u} {prompt}"}],
+        )
+        for d in direct
+        for u in range(18)
+    ]  # fmt: skip
+    c = client(up)
+    try:
+        # Dispatch scrapes every 0.5 s and shows no event of it outside: wait
+        # three periods (the signals, not their timing, are what is tested).
+        await asyncio.sleep(1.5)
+        # On a loaded instance these would wait behind its queue for long.
+        async with asyncio.timeout(30):
+            got = [await chat(c, name, f"fresh {u} " * 20, "q") for u in range(4)]
+        assert all(w == free for w, _ in got), (free, got)
+    finally:
+        for st_ in streams:
+            await st_.close()
+        for d in direct:
+            await d.close()
         await c.close()
 
 
