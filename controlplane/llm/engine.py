@@ -30,6 +30,9 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+# The prompt blocks a request carries (shared with the gateway's routing hint).
+from controlplane.runtime.llmprompt import block_hashes as block_hashes
+
 
 class QueueFull(Exception):
     """More requests wait than ``max_waiting``: refuse (the caller answers 429)."""

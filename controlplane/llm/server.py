@@ -29,10 +29,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from controlplane.llm.engine import Engine, QueueFull, Request
+from controlplane.llm.engine import Engine, QueueFull, Request, block_hashes
 from controlplane.llm.errors import BadRequest
 from controlplane.llm.profiles import profile
-from controlplane.runtime.llmprompt import block_hashes, chat_words
 from controlplane.runtime.llmsignals import digest
 
 MAX_TOKENS = 4096
@@ -125,10 +124,11 @@ class LlmServer:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
                 raise BadRequest("messages: a non-empty list of {role, content}")
-            got = chat_words(msgs)
-            if isinstance(got, int):
-                raise BadRequest(f"messages[{got}]: {{role, content}} with string content")
-            words = got
+            words: list[str] = []
+            for i, m in enumerate(msgs):
+                if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
+                    raise BadRequest(f"messages[{i}]: {{role, content}} with string content")
+                words += [str(m.get("role", "user")) + ":", *str(m.get("content", "")).split()]
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):

@@ -42,14 +42,27 @@ def block_hashes(tokens: list[str], block: int, limit: int | None = None) -> tup
     return tuple(out)
 
 
+def _text(content: Any) -> str | None:
+    """A message's text: a string, or the ``text`` parts of a list of parts
+    (OpenAI's other form); None for anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and len(content) <= 1024:
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if all(isinstance(t, str) for t in texts):
+            return " ".join(str(t) for t in texts)
+    return None
+
+
 def chat_words(messages: list[Any]) -> list[str] | int:
     """The words of a chat's messages (role then content), or the index of
-    the first message that is not ``{role, content}`` with string content."""
+    the first message that is not ``{role, content}`` with text content."""
     words: list[str] = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
+        text = _text(m.get("content", "")) if isinstance(m, dict) else None
+        if text is None:
             return i
-        words += [str(m.get("role", "user")) + ":", *str(m.get("content", "")).split()]
+        words += [str(m.get("role", "user")) + ":", *text.split()]
     return words
 
 

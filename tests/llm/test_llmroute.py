@@ -191,6 +191,21 @@ def test_a_good_scaling_block_is_kept() -> None:
     )
 
 
+def test_hint_blocks_read_every_prompt_form() -> None:
+    words = " ".join(f"w{k}" for k in range(40))
+    as_string = hint_blocks({"messages": [{"role": "user", "content": words}]})
+    as_parts = hint_blocks(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": words}]}]}
+    )
+    assert len(as_string) == 2 and as_parts == as_string  # "user:" + 40 words: 2 blocks
+    assert len(hint_blocks({"prompt": words})) == 2
+    assert hint_blocks({"galaxy_prefix_blocks": list(range(100))})[:2] == ("0", "1")
+    assert len(hint_blocks({"galaxy_prefix_blocks": list(range(100))})) == 64
+    # What cannot be read gives no hint (the instance answers the error).
+    assert hint_blocks({"messages": [{"role": "user", "content": 3}]}) == ()
+    assert hint_blocks([1, 2]) == ()
+
+
 def test_a_hint_out_of_bounds_is_refused_naming_the_field() -> None:
     too_many = dispatch_pb2.DispatchRequest(function="f")
     too_many.hint.prefix_blocks.extend(["a"] * 65)
