@@ -1,6 +1,6 @@
 """LLM routing in simulated time: emulated engines (``controlplane.llm.engine``)
-behind the same pickers the gateway uses (``controlplane.llm.picker``), fed
-by the same load book (``controlplane.llm.signals``) refreshed at a scrape
+behind the same pickers the gateway uses (``controlplane.runtime.llmpicker``), fed
+by the same load book (``controlplane.runtime.llmsignals``) refreshed at a scrape
 interval. Nothing here re-implements a policy: it moves simulated time,
 submits requests, completes engine iterations and samples /metrics-equivalent
 signals.
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.llm.engine import Engine, Profile, QueueFull, Request, Step
-from controlplane.llm.picker import Ask, Candidate, make
 from controlplane.llm.profiles import profile
 from controlplane.llm.server import PREFIX_BLOCKS_REPORTED
-from controlplane.llm.signals import LoadBook, Sample, digest
+from controlplane.runtime.llmpicker import Ask, Candidate, make
+from controlplane.runtime.llmsignals import LoadBook, Sample, digest
 from simulator.traces import DATA
 
 MOONCAKE = DATA / "mooncake-2025" / "conversation_trace.jsonl"

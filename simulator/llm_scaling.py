@@ -23,7 +23,7 @@ from pathlib import Path
 
 from controlplane.llm.engine import Engine, Profile, QueueFull, Request, Step
 from controlplane.llm.profiles import profile
-from controlplane.llm.signals import Load, Sample
+from controlplane.runtime.llmsignals import Load, Sample
 from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
 from functions.dispatch.autoscaling.llmsignal import ScalingSignal, fleet_value, kpa_config
 from functions.dispatch.autoscaling.llmsignal import observed as pressured

@@ -59,7 +59,7 @@ def body(t: Target, r: LlmRequest) -> dict[str, object]:
         b["messages"] = [{"role": "user", "content": "bench"}]
         b["galaxy_prompt_tokens"] = r.prompt_tokens
         # The Azure trace has no prompt contents: no prefix blocks to share.
-        b["galaxy_prefix_blocks"] = []
+        b["galaxy_prefix_blocks"] = list(r.prefix_blocks)
     else:
         b["messages"] = [{"role": "user", "content": r.text or text_prompt(r.prompt_tokens)}]
     return b

@@ -76,8 +76,8 @@ def mooncake(path: Path, minutes: float, speed: float, max_prompt: int) -> list[
                 if take <= 0:
                     break
                 words += [f"h{h}"] * take
-            out.append(LlmRequest(t / speed, len(words) + 1, int(r["output_length"]),
-                                  " ".join(words)))  # fmt: skip
+            text = " ".join(words)
+            out.append(LlmRequest(t / speed, len(words) + 1, int(r["output_length"]), text=text))
     if not out:
         raise ValueError(f"trace: {path} holds no request in the first {minutes:g} min")
     return out

@@ -61,6 +61,9 @@ class LlmRequest:
     output_tokens: int
     #: the prompt to send in text form ("": ``prompt_tokens`` common words)
     text: str = ""
+    #: the prompt's block ids, shared between requests with a common prefix
+    #: (the emulated server's ``galaxy_prefix_blocks``); () for none
+    prefix_blocks: tuple[str, ...] = ()
 
 
 def _ts(text: str) -> float:

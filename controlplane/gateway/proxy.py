@@ -24,6 +24,7 @@ from controlplane.gateway.slots import SlotCache
 from controlplane.runtime import access, authn, fnmetrics
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
 from controlplane.sdk.client import GalaxyClient
+from galaxy.v1 import dispatch_pb2
 
 log = logging.getLogger(__name__)
 
@@ -360,8 +361,9 @@ class Proxy:
         token: str | None,
     ) -> web.StreamResponse:
         """Get a slot, proxy the request, stream the answer back."""
+        hint = None if r.blocks is None else dispatch_pb2.RoutingHint(prefix_blocks=r.blocks)
         async with self.slots.slot(
-            r.function, r.path, body.read, headers, request.method, tag, token
+            r.function, r.path, body.read, headers, request.method, tag, token, hint
         ) as (slot, upstream):
             addr = slot.addr
             request[_SERVED] = (addr.namespace, r.function, addr.function)

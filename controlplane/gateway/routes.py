@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 from controlplane.gateway.guard import BadJson, parse_json
+from controlplane.runtime.llmprompt import hint_blocks
 
 #: DNS-1123 label: what a function name is (docs/architecture.md).
 NAME = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -58,6 +59,9 @@ class Route:
     function: str = ""
     #: path (and query) to send to the instance
     path: str = "/"
+    #: OpenAI routes: the prompt's leading block hashes, for the owner's LLM
+    #: picker (``llmprompt.hint_blocks``); None on other routes
+    blocks: tuple[str, ...] | None = None
 
 
 def _short(s: str) -> str:
@@ -122,7 +126,7 @@ def openai_route(r: Route, body: bytes | bytearray) -> Route:
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise RouteError("model: required (the name of the function to call)")
-    return Route(r.kind, _check_name(model, "model"), r.path)
+    return Route(r.kind, _check_name(model, "model"), r.path, hint_blocks(doc))
 
 
 def tagged(r: Route) -> tuple[str, Route] | None:

@@ -87,6 +87,7 @@ class SlotCache:
         method: str,
         tag: str,
         token: str | None,
+        hint: dispatch_pb2.RoutingHint | None = None,
     ) -> AsyncIterator[tuple[Held, Any]]:
         """A slot for one request and the instance's response to it (its
         body unread; None for an emulated sandbox), as the SDK's
@@ -95,22 +96,26 @@ class SlotCache:
         (no such function, a token it does not accept) is answered without
         reading its body. Set ``reusable`` on
         the slot once the whole answer went out: it is kept for the next
-        request; otherwise it is released when the block ends."""
+        request; otherwise it is released when the block ends. ``hint``: an
+        LLM request's, passed to Dispatch (such a slot is never kept)."""
         client = self.client
         loop = asyncio.get_running_loop()
         deadline = loop.time() + client.timeout
         key: Key = (function, tag, token)
+        # A request with a routing hint (an LLM's) is placed by its owner's
+        # picker each time: a held lease would pin it to one instance.
+        cache = self.enabled and hint is None
         failed: list[Held] = []
         h: Held | None = None
         attempts = 0
         try:
             while True:
-                h = self._take(key, loop.time()) if self.enabled else None
+                h = self._take(key, loop.time()) if cache else None
                 if h is None:
                     t0 = loop.time()
                     addr = await client.dispatch(
                         function, deadline_s=max(deadline - t0, 0.001), tag=tag, token=token,
-                        hold=self.enabled,
+                        hold=cache, hint=hint,
                     )  # fmt: skip
                     attempts += 1
                     self.misses += 1
@@ -148,7 +153,7 @@ class SlotCache:
                     if not await client.failover_pause(attempts, deadline):
                         raise
         finally:
-            if h is not None and not (h.reusable and self._keep(h, loop.time())):
+            if h is not None and not (cache and h.reusable and self._keep(h, loop.time())):
                 failed.append(h)
             for f in failed:
                 await self._release(f)

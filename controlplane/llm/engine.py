@@ -27,9 +27,11 @@ between, so an idle or waiting engine spends no CPU.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+
+# The prompt blocks a request carries (shared with the gateway's routing hint).
+from controlplane.runtime.llmprompt import block_hashes as block_hashes
 
 
 class QueueFull(Exception):
@@ -103,17 +105,6 @@ class Counters:
     prefix_hits: int = 0  # of which were cached
     finished: int = 0
     preempted: int = 0
-
-
-def block_hashes(tokens: list[str], block: int) -> tuple[str, ...]:
-    """Chained hashes of the full blocks of a token list (a block's hash
-    covers every token before it, so equal hashes mean equal prefixes)."""
-    out: list[str] = []
-    h = hashlib.sha256()
-    for i in range(0, len(tokens) - len(tokens) % block, block):
-        h.update("\x1f".join(tokens[i : i + block]).encode())
-        out.append(h.copy().hexdigest()[:16])
-    return tuple(out)
 
 
 @dataclass

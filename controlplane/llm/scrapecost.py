@@ -20,7 +20,7 @@ import time
 
 import aiohttp
 
-from controlplane.llm.signals import SignalError, scrape
+from controlplane.runtime.llmsignals import SignalError, scrape
 
 
 def _free_port() -> int:

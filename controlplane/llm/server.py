@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from controlplane.llm.engine import Engine, QueueFull, Request, block_hashes
 from controlplane.llm.errors import BadRequest
 from controlplane.llm.profiles import profile
-from controlplane.llm.signals import digest
+from controlplane.runtime.llmsignals import digest
 
 MAX_TOKENS = 4096
 MAX_BODY = 4 * 1024 * 1024
@@ -70,7 +70,7 @@ class _EngineGauges(Collector):
             g.add_metric(labels, value)
             yield g
         # The most recent prefix blocks, bounded: what a router's precise
-        # prefix affinity reads (controlplane.llm.signals).
+        # prefix affinity reads (controlplane.runtime.llmsignals).
         g = GaugeMetricFamily(
             "galaxy:prefix_cache_block", "A cached prefix block (most recent).", labels=["block"]
         )

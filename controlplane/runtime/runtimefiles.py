@@ -32,6 +32,7 @@ _TOP = {
     "readiness_path",
     "startup_timeout_ms",
     "concurrency",
+    "llm",
 }
 _ARTIFACT = {"required", "prefixes", "suffixes", "max_length"}
 _RES = {"cpu_millis", "memory_mib", "gpus"}
@@ -106,6 +107,9 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.ServingRunti
             setattr(rt.resources, f, _uint(res, f, f"resources.{f}"))
     rt.startup_timeout_ms = _uint(doc, "startup_timeout_ms", "startup_timeout_ms")
     rt.concurrency = _uint(doc, "concurrency", "concurrency")
+    if not isinstance(doc.get("llm", False), bool):
+        raise InvalidArgument("llm: must be true or false")
+    rt.llm = doc.get("llm", False)
     servingruntime.check_runtime(rt)
     return rt
 

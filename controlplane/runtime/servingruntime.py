@@ -291,5 +291,6 @@ def resolve(
         out.readiness_path = rt.readiness_path
     if not out.startup_timeout_ms:
         out.startup_timeout_ms = rt.startup_timeout_ms
+    out.llm = rt.llm  # the runtime's to say, never the caller's
     validation.check_spec(out)  # the resolved command's bounds, the total size
     return out

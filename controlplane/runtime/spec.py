@@ -50,9 +50,12 @@ _TOP_FIELDS = {
     "batching",
 }
 _RES_FIELDS = {"cpu_millis", "memory_mib", "gpus"}
-_AUTOSCALING_INT = {"stable_window_ms", "scale_to_zero_grace_ms", "keepalive_ms"}
-_AUTOSCALING_FLOAT = {"target_utilization", "panic_window_percent"}
-_AUTOSCALING_FIELDS = _AUTOSCALING_INT | _AUTOSCALING_FLOAT | {"keepalive"}
+_AUTOSCALING_INT = {
+    "stable_window_ms", "scale_to_zero_grace_ms", "keepalive_ms", "ttft_ms", "tpot_ms"
+}  # fmt: skip
+_AUTOSCALING_FLOAT = {"target_utilization", "panic_window_percent", "target"}
+_AUTOSCALING_STR = {"keepalive", "metric"}
+_AUTOSCALING_FIELDS = _AUTOSCALING_INT | _AUTOSCALING_FLOAT | _AUTOSCALING_STR
 
 
 def _int(doc: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int) -> int:
@@ -207,10 +210,11 @@ def _autoscaling(doc: Any, out: common_pb2.AutoscalingSpec) -> None:
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise InvalidArgument(f"autoscaling.{name}: must be a number, got {short(v)}")
         setattr(out, name, float(v))
-    ka = doc.get("keepalive", "")
-    if not isinstance(ka, str):
-        raise InvalidArgument(f"autoscaling.keepalive: must be a string, got {short(ka)}")
-    out.keepalive = ka
+    for name in sorted(_AUTOSCALING_STR):
+        v = doc.get(name, "")
+        if not isinstance(v, str):
+            raise InvalidArgument(f"autoscaling.{name}: must be a string, got {short(v)}")
+        setattr(out, name, v)
 
 
 def read_yaml(path: str | Path, what: str) -> Any:

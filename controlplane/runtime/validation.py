@@ -66,6 +66,12 @@ STABLE_WINDOW_MS_MIN, STABLE_WINDOW_MS_MAX = 6_000, 3_600_000
 #: Scale-to-zero grace and fixed keep-alive: up to a day.
 IDLE_MS_MAX = 86_400_000
 KEEPALIVE_POLICIES = ("fixed", "hybrid")
+#: what a function may scale on (functions/dispatch/autoscaling/llmsignal.py)
+SCALING_METRICS = ("concurrency", "rps", "queue", "kv", "tokens_per_s")
+#: an SLO target above this (10 minutes) is a mistake, not a target
+SLO_MS_MAX = 600_000
+#: a routing hint's bounds (controlplane/runtime/llmprompt.py)
+HINT_BLOCKS_MAX, HINT_BLOCK_ID_MAX, ADAPTER_MAX = 64, 32, 64
 
 #: Function names leave room for a revision suffix ("-NNNNN") in 63 characters.
 MAX_FUNCTION_NAME_LEN = 57
@@ -254,12 +260,28 @@ def check_autoscaling(a: Any) -> None:
     check_range(p + "keepalive_ms", a.keepalive_ms, 0, IDLE_MS_MAX)
     if a.keepalive_ms and a.keepalive == "hybrid":
         raise InvalidArgument(f"{p}keepalive_ms: applies only to keepalive 'fixed'")
+    if a.metric and a.metric not in SCALING_METRICS:
+        raise InvalidArgument(
+            f"{p}metric: must be one of {', '.join(SCALING_METRICS)} or empty, "
+            f"got {short(a.metric)}"
+        )
+    if not (math.isfinite(a.target) and a.target >= 0) or (a.metric == "kv" and a.target > 1):
+        bound = "between 0 and 1 (KV use is a fraction)" if a.metric == "kv" else ">= 0"
+        raise InvalidArgument(f"{p}target: must be {bound}, got {a.target}")
+    check_range(p + "ttft_ms", a.ttft_ms, 0, SLO_MS_MAX)
+    check_range(p + "tpot_ms", a.tpot_ms, 0, SLO_MS_MAX)
 
 
 def check_dispatch(request: Any) -> None:
     """A DispatchRequest: function name, request id, piggybacked releases."""
     check_name("function", request.function)
     check_id("request_id", request.request_id)
+    hint = request.hint
+    if len(hint.prefix_blocks) > HINT_BLOCKS_MAX:
+        raise InvalidArgument(f"hint.prefix_blocks: at most {HINT_BLOCKS_MAX}")
+    if any(len(b) > HINT_BLOCK_ID_MAX for b in hint.prefix_blocks):
+        raise InvalidArgument(f"hint.prefix_blocks: each at most {HINT_BLOCK_ID_MAX} characters")
+    check_text("hint.adapter", hint.adapter, ADAPTER_MAX)
     if request.tag:
         check_name("tag", request.tag)
     check_releases(request.releases)

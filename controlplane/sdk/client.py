@@ -44,12 +44,7 @@ from controlplane.sdk.graphcalls import GRAPH_READS, GraphCalls
 from controlplane.sdk.http import HttpPool, NotSent
 from controlplane.sdk.retry import Backoff
 from controlplane.sdk.streams import DispatchStreams
-from galaxy.v1 import (
-    common_pb2,
-    controller_pb2,
-    dispatch_pb2,
-    dispatch_pb2_grpc,
-)
+from galaxy.v1 import common_pb2, controller_pb2, dispatch_pb2, dispatch_pb2_grpc
 
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 # How long a deferred release waits for a Dispatch call to ride on.
@@ -275,6 +270,7 @@ class GalaxyClient(GraphCalls):
         tag: str = "",
         token: str | None = None,
         hold: bool = False,
+        hint: dispatch_pb2.RoutingHint | None = None,
     ) -> dispatch_pb2.InstanceAddr:
         """Reserve a slot on an instance of function (may cold-start one).
 
@@ -282,7 +278,8 @@ class GalaxyClient(GraphCalls):
         revision with that traffic tag. Otherwise the function's traffic
         split decides. token: sent instead of the client's own (the
         gateway passes on each HTTP client's). hold: ask to keep the lease
-        for later requests (``InstanceAddr.hold_ms``; the gateway's cache).
+        for later requests (``InstanceAddr.hold_ms``; the gateway's cache);
+        hint: what an LLM function's picker reads (the gateway's OpenAI routes).
 
         Dispatch instances are tried in rendezvous order for the function:
         one that is unavailable (crashed, scaled in) is skipped for the next,
@@ -297,6 +294,8 @@ class GalaxyClient(GraphCalls):
             await self.refresh_membership()
         rid = request_id or uuid.uuid4().hex
         req = dispatch_pb2.DispatchRequest(function=function, request_id=rid, tag=tag, hold=hold)
+        if hint is not None:
+            req.hint.CopyFrom(hint)
         key = routing_key(function)  # revisions live with their function
         attempts, skipped = 0, set[str]()
         while True:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import field_validator
 
-from controlplane.runtime import scoring
+from controlplane.runtime import llmpicker, scoring
 from controlplane.runtime.config import setting
 from functions.dispatch.backoff import BackoffConfig
 from statestore.records import RecordsConfig
@@ -53,6 +53,14 @@ class DispatchConfig(RecordsConfig):
         "credits or to Schedule, so a burst does not queue behind one node's sandbox starts",
         ge=0,
         le=1024,
+    )
+    llm_picker: str = setting(
+        "llm",
+        "how an instance of an LLM function (its runtime's `llm: true`) is picked per "
+        "request: llm (queue, KV use, prefix and adapter affinity), least-request or "
+        "round-robin (baselines; controlplane/runtime/llmpicker.py)",
+        choices=llmpicker.POLICIES,
+        env="GALAXY_LLM_PICKER",
     )
     scoring: str = setting(
         "least_loaded",

@@ -28,6 +28,7 @@ from functions.dispatch import (
     arrivals,
     coordination,
     fnstats,
+    llmroute,
     memberchange,
     revisions,
     routedcheck,
@@ -94,6 +95,7 @@ class Dispatcher:
         max_spill: int = DEFAULTS.max_spill,
         record: RecordFn | None = None,
         autoscale: AutoscaleSettings | None = None,
+        llm_picker: str = DEFAULTS.llm_picker,
     ) -> None:
         self.instance_id = instance_id
         #: the channel pool of the host (a placeholder until ``bind``)
@@ -102,7 +104,11 @@ class Dispatcher:
         self.peers = Peers(instance_id, pool, max_spill)
         self.controller = controller
         self.clock: Clock = clock or MonotonicClock()
-        self.autoscaling = FunctionAutoscaling(autoscale or AutoscaleSettings(), self.clock)
+        #: pickers and scraped signals of the LLM functions routed here
+        self.llm = llmroute.LlmRouting(self.clock, llm_picker)
+        self.autoscaling = FunctionAutoscaling(
+            autoscale or AutoscaleSettings(), self.clock, self.llm.fleet
+        )
         #: starts of a function that keep failing back off (main sets the flags)
         self.backoff = StartBackoff(BackoffConfig(), self.clock)
         #: a lease's lifetime for functions without a request timeout
@@ -151,6 +157,7 @@ class Dispatcher:
     async def close(self) -> None:
         """Cancel background work (scale-ups, deletes)."""
         fnstats.detach(self)
+        await self.llm.close()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -251,7 +258,8 @@ class Dispatcher:
             raise DeadlineExceeded(
                 f"dispatch {validation.short(request.function)}: deadline too short"
             )
-        grant = router.acquire()
+        grant = self.llm.acquire(router, spec, request.hint)
+        self.autoscaling.served(spec.name)
         if grant is None:
             # Start backoff: only a start could serve this request, and none may go now.
             failing = self.backoff.blocked(spec.name, spec.version)
@@ -440,6 +448,7 @@ class Dispatcher:
             router = self.routers[d.function]
             spec = self.specs[d.function]  # (a scaler decided: the spec is known)
             if d.start and not self.backoff.blocked(d.function, spec.version):  # start backoff
+                log.info("scaling %s out by %d: %s", d.function, d.start, d.reason)
                 self.start(router, spec, d.start)
             for iid in d.retire:
                 # Out of the routing tables first, then off the node.

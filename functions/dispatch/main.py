@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from controlplane.runtime import access, authn, config, controllers, leasetoken, scoring
@@ -13,7 +14,7 @@ from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.host import HostContext
 from controlplane.runtime.metrics import QUEUE_LIMIT
 from controlplane.runtime.rpc import ChannelPool
-from functions.dispatch import autoscale, routedcheck
+from functions.dispatch import autoscale, llmroute, routedcheck
 from functions.dispatch.backoff import StartBackoff
 from functions.dispatch.config import DispatchConfig
 from functions.dispatch.credits import CreditWallet
@@ -55,6 +56,7 @@ class DispatchComponent:
             max_spill=cfg.max_spill,
             record=self.recorder,
             autoscale=autoscale.AutoscaleSettings.from_args(args),
+            llm_picker=cfg.llm_picker,
         )
         self.dispatcher = self.servicer.dispatcher
         self.dispatcher.backoff = StartBackoff(cfg.start_backoff(), self.dispatcher.clock)
@@ -72,6 +74,7 @@ class DispatchComponent:
         self.servicer.lease_key = leasetoken.from_args(args)
         self._housekeeping: asyncio.Task[None] | None = None
         self._routed_check: asyncio.Task[None] | None = None
+        self._scrapes: asyncio.Task[None] | None = None
         # Tokens are verified against the controller's records, cached.
         rpc = config.rpc_of(args)
         self.authenticator = (
@@ -101,6 +104,7 @@ class DispatchComponent:
         await self._recover()
         self._housekeeping = asyncio.create_task(self._expire_loop())
         self._routed_check = asyncio.create_task(self._routed_loop())
+        self._scrapes = asyncio.create_task(self._scrape_loop())
 
     async def _recover(self) -> None:
         """Rebuild the routing view from instance records plus node agents.
@@ -129,6 +133,25 @@ class DispatchComponent:
             except Exception:
                 # A bug in one round must not stop the checks for good.
                 log.exception("routed-instances check failed")
+
+    async def _scrape_loop(self) -> None:
+        # Periodic by nature: an engine's load changes without a request here.
+        d, key = self.dispatcher, self.servicer.lease_key
+        sign = None
+        if key is not None:  # the node's entry asks for a lease token, as for a request
+
+            def sign(instance_id: str) -> str:
+                ends_ms = time.time_ns() // 1_000_000 + llmroute.SCRAPE_TOKEN_MS
+                return key.sign(instance_id, ends_ms)
+
+        while True:
+            await asyncio.sleep(llmroute.SCRAPE_S)
+            try:
+                targets = d.llm.targets(d.routers, d.specs)
+                if targets:
+                    await d.llm.scrape_round(targets, sign)
+            except Exception:
+                log.exception("LLM signal scrape failed")
 
     async def _expire_loop(self) -> None:
         # Periodic by nature: reclaims leases of clients that never Released,
@@ -165,7 +188,7 @@ class DispatchComponent:
         return waiting + self.dispatcher.background
 
     async def stop(self) -> None:
-        for task in (self._housekeeping, self._routed_check):
+        for task in (self._housekeeping, self._routed_check, self._scrapes):
             if task:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

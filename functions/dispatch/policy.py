@@ -28,12 +28,9 @@ from controlplane.runtime.clock import Clock
 
 @dataclass
 class Instance:
-    """A routable function instance and its slots in use.
-
-    ``in_flight``, ``draining`` and ``concurrency`` belong to the router that
-    routes to the instance: it indexes instances by them, so change them only
-    through its methods (read them freely).
-    """
+    """A routable function instance and its slots in use. ``in_flight``,
+    ``draining`` and ``concurrency`` belong to the router that routes to it:
+    it indexes instances by them, so change them only through its methods."""
 
     instance_id: str
     address: str
@@ -63,9 +60,8 @@ HOLD_S = 0.2
 
 class Grant(NamedTuple):
     """A reserved slot: send the request to instance, then release lease_id.
-
-    (A named tuple, not a frozen dataclass: one is made per request, and a
-    tuple is made several times faster.)"""
+    (A named tuple: one is made per request, several times faster than a
+    frozen dataclass.)"""
 
     lease_id: str
     instance: Instance
@@ -82,9 +78,8 @@ class Waiter:
     done: bool = False
 
 
-#: A lease: (instance_id, expires_at). A plain tuple, not a named one: one
-#: is made per request, and ``tuple.__new__`` of a named tuple costs several
-#: times a tuple display. (``Grant``, public, stays a named tuple.)
+#: A lease: (instance_id, expires_at). A plain tuple (one per request): a named
+#: one's ``tuple.__new__`` costs several times a display. (``Grant`` stays one.)
 _Lease = tuple[str, float]
 
 
@@ -189,13 +184,19 @@ class FunctionRouter:
 
     def acquire(self) -> Grant | None:
         """A slot on the least-loaded instance with room, if any (warm path).
-
-        Waiters already queued go first: a new request never jumps the queue.
-        """
+        Waiters already queued go first: a new request never jumps the queue."""
         if self.waiters:
             return None
         inst = self._least_loaded()
         return None if inst is None else self._grant(inst, False)
+
+    def acquire_on(self, instance_id: str) -> Grant | None:
+        """A slot on that instance (the caller's choice: the LLM picker's) if
+        it has one free and no waiter is queued, else None."""
+        inst = self.instances.get(instance_id)
+        if self.waiters or inst is None or inst.free <= 0:
+            return None
+        return self._grant(inst, False, top=False)
 
     def enqueue(self, token: Any = None) -> Waiter:
         """Queue a request that found no free slot."""
@@ -220,12 +221,9 @@ class FunctionRouter:
         return True
 
     def scale_ups_needed(self) -> int:
-        """Instances to start now for the waiting requests (may be 0).
-
-        Each instance (running with free slots, or starting) absorbs up to
-        ``concurrency`` waiters; only the remainder triggers new starts, and
-        never beyond max_scale.
-        """
+        """Instances to start now for the waiting requests (may be 0): each
+        one running or starting absorbs up to ``concurrency`` waiters; only
+        the remainder triggers starts, never beyond max_scale."""
         if not self.waiters:
             return 0
         free_now = self._slots_free
@@ -234,8 +232,7 @@ class FunctionRouter:
             return 0
         want = math.ceil(uncovered / self.concurrency)
         room = self.max_scale - self.live_count() - self.pending
-        # max(0, min(want, room)), written out: it runs for every queued
-        # request, and the builtins cost ten times a comparison
+        # max(0, min(want, room)) written out: runs per queued request (10x cheaper)
         n = room if room < want else want
         return n if n > 0 else 0
 
@@ -270,11 +267,10 @@ class FunctionRouter:
 
     def hold(self) -> float:
         """Seconds the caller of the grant just made may keep starting
-        requests on its lease (0: none). Only while no request waits, so a
-        held slot never keeps a waiter from a slot for more than ``hold_s``,
-        and while no routing change waits for holds to lapse (``close_holds``).
-        A held lease counts as in flight: its holder releases it after a few
-        idle milliseconds, so the autoscaler sees it busy only that long."""
+        requests on its lease (0: none). Only while no request waits (a held
+        slot keeps no waiter more than ``hold_s``) and no routing change waits
+        for holds to lapse (``close_holds``). A held lease counts as in flight
+        (its holder releases it after a few idle ms: busy only that long)."""
         if self.hold_s <= 0 or self.waiters or self._holds_closed:
             return 0.0
         until = self.clock.now() + self.hold_s
@@ -454,15 +450,17 @@ class FunctionRouter:
         self._draining = sum(1 for i in self.instances.values() if i.draining)
         self._in_flight = sum(i.in_flight for i in self.instances.values())
 
-    def _grant(self, inst: Instance, cold: bool) -> Grant:
-        """A slot on inst, which ``_least_loaded`` just chose (the heap top):
-        its entry moves to its new load, or out when it is now full."""
+    def _grant(self, inst: Instance, cold: bool, top: bool = True) -> Grant:
+        """A slot on inst, which ``_least_loaded`` just chose (``top``: the
+        heap top, whose entry moves to its new load, or out when it is now
+        full) or the caller did (its entry is stale now: a new one goes in)."""
         n = inst.in_flight = inst.in_flight + 1
         self._in_flight += 1
         self._slots_free -= 1  # it had one (at least): not draining, below its limit
-        if n < inst.concurrency:
-            iid = inst.instance_id
-            heapq.heapreplace(self._free, (n, self._order[iid], iid))
+        if not top:
+            self._index(inst)
+        elif n < inst.concurrency:
+            heapq.heapreplace(self._free, (n, self._order[inst.instance_id], inst.instance_id))
         else:
             heapq.heappop(self._free)
         now = self.clock.now()

@@ -31,7 +31,7 @@ class Resources(_message.Message):
     def __init__(self, cpu_millis: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class FunctionSpec(_message.Message):
-    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "runtime", "artifact", "args", "namespace", "public", "model", "batching")
+    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "runtime", "artifact", "args", "namespace", "public", "model", "batching", "llm")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class FunctionSpec(_message.Message):
     PUBLIC_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BATCHING_FIELD_NUMBER: _ClassVar[int]
+    LLM_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     workdir: str
@@ -83,7 +84,8 @@ class FunctionSpec(_message.Message):
     public: bool
     model: ModelRef
     batching: BatchingSpec
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ..., revision: _Optional[int] = ..., traffic: _Optional[_Iterable[_Union[TrafficTarget, _Mapping]]] = ..., runtime: _Optional[str] = ..., artifact: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., public: _Optional[bool] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ...) -> None: ...
+    llm: bool
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ..., revision: _Optional[int] = ..., traffic: _Optional[_Iterable[_Union[TrafficTarget, _Mapping]]] = ..., runtime: _Optional[str] = ..., artifact: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., public: _Optional[bool] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., llm: _Optional[bool] = ...) -> None: ...
 
 class BatchingSpec(_message.Message):
     __slots__ = ("max_batch_size", "max_latency_ms")
@@ -128,20 +130,28 @@ class TrafficTarget(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., percent: _Optional[int] = ..., tag: _Optional[str] = ...) -> None: ...
 
 class AutoscalingSpec(_message.Message):
-    __slots__ = ("target_utilization", "stable_window_ms", "panic_window_percent", "scale_to_zero_grace_ms", "keepalive", "keepalive_ms")
+    __slots__ = ("target_utilization", "stable_window_ms", "panic_window_percent", "scale_to_zero_grace_ms", "keepalive", "keepalive_ms", "metric", "target", "ttft_ms", "tpot_ms")
     TARGET_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     STABLE_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     PANIC_WINDOW_PERCENT_FIELD_NUMBER: _ClassVar[int]
     SCALE_TO_ZERO_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_MS_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    TPOT_MS_FIELD_NUMBER: _ClassVar[int]
     target_utilization: float
     stable_window_ms: int
     panic_window_percent: float
     scale_to_zero_grace_ms: int
     keepalive: str
     keepalive_ms: int
-    def __init__(self, target_utilization: _Optional[float] = ..., stable_window_ms: _Optional[int] = ..., panic_window_percent: _Optional[float] = ..., scale_to_zero_grace_ms: _Optional[int] = ..., keepalive: _Optional[str] = ..., keepalive_ms: _Optional[int] = ...) -> None: ...
+    metric: str
+    target: float
+    ttft_ms: int
+    tpot_ms: int
+    def __init__(self, target_utilization: _Optional[float] = ..., stable_window_ms: _Optional[int] = ..., panic_window_percent: _Optional[float] = ..., scale_to_zero_grace_ms: _Optional[int] = ..., keepalive: _Optional[str] = ..., keepalive_ms: _Optional[int] = ..., metric: _Optional[str] = ..., target: _Optional[float] = ..., ttft_ms: _Optional[int] = ..., tpot_ms: _Optional[int] = ...) -> None: ...
 
 class ControlInstance(_message.Message):
     __slots__ = ("id", "kind", "address", "metrics_address", "standby")
@@ -240,7 +250,7 @@ class CoordinateReply(_message.Message):
     def __init__(self, epoch: _Optional[int] = ...) -> None: ...
 
 class ServingRuntime(_message.Message):
-    __slots__ = ("name", "command", "description", "workdir", "artifact", "allowed_args", "max_args", "allowed_env", "resources", "readiness_path", "startup_timeout_ms", "concurrency", "version")
+    __slots__ = ("name", "command", "description", "workdir", "artifact", "allowed_args", "max_args", "allowed_env", "resources", "readiness_path", "startup_timeout_ms", "concurrency", "version", "llm")
     class ArtifactRules(_message.Message):
         __slots__ = ("required", "prefixes", "suffixes", "max_length")
         REQUIRED_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +275,7 @@ class ServingRuntime(_message.Message):
     STARTUP_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    LLM_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     description: str
@@ -278,4 +289,5 @@ class ServingRuntime(_message.Message):
     startup_timeout_ms: int
     concurrency: int
     version: int
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., workdir: _Optional[str] = ..., artifact: _Optional[_Union[ServingRuntime.ArtifactRules, _Mapping]] = ..., allowed_args: _Optional[_Iterable[str]] = ..., max_args: _Optional[int] = ..., allowed_env: _Optional[_Iterable[str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., concurrency: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+    llm: bool
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., workdir: _Optional[str] = ..., artifact: _Optional[_Union[ServingRuntime.ArtifactRules, _Mapping]] = ..., allowed_args: _Optional[_Iterable[str]] = ..., max_args: _Optional[int] = ..., allowed_env: _Optional[_Iterable[str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., concurrency: _Optional[int] = ..., version: _Optional[int] = ..., llm: _Optional[bool] = ...) -> None: ...

@@ -9,20 +9,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DispatchRequest(_message.Message):
-    __slots__ = ("function", "request_id", "forwarded", "releases", "tag", "hold")
+    __slots__ = ("function", "request_id", "forwarded", "releases", "tag", "hold", "hint")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FORWARDED_FIELD_NUMBER: _ClassVar[int]
     RELEASES_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
     HOLD_FIELD_NUMBER: _ClassVar[int]
+    HINT_FIELD_NUMBER: _ClassVar[int]
     function: str
     request_id: str
     forwarded: bool
     releases: _containers.RepeatedCompositeFieldContainer[ReleaseRequest]
     tag: str
     hold: bool
-    def __init__(self, function: _Optional[str] = ..., request_id: _Optional[str] = ..., forwarded: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., tag: _Optional[str] = ..., hold: _Optional[bool] = ...) -> None: ...
+    hint: RoutingHint
+    def __init__(self, function: _Optional[str] = ..., request_id: _Optional[str] = ..., forwarded: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., tag: _Optional[str] = ..., hold: _Optional[bool] = ..., hint: _Optional[_Union[RoutingHint, _Mapping]] = ...) -> None: ...
+
+class RoutingHint(_message.Message):
+    __slots__ = ("prefix_blocks", "adapter")
+    PREFIX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    prefix_blocks: _containers.RepeatedScalarFieldContainer[str]
+    adapter: str
+    def __init__(self, prefix_blocks: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class DispatchStreamRequest(_message.Message):
     __slots__ = ("seq", "request", "timeout_ms", "cancel", "releases", "more")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.llm.signals import Load, Sample
+from controlplane.runtime.llmsignals import Load, Sample
 from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
 from functions.dispatch.autoscaling.llmsignal import (
     ScalingSignal,

@@ -58,4 +58,9 @@ def test_openai_body_needs_a_model(body: bytes, field: str) -> None:
 
 def test_openai_model_picks_the_function() -> None:
     r = openai_route(Route("openai", "", "/v1/chat/completions"), b'{"model": "llama"}')
-    assert r == Route("openai", "llama", "/v1/chat/completions")
+    # (no prompt: no prefix blocks, but a hint all the same: the route is an LLM's)
+    assert r == Route("openai", "llama", "/v1/chat/completions", ())
+    words = " ".join(f"w{k}" for k in range(40))
+    body = b'{"model": "llama", "prompt": "%s"}' % words.encode()
+    with_prompt = openai_route(Route("openai", "", "/v1/completions"), body)
+    assert with_prompt.blocks is not None and len(with_prompt.blocks) == 2  # 40 words: 2 blocks

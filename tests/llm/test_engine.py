@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from controlplane.llm.engine import Engine, Profile, QueueFull, Request, block_hashes
+from controlplane.llm.engine import Engine, Profile, QueueFull, Request
+from controlplane.runtime.llmprompt import block_hashes
 
 P = Profile(
     name="t", prefill_tps=1000.0, tpot_base_s=0.01, tpot_per_seq_s=0.001,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.llm.picker import (
+from controlplane.runtime.llmpicker import (
     Ask,
     Candidate,
     LeastRequest,
@@ -15,7 +15,7 @@ from controlplane.llm.picker import (
     check_weights,
     make,
 )
-from controlplane.llm.signals import Load, Sample
+from controlplane.runtime.llmsignals import Load, Sample
 
 
 def cand(name: str, inflight: int = 0, **sample: object) -> Candidate:
@@ -46,6 +46,17 @@ def test_approximate_prefix_follows_where_blocks_were_sent() -> None:
     # Past the TTL the index no longer counts.
     now[0] = 11.0
     assert p.pick(loaded, sys_a) == "y"
+
+
+def test_new_prefixes_spread_over_an_idle_fleet() -> None:
+    # Equal scores (idle, nothing cached): each new prefix goes to the
+    # instance sent the fewest blocks, not always to the first one.
+    p = ScoredPicker()
+    idle = [cand("x"), cand("y"), cand("z")]
+    got = [p.pick(idle, Ask((f"s{k}.0", f"s{k}.1"))) for k in range(6)]
+    assert sorted(got) == ["x", "x", "y", "y", "z", "z"]
+    # And each comes back to where it went.
+    assert [p.pick(idle, Ask((f"s{k}.0", f"s{k}.1", "u"))) for k in range(6)] == got
 
 
 def test_forget_drops_an_instance_from_the_index() -> None:

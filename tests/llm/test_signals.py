@@ -14,7 +14,15 @@ from aiohttp import web
 from controlplane.llm.engine import Engine, Request
 from controlplane.llm.profiles import profile
 from controlplane.llm.server import PREFIX_BLOCKS_REPORTED, LlmServer
-from controlplane.llm.signals import MAX_BYTES, LoadBook, Sample, SignalError, digest, parse, scrape
+from controlplane.runtime.llmsignals import (
+    MAX_BYTES,
+    LoadBook,
+    Sample,
+    SignalError,
+    digest,
+    parse,
+    scrape,
+)
 
 # A cache no larger than the report: every cached block is reported.
 PROF = dataclasses.replace(

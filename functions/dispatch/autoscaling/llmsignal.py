@@ -39,7 +39,7 @@ from functions.dispatch.autoscaling.kpaconfig import KpaConfig
 
 
 class Load(Protocol):
-    """One instance's scraped signals (``controlplane.llm.signals.Load``;
+    """One instance's scraped signals (``controlplane.runtime.llmsignals.Load``;
     services do not import each other, so this names only what is read)."""
 
     @property
@@ -111,6 +111,12 @@ class ScalingSignal:
             tpot_s=float(doc.get("tpot_ms", 0)) / 1000.0,
         )
 
+    @classmethod
+    def from_proto(cls, a: Any) -> ScalingSignal:
+        """From an ``AutoscalingSpec`` (checked by the controller, so a bad
+        value here is a bug: ValueError)."""
+        return cls(a.metric or "concurrency", a.target, a.ttft_ms / 1000.0, a.tpot_ms / 1000.0)
+
     def target_for(self, concurrency: int) -> float:
         """The target per instance (the function's concurrency for the
         concurrency metric when none is given)."""
@@ -124,7 +130,7 @@ def fleet_value(
 ) -> float:
     """The fleet total of the chosen metric: ``concurrency`` and ``rps``
     come from the router's own counts, the engine metrics from scraped
-    loads (``controlplane.llm.signals``)."""
+    loads (``controlplane.runtime.llmsignals``)."""
     m = signal.metric
     if m == "concurrency":
         return concurrency

@@ -163,19 +163,27 @@ class LoadBook:
             return None
         return load
 
+    def known(self) -> set[str]:
+        """Every instance with a sample, fresh or not."""
+        return set(self._loads)
+
     def fresh(self, now: float) -> dict[str, Load]:
         """Every fresh Load by instance."""
         return {i: v for i, v in self._loads.items() if now - v.at <= self.max_age_s}
 
 
 async def scrape(
-    session: aiohttp.ClientSession, url: str, timeout_s: float = 0.5, max_blocks: int = 256
+    session: aiohttp.ClientSession,
+    url: str,
+    timeout_s: float = 0.5,
+    max_blocks: int = 256,
+    headers: dict[str, str] | None = None,
 ) -> Sample:
     """GET ``url`` (an instance's /metrics) within ``timeout_s`` and parse it.
     SignalError on a refused, slow, oversized or malformed answer."""
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.get(url) as resp:
+            async with session.get(url, headers=headers) as resp:
                 if resp.status != 200:
                     raise SignalError(f"/metrics: HTTP {resp.status}")
                 raw = await resp.content.read(MAX_BYTES + 1)

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.llm.signals import Load
+from controlplane.runtime.llmsignals import Load
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,10 @@ def check_weights(weights: Mapping[str, float]) -> dict[str, float]:
 @dataclass
 class ScoredPicker:
     """The LLM-aware picker: highest weighted score wins; ties go to the
-    shorter queue, then to the first candidate."""
+    shorter queue, then to the instance this picker sent fewer prefix
+    blocks (so new prefixes spread over an idle fleet instead of piling on
+    its first instance, whose cache would then thrash), then to the first
+    candidate."""
 
     weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     clock: Callable[[], float] = lambda: 0.0
@@ -168,6 +171,8 @@ class ScoredPicker:
     index_ttl_s: float = 600.0
     #: block hash -> {instance: last sent}; LRU, at most index_blocks entries
     _index: OrderedDict[str, dict[str, float]] = field(default_factory=OrderedDict)
+    #: instance -> blocks of ``_index`` it holds (kept with the index)
+    _held: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.weights = check_weights(self.weights)
@@ -195,11 +200,13 @@ class ScoredPicker:
         now = self.clock()
         queues = [c.queue for c in candidates]
         view = View(ask, candidates, self._approx(ask, now), max(queues), min(queues))
+        held = self._held
         best = max(
             range(len(candidates)),
             key=lambda k: (
                 sum(w * fn(candidates[k], view) for fn, w in self._terms),
                 -queues[k],
+                -held.get(candidates[k].instance, 0),
                 -k,
             ),
         )
@@ -208,17 +215,22 @@ class ScoredPicker:
         return chosen
 
     def _remember(self, ask: Ask, instance: str, now: float) -> None:
+        held = self._held
         for b in ask.blocks:
             holders = self._index.setdefault(b, {})
+            if instance not in holders:
+                held[instance] = held.get(instance, 0) + 1
             holders[instance] = now
             self._index.move_to_end(b)
         while len(self._index) > self.index_blocks:
-            self._index.popitem(last=False)
+            for i in self._index.popitem(last=False)[1]:
+                held[i] -= 1
 
     def forget(self, instance: str) -> None:
         """The instance is gone: it holds nothing any more."""
         for holders in self._index.values():
             holders.pop(instance, None)
+        self._held.pop(instance, None)
 
 
 @dataclass

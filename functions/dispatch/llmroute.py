@@ -1,0 +1,175 @@
+"""LLM functions on the request path: which instance serves a request, and
+the load signals the picker and the autoscaler read.
+
+A function whose runtime declares LLM serving (``FunctionSpec.llm``) gets
+its instance per request from the LLM picker
+(``controlplane.runtime.llmpicker``): among its instances with a free slot,
+the best weighted score of queue depth, KV-cache use and prefix affinity
+(the request's leading block hashes, which the gateway sends as
+``DispatchRequest.hint``). The function's owning Dispatch decides, as for
+every grant, so no index is shared between Dispatch instances: each picker
+remembers the prefixes it sent and reads the signals it scraped.
+
+Signals are scraped (``run``): every ``scrape_s`` each routed instance of an
+LLM function answers its ``/metrics`` (vLLM's names) within a deadline; the
+last sample of each is kept in a ``LoadBook`` (stale after ``max_age_s``:
+the picker then goes by its own in-flight counts). Scraping rather than
+pushing keeps engines unchanged (vLLM, llama.cpp and the emulated server
+all serve ``/metrics``); its cost per instance is measured in docs/llm.md.
+
+``LlmRouting`` holds the decisions' state and is driven by the Dispatcher
+(``acquire``) and the autoscaler (``loads_of``); ``scrape_round`` is its
+only I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+
+import aiohttp
+
+from controlplane.runtime import leasetoken
+from controlplane.runtime.clock import Clock
+from controlplane.runtime.llmpicker import Ask, Candidate, Picker, make
+from controlplane.runtime.llmsignals import Load, LoadBook, Sample, SignalError, scrape
+from functions.dispatch.autoscaling.llmsignal import ScalingSignal, fleet_value
+from functions.dispatch.policy import FunctionRouter, Grant
+from galaxy.v1 import common_pb2, dispatch_pb2
+
+log = logging.getLogger(__name__)
+
+#: scrape cadence and per-scrape deadline (a slow instance is skipped, not waited for)
+SCRAPE_S = 0.5
+SCRAPE_TIMEOUT_S = 0.3
+#: a sample older than this is not used (missed scrapes: the instance is busy or gone)
+MAX_AGE_S = 2.0
+#: scrapes in flight at once per round (bounds sockets and the round's burst)
+SCRAPE_PARALLEL = 32
+#: the lease token shown to a node's entry for a scrape lives this long
+SCRAPE_TOKEN_MS = 5_000
+
+
+class LlmRouting:
+    """Pickers and load signals of the LLM functions one Dispatch routes."""
+
+    def __init__(self, clock: Clock, policy: str = "llm", max_age_s: float = MAX_AGE_S) -> None:
+        make(policy, clock.now)  # a policy name that is not known fails here, not per request
+        self.clock = clock
+        self.policy = policy
+        self.book = LoadBook(max_age_s)
+        self._pickers: dict[str, Picker] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    def picker(self, function: str) -> Picker:
+        """The picker of one function (or revision), made on first use."""
+        p = self._pickers.get(function)
+        if p is None:
+            p = self._pickers[function] = make(self.policy, self.clock.now)
+        return p
+
+    def acquire(
+        self,
+        router: FunctionRouter,
+        spec: common_pb2.FunctionSpec,
+        hint: dispatch_pb2.RoutingHint,
+    ) -> Grant | None:
+        """A slot for one request: on the picker's choice for an LLM
+        function, on the least-loaded instance for any other (``None``: no
+        free slot, or waiters queued first)."""
+        if not spec.llm:
+            return router.acquire()
+        if router.waiters:
+            return None  # the queue goes first, as for any function
+        now = self.clock.now()
+        book = self.book
+        free = [
+            Candidate(i.instance_id, i.in_flight, book.get(i.instance_id, now))
+            for i in router.instances.values()
+            if i.free > 0
+        ]
+        if not free:
+            return None
+        ask = Ask(tuple(hint.prefix_blocks), hint.adapter)
+        return router.acquire_on(self.picker(router.name).pick(free, ask))
+
+    def loads_of(self, router: FunctionRouter) -> list[Load]:
+        """The signals of the function's routable instances: the fresh
+        scraped ones, and for an instance without (just started, or not
+        answering) a stand-in of its requests in flight as running."""
+        now = self.clock.now()
+        out = []
+        for iid, inst in router.instances.items():
+            if inst.draining:
+                continue
+            load = self.book.get(iid, now)
+            out.append(load if load is not None else Load(iid, now, Sample(running=inst.in_flight)))
+        return out
+
+    def fleet(self, signal: ScalingSignal, router: FunctionRouter, rps: float) -> float:
+        """The function's fleet value of its scaling metric
+        (``llmsignal.fleet_value``). Requests waiting here for a slot count
+        in the queue: with no instance yet, they are all of it."""
+        value = fleet_value(signal, self.loads_of(router), float(router.load()), rps)
+        return value + len(router.waiters) if signal.metric == "queue" else value
+
+    def targets(
+        self,
+        routers: Mapping[str, FunctionRouter],
+        specs: Mapping[str, common_pb2.FunctionSpec],
+    ) -> list[tuple[str, str]]:
+        """(instance id, address) of every routed instance of an LLM
+        function; forgets the signals and prefixes of instances gone."""
+        out: list[tuple[str, str]] = []
+        for name, router in routers.items():
+            spec = specs.get(name)
+            if spec is None or not spec.llm:
+                continue
+            out += [
+                (iid, i.address)
+                for iid, i in router.instances.items()
+                if not i.address.startswith("emulated://")
+            ]
+        self._forget_except({iid for iid, _ in out}, routers)
+        return out
+
+    def _forget_except(self, live: set[str], routers: Iterable[str]) -> None:
+        for iid in self.book.known() - live:
+            self.book.forget(iid)
+            for p in self._pickers.values():
+                p.forget(iid)
+        for name in set(self._pickers) - set(routers):
+            del self._pickers[name]  # the function is no longer routed here
+
+    async def scrape_round(
+        self, targets: list[tuple[str, str]], sign: Callable[[str], str] | None = None
+    ) -> int:
+        """Scrape every target once (at most ``SCRAPE_PARALLEL`` at a time,
+        each within ``SCRAPE_TIMEOUT_S``); returns how many answered.
+        ``sign`` makes the lease token a node's entry asks for."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        session, gate = self._session, asyncio.Semaphore(SCRAPE_PARALLEL)
+
+        async def one(iid: str, address: str) -> bool:
+            headers = {leasetoken.HEADER: sign(iid)} if sign is not None else None
+            async with gate:
+                try:
+                    sample = await scrape(
+                        session, f"http://{address}/metrics", SCRAPE_TIMEOUT_S, headers=headers
+                    )
+                except SignalError as e:
+                    log.debug("no signals from %s: %s", iid, e)
+                    return False
+            self.book.observe(iid, sample, self.clock.now())
+            return True
+
+        got = await asyncio.gather(*(one(i, a) for i, a in targets))
+        return sum(got)
+
+    async def close(self) -> None:
+        """Close the scrape session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
