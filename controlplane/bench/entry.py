@@ -64,7 +64,7 @@ async def measure(n: int) -> dict[str, object]:
             ).encode()
             assert sb.dial is not None
             door = await _conn(sb.host, sb.port)
-            inner = await _conn("127.0.0.1", sb.port, sb.dial())
+            inner = await _conn("127.0.0.1", sb.port, await sb.dial())
             lat: dict[str, list[float]] = {"door": [], "direct": []}
             for i in range(n + 200):
                 for mode, (r, w) in (("door", door), ("direct", inner)):
