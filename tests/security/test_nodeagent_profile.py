@@ -65,3 +65,13 @@ def test_the_kubelet_stand_in_applies_the_profile(tmp_path):
     )
     assert ok.returncode == 0, ok.stderr
     assert refused.returncode != 0 and b"Operation not permitted" in refused.stderr
+
+
+def test_the_image_has_what_the_daemonsets_sandbox_runs():
+    """--sandbox bwrap needs bubblewrap, setpriv and libseccomp in the
+    runtime stage of the image (the last FROM)."""
+    runtime = (REPO / "deploy" / "Dockerfile").read_text().rsplit("\nFROM ", 1)[1]
+    args = daemonset()["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--sandbox") + 1] == "bwrap"
+    for package in ("bubblewrap", "util-linux", "libseccomp2"):
+        assert package in runtime, package
