@@ -50,6 +50,7 @@ def test_the_daemonset_names_the_profile_and_the_runtime_class():
     kubernetes_validate.validate(rc, "1.30", strict=True)
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
 def test_the_kubelet_stand_in_applies_the_profile(tmp_path):
     """Under the shipped profile a process may make a user namespace (what
