@@ -177,8 +177,11 @@ class BwrapBackend(ProcessBackend):
         if self._root and self._fixed_uid is None:
             self.uid_pool = uid_pool or UidPool()
         self._setpriv = shutil.which("setpriv")
-        if self._root and self._setpriv is None:
-            raise ValueError("--sandbox bwrap: a root agent needs util-linux `setpriv`")
+        if (self._root or entry == "factory") and self._setpriv is None:
+            raise ValueError(
+                "--sandbox bwrap: util-linux `setpriv` is needed (a root agent's user switch, "
+                "the socket factory's parent-death signal)"
+            )
         self._system = _system_args()
         env = shutil.which("env") or "/usr/bin/env"
         # SIGTERM (stop's polite request, sent to the process group) is for
@@ -284,9 +287,9 @@ class BwrapBackend(ProcessBackend):
         to die with the function (bubblewrap's init waits for every process
         of the sandbox, so a factory left behind would keep it alive), then
         execs the function."""
-        setpriv = self._setpriv or "setpriv"
+        assert self._setpriv is not None  # checked at start
         script = (
-            f"{shlex.quote(setpriv)} --pdeathsig KILL {shlex.quote(sys.executable)} -I -S "
+            f"{shlex.quote(self._setpriv)} --pdeathsig KILL {shlex.quote(sys.executable)} -I -S "
             f"{shlex.quote(sockfactory.__file__)} {shlex.quote(str(private_dir))} "
             '</dev/null >/dev/null 2>&1 & exec "$@"'
         )
