@@ -126,8 +126,11 @@ def test_every_component_serves_mutual_tls_from_its_own_secret_files(name, conta
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
     files = {i["path"] for i in volume["secret"]["items"]}
     kind = parsed.kind
-    # Its own pair and the CA only: never the CA key or another identity's key.
-    assert files == {"ca.pem", f"{kind}.pem", f"{kind}-key.pem"}, name
+    # Its own pair and the CA only: never the CA key or another identity's key;
+    # and the lease key where leases are signed (Dispatch) or checked (the
+    # node agent's entry, which without it would let every request in).
+    lease = {"lease.key"} if kind in ("dispatch", "nodeagent") else set()
+    assert files == {"ca.pem", f"{kind}.pem", f"{kind}-key.pem", *lease}, name
 
 
 @pytest.mark.parametrize("name, container", list(containers()))
@@ -253,13 +256,29 @@ POD_CONTEXT = {
 }
 
 
+# The one exception (docs/security.md, "The node agent on Kubernetes"): the
+# node agent builds a bubblewrap sandbox per instance, which needs new
+# namespaces and mounts (a Localhost seccomp profile that allows them, shipped
+# in deploy/kubernetes/node/) and a fresh /proc per PID namespace (procMount
+# Unmasked, which the restricted standard admits only in a pod user
+# namespace: hostUsers false). Still no capability, no hostPath.
+NODEAGENT_CONTEXT = {
+    **CONTAINER_CONTEXT,
+    "procMount": "Unmasked",
+    "seccompProfile": {"type": "Localhost", "localhostProfile": "galaxy-nodeagent.json"},
+}
+
+
 @pytest.mark.parametrize("name, spec", list(pod_specs()))
 def test_pod_security_context(name, spec):
     assert spec.get("securityContext") == POD_CONTEXT, name
     assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
     assert not [v for v in spec.get("volumes", []) if "hostPath" in v], f"{name}: hostPath"
+    nodeagent = name == "galaxy-nodeagent"
+    assert spec.get("hostUsers") is (False if nodeagent else None), name
     for c in spec["containers"] + spec.get("initContainers", []):
-        assert c.get("securityContext") == CONTAINER_CONTEXT, f"{name}/{c['name']}"
+        want = NODEAGENT_CONTEXT if nodeagent else CONTAINER_CONTEXT
+        assert c.get("securityContext") == want, f"{name}/{c['name']}"
 
 
 @pytest.mark.parametrize("name, spec", list(pod_specs()))

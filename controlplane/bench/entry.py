@@ -4,7 +4,10 @@ with its own network namespace, and the same keep-alive HTTP/1.1 requests
 sent (1) through its door with a lease token and (2) straight into its
 namespace (the path the door itself takes), alternating request by request
 so that the machine's drift hits both alike. Prints p50/p99 and the
-difference as JSON."""
+difference as JSON. ``--entry factory`` reaches the namespace through the
+sandbox's socket factory (what an agent that is not root uses) instead of
+setns; ``--new-connections`` opens a connection per request on both paths
+(what a cold connection costs, where the two ways differ)."""
 
 from __future__ import annotations
 
@@ -47,12 +50,13 @@ async def _one(r: asyncio.StreamReader, w: asyncio.StreamWriter, req: bytes) -> 
     return time.perf_counter() - t0
 
 
-async def measure(n: int) -> dict[str, object]:
+async def measure(n: int, entry: str = "setns", new_connections: bool = False) -> dict[str, object]:
     key = LeaseKey(os.urandom(32))
     with tempfile.TemporaryDirectory(prefix="galaxy-bench-entry-") as tmp:
-        b = BwrapBackend(log_dir=Path(tmp) / "logs", lease_key=key)
-        if not b.own_netns:
-            raise SystemExit("run as root: the entry needs network namespaces")
+        try:
+            b = BwrapBackend(log_dir=Path(tmp) / "logs", lease_key=key, entry=entry)
+        except ValueError as e:
+            raise SystemExit(f"{e} (setns: run as root)") from None
         spec = common_pb2.FunctionSpec(
             name="echo", command=["python3", str(ECHO)], readiness_path="/healthz"
         )
@@ -64,13 +68,21 @@ async def measure(n: int) -> dict[str, object]:
             ).encode()
             assert sb.dial is not None
             door = await _conn(sb.host, sb.port)
-            inner = await _conn("127.0.0.1", sb.port, sb.dial())
+            inner = await _conn("127.0.0.1", sb.port, await sb.dial())
             lat: dict[str, list[float]] = {"door": [], "direct": []}
+            dial = sb.dial
             for i in range(n + 200):
                 for mode, (r, w) in (("door", door), ("direct", inner)):
-                    dt = await _one(r, w, req)
+                    t0 = time.perf_counter()
+                    if new_connections:
+                        w.close()
+                        if mode == "door":
+                            r, w = door = await _conn(sb.host, sb.port)
+                        else:
+                            r, w = inner = await _conn("127.0.0.1", sb.port, await dial())
+                    await _one(r, w, req)
                     if i >= 200:  # warm-up
-                        lat[mode].append(dt)
+                        lat[mode].append(time.perf_counter() - t0)
             for _, w in (door, inner):
                 w.close()
         finally:
@@ -84,15 +96,20 @@ async def measure(n: int) -> dict[str, object]:
     }
     out["added_p50_ms"] = round(q(lat["door"], 0.5) - q(lat["direct"], 0.5), 3)
     out["requests_per_mode"] = n
+    out["entry"] = entry
+    out["new_connections"] = new_connections
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=5000)
+    p.add_argument("--entry", choices=["setns", "factory"], default="setns")
+    p.add_argument("--new-connections", action="store_true")
     a = p.parse_args()
     install_uvloop()  # as the node agent runs
-    print(json.dumps(asyncio.run(measure(a.requests)), indent=2))
+    out = asyncio.run(measure(a.requests, a.entry, a.new_connections))
+    print(json.dumps(out, indent=2))
     sys.stdout.flush()
 
 

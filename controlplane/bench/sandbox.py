@@ -49,15 +49,18 @@ async def _one(backend: ProcessBackend, n: int) -> float:
 
 
 async def run(rounds: int) -> dict[str, object]:
-    """Start-to-ready times (ms) of both backends over rounds rounds."""
+    """Start-to-ready times (ms) of the backends over rounds rounds:
+    process, bwrap (a root agent's: the entry enters by setns) and
+    bwrap-factory (the socket factory an agent that is not root needs)."""
     backends: dict[str, ProcessBackend] = {
         "process": ProcessBackend(cgroups=open_cgroups("auto", 1024)),
         "bwrap": BwrapBackend(cgroups=open_cgroups("auto", 1024)),
+        "bwrap-factory": BwrapBackend(cgroups=open_cgroups("auto", 1024), entry="factory"),
     }
     times: dict[str, list[float]] = {k: [] for k in backends}
     try:
         for n in range(rounds):
-            order = list(backends) if n % 2 == 0 else list(reversed(backends))
+            order = list(backends)[n % 3 :] + list(backends)[: n % 3]  # rotate
             for kind in order:
                 times[kind].append(await _one(backends[kind], n))
     finally:
@@ -67,7 +70,9 @@ async def run(rounds: int) -> dict[str, object]:
     for kind, xs in times.items():
         xs.sort()
         out[kind] = {"p50_ms": statistics.median(xs), "p90_ms": xs[int(len(xs) * 0.9)]}
-    out["p50_added_ms"] = statistics.median(times["bwrap"]) - statistics.median(times["process"])
+    base = statistics.median(times["process"])
+    out["p50_added_ms"] = statistics.median(times["bwrap"]) - base
+    out["p50_added_factory_ms"] = statistics.median(times["bwrap-factory"]) - base
     out["rounds"] = rounds
     return out
 

@@ -41,14 +41,18 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@pytest.fixture
-async def entry(tmp_path):
+@pytest.fixture(params=["setns", "factory"])
+async def entry(request, tmp_path):
+    """Two instances behind their doors; the doors reach into the
+    namespaces by setns (a root agent) or through the socket factory in the
+    sandbox (what an agent that is not root uses)."""
     key = LeaseKey(os.urandom(32))
     b = BwrapBackend(
         log_dir=tmp_path / "logs",
         instance_dir=tmp_path / "inst",
         uid_pool=UidPool(lock_dir=tmp_path / "uids"),
         lease_key=key,
+        entry=request.param,
     )
     b.host = node_address()
     a = await b.start("n1", "inst-a", echo_spec("team-a-fn"))

@@ -62,12 +62,9 @@ def function_pid(name: str, artifact: str) -> int:
     raise AssertionError(f"no process of {name} found")
 
 
-@pytest.fixture(scope="module")
-def up(tmp_path_factory):
-    run = tmp_path_factory.mktemp("run")
-    g = GalaxyUp(run, "--nodes", "1")
-    g.start()
-    specs = tmp_path_factory.mktemp("specs")
+def deploy_probe_and_victim(g: GalaxyUp, specs: Path) -> None:
+    """Register the hostile runtime; deploy the probe (tenant A) and the
+    victim (tenant B's echo server, with a secret in its env)."""
     rt = specs / "hostile-rt.yaml"
     rt.write_text(
         "name: hostile\ncommand: [python3, -u, '{artifact}']\n"
@@ -88,6 +85,14 @@ def up(tmp_path_factory):
     for name in ("probe", "victim"):
         r = g.cli("deploy", "-f", str(specs / f"{name}.yaml"))
         assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    g = GalaxyUp(run, "--nodes", "1")
+    g.start()
+    deploy_probe_and_victim(g, tmp_path_factory.mktemp("specs"))
     yield g
     pids = g.pids()
     g.stop()

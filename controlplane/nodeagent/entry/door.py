@@ -23,7 +23,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import httptools  # type: ignore[import-not-found,unused-ignore]
@@ -31,6 +31,9 @@ import httptools  # type: ignore[import-not-found,unused-ignore]
 from controlplane.runtime.leasetoken import LeaseKey, Verdict
 
 log = logging.getLogger(__name__)
+
+#: Makes a new non-blocking TCP socket in an instance's network namespace.
+Dial = Callable[[], Awaitable[socket.socket]]
 
 _LEASE = b"galaxy-lease"
 _REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway"}
@@ -127,7 +130,7 @@ class _Client(asyncio.Protocol):
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            sock = self.door.dial()
+            sock = await self.door.dial()
             try:
                 await loop.sock_connect(sock, ("127.0.0.1", self.door.port))
                 up, _ = await loop.create_connection(lambda: _Upstream(self), sock=sock)
@@ -180,7 +183,8 @@ class Door:
 
     key: the cluster's lease key (None: every request is let in; a cluster
     without TLS material has no key, and says loudly that it checks nothing).
-    dial: makes a socket in the instance's network namespace; the instance
+    dial: makes a socket in the instance's network namespace (``netns`` or
+    ``sockclient``); the instance
     listens on its loopback at port. on_close: called once closed (lets go of
     the namespace). clock_ms: wall clock, milliseconds.
     """
@@ -190,7 +194,7 @@ class Door:
         instance_id: str,
         port: int,
         key: LeaseKey | None,
-        dial: Callable[[], socket.socket],
+        dial: Dial,
         on_close: Callable[[], None] = lambda: None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:

@@ -37,6 +37,11 @@ class NetnsDialer:
     def __init__(self, pid: int) -> None:
         self._fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 
+    async def dial(self) -> socket.socket:
+        """``socket``, as the entry's dial (``sockclient.FactoryDialer.socket``'s
+        shape)."""
+        return self.socket()
+
     def socket(self) -> socket.socket:
         """A new non-blocking TCP socket in the namespace."""
         home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)

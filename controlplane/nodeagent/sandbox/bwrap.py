@@ -9,12 +9,13 @@ its libraries read-only, its artifact (and any other existing absolute path
 of its command line) read-only, its private directory read-write, a private
 ``/tmp``, a minimal ``/dev`` and a ``/proc`` of its own PID namespace.
 
-Network: a root agent gives each instance a network namespace of its own
-(loopback only; it listens there) and the node's entry
-(``controlplane.nodeagent.entry``) listens for it on the node's address,
-admitting only requests with a lease Dispatch signed for it. An agent that is
-not root cannot enter other namespaces: its instances share the host's
-network namespace and are reachable without a lease (docs/security.md).
+Network: each instance gets a network namespace of its own (loopback only;
+it listens there) and the node's entry (``controlplane.nodeagent.entry``)
+listens for it on the node's address, admitting only requests with a lease
+Dispatch signed for it. The entry's connections into the namespace are made
+by ``setns(2)`` when the agent is root (``entry="setns"``), and otherwise by
+a socket factory started in the sandbox next to the function
+(``entry="factory"``; ``entry.sockfactory``), which needs no privilege.
 
 Users: a root agent gives each instance its own uid from a ``UidPool``. The
 namespaces are then set up by bwrap as root (a source path such as an
@@ -32,12 +33,15 @@ import asyncio
 import json
 import logging
 import os
+import shlex
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
-from controlplane.nodeagent.entry import netns
+from controlplane.nodeagent.entry import netns, sockfactory
 from controlplane.nodeagent.entry.door import Door
+from controlplane.nodeagent.entry.sockclient import FactoryDialer
 from controlplane.nodeagent.sandbox import seccomp
 from controlplane.nodeagent.sandbox.launch import instance_user, pdeathsig_prefix
 from controlplane.nodeagent.sandbox.process import ProcessBackend, ProcessSandbox
@@ -126,13 +130,19 @@ class BwrapBackend(ProcessBackend):
     uid_pool: where a root agent takes each instance's uid (default: a new
     ``UidPool``; ignored when ``user`` names a fixed user or the agent is not
     root). lease_key: what the entry checks callers' leases with (None:
-    it admits every request). Other options are ``ProcessBackend``'s.
+    it admits every request). entry: how the entry reaches into an instance's
+    network namespace, ``setns`` (root only) or ``factory`` (default: setns
+    for a root agent). Other options are ``ProcessBackend``'s.
     """
 
     kind = "bwrap"
 
     def __init__(
-        self, uid_pool: UidPool | None = None, lease_key: LeaseKey | None = None, **opts: Any
+        self,
+        uid_pool: UidPool | None = None,
+        lease_key: LeaseKey | None = None,
+        entry: str | None = None,
+        **opts: Any,
     ) -> None:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
@@ -145,8 +155,14 @@ class BwrapBackend(ProcessBackend):
         # The user switch happens inside the sandbox, not before bwrap.
         self._prefix = pdeathsig_prefix()
         self._root = os.geteuid() == 0
+        if entry is None:
+            entry = "setns" if netns.can_enter() else "factory"
+        if entry not in ("setns", "factory") or (entry == "setns" and not netns.can_enter()):
+            raise ValueError(f"entry: setns (a root agent) or factory, got {entry!r}")
+        #: How the entry's connections reach an instance's namespace.
+        self.entry = entry
         #: Instances get a network namespace of their own (and the entry).
-        self.own_netns = netns.can_enter()
+        self.own_netns = True
         self.lease_key = lease_key
         if self.own_netns and lease_key is None:
             log.warning(
@@ -161,8 +177,11 @@ class BwrapBackend(ProcessBackend):
         if self._root and self._fixed_uid is None:
             self.uid_pool = uid_pool or UidPool()
         self._setpriv = shutil.which("setpriv")
-        if self._root and self._setpriv is None:
-            raise ValueError("--sandbox bwrap: a root agent needs util-linux `setpriv`")
+        if (self._root or entry == "factory") and self._setpriv is None:
+            raise ValueError(
+                "--sandbox bwrap: util-linux `setpriv` is needed (a root agent's user switch, "
+                "the socket factory's parent-death signal)"
+            )
         self._system = _system_args()
         env = shutil.which("env") or "/usr/bin/env"
         # SIGTERM (stop's polite request, sent to the process group) is for
@@ -175,6 +194,13 @@ class BwrapBackend(ProcessBackend):
         self._inner = [env, "--default-signal=TERM", "--"]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._bpf = seccomp.write_bpf(self.log_dir)
+        # The socket factory runs on the agent's own interpreter, shown
+        # read-only in the sandbox like a function's.
+        self._factory_binds: list[str] = []
+        if entry == "factory":
+            for root in runtime_roots(sys.executable):
+                self._factory_binds += _bind(root)
+            self._factory_binds += _bind(sockfactory.__file__)
 
     def _acquire_uid(self) -> int | None:
         if self.uid_pool is None:
@@ -226,7 +252,9 @@ class BwrapBackend(ProcessBackend):
             "--seccomp", str(fd),
         ]  # fmt: skip
         fds: tuple[int, ...] = (fd,)
-        if self.own_netns:
+        argv.append("--unshare-net")
+        inner = self._inner
+        if self.entry == "setns":
             # bwrap reports the sandbox's pid (whose namespace the entry
             # enters) on this pipe; read in _attach.
             r, w = os.pipe2(os.O_CLOEXEC)
@@ -235,10 +263,13 @@ class BwrapBackend(ProcessBackend):
                 os.close(self._info)
             self._info = r
             fds = (fd, w)
-            argv += ["--unshare-net", "--info-fd", str(w)]
+            argv += ["--info-fd", str(w)]
+        else:
+            argv += self._factory_binds
+            inner = [*self._factory_prefix(private_dir), *inner]
         if not self._root:
             argv += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--"]
-            return [*argv, *self._inner, *command], fds
+            return [*argv, *inner, *command], fds
         assert self._setpriv is not None
         if uid is None:  # a fixed --instance-user
             pw = instance_user(str(self.user))
@@ -249,20 +280,37 @@ class BwrapBackend(ProcessBackend):
             "--", self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
         ]  # fmt: skip
-        return [*argv, *self._inner, *command], fds
+        return [*argv, *inner, *command], fds
+
+    def _factory_prefix(self, private_dir: Path) -> list[str]:
+        """A shell that starts the socket factory in the background, bound
+        to die with the function (bubblewrap's init waits for every process
+        of the sandbox, so a factory left behind would keep it alive), then
+        execs the function."""
+        assert self._setpriv is not None  # checked at start
+        script = (
+            f"{shlex.quote(self._setpriv)} --pdeathsig KILL {shlex.quote(sys.executable)} -I -S "
+            f"{shlex.quote(sockfactory.__file__)} {shlex.quote(str(private_dir))} "
+            '</dev/null >/dev/null 2>&1 & exec "$@"'
+        )
+        return ["/bin/sh", "-c", script, "sh"]
 
     @property
     def inner_host(self) -> str:
-        return "127.0.0.1" if self.own_netns else self.host
+        return "127.0.0.1"
 
     async def _attach(self, sb: ProcessSandbox) -> None:
-        info, self._info = self._info, None
-        if info is None:
-            return
-        pid = await _child_pid(info, sb.instance_id)
-        dialer = netns.NetnsDialer(pid)
-        sb.dial = dialer.socket
-        sb.entry = Door(sb.instance_id, sb.port, self.lease_key, dialer.socket, dialer.close)
+        dialer: netns.NetnsDialer | FactoryDialer
+        if self.entry == "factory":
+            assert sb.private_dir is not None  # every bwrap instance has one
+            dialer = FactoryDialer(str(sb.private_dir))
+        else:
+            info, self._info = self._info, None
+            if info is None:
+                return
+            dialer = netns.NetnsDialer(await _child_pid(info, sb.instance_id))
+        sb.dial = dialer.socket if isinstance(dialer, FactoryDialer) else dialer.dial
+        sb.entry = Door(sb.instance_id, sb.port, self.lease_key, sb.dial, dialer.close)
 
     async def _admit(self, sb: ProcessSandbox) -> None:
         if sb.entry is not None:

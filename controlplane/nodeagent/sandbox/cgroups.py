@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -172,7 +173,7 @@ class Cgroups:
             if self.version == 2:
                 # Children may only use the controllers their parents enable.
                 for d in (root / "galaxy", root / parent):
-                    (d.parent / "cgroup.subtree_control").write_text(controllers)
+                    _enable(d.parent, controllers, root)
         except OSError as e:
             raise CgroupError(f"cannot create cgroups under {root}: {e.strerror}") from None
 
@@ -218,6 +219,32 @@ class Cgroups:
                 p.rmdir()
             with contextlib.suppress(OSError):
                 p.parent.rmdir()  # galaxy/: only when no other agent uses it
+
+
+def _enable(group: Path, controllers: str, root: Path) -> None:
+    """Enable controllers for group's children (v2). A group that holds
+    processes cannot (the "no internal processes" rule: EBUSY), which is
+    where an agent in a container with a cgroup namespace stands: its
+    container's group is its ``/sys/fs/cgroup`` and it is in it. The agent
+    then moves itself into a leaf of its own, ``ROOT/agent``, first."""
+    try:
+        (group / "cgroup.subtree_control").write_text(controllers)
+        return
+    except OSError as e:
+        if e.errno != errno.EBUSY or group != root:
+            raise
+    leaf = root / "agent"
+    leaf.mkdir(exist_ok=True)
+    (leaf / "cgroup.procs").write_text(str(os.getpid()))
+    try:
+        (group / "cgroup.subtree_control").write_text(controllers)
+    except OSError as e:
+        if e.errno == errno.EBUSY:
+            raise CgroupError(
+                f"{root} holds other processes besides this agent, so its children "
+                "cannot get controllers; give the agent a cgroup subtree of its own"
+            ) from None
+        raise
 
 
 def _sweep_stale(galaxy_dir: Path) -> None:

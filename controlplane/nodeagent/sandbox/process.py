@@ -10,16 +10,15 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from prometheus_client import Counter
 
-from controlplane.nodeagent.entry.door import Door
+from controlplane.nodeagent.entry.door import Dial, Door
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, InstanceGroup
 from controlplane.nodeagent.sandbox.launch import (
@@ -64,13 +63,13 @@ def _tail(path: Path, max_lines: int = 10, max_bytes: int = 4096) -> str:
 
 
 async def _connect(
-    host: str, port: int, dial: Callable[[], socket.socket] | None
+    host: str, port: int, dial: Dial | None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A connection to host:port, from a socket of dial when given (one in
     the instance's network namespace)."""
     if dial is None:
         return await asyncio.open_connection(host, port)
-    sock = dial()
+    sock = await dial()
     try:
         await asyncio.get_running_loop().sock_connect(sock, (host, port))
     except BaseException:
@@ -80,7 +79,7 @@ async def _connect(
 
 
 async def _ready_probe(
-    host: str, port: int, path: str, timeout_s: float, dial: Callable[[], socket.socket] | None
+    host: str, port: int, path: str, timeout_s: float, dial: Dial | None
 ) -> bool:
     """One readiness check: TCP connect, or HTTP GET path answering 2xx."""
     try:
@@ -155,7 +154,7 @@ class ProcessSandbox(Sandbox):
         #: through ``dial`` (the bwrap backend sets both, and ``entry``, the
         #: door that alone admits callers, closed when it ends).
         self.inner_host = backend.inner_host
-        self.dial: Callable[[], socket.socket] | None = None
+        self.dial: Dial | None = None
         self.entry: Door | None = None
         self.stderr_path = stderr_path
         self.returncode: int | None = None

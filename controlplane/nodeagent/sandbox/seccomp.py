@@ -11,9 +11,12 @@ kill): a runtime that probes for a feature gets a clean error.
 from __future__ import annotations
 
 import errno
+import json
 import os
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pyseccomp
 
@@ -71,3 +74,55 @@ def write_bpf(directory: Path) -> Path:
     with os.fdopen(fd, "wb") as out:
         build_filter().export_bpf(out)
     return Path(name)
+
+
+# What bubblewrap itself does to build a sandbox, refused above to what runs
+# inside it: new namespaces (clone/unshare with CLONE_NEW*), the sandbox's
+# mounts and its new root. An agent that is not root runs bwrap under its
+# container's seccomp profile, so that profile must allow exactly these.
+BWRAP_NEEDS = ("mount", "umount", "umount2", "pivot_root", "unshare")
+#: The file deploy/ ships: the node agent container's Localhost profile.
+AGENT_PROFILE = "galaxy-nodeagent.json"
+_ARCHES = (
+    "SCMP_ARCH_X86_64",
+    "SCMP_ARCH_X86",
+    "SCMP_ARCH_X32",
+    "SCMP_ARCH_AARCH64",
+    "SCMP_ARCH_ARM",
+)
+
+
+def agent_profile() -> dict[str, Any]:
+    """The seccomp profile of the node agent's container on Kubernetes (the
+    OCI runtime spec's JSON, what a ``Localhost`` profile holds): the
+    instances' filter without what bubblewrap needs to build a sandbox
+    (``BWRAP_NEEDS``, and clone with CLONE_NEWUSER). Each sandbox then loads
+    the full filter for what runs inside it."""
+    denied = [n for n in DENIED if n not in BWRAP_NEEDS]
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": list(_ARCHES),
+        "syscalls": [
+            {"names": denied, "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM},
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+            {
+                "names": ["ioctl"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": errno.EPERM,
+                "args": [
+                    {
+                        "index": 1,
+                        "value": 0xFFFFFFFF,
+                        "valueTwo": _TIOCSTI,
+                        "op": "SCMP_CMP_MASKED_EQ",
+                    }
+                ],
+            },
+        ],
+    }
+
+
+if __name__ == "__main__":
+    # Regenerates the shipped profile: python -m controlplane.nodeagent.sandbox.seccomp
+    json.dump(agent_profile(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
