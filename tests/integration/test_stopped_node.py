@@ -82,9 +82,7 @@ def test_starts_on_a_stopped_agent_are_retried_on_another_node(up) -> None:
             up.stopped.append(int(victim["pid"]))
             # The burst: one cold start per function, about half of them
             # placed on the stopped node (nothing has told anyone yet).
-            return await asyncio.gather(
-                *(c.invoke(n, b"x") for n in names), return_exceptions=True
-            )
+            return await asyncio.gather(*(c.invoke(n, b"x") for n in names), return_exceptions=True)
 
     results = asyncio.run(run())
     failed = [(n, r) for n, r in zip(names, results, strict=True) if isinstance(r, BaseException)]

@@ -1,0 +1,64 @@
+"""A start from a capacity credit whose node is declared dead while its
+create waits goes through Schedule at once (not at the create's deadline):
+counted, the node's credits dropped, the start stopped on the node. A real
+node agent servicer over gRPC (its emulated sandbox takes a minute to start)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import REGISTRY
+
+from controlplane.nodeagent.sandbox import EmulatedBackend
+from controlplane.nodeagent.service import SERVICE_NAME as AGENT_SERVICE
+from controlplane.nodeagent.service import NodeAgentServicer
+from controlplane.runtime import rpc
+from controlplane.runtime.credits import Grant as CreditGrant
+from controlplane.runtime.resources import Res
+from functions.dispatch import peers
+from functions.dispatch.credits import CreditWallet
+from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
+from tests.cluster import eventually
+
+RETRIED = "galaxy_dispatch_start_retried_total"
+
+
+async def test_a_credit_start_on_a_node_declared_dead_goes_to_schedule() -> None:
+    backend = EmulatedBackend()
+    backend.start_delay_s = 60.0  # far past the requests' deadlines
+    agent = NodeAgentServicer([("n0", Res(4000, 4096, 0))], backend)
+    server, port, _ = rpc.create_server(
+        "127.0.0.1:0", [(nodeagent_pb2_grpc.add_NodeAgentServicer_to_server, agent, AGENT_SERVICE)]
+    )
+    await server.start()
+    pool = rpc.ChannelPool()
+    agent.attach(f"127.0.0.1:{port}", pool)
+    wallet = CreditWallet(target=1)
+    req = wallet.begin_sync("s0")
+    wallet.end_sync(req, [CreditGrant("c1", "n0", f"127.0.0.1:{port}", Res(1000, 1024), 60.0)])
+    p = peers.Peers("d0", pool, credits=wallet)
+    p._no_credits.add("s0")  # (no refill exchange: no Schedule here)
+    spec = common_pb2.FunctionSpec(
+        name="f", resources=common_pb2.Resources(cpu_millis=100, memory_mib=64)
+    )
+    s0 = common_pb2.ControlInstance(id="s0", kind=common_pb2.CONTROL_KIND_SCHEDULE)
+    before = REGISTRY.get_sample_value(RETRIED, {"reason": "node_dead"}) or 0.0
+    start = asyncio.ensure_future(p.from_credit(spec, "f-d0-0", [s0]))
+    try:
+        await eventually(
+            lambda: "f-d0-0" in agent.nodes["n0"].instances, what="the create to reach the agent"
+        )
+        p.creates.node_dead("n0")  # ClusterMgr's KIND_NODE_DEAD
+        info = await asyncio.wait_for(start, 10.0)
+        assert info is None  # not created: the start goes through Schedule
+        assert REGISTRY.get_sample_value(RETRIED, {"reason": "node_dead"}) == before + 1
+        assert not [c for c in wallet.credits() if c.node_id == "n0"]  # not used again
+        await eventually(
+            lambda: "f-d0-0" not in agent.nodes["n0"].instances, what="the undo on the node"
+        )
+    finally:
+        start.cancel()
+        await p.close()
+        await agent.close()
+        await pool.close()
+        await server.stop(None)
