@@ -35,9 +35,14 @@ K = TypeVar("K", bound=Hashable)  # a create, as the caller names it
 NODE_DEAD = "node_dead"
 NO_ANSWER = "no_answer"
 #: A create waiting this long with nothing heard from its agent: probe it.
-CHECK_S = 1.0
+CHECK_S = 2.0
 #: The probe's deadline: not answered within it, the agent is not answering.
-PROBE_TIMEOUT_S = 1.5
+#: As long as ClusterMgr's dead-node timeout (3 heartbeats of 1 s): an agent
+#: that busy would be declared dead too. With 1.5 s, on 2 cores at a load
+#: average of 25-30 (2026-11-29, `galaxy chaos --fault schedule --sandbox
+#: process`), live agents starting sandboxes missed it and their starts
+#: were given up and made again elsewhere: more load, not less.
+PROBE_TIMEOUT_S = 3.0
 
 
 @dataclass

@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FUNCTIONS = 8
 #: Each invocation's deadline: far below a stuck create's (the function's
 #: startup timeout + 5 s), above a process sandbox's cold start on a loaded
-#: machine plus the time to give a stopped node up (about 2.5 s).
+#: machine plus the time to give a stopped node up (at most about 5 s: it
+#: is declared dead 3 s after its last heartbeat, or a 3 s probe after 2 s).
 DEADLINE_S = 25.0
 #: Functions started before the fault, spread over both nodes.
 WARM = 4
