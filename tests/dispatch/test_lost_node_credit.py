@@ -13,12 +13,10 @@ from controlplane.nodeagent.sandbox import EmulatedBackend
 from controlplane.nodeagent.service import SERVICE_NAME as AGENT_SERVICE
 from controlplane.nodeagent.service import NodeAgentServicer
 from controlplane.runtime import rpc
-from controlplane.runtime.credits import Grant as CreditGrant
 from controlplane.runtime.resources import Res
-from functions.dispatch import peers
-from functions.dispatch.credits import CreditWallet
 from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
 from tests.cluster import eventually
+from tests.dispatch.test_start_in_doubt import credit_peers
 
 RETRIED = "galaxy_dispatch_start_retried_total"
 
@@ -33,11 +31,7 @@ async def test_a_credit_start_on_a_node_declared_dead_goes_to_schedule() -> None
     await server.start()
     pool = rpc.ChannelPool()
     agent.attach(f"127.0.0.1:{port}", pool)
-    wallet = CreditWallet(target=1)
-    req = wallet.begin_sync("s0")
-    wallet.end_sync(req, [CreditGrant("c1", "n0", f"127.0.0.1:{port}", Res(1000, 1024), 60.0)])
-    p = peers.Peers("d0", pool, credits=wallet)
-    p._no_credits.add("s0")  # (no refill exchange: no Schedule here)
+    p, wallet = credit_peers(pool, f"127.0.0.1:{port}")
     spec = common_pb2.FunctionSpec(
         name="f", resources=common_pb2.Resources(cpu_millis=100, memory_mib=64)
     )
