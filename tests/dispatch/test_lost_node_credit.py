@@ -14,9 +14,10 @@ from controlplane.nodeagent.service import SERVICE_NAME as AGENT_SERVICE
 from controlplane.nodeagent.service import NodeAgentServicer
 from controlplane.runtime import rpc
 from controlplane.runtime.resources import Res
+from functions.dispatch.service import DispatchServicer
 from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
 from tests.cluster import eventually
-from tests.dispatch.test_start_in_doubt import credit_peers
+from tests.dispatch.test_start_in_doubt import hold_one_credit
 
 RETRIED = "galaxy_dispatch_start_retried_total"
 
@@ -31,7 +32,9 @@ async def test_a_credit_start_on_a_node_declared_dead_goes_to_schedule() -> None
     await server.start()
     pool = rpc.ChannelPool()
     agent.attach(f"127.0.0.1:{port}", pool)
-    p, wallet = credit_peers(pool, f"127.0.0.1:{port}")
+    svc = DispatchServicer(instance_id="d0", pool=pool, controller="")
+    p = svc.dispatcher.peers
+    wallet = hold_one_credit(p, f"127.0.0.1:{port}")
     spec = common_pb2.FunctionSpec(
         name="f", resources=common_pb2.Resources(cpu_millis=100, memory_mib=64)
     )
@@ -42,7 +45,10 @@ async def test_a_credit_start_on_a_node_declared_dead_goes_to_schedule() -> None
         await eventually(
             lambda: "f-d0-0" in agent.nodes["n0"].instances, what="the create to reach the agent"
         )
-        p.creates.node_dead("n0")  # ClusterMgr's KIND_NODE_DEAD
+        dead = common_pb2.CoordinateAction(
+            kind=common_pb2.CoordinateAction.KIND_NODE_DEAD, node_id="n0"
+        )  # what ClusterMgr sends every Dispatch instance
+        await svc.Coordinate(common_pb2.CoordinateRequest(actions=[dead]), None)  # type: ignore[arg-type]
         info = await asyncio.wait_for(start, 10.0)
         assert info is None  # not created: the start goes through Schedule
         assert REGISTRY.get_sample_value(RETRIED, {"reason": "node_dead"}) == before + 1
@@ -52,6 +58,7 @@ async def test_a_credit_start_on_a_node_declared_dead_goes_to_schedule() -> None
         )
     finally:
         start.cancel()
+        await svc.dispatcher.close()
         await p.close()
         await agent.close()
         await pool.close()
