@@ -79,7 +79,7 @@ DELETES_FAILED = Counter(
     ["code"],
 )
 STARTS_RETRIED = Counter(
-    "galaxy_dispatch_start_retried_total",
+    "galaxy_dispatch_starts_retried_total",
     "Starts from a capacity credit placed through Schedule instead because the "
     "credit's node was declared dead (node_dead) or its agent did not answer a "
     "probe (no_answer) while the create waited",

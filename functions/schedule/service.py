@@ -63,8 +63,8 @@ _CREATE_MARGIN_S = 5.0
 _DEFAULT_CREATE_TIMEOUT_S = 60.0
 # Agent answers that mean "not created here, try another node".
 _RETRY_ELSEWHERE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
-CREATES_RETRIED = Counter(
-    "galaxy_schedule_creates_retried_total",
+STARTS_RETRIED = Counter(
+    "galaxy_schedule_starts_retried_total",
     "Starts placed on another node because their node was declared dead "
     "(node_dead) or its agent did not answer a probe (no_answer) while the "
     "create waited",
@@ -443,7 +443,7 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
         and stopped there in the background (a stopped agent would hold the
         placement until the delete's deadline; its orphan check is the
         backstop), while the placement goes on elsewhere."""
-        CREATES_RETRIED.labels(lost.reason).inc()
+        STARTS_RETRIED.labels(lost.reason).inc()
         log.warning(
             "start of %s on node %s given up (%s): placing it on another node",
             instance_id, node_id, lost.reason,

@@ -19,7 +19,7 @@ from galaxy.v1 import common_pb2, nodeagent_pb2_grpc
 from tests.cluster import eventually
 from tests.dispatch.test_start_in_doubt import hold_one_credit
 
-RETRIED = "galaxy_dispatch_start_retried_total"
+RETRIED = "galaxy_dispatch_starts_retried_total"
 
 
 async def test_a_credit_start_on_a_node_declared_dead_goes_to_schedule() -> None:

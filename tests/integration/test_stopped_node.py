@@ -30,7 +30,7 @@ FUNCTIONS = 8
 DEADLINE_S = 25.0
 #: Functions started before the fault, spread over both nodes.
 WARM = 4
-RETRIED = ("galaxy_schedule_creates_retried", "galaxy_dispatch_start_retried")
+RETRIED = ("galaxy_schedule_starts_retried", "galaxy_dispatch_starts_retried")
 
 
 @pytest.fixture

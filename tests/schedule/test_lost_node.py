@@ -15,7 +15,7 @@ from tests.schedule.test_service import make_stack, req, spec
 
 __all__ = ["make_stack"]  # the fixture, shared with test_service
 
-RETRIED = "galaxy_schedule_creates_retried_total"
+RETRIED = "galaxy_schedule_starts_retried_total"
 
 
 async def test_a_start_on_a_node_declared_dead_is_placed_on_another(make_stack) -> None:
