@@ -1,7 +1,7 @@
 """`galaxy chaos`: one fault under load, and what it cost.
 
 Starts its own control plane (two instances of each control function,
-emulated or process nodes, mutual TLS, supervised as `galaxy up` does; its
+emulated, process or bwrap nodes, mutual TLS, supervised as `galaxy up` does; its
 own etcd when the fault needs one, and two leader-elected controllers with
 ``--ha``), deploys a few functions, sends requests through the SDK at a
 fixed rate, and at ``--at`` seconds injects the fault (chaos_faults.py: kill
@@ -96,7 +96,12 @@ def add_subparser(sub: Any) -> None:
         "is 3 of them",
     )
     p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--sandbox", choices=["emulated", "process"], default="emulated")
+    p.add_argument(
+        "--sandbox",
+        choices=["emulated", "process", "bwrap"],
+        default="emulated",
+        help="the node agents' sandbox (bwrap: `galaxy up`'s default, each instance in its own)",
+    )
     p.add_argument("--functions", type=int, default=4)
     p.add_argument("--out", default=None, help="also write the report (JSON) here")
     p.set_defaults(func=cmd_chaos)

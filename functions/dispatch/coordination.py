@@ -130,7 +130,9 @@ async def held(d: Dispatcher, function: str) -> common_pb2.ControlInstance:
 
 
 def node_dead(d: Dispatcher, node_id: str) -> None:
-    """Stop routing to instances on a dead node; replace them for waiters."""
+    """Stop routing to instances on a dead node; replace them for waiters
+    (and starts from credits still waiting on it go through Schedule)."""
+    d.peers.creates.node_dead(node_id)  # ``Peers.from_credit`` then returns None
     actions = d.ownership.node_dead(d.routers, node_id)
     for a in actions:
         if isinstance(a, own.ScaleUp):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import grpc
 from prometheus_client import Counter
@@ -24,6 +25,7 @@ from controlplane.runtime.errors import (
 )
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.resources import Res
+from controlplane.runtime.watched_creates import NodeLost, WatchedCreates
 from functions.dispatch.config import DEFAULTS
 from functions.dispatch.credits import Credit, CreditWallet, SyncRequest
 from galaxy.v1 import (
@@ -76,6 +78,13 @@ DELETES_FAILED = Counter(
     "orphan checks stop them later), by the last error",
     ["code"],
 )
+STARTS_RETRIED = Counter(
+    "galaxy_dispatch_starts_retried_total",
+    "Starts from a capacity credit placed through Schedule instead because the "
+    "credit's node was declared dead (node_dead) or its agent did not answer a "
+    "probe (no_answer) while the create waited",
+    ["reason"],
+)
 
 
 class Peers:
@@ -108,7 +117,7 @@ class Peers:
         self.address = ""
         # Unreachable reports in flight, by instance id (one at a time each).
         self._reporting: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         # The wallet's counters at the last metrics update.
         self._credit_stats: dict[str, int] = {}
         # Credit exchanges in flight.
@@ -118,6 +127,8 @@ class Peers:
         self.deletes_failed = 0
         #: CreateInstance/DeleteInstance, on a stream per node agent
         self.agents = AgentCalls(lambda: self.pool)
+        #: the creates from credits in flight, given up when their node is lost
+        self.creates = WatchedCreates(self.agents, lambda: self.pool)
         # The newest node agent address seen for each node (an instance
         # just started there, a credit just granted on it): a restarted
         # agent may listen at another address than the one recorded with
@@ -211,7 +222,13 @@ class Peers:
             notify_address=self.address,
         )  # fmt: skip
         try:
-            reply = await self.agents.create(use.address, req, startup + SCHEDULE_SLACK_S)
+            reply = await self.creates.create(
+                use.node_id, use.address, req, startup + SCHEDULE_SLACK_S
+            )
+        except NodeLost as lost:
+            wallet.settled(use, None)
+            self._node_lost(use.node_id, use.address, spec.name, instance_id, lost)
+            return None  # Schedule places it, on another node
         except grpc.aio.AioRpcError as e:
             refused = e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
             wallet.settled(use, None, refused=refused)
@@ -243,6 +260,27 @@ class Peers:
         info.node_id = info.node_id or use.node_id
         info.node_address = info.node_address or use.address
         return info
+
+    def _node_lost(
+        self, node_id: str, address: str, function: str, instance_id: str, lost: NodeLost
+    ) -> None:
+        """A create from a credit given up (its node declared dead or not
+        answering): counted; the node's other credits are dropped (not used
+        for this start or the next), and the start is stopped there in the
+        background while Schedule places it elsewhere."""
+        STARTS_RETRIED.labels(lost.reason).inc()
+        log.warning(
+            "start of %s on node %s given up (%s): placing it through Schedule",
+            instance_id, node_id, lost.reason,
+        )  # fmt: skip
+        if self.credits is not None:
+            self.credits.drop(lambda c: c.node_id != node_id)
+        info = common_pb2.InstanceInfo(
+            instance_id=instance_id, function=function, node_id=node_id, node_address=address
+        )
+        task = asyncio.create_task(self.delete_on_node(info))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def credit_upkeep(self) -> None:
         """Periodic: give back credits near expiry or of an idle instance
@@ -353,6 +391,7 @@ class Peers:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.creates.close()
         await self.agents.close()
 
     async def delete_on_node(self, info: common_pb2.InstanceInfo) -> bool:

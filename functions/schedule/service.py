@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 import grpc
+from prometheus_client import Counter
 
 from controlplane.runtime import models, rpc
 from controlplane.runtime.agent_streams import AgentCalls
@@ -35,6 +36,7 @@ from controlplane.runtime.metrics import (
 )
 from controlplane.runtime.resources import Res
 from controlplane.runtime.scoring import MODELS_PER_NODE, Placing
+from controlplane.runtime.watched_creates import NodeLost, WatchedCreates
 from functions.schedule.credits import CreditLedger, Use
 from functions.schedule.model import ZERO, NodeInfo, NoFit, Placement, ProbeNodes, Target
 from functions.schedule.policy import PlacementPolicy
@@ -61,6 +63,13 @@ _CREATE_MARGIN_S = 5.0
 _DEFAULT_CREATE_TIMEOUT_S = 60.0
 # Agent answers that mean "not created here, try another node".
 _RETRY_ELSEWHERE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
+STARTS_RETRIED = Counter(
+    "galaxy_schedule_starts_retried_total",
+    "Starts placed on another node because their node was declared dead "
+    "(node_dead) or its agent did not answer a probe (no_answer) while the "
+    "create waited",
+    ["reason"],
+)
 
 
 def node_info(s: common_pb2.NodeStatus) -> NodeInfo:
@@ -152,10 +161,14 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
         self._recent: OrderedDict[str, schedule_pb2.ScheduleReply] = OrderedDict()
         self._recent_max = recent_results
         self._running: dict[str, asyncio.Task[schedule_pb2.ScheduleReply]] = {}
+        # Deletes of starts given up on a lost node, in flight.
+        self._undos: set[asyncio.Task[None]] = set()
         #: Schedule requests received (the SRPS the load reporter sends).
         self.arrivals = 0
         #: CreateInstance/DeleteInstance, on a stream per node agent
         self.agents = AgentCalls(lambda: self.pool)
+        #: the creates in flight, given up when their node is lost
+        self.creates = WatchedCreates(self.agents, lambda: self.pool)
         self.bind(schedule_id or policy.schedule_id, self.pool)
 
     def bind(self, schedule_id: str, pool: rpc.ChannelPool) -> None:
@@ -166,10 +179,11 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
 
     async def close(self) -> None:
         """Cancel placements still running (shutdown); their holds are released."""
-        tasks = list(self._running.values())
+        tasks = [*self._running.values(), *self._undos]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.creates.close()
         await self.agents.close()
 
     # ----- API ---------------------------------------------------------------
@@ -243,6 +257,9 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
     def _apply_mod(self, request: schedule_pb2.ModNodeRequest) -> bool:
         node = request.node
         if request.op == REMOVE:
+            # Declared dead (or a new incarnation replaces it): starts
+            # waiting on it go to other nodes now, not at their deadline.
+            self.creates.node_dead(node.node_id)
             gone = self.policy.remove(node.node_id)
             if gone and self.credits is not None:
                 self.credits.retain()  # a dead node's credits die with it
@@ -362,6 +379,10 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
                 decided = self.clock.now() - t0
                 try:
                     reply = await self._create(step.node_id, step.address, request)
+                except NodeLost as lost:
+                    self._node_lost(step.node_id, step.address, request.instance_id, lost)
+                    self.policy.reject(step)  # another node, the lost one excluded
+                    continue
                 except grpc.aio.AioRpcError as e:
                     if e.code() in _RETRY_ELSEWHERE:
                         log.info("node %s refused %s: %s", step.node_id, request.instance_id, e)
@@ -417,6 +438,20 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
             return None
         return node_info(reply.status)
 
+    def _node_lost(self, node_id: str, address: str, instance_id: str, lost: NodeLost) -> None:
+        """A create given up (its node declared dead or not answering): counted,
+        and stopped there in the background (a stopped agent would hold the
+        placement until the delete's deadline; its orphan check is the
+        backstop), while the placement goes on elsewhere."""
+        STARTS_RETRIED.labels(lost.reason).inc()
+        log.warning(
+            "start of %s on node %s given up (%s): placing it on another node",
+            instance_id, node_id, lost.reason,
+        )  # fmt: skip
+        task = asyncio.create_task(self._undo_create(node_id, address, instance_id))
+        self._undos.add(task)
+        task.add_done_callback(self._undos.discard)
+
     async def _undo_create(self, node_id: str, address: str, instance_id: str) -> None:
         """Stop a start that may be under way on a node (best effort, logged)."""
         try:
@@ -438,4 +473,4 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
             function=request.function,
             notify_address=request.notify_address,
         )
-        return await self.agents.create(address, req, timeout)
+        return await self.creates.create(node_id, address, req, timeout)

@@ -119,6 +119,17 @@ class HangingAgent(nodeagent_pb2_grpc.NodeAgentServicer):
         return nodeagent_pb2.DeleteInstanceReply(deleted=True)
 
 
+def hold_one_credit(p: peers.Peers, agent: str) -> CreditWallet:
+    """Give ``p`` one credit from Schedule "s0" on node "n0" of the agent at
+    ``agent`` (and have it ask for no more); returns its wallet."""
+    wallet = CreditWallet(target=1)
+    req = wallet.begin_sync("s0")
+    wallet.end_sync(req, [CreditGrant("c1", "n0", agent, Res(1000, 1024), 60.0)])
+    p.credits = wallet
+    p._no_credits.add("s0")  # (no refill exchange: no Schedule here)
+    return wallet
+
+
 @pytest.mark.slow
 async def test_a_credit_start_past_its_deadline_is_stopped_on_its_node(
     monkeypatch: pytest.MonkeyPatch,
@@ -132,11 +143,8 @@ async def test_a_credit_start_past_its_deadline_is_stopped_on_its_node(
     )
     await server.start()
     pool = rpc.ChannelPool()
-    wallet = CreditWallet(target=1)
-    req = wallet.begin_sync("s0")
-    wallet.end_sync(req, [CreditGrant("c1", "n0", f"127.0.0.1:{port}", Res(1000, 1024), 60.0)])
-    p = peers.Peers("d0", pool, credits=wallet)
-    p._no_credits.add("s0")  # (no refill exchange: no Schedule here)
+    p = peers.Peers("d0", pool)
+    hold_one_credit(p, f"127.0.0.1:{port}")
     spec = common_pb2.FunctionSpec(
         name="f",
         startup_timeout_ms=1,
