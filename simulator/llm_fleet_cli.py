@@ -7,6 +7,7 @@ python -m simulator.llm_fleet_cli --quick
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from simulator.llm_fleet import FleetSim, Outcome, policies
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=1000.0)
     ap.add_argument("--tpot-ms", type=float, default=100.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--ablate",
+        action="store_true",
+        help="also galaxy with least_loaded placement (what model locality adds)",
+    )
     a = ap.parse_args(argv)
     if a.quick:
         a.nodes, a.minutes, a.functions, a.speed = 24, 2.0, 12, 6.0
@@ -57,9 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     shape = FleetShape(nodes=a.nodes)
     jobs = workload(a.minutes, a.functions, a.speed, a.zipf, a.seed)
     slo = (a.ttft_ms / 1000, a.tpot_ms / 1000)
+    stacks = policies(*slo, a.target)
+    if a.ablate:
+        blind = dataclasses.replace(stacks[0], name="galaxy, least_loaded placement")
+        stacks.append(dataclasses.replace(blind, placement="least_loaded"))
     outs = [
         FleetSim(p, a.functions, LARGE, shape, slo, a.decision_ms / 1000, seed=a.seed).run(jobs)
-        for p in policies(*slo, a.target)
+        for p in stacks
     ]
     print(
         f"azure llm 2023 code+conv: {len(jobs)} requests, {a.minutes:g} min at {a.speed:g}x, "
