@@ -31,7 +31,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import cast
 
-from controlplane.llm.engine import Engine, Profile, QueueFull, Request, Step
+from controlplane.llm.engine import Engine, Profile, QueueFull, Request
 from controlplane.llm.picker import Ask, Candidate, ScoredPicker
 from controlplane.llm.signals import Load, LoadBook, Sample
 from controlplane.runtime.resources import Res
@@ -41,6 +41,8 @@ from functions.dispatch.autoscaling.llmsignal import ScalingSignal, fleet_value,
 from functions.dispatch.autoscaling.llmsignal import observed as pressured
 from functions.dispatch.autoscaling.removal import InstanceView, idle_instances_to_remove
 from simulator.llm_fleet_workload import LARGE, FleetShape, Job
+from simulator.llm_scaling import Inst as ScaledInst
+from simulator.llm_scaling import p90
 
 #: requests a function's router holds while none of its instances is ready
 BACKLOG_BOUND = 5000
@@ -74,18 +76,11 @@ def policies(ttft_s: float, tpot_s: float, target: float) -> list[Policy]:
 
 
 @dataclass
-class Inst:
+class Inst(ScaledInst):
     """One instance of one function on one node."""
 
-    name: str
-    function: int
-    node: int
-    engine: Engine
-    added: float
-    ready_at: float
-    inflight: int = 0
-    step: Step | None = None
-    removed: float | None = None
+    function: int = 0
+    node: int = 0
 
 
 @dataclass
@@ -322,7 +317,7 @@ class FleetSim:
         value = fleet_value(sig, loads, conc, fn.arrivals / self.tick_s)
         value += held if sig.metric == "queue" else 0
         fn.arrivals = 0
-        ttft_p, tpot_p = _p90(fn.recent_ttft), _p90(fn.recent_tpot)
+        ttft_p, tpot_p = p90(fn.recent_ttft), p90(fn.recent_tpot)
         fn.recent_ttft.clear()
         fn.recent_tpot.clear()
         ready = sum(1 for i in fn.insts if i.ready_at <= now)
@@ -361,7 +356,14 @@ class FleetSim:
             self.cold += 1
         self._cache(best, what.model)
         node.allocated = node.allocated + need
-        i = Inst(f"f{f}.i{len(self.all)}", f, best, Engine(self.prof), self.now, self.now + load_s)
+        i = Inst(
+            f"f{f}.i{len(self.all)}",
+            Engine(self.prof),
+            self.now,
+            self.now + load_s,
+            function=f,
+            node=best,
+        )
         self.all.append(i)
         fn.insts.append(i)
         self.push(i.ready_at, "ready", i)
@@ -384,10 +386,3 @@ class FleetSim:
         fn.book.forget(i.name)
         if fn.picker is not None:
             fn.picker.forget(i.name)
-
-
-def _p90(xs: list[float]) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[int(0.9 * (len(s) - 1))]

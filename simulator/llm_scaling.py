@@ -177,8 +177,8 @@ def run(
                 loads.append(Load(i.name, now, s, rate))
             conc = float(sum(i.inflight for i in live) + len(backlog))
             value = fleet_value(signal, loads, conc, arrivals / tick_s)
-            ttft_p = _p90(recent_ttft)
-            tpot_p = _p90(recent_tpot)
+            ttft_p = p90(recent_ttft)
+            tpot_p = p90(recent_tpot)
             arrivals = 0
             recent_ttft.clear()
             recent_tpot.clear()
@@ -273,7 +273,8 @@ def fit(
     return best
 
 
-def _p90(xs: list[float]) -> float | None:
+def p90(xs: list[float]) -> float | None:
+    """The 90th percentile of xs (None when empty): what the SLO pressure reads."""
     if not xs:
         return None
     s = sorted(xs)
