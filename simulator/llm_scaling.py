@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import heapq
 import sys
 from dataclasses import dataclass, field
@@ -28,9 +29,15 @@ from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
 from functions.dispatch.autoscaling.llmsignal import ScalingSignal, fleet_value, kpa_config
 from functions.dispatch.autoscaling.llmsignal import observed as pressured
 from functions.dispatch.autoscaling.removal import InstanceView, idle_instances_to_remove
+from simulator.llm_fleet_workload import LARGE, LARGE_WEIGHTS_BYTES, FleetShape
 from simulator.traces import LLM_2023
 
 CONV = LLM_2023 / "AzureLLMInferenceTrace_conv.csv"
+CODE = LLM_2023 / "AzureLLMInferenceTrace_code.csv"
+#: the fleet simulation's large-model profile, by the name --profile takes
+LARGE_NAME = "llama2-70b-4xa100"
+#: candidate per-instance concurrencies ``fit`` tries, smallest first
+FIT_LEVELS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
 @dataclass
@@ -170,8 +177,8 @@ def run(
                 loads.append(Load(i.name, now, s, rate))
             conc = float(sum(i.inflight for i in live) + len(backlog))
             value = fleet_value(signal, loads, conc, arrivals / tick_s)
-            ttft_p = _p90(recent_ttft)
-            tpot_p = _p90(recent_tpot)
+            ttft_p = p90(recent_ttft)
+            tpot_p = p90(recent_tpot)
             arrivals = 0
             recent_ttft.clear()
             recent_tpot.clear()
@@ -191,7 +198,83 @@ def run(
     return Outcome(label, len(jobs), good, max(end_t, 1e-9), inst_s, started, ttfts)
 
 
-def _p90(xs: list[float]) -> float | None:
+@dataclass(frozen=True)
+class Fit:
+    """One engine's capacity on a request mix at the SLO, and what each
+    metric reads there: the per-instance targets ``fit`` derives."""
+
+    concurrency: int
+    queue: float
+    kv: float
+    tokens_per_s: float
+
+
+def _closed_loop(
+    mix: list[tuple[float, int, int]],
+    prof: Profile,
+    level: int,
+    slo: tuple[float, float],
+    finishes: int,
+) -> tuple[float, float, float, float]:
+    """One engine kept at ``level`` requests in flight (drawn from ``mix`` in
+    turn) until ``finishes`` finish: the fraction within both SLOs, and the
+    mean queue, KV use and generated tokens/s over time."""
+    e = Engine(prof)
+    now, k, good, done = 0.0, 0, 0, 0
+    area_q = area_kv = 0.0
+
+    def submit() -> None:
+        nonlocal k
+        _, ctx, gen = mix[k % len(mix)]
+        k += 1
+        e.submit(Request(str(k), min(ctx, prof.kv_capacity_tokens // 2), gen, arrived=now))
+
+    for _ in range(level):
+        submit()
+    while done < finishes:
+        step = e.plan(now)
+        assert step is not None  # never idle: a finish is replaced at once
+        area_q += (len(e.waiting) + len(e.running)) * step.duration
+        area_kv += e.kv_usage * step.duration
+        now = step.ends
+        for r in e.complete(step):
+            if r.finished_at is not None and r.first_token_at is not None:
+                ttft = r.first_token_at - r.arrived
+                tpot = (r.finished_at - r.first_token_at) / max(1, r.generated - 1)
+                good += int(ttft <= slo[0] and tpot <= slo[1])
+                done += 1
+                submit()
+    return good / done, area_q / now, area_kv / now, e.counters.generation_tokens / now
+
+
+def fit(
+    mix: list[tuple[float, int, int]],
+    prof: Profile,
+    slo: tuple[float, float],
+    finishes: int = 400,
+    keep: float = 0.9,
+) -> Fit:
+    """Per-instance targets fitted to the emulated engine: the largest
+    concurrency (of ``FIT_LEVELS``) at which one engine, kept that busy with
+    this mix, still serves at least ``keep`` of the share within both SLOs
+    it serves alone (some prompts miss the TTFT target even alone), and the
+    queue, KV use and tokens/s it shows there. Every metric, concurrency
+    included, is then aimed at the same operating point, so none is
+    favoured by a default that suits another profile."""
+    alone, q, kv, rate = _closed_loop(mix, prof, 1, slo, finishes)
+    best = Fit(1, q, kv, rate)
+    for level in FIT_LEVELS[1:]:
+        if level > prof.max_running:
+            break
+        share, q, kv, rate = _closed_loop(mix, prof, level, slo, finishes)
+        if share < keep * alone:
+            break
+        best = Fit(level, q, kv, rate)
+    return best
+
+
+def p90(xs: list[float]) -> float | None:
+    """The 90th percentile of xs (None when empty): what the SLO pressure reads."""
     if not xs:
         return None
     s = sorted(xs)
@@ -203,7 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m simulator.llm_scaling", description=__doc__)
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--profile", default="llama2-13b-a100")
+    ap.add_argument("--trace", choices=("conv", "code"), default="conv")
     ap.add_argument("--concurrency", type=int, default=8, help="the function's concurrency")
+    ap.add_argument(
+        "--fit",
+        action="store_true",
+        help="targets of every metric (concurrency included) fitted to the profile's capacity",
+    )
     ap.add_argument("--speed", type=float, default=1.0, help="time compression of the trace")
     ap.add_argument("--ttft-ms", type=float, default=1000.0)
     ap.add_argument("--tpot-ms", type=float, default=100.0)
@@ -211,22 +300,41 @@ def main(argv: list[str] | None = None) -> int:
     if a.minutes <= 0 or a.speed <= 0 or a.concurrency < 1 or a.ttft_ms <= 0 or a.tpot_ms <= 0:
         ap.error("--minutes, --speed, --concurrency, --ttft-ms and --tpot-ms must be > 0")
     try:
-        prof = profile(a.profile)
+        # The large profile's load_s is its engine start only (the fleet
+        # simulation adds the weights' load by node): here every start
+        # reads the weights from the model store.
+        cold = LARGE.load_s + LARGE_WEIGHTS_BYTES / FleetShape().store_bps
+        prof = (
+            dataclasses.replace(LARGE, load_s=cold)
+            if a.profile == LARGE_NAME
+            else profile(a.profile)
+        )
     except ValueError as e:
-        ap.error(str(e))
-    jobs = azure_conv(CONV, a.minutes, a.speed)
+        ap.error(f"{e} (or {LARGE_NAME})")
+    jobs = azure_conv(CODE if a.trace == "code" else CONV, a.minutes, a.speed)
     slo = (a.ttft_ms / 1000, a.tpot_ms / 1000)
     slo_doc = {"ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms}
-    policies = [
-        ("concurrency", ScalingSignal("concurrency")),
-        ("queue + SLO", ScalingSignal.from_spec({"metric": "queue", **slo_doc})),
-        ("kv + SLO", ScalingSignal.from_spec({"metric": "kv", **slo_doc})),
-        ("tokens_per_s + SLO", ScalingSignal.from_spec({"metric": "tokens_per_s", **slo_doc})),
+    targets = {"queue": 0.0, "kv": 0.0, "tokens_per_s": 0.0}
+    conc = a.concurrency
+    if a.fit:
+        f = fit(jobs, prof, slo)
+        conc = f.concurrency
+        targets = {"queue": f.queue, "kv": min(1.0, f.kv), "tokens_per_s": f.tokens_per_s}
+        print(
+            f"fitted per instance: concurrency {f.concurrency}, queue {f.queue:.1f}, "
+            f"kv {f.kv:.2f}, tokens/s {f.tokens_per_s:.0f}"
+        )
+    policies = [("concurrency", ScalingSignal("concurrency"))] + [
+        (
+            f"{m} + SLO",
+            ScalingSignal.from_spec({"metric": m, "target": targets[m], **slo_doc}),
+        )
+        for m in ("queue", "kv", "tokens_per_s")
     ]
-    outs = [run(jobs, lab, sig, prof, a.concurrency, slo) for lab, sig in policies]
+    outs = [run(jobs, lab, sig, prof, conc, slo) for lab, sig in policies]
     ref = outs[0]
     print(
-        f"azure conv 2023: {len(jobs)} requests, {a.minutes:g} min at {a.speed:g}x, "
+        f"azure {a.trace} 2023: {len(jobs)} requests, {a.minutes:g} min at {a.speed:g}x, "
         f"profile {a.profile}"
     )
     print(
