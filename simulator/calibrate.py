@@ -135,6 +135,11 @@ def derive(
         # rest is the scale-up's. Before commit 7c34ab7 one RPC (d_only) was
         # subtracted, which charged each simulated start one RPC twice.
         "dispatch.scale_up": max(1e-6, per("cold", "dispatch") - 2 * d_only),
+        # A credit start's CreateInstance travels as a message on a batched
+        # stream (simulator.galaxy.streams): the writes and reads are charged
+        # per batch, so the per-message work is the unary call's less its
+        # write and read (a unary client call: one write, one read).
+        **stream_costs(per("cold", "dispatch") - 2 * d_only, max(1e-6, agent_cold), echo),
         "schedule.probe": client,
         "schedule.create": client,
         "schedule.schedule": max(
@@ -155,6 +160,20 @@ def derive(
         "agent.heartbeat": bg["agent"] / beats,
         "clustermgr.update": bg["clustermgr"] / beats,
         "client.rpc": _cpu(warm, "load_generator") / max(1.0, rpcs),
+    }
+
+
+def stream_costs(scale_up: float, agent_create: float, echo: dict[str, float]) -> dict[str, float]:
+    """The stream charges of a credit start, from unary figures: a write or
+    read is half the echo's client CPU per call (a call is a write and a
+    read); a message's own work is the unary call's CPU less the call's
+    write and read (the client's for Dispatch, the server's for an agent)."""
+    client, server = echo["client_s"], echo["server_s"]
+    return {
+        "dispatch.stream_write": client / 2,
+        "agent.stream_write": client / 2,
+        "dispatch.credit_create": max(1e-6, scale_up - client),
+        "agent.stream_create": max(1e-6, agent_create - server),
     }
 
 
@@ -393,6 +412,13 @@ def build(
         "agent.heartbeat": "warm: node agents' background CPU / heartbeats",
         "clustermgr.update": "warm: ClusterMgr CPU / heartbeats",
         "client.rpc": "warm: load generator CPU / RPC",
+        "dispatch.stream_write": "echo: client CPU per unary call / 2 (a call is a write"
+        " and a read)",
+        "agent.stream_write": "echo: client CPU per unary call / 2 (a call is a write and a read)",
+        "dispatch.credit_create": "dispatch.scale_up - echo client CPU per call (the"
+        " unary call's write and read, charged per batch on the stream)",
+        "agent.stream_create": "agent.create - echo server CPU per call (the unary"
+        " call's read and write, charged per batch on the stream)",
     }
     ops = {k: OpCost(v, DEFAULT_CV, f"{how}; {src[k]}") for k, v in means.items()}
     params = {

@@ -43,6 +43,12 @@ OPS: dict[str, str] = {
     "agent.heartbeat": "a heartbeat sent by a node agent",
     "clustermgr.update": "heartbeat (or RegisterNode) handled by ClusterMgr",
     "clustermgr.modnodes": "one ModNodes RPC made by ClusterMgr's outbox (client side)",
+    "dispatch.credit_create": "Dispatch's own work for a credit start's CreateInstance "
+    "message and its answer (stream writes and reads excepted)",
+    "dispatch.stream_write": "one write, or read, of a batch on a stream by Dispatch",
+    "agent.stream_create": "a CreateInstance message handled by a node agent on its "
+    "InstanceStream (stream writes and reads and the sandbox start excepted)",
+    "agent.stream_write": "one write, or read, of a batch on a stream by a node agent",
     "client.rpc": "one unary RPC made by a Python gRPC client (the load generator)",
 }
 

@@ -279,7 +279,14 @@ def sim_phase(
         if env.host is not None and env.sim.now > 0
         else {},
         "events": env.sim.events,
+        "counts": {k: env.rec.counts[k] for k in _COUNTS},
     }
+
+
+#: Event counts of a simulated phase kept in its result (which path the
+#: starts took: credits or Schedule).
+_COUNTS = ("placements", "credit_hits", "credit_misses", "credit_refused", "credit_syncs",
+           "probes", "instances_started")  # fmt: skip
 
 
 def _read_real(path: Path) -> list[dict[str, Any]]:
