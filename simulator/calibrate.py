@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.calibration import OPS, Calibration, OpCost
+from simulator.galaxy.streams import stream_costs
 
 #: The cv given to every measured op: CPU accounting gives means only.
 DEFAULT_CV = 0.5
@@ -165,20 +166,6 @@ def derive(
         "agent.heartbeat": bg["agent"] / beats,
         "clustermgr.update": bg["clustermgr"] / beats,
         "client.rpc": _cpu(warm, "load_generator") / max(1.0, rpcs),
-    }
-
-
-def stream_costs(scale_up: float, agent_create: float, echo: dict[str, float]) -> dict[str, float]:
-    """The stream charges of a credit start, from unary figures: a write or
-    read is half the echo's client CPU per call (a call is a write and a
-    read); a message's own work is the unary call's CPU less the call's
-    write and read (the client's for Dispatch, the server's for an agent)."""
-    client, server = echo["client_s"], echo["server_s"]
-    return {
-        "dispatch.stream_write": client / 2,
-        "agent.stream_write": client / 2,
-        "dispatch.credit_create": max(1e-6, scale_up - client),
-        "agent.stream_create": max(1e-6, agent_create - server),
     }
 
 

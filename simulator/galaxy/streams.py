@@ -103,3 +103,17 @@ class Stream:
     def _handled(batch: list[Message]) -> None:
         for _, _, then, arg in batch:
             then(arg)
+
+
+def stream_costs(scale_up: float, agent_create: float, echo: dict[str, float]) -> dict[str, float]:
+    """The stream charges of a credit start, from unary figures: a write or
+    read is half the echo's client CPU per call (a call is a write and a
+    read); a message's own work is the unary call's CPU less the call's
+    write and read (the client's for Dispatch, the server's for an agent)."""
+    client, server = echo["client_s"], echo["server_s"]
+    return {
+        "dispatch.stream_write": client / 2,
+        "agent.stream_write": client / 2,
+        "dispatch.credit_create": max(1e-6, scale_up - client),
+        "agent.stream_create": max(1e-6, agent_create - server),
+    }
