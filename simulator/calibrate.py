@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.calibration import OPS, Calibration, OpCost
+from simulator.galaxy.streams import stream_costs
 
 #: The cv given to every measured op: CPU accounting gives means only.
 DEFAULT_CV = 0.5
@@ -127,14 +128,24 @@ def derive(
     agent_cold = per("cold", "agent", bg["agent"]) - probes * server
     rpcs = warm["throughput"]["rpcs_per_s"] * dw
     return {
-        "dispatch.dispatch": d_only,
-        "dispatch.release": d_only,
+        # Measured at the warm run's maximum rate, where the DispatchStream
+        # batches deeply: a message's own work. A request that has its
+        # stream to itself (a modest rate: galaxy simulate's independent
+        # clients) also pays a read and a write (simulator.galaxy.streams).
+        "dispatch.message": d_only,
+        "dispatch.dispatch": d_only + client,
+        "dispatch.release": d_only + client,
         # A cold request's Dispatch CPU covers its Dispatch and Release RPCs
         # (what a warm request costs, charged by the model to every request
         # as dispatch.dispatch + dispatch.release) and the scale-up: only the
         # rest is the scale-up's. Before commit 7c34ab7 one RPC (d_only) was
         # subtracted, which charged each simulated start one RPC twice.
         "dispatch.scale_up": max(1e-6, per("cold", "dispatch") - 2 * d_only),
+        # A credit start's CreateInstance travels as a message on a batched
+        # stream (simulator.galaxy.streams): the writes and reads are charged
+        # per batch, so the per-message work is the unary call's less its
+        # write and read (a unary client call: one write, one read).
+        **stream_costs(per("cold", "dispatch") - 2 * d_only, max(1e-6, agent_cold), echo),
         "schedule.probe": client,
         "schedule.create": client,
         "schedule.schedule": max(
@@ -369,8 +380,12 @@ def build(
     """A Calibration from the measured figures."""
     how = "galaxy simulate-calibrate (CPU seconds of the real processes)"
     src = {
-        "dispatch.dispatch": "warm: Dispatch CPU / request / 2 (request + release)",
-        "dispatch.release": "warm: Dispatch CPU / request / 2 (request + release)",
+        "dispatch.message": "warm: Dispatch CPU / request / 2 (request + release, as"
+        " messages on DispatchStreams batched at the maximum rate)",
+        "dispatch.dispatch": "dispatch.message + echo client CPU per unary call (its own"
+        " read and write on its stream)",
+        "dispatch.release": "dispatch.message + echo client CPU per unary call (its own"
+        " read and write on its stream)",
         "dispatch.scale_up": "cold: Dispatch CPU / cold request - (dispatch.dispatch"
         " + dispatch.release)",
         "schedule.probe": "echo: client CPU per unary call",
@@ -393,6 +408,13 @@ def build(
         "agent.heartbeat": "warm: node agents' background CPU / heartbeats",
         "clustermgr.update": "warm: ClusterMgr CPU / heartbeats",
         "client.rpc": "warm: load generator CPU / RPC",
+        "dispatch.stream_write": "echo: client CPU per unary call / 2 (a call is a write"
+        " and a read)",
+        "agent.stream_write": "echo: client CPU per unary call / 2 (a call is a write and a read)",
+        "dispatch.credit_create": "dispatch.scale_up - echo client CPU per call (the"
+        " unary call's write and read, charged per batch on the stream)",
+        "agent.stream_create": "agent.create - echo server CPU per call (the unary"
+        " call's read and write, charged per batch on the stream)",
     }
     ops = {k: OpCost(v, DEFAULT_CV, f"{how}; {src[k]}") for k, v in means.items()}
     params = {

@@ -28,7 +28,8 @@ from typing import Any
 
 #: The operations every Galaxy model charges, with what each one covers.
 OPS: dict[str, str] = {
-    "dispatch.dispatch": "Dispatch RPC handled by a Dispatch instance (acquire + reply)",
+    "dispatch.dispatch": "a Dispatch request handled by a Dispatch instance (acquire + reply), "
+    "its stream's read and write its own (a client at a modest rate)",
     "dispatch.release": "Release RPC handled by a Dispatch instance",
     "dispatch.scale_up": "a Schedule RPC made by Dispatch and its reply handled",
     "schedule.schedule": "Schedule RPC handled by a Schedule instance (less schedule.decide)",
@@ -43,6 +44,14 @@ OPS: dict[str, str] = {
     "agent.heartbeat": "a heartbeat sent by a node agent",
     "clustermgr.update": "heartbeat (or RegisterNode) handled by ClusterMgr",
     "clustermgr.modnodes": "one ModNodes RPC made by ClusterMgr's outbox (client side)",
+    "dispatch.message": "Dispatch's own work for a request on a DispatchStream (the "
+    "stream's reads and writes excepted)",
+    "dispatch.credit_create": "Dispatch's own work for a credit start's CreateInstance "
+    "message and its answer (stream writes and reads excepted)",
+    "dispatch.stream_write": "one write, or read, of a batch on a stream by Dispatch",
+    "agent.stream_create": "a CreateInstance message handled by a node agent on its "
+    "InstanceStream (stream writes and reads and the sandbox start excepted)",
+    "agent.stream_write": "one write, or read, of a batch on a stream by a node agent",
     "client.rpc": "one unary RPC made by a Python gRPC client (the load generator)",
 }
 

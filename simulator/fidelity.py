@@ -48,6 +48,7 @@ from simulator.fidelity_compare import (  # noqa: F401 (re-exported)
     compare_runs,
     diagnostics,
 )
+from simulator.fidelity_load import DispatchStreamClient, Driver
 from simulator.galaxy import VARIANTS, GalaxyModel
 from simulator.loop import REPLY_STEPS, REQUEST_STEPS
 from simulator.network import NetworkConfig
@@ -160,34 +161,6 @@ def kernel_slice_s() -> float:
     return 0.00075 * (1 + int(math.log2(cpus)))
 
 
-class _Driver:
-    """The load generator: closed loop (``concurrency`` in flight) or open loop."""
-
-    def __init__(self, env: Env, model: GalaxyModel, total: int, warmup: int) -> None:
-        self.env, self.m = env, model
-        self.total, self.warmup = total, warmup
-        self.sent = 0
-        self.t_first = math.inf
-        self.t_last = 0.0
-        self.granted = 0
-
-    def send(self, _: object = None) -> None:
-        if self.sent >= self.total:
-            return
-        if self.sent == self.warmup:
-            self.t_first = self.env.sim.now
-            self.env.rec.warmup_s = self.env.sim.now
-        self.m.request(self.sent % COLD_FUNCTIONS, HOLD_S)
-        self.sent += 1
-
-    def on_grant(self, now: float) -> None:
-        self.granted += 1
-        if self.granted > self.warmup:
-            self.t_last = max(self.t_last, now)
-        if self.granted >= self.total:
-            self.env.sim.stop()  # the phase is over (heartbeats would go on)
-
-
 def sim_phase(
     cal: calibration.Calibration,
     nodes: int,
@@ -234,10 +207,12 @@ def sim_phase(
     env.rec.warmup_s = math.inf
     g = VARIANTS["galaxy" if credits else "Gn-CPE"]
     model = GalaxyModel(env, g, instances=1, controller_scaling=False, heartbeats="all")
-    model.front.client = env.station("load-generator", platform=False)
+    lg = env.station("load-generator", platform=False)
+    s_client = env.op("client.rpc")
     if client_cost_s is not None and env.host is not None:
-        model.front.s_client = lambda: client_cost_s
-        env.host.measured.add(model.front.client)
+        s_client = lambda: client_cost_s  # noqa: E731
+        env.host.measured.add(lg)
+    client = DispatchStreamClient(env, model, lg, s_client)
     if env.host is not None:
         # The node agents' and ClusterMgr's costs were calibrated whole: in
         # the calibrating runs they sleep between messages (0.1-0.2 cores),
@@ -246,18 +221,19 @@ def sim_phase(
         # (agents 0.21 vs 0.16-0.17 cores, ClusterMgr 0.18 vs 0.11-0.14).
         env.host.measured.update(env.cluster.agents)
         env.host.measured.update(c.station for c in model.control.cmfs.values())
-    d = _Driver(env, model, total, total // 10)
+    d = Driver(env, client, total, total // 10, COLD_FUNCTIONS, HOLD_S)
+    env.rec.on_grant = client.granted
     if concurrency:
 
         def next_one(now: float) -> None:  # closed loop: each reply sends the next
             d.on_grant(now)
-            env.sim.at(now, d.send)
+            d.send()
 
-        env.rec.on_grant = next_one
+        client.on_reply = next_one
         for _ in range(concurrency):
             env.sim.at(0.0, d.send)
     else:
-        env.rec.on_grant = d.on_grant
+        client.on_reply = d.on_grant
         for t in RequestProfile("poisson", rate).arrivals(total, seed):
             env.sim.at(t, d.send)
     model.start()
@@ -279,7 +255,14 @@ def sim_phase(
         if env.host is not None and env.sim.now > 0
         else {},
         "events": env.sim.events,
+        "counts": {k: env.rec.counts[k] for k in _COUNTS},
     }
+
+
+#: Event counts of a simulated phase kept in its result (which path the
+#: starts took: credits or Schedule).
+_COUNTS = ("placements", "credit_hits", "credit_misses", "credit_refused", "credit_syncs",
+           "probes", "instances_started")  # fmt: skip
 
 
 def _read_real(path: Path) -> list[dict[str, Any]]:

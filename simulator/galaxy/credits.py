@@ -8,9 +8,13 @@ messages:
 - a scale-up asks the wallet (``take``: the policy work of a decision,
   ``schedule.decide``, on Dispatch); on a hit, the decision is made there
   (scheduling latency ends), and Dispatch sends CreateInstance to the node's
-  agent (Dispatch's client half of a call, ``dispatch.scale_up``, each way,
-  as for its Schedule call); the agent allocates or refuses
-  (``NodeCapacity``), a refusal going back to the normal Schedule path;
+  agent as a message on its InstanceStream, and the agent answers on it
+  (``simulator.galaxy.streams``: batched writes as production's; per message
+  ``dispatch.credit_create`` on Dispatch, half each way, and
+  ``agent.stream_create`` on the agent; per write and per read
+  ``dispatch.stream_write`` / ``agent.stream_write``); the agent allocates
+  or refuses (``NodeCapacity``), a refusal going back to the normal
+  Schedule path;
 - after every take (and on a periodic upkeep tick), due exchanges with
   Schedule instances (``GrantCredits``: reports, returns, the refill) run
   off the critical path: a unary call's client CPU each way on Dispatch
@@ -25,6 +29,8 @@ from typing import TYPE_CHECKING
 
 from functions.dispatch.credits import CreditUse, CreditWallet, SyncRequest
 from functions.schedule.credits import Grant
+from simulator.engine import Station
+from simulator.galaxy.streams import Stream
 
 if TYPE_CHECKING:
     from simulator.galaxy.control import ControlPlane, DispatchInst, ScheduleInst
@@ -63,6 +69,12 @@ class CreditPath:
         env = self.m.env
         self.sim, self.net, self.rec = placer.sim, placer.net, placer.rec
         self.s_call = env.op("schedule.probe", 0.5)
+        self.s_create = env.op("dispatch.credit_create", 0.5)
+        self.a_create = env.op("agent.stream_create")
+        self.d_write = env.op("dispatch.stream_write")
+        self.a_write = env.op("agent.stream_write")
+        #: each Dispatch instance's InstanceStream to each agent, both ways
+        self._streams: dict[tuple[Station, Station], tuple[Stream, Stream]] = {}
         self._on_create, self._on_ready = self._create, self._ready
         #: starts refused for room waiting for their Dispatch's returns
         self._after_returns: dict[str, list[ScaleUp]] = {}
@@ -84,9 +96,28 @@ class CreditPath:
         self.rec.scheduled(su.asked, t)
         su.iid = self.m.new_id(su.fn)
         node = su.node = p.by_id[use.node_id]
-        t = df.station.then(t, p.s_scale_up() + p.connect) + p._call()
-        self.sim.stage(t, node.agent, p.a_create(), self._on_create, (su, use))
+        out, _ = self.streams(df.station, node.agent)
+        out.send(
+            t,
+            self.s_create() + p.connect,
+            self.a_create(),
+            self._on_create,
+            (su, use),
+            follows=True,
+        )
         return True
+
+    def streams(self, dispatch: Station, agent: Station) -> tuple[Stream, Stream]:
+        """The InstanceStream between a Dispatch instance and an agent:
+        requests, replies (opened at first use)."""
+        pair = self._streams.get((dispatch, agent))
+        if pair is None:
+            hop = self.net.hop
+            pair = self._streams[(dispatch, agent)] = (
+                Stream(self.sim, hop, dispatch, agent, self.d_write, self.a_write),
+                Stream(self.sim, hop, agent, dispatch, self.a_write, self.d_write, reply=True),
+            )
+        return pair
 
     def _create(self, a: tuple[ScaleUp, CreditUse]) -> None:
         su, use = a
@@ -94,8 +125,8 @@ class CreditPath:
         assert node is not None
         if not self.m.env.cluster.allocate(node, su.iid, use.need):
             self.rec.count("credit_refused")
-            t = self.sim.now + self.net.hop()
-            self.sim.reply(t, su.df.station, self.p.s_scale_up(), self._refused, a)
+            _, back = self.streams(su.df.station, node.agent)
+            back.send(self.sim.now, 0.0, self.s_create(), self._refused, a)
             return
         t = node.creator.finish(self.sim.now, self.m.fns[su.fn].cold_start_s)
         self.sim.at(t, self._on_ready, a)
@@ -115,8 +146,8 @@ class CreditPath:
         assert su.node is not None
         seq = self.m.env.cluster.ready(su.node, su.iid)
         self.rec.started(self.sim.now)
-        t = self.sim.now + self.net.hop()
-        self.sim.reply(t, su.df.station, self.p.s_scale_up(), self._created, (su, use, seq))
+        _, back = self.streams(su.df.station, su.node.agent)
+        back.send(self.sim.now, 0.0, self.s_create(), self._created, (su, use, seq))
 
     def _created(self, a: tuple[ScaleUp, CreditUse, int]) -> None:
         su, use, seq = a

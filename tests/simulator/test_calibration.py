@@ -67,7 +67,16 @@ def test_derive_takes_the_decision_from_the_real_schedule_when_it_rarely_probes(
     # calls (0.1 probes + the CreateInstance) and the decision.
     assert ops["schedule.schedule"] == pytest.approx(0.0006 - 1.1 * 0.0002 - 0.00006)
     assert ops["agent.create"] == pytest.approx((0.35 - 0.1) / 500 - 0.1 * 0.0003)
-    assert ops["dispatch.dispatch"] == pytest.approx(0.4 / 1000 / 2)
+    # The warm run's DispatchStream batches: its CPU per message is the
+    # message's own work; a request with a stream to itself adds a read
+    # and a write (the echo's client CPU per call).
+    assert ops["dispatch.message"] == pytest.approx(0.4 / 1000 / 2)
+    assert ops["dispatch.dispatch"] == pytest.approx(0.4 / 1000 / 2 + 0.0002)
+    # A credit start's stream charges: a write or read is half a unary
+    # client call; the messages' own work is the unary figure less its I/O.
+    assert ops["dispatch.stream_write"] == ops["agent.stream_write"] == pytest.approx(0.0001)
+    assert ops["dispatch.credit_create"] == pytest.approx(ops["dispatch.scale_up"] - 0.0002)
+    assert ops["agent.stream_create"] == pytest.approx(ops["agent.create"] - 0.0003)
     # A cold request's Dispatch CPU less what a warm request costs (its
     # Dispatch and Release RPCs, which the model charges every request).
     assert ops["dispatch.scale_up"] == pytest.approx(0.5 / 500 - 0.4 / 1000)
