@@ -61,7 +61,8 @@ RPC_LATENCY = Histogram(
 )
 SCHEDULING_LATENCY = Histogram(
     "galaxy_scheduling_latency_seconds",
-    "From Schedule request to placement decision.",
+    "From a start's request to its placement decision: in Schedule for the "
+    "starts it places, in Dispatch for those a capacity credit places.",
     buckets=SCHEDULING_BUCKETS,
     registry=None,
 )
@@ -256,8 +257,9 @@ NODEAGENT_INSTANCES = Gauge(
 COMMON: tuple[Collector, ...] = (RPC_REQUESTS, RPC_LATENCY, GC_PAUSE, QUEUE_LIMIT)
 #: Families by the kind of process that owns them.
 OWNED: dict[str, tuple[Collector, ...]] = {
+    # Dispatch places every start that uses a capacity credit itself.
     "dispatch": (
-        DISPATCH_CREDITS_HELD, DISPATCH_CREDIT_EVENTS,
+        DISPATCH_CREDITS_HELD, DISPATCH_CREDIT_EVENTS, SCHEDULING_LATENCY,
     ),
     "schedule": (
         SCHEDULING_LATENCY, PROBE_ROUND_TRIP, PROBES, NODES, SCHEDULE_PENDING, SCHEDULE_REJECTED,

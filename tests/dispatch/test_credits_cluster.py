@@ -15,6 +15,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from controlplane.runtime import metrics
 from controlplane.runtime.resources import Res
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import common_pb2, schedule_pb2, schedule_pb2_grpc
@@ -92,6 +93,7 @@ async def test_a_cold_start_from_a_credit_makes_no_schedule_call(parts: Parts) -
     assert p.peers.schedule_calls == 1 and p.peers.credit_creates == 0
     await eventually(lambda: live_credits(p) > 0, what="a refill after the miss")
     arrivals = p.sched.arrivals
+    decided = _sample("galaxy_scheduling_latency_seconds_count")
     second = await p.client.dispatch("f")  # the first holds its instance: a cold start
     assert second.instance_id != first.instance_id
     assert p.peers.schedule_calls == 1 and p.sched.arrivals == arrivals
@@ -100,6 +102,11 @@ async def test_a_cold_start_from_a_credit_makes_no_schedule_call(parts: Parts) -
     p.peers.credit_upkeep()
     assert _sample("galaxy_dispatch_credit_events_total", event="hits") == hits + 1
     assert _sample("galaxy_dispatch_credits_held") == len(p.peers.credits.credits())
+    # The credit start's placement is a scheduling decision Dispatch made:
+    # observed there, and exported by a Dispatch process (the bench and the
+    # fidelity check read it from both kinds).
+    assert _sample("galaxy_scheduling_latency_seconds_count") == decided + 1
+    assert metrics.SCHEDULING_LATENCY in metrics.OWNED["dispatch"]
     credit_nodes = {cr.node_id for cr in p.peers.credits.credits()}
     assert second.node_id in credit_nodes
     # Schedule counts it (the credit's hold), so its view never overstates.
