@@ -30,6 +30,7 @@ from controlplane.launch.etcd import LocalEtcd
 from controlplane.launch.up import Supervisor, UpConfig
 from controlplane.runtime import spec as specs
 from controlplane.sdk.client import GalaxyClient
+from controlplane.tools.chaos_checks import leaks_gone
 from controlplane.tools.chaos_faults import ECHO, NEEDS_HA, Found, Run
 from controlplane.tools.chaos_more import (
     FAULTS,
@@ -299,6 +300,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     fault_done.set()
                 await load
                 functions_after = len(await c.list_functions())
+                gone = await leaks_gone(c) if args.fault != "restart" else 0.0
             fault_t = r.fault_at - out.t0 if r.fault_at else None
             registered_t = r.registered_at - out.t0 if r.registered_at else None
             summary = report(out, args.at_s, args.fault, found.victim, found.replaced,
@@ -309,6 +311,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 functions_before=functions_before,
                 functions_after=functions_after,
                 ha=ha,
+                leaks_gone_s=None if gone is None else round(gone, 2),
                 **found.extra,
             )
             # A restart stops everything: its requests meanwhile fail by design.

@@ -42,6 +42,27 @@ async def cluster_check(c: GalaxyClient) -> dict[str, int]:
     }
 
 
+#: How long after the load a leak or ghost may last (issue: "leaks of any
+#: kind gone within 5 s"), plus the heartbeat that reports the agents' counts.
+LEAKS_GONE_WITHIN_S = 6.0
+
+
+async def leaks_gone(c: GalaxyClient, within_s: float = LEAKS_GONE_WITHIN_S) -> float | None:
+    """Seconds from now until no node agent runs an instance nobody routes
+    and Dispatch routes none the agents do not run (None: not within
+    ``within_s``). Read after the load, when no start is in flight: a start
+    under way counts on its agent before Dispatch routes it."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    while True:
+        check = await cluster_check(c)
+        if check["leaked_instances"] == 0 and check["ghost_instances"] == 0:
+            return loop.time() - t0
+        if loop.time() - t0 >= within_s:
+            return None
+        await asyncio.sleep(0.1)  # polling a cluster-wide view nothing pushes
+
+
 async def _metric(address: str, name: str) -> float:
     """The value of an unlabelled metric on a component's /metrics (0 if absent)."""
     host, port = address.rsplit(":", 1)

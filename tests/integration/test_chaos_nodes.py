@@ -40,6 +40,9 @@ def test_a_restarted_agent_leaves_no_ghost_instance_with_process_sandboxes(tmp_p
     assert rep["victim"].startswith("agent-") and rep["victim_back"], r.stdout[-2000:]
     assert rep["views_agree_s"] is not None, rep
     assert rep["ghost_instances"] == rep["duplicate_instances"] == 0, rep
+    # After the load, no instance runs that nobody routes, and none is
+    # routed that no agent runs, within the 5 s (+ a heartbeat).
+    assert rep["leaks_gone_s"] is not None, rep
     # pytest shortens a long dict: name what the goal also counts.
     assert rep["goal_met"], (rep["failed"], rep["hung"], rep.get("error_samples"))
 
@@ -58,6 +61,7 @@ def test_a_stopped_node_agent_is_detected_within_3_beats_and_leaks_nothing(tmp_p
     # Back after SIGCONT, with no duplicate instance and no leaked allocation.
     assert rep["victim_back"] and rep["nodes_alive"] == 2, rep
     assert rep["duplicate_instances"] == rep["leaked_instances"] == 0, rep
+    assert rep["leaks_gone_s"] is not None, rep
     assert (rep["requests"], rep["failed"], rep["hung"]) == (400, 0, 0), rep["errors"]
     assert rep["goal_met"] and r.returncode == 0
 
