@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import aiohttp
 
@@ -19,6 +20,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def wait_ok(url: str, exited: Callable[[], int | None], what: str, timeout_s: float) -> None:
+    """Poll ``url`` until it answers 200; RuntimeError naming ``what`` if its
+    process exits (``exited()`` gives its code) or ``timeout_s`` passes."""
+    end = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < end:
+            code = exited()
+            if code is not None:
+                raise RuntimeError(f"{what} exited with {code}")
+            try:
+                async with s.get(url) as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)  # polling a process we do not control
+    raise RuntimeError(f"{what} at {url} not ready within {timeout_s:g}s")
 
 
 class EmulatedServer:
@@ -34,19 +54,8 @@ class EmulatedServer:
 
     async def ready(self, timeout_s: float = 30.0) -> None:
         """Wait until /health answers (the process's own readiness)."""
-        end = time.monotonic() + timeout_s
-        async with aiohttp.ClientSession() as s:
-            while time.monotonic() < end:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"emulated server exited with {self.proc.returncode}")
-                try:
-                    async with s.get(self.url + "/health") as r:
-                        if r.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)  # polling a process we do not control
-        raise RuntimeError(f"emulated server not ready within {timeout_s:g}s")
+        await wait_ok(self.url + "/health", lambda: self.proc.poll(), "emulated server",
+                      timeout_s)  # fmt: skip
 
     def stop(self) -> None:
         """Terminate and reap it."""

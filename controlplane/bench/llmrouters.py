@@ -33,14 +33,11 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from controlplane.bench import llmclient
-from controlplane.bench.emuserver import EmulatedServer, free_port
+from controlplane.bench.emuserver import EmulatedServer, free_port, wait_ok
 from controlplane.bench.llmmetrics import Limits, summarize
 from controlplane.bench.llmtrace import LlmRequest
 from controlplane.bench.llmup import Up
@@ -83,23 +80,6 @@ def mooncake(path: Path, minutes: float, speed: float, max_prompt: int) -> list[
     return out
 
 
-async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
-    """Until ``url``/v1/models answers 200 (the router reaches a worker)."""
-    end = time.monotonic() + READY_TIMEOUT_S
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < end:
-            if proc.returncode is not None:
-                raise RuntimeError(f"router exited with {proc.returncode}")
-            try:
-                async with s.get(url + "/v1/models") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)  # polling a process we do not control
-    raise RuntimeError(f"router at {url} not ready within {READY_TIMEOUT_S:g}s")
-
-
 async def run_router(
     label: str, exe: Path, args: list[str], a: argparse.Namespace, jobs: list[LlmRequest]
 ) -> dict[str, Any]:
@@ -116,7 +96,8 @@ async def run_router(
             *cmd, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
         )
         url = f"http://127.0.0.1:{port}"
-        await _wait_ready(url, proc)
+        # /v1/models answers once the router reaches a worker.
+        await wait_ok(url + "/v1/models", lambda: proc.returncode, "router", READY_TIMEOUT_S)
         return await _measure(label, llmclient.Target(url + "/v1", "emu", prompt="text"), jobs)
     finally:
         if proc is not None and proc.returncode is None:
