@@ -110,6 +110,10 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.numprocesses = DEFAULT_WORKERS
         if config.option.dist == "no":
             config.option.dist = "loadfile"
+            # Hand files out in collection order (slow files first, below),
+            # not xdist's default of most tests first, which left the long
+            # files of one or two tests (a bench plan run, mypy) for the end.
+            config.option.loadscopereorder = False
 
 
 def deploy_changed() -> bool:
@@ -133,11 +137,28 @@ def deploy_changed() -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A ``checkov`` test is ``slow`` unless ``deploy/`` changed: the fast tier
-    runs checkov only when the manifests it checks moved; the full suite always."""
+    runs checkov only when the manifests it checks moved; the full suite always.
+    Then the files with a ``slow`` test run first (see ``_slow_files_first``)."""
     checkov = [i for i in items if i.get_closest_marker("checkov") is not None]
     if checkov and not deploy_changed():
         for item in checkov:
             item.add_marker(pytest.mark.slow)
+    _slow_files_first(items)
+
+
+def _slow_files_first(items: list[pytest.Item]) -> None:
+    """Order the files that hold a ``slow`` test before the others, keeping
+    the order of files within each group and of tests within a file.
+
+    ``--dist loadfile`` hands files to workers in this order (with xdist's
+    reordering by test count turned off, ``pytest_cmdline_main``). Ordered by
+    test count, the files of one or two long tests (a bench plan run, mypy
+    in tests/test_lint.py, a `galaxy simulate-fidelity` run) came last and
+    kept one worker busy while the others had nothing left: cores idle at
+    the end of a CPU-bound run. Long files first, the short ones fill in
+    around them."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # stable: order kept
 
 
 @pytest.hookimpl(hookwrapper=True)
