@@ -41,13 +41,22 @@ of workers to CPUs. The bound is ``GALAXY_FAST_TEST_S`` times
 ``max(1, workers / CPUs)`` (4 s for 4 workers on 2 cores): the same work per
 core, not a looser bound. A serial run (``-n 0``) keeps the plain bound.
 
+Where the CPU goes
+------------------
+The suite is CPU-bound on 2 cores, so its wall time follows its CPU time.
+``GALAXY_CPU_REPORT=DIR python -m pytest`` writes each test file's CPU seconds
+(the worker's and those of the processes it started and reaped) and wall
+seconds under DIR; ``python -m tests.cpureport DIR`` lists the costliest files.
+
 Shared real parts
 -----------------
 - ``etcd_server`` (session) / ``etcd_url`` (function, own key prefix): a real
   etcd from :mod:`tests.etcd_server`, started once per run.
 - ``tests.cluster.InProcessCluster``: real components on real sockets in the
   test's event loop; ``small_cluster`` builds the usual one.
-- ``tests/integration/upctl.GalaxyUp``: a real ``galaxy up`` subprocess; tests
+- ``tests/integration/upctl.GalaxyUp``: a real ``galaxy up`` subprocess (its
+  ``cli`` runs `galaxy` commands in this process, tests/clirun.py; ``cli_process``
+  in a real one, for a test whose point is the process); tests
   that only read or deploy functions under their own names share one per module
   (``up`` fixture in ``tests/integration/test_up.py``); a test that kills or
   reconfigures processes starts its own and is marked ``slow``.
@@ -55,8 +64,11 @@ Shared real parts
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import subprocess
+import time
 from collections.abc import Generator
 from pathlib import Path
 
@@ -98,6 +110,10 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.numprocesses = DEFAULT_WORKERS
         if config.option.dist == "no":
             config.option.dist = "loadfile"
+            # Hand files out in collection order (slow files first, below),
+            # not xdist's default of most tests first, which left the long
+            # files of one or two tests (a bench plan run, mypy) for the end.
+            config.option.loadscopereorder = False
 
 
 def deploy_changed() -> bool:
@@ -121,11 +137,28 @@ def deploy_changed() -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A ``checkov`` test is ``slow`` unless ``deploy/`` changed: the fast tier
-    runs checkov only when the manifests it checks moved; the full suite always."""
+    runs checkov only when the manifests it checks moved; the full suite always.
+    Then the files with a ``slow`` test run first (see ``_slow_files_first``)."""
     checkov = [i for i in items if i.get_closest_marker("checkov") is not None]
     if checkov and not deploy_changed():
         for item in checkov:
             item.add_marker(pytest.mark.slow)
+    _slow_files_first(items)
+
+
+def _slow_files_first(items: list[pytest.Item]) -> None:
+    """Order the files that hold a ``slow`` test before the others, keeping
+    the order of files within each group and of tests within a file.
+
+    ``--dist loadfile`` hands files to workers in this order (with xdist's
+    reordering by test count turned off, ``pytest_cmdline_main``). Ordered by
+    test count, the files of one or two long tests (a bench plan run, mypy
+    in tests/test_lint.py, a `galaxy simulate-fidelity` run) came last and
+    kept one worker busy while the others had nothing left: cores idle at
+    the end of a CPU-bound run. Long files first, the short ones fill in
+    around them."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # stable: order kept
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -153,3 +186,37 @@ def pytest_runtest_makereport(
         f"tier's {FAST_TEST_BOUND_S:g} s bound (GALAXY_FAST_TEST_S): mark it "
         "@pytest.mark.slow, or make it faster"
     )
+
+
+def _cpu_s() -> float:
+    """User+system CPU seconds of this process and its reaped children."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+#: Per test file: [CPU seconds, wall seconds], when ``GALAXY_CPU_REPORT`` names
+#: a directory to write them to (one JSON file per worker process).
+_FILE_COST: dict[str, list[float]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """Charge a test's setup, call and teardown CPU (its subprocesses included,
+    once reaped) and wall time to its file, for ``GALAXY_CPU_REPORT``."""
+    if not os.environ.get("GALAXY_CPU_REPORT"):
+        yield
+        return
+    cpu, wall = _cpu_s(), time.monotonic()
+    yield
+    cost = _FILE_COST.setdefault(item.location[0], [0.0, 0.0])
+    cost[0] += _cpu_s() - cpu
+    cost[1] += time.monotonic() - wall
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Write this process's per-file costs under ``GALAXY_CPU_REPORT``."""
+    out = os.environ.get("GALAXY_CPU_REPORT")
+    if out and _FILE_COST:
+        name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(out, f"{name}-{os.getpid()}.json").write_text(json.dumps(_FILE_COST))

@@ -64,10 +64,11 @@ def test_up_prints_every_endpoint(up):
 
 
 def test_deploy_then_cold_then_warm_invoke(up):
-    r = up.cli("deploy", "-f", str(REPO / "examples" / "echo.yaml"))
+    # Real `galaxy` processes, as a user types them (most other calls run in-process).
+    r = up.cli_process("deploy", "-f", str(REPO / "examples" / "echo.yaml"))
     assert r.returncode == 0, r.stderr
     assert "deployed echo" in r.stdout
-    first = invoke(up, "echo", "hello")
+    first = up.cli_process("invoke", "echo", "--data", "hello")
     assert first.returncode == 0, first.stderr
     assert "(cold" in first.stdout and "HTTP 200" in first.stdout
     body = json.loads(first.stdout.split("HTTP 200: ", 1)[1])
@@ -75,7 +76,7 @@ def test_deploy_then_cold_then_warm_invoke(up):
     pid = instance_pid(body["instance"], under=up.proc.pid)  # body["pid"]: its sandbox's
     up.instance_pids.append(pid)
     assert pid_alive(pid)
-    second = invoke(up, "echo", "again")
+    second = up.cli_process("invoke", "echo", "--data", "again")
     assert second.returncode == 0, second.stderr
     assert "(warm" in second.stdout
     body2 = json.loads(second.stdout.split("HTTP 200: ", 1)[1])
@@ -112,7 +113,7 @@ def test_status_lists_everything(up):
 def test_bad_spec_is_rejected_naming_the_field(up, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nruntime: python\nconcurrency: 0\n")
-    r = up.cli("deploy", "-f", str(bad))
+    r = up.cli_process("deploy", "-f", str(bad))  # the exit status of a real process
     assert r.returncode == 1
     assert "concurrency" in r.stderr and "Traceback" not in r.stderr
 
@@ -258,7 +259,7 @@ def test_metrics_endpoint_exposes_rpc_and_cold_start_metrics(up):
 
 def test_cli_without_control_plane_says_what_to_do(tmp_path):
     g = GalaxyUp(Path(tmp_path))
-    r = g.cli("status")
+    r = g.cli_process("status")
     assert r.returncode == 1 and "galaxy up" in r.stderr and "Traceback" not in r.stderr
 
 

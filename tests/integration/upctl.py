@@ -15,6 +15,7 @@ import grpc
 
 from controlplane.runtime import rpc
 from controlplane.runtime.tls import TlsConfig
+from tests.clirun import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 READY_LINE = "Press Ctrl-C to stop."
@@ -46,7 +47,15 @@ class GalaxyUp:
     def cli(
         self, *args: str, input: str | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        """Run a `galaxy` CLI command against this control plane."""
+        """Run a `galaxy` CLI command against this control plane, in this
+        process (tests/clirun.py)."""
+        return run_cli(["--run-dir", str(self.run_dir), *args], input=input, timeout=timeout)
+
+    def cli_process(
+        self, *args: str, input: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """The same command in a real ``python -m controlplane.tools.cli``
+        process, for a test whose point is the process."""
         return subprocess.run(
             [sys.executable, "-m", "controlplane.tools.cli", "--run-dir", str(self.run_dir), *args],
             capture_output=True,
