@@ -3,7 +3,7 @@ its own model, replaying the Azure LLM inference 2023 trace
 (``llm_fleet_workload``), with cold starts that load model weights from a
 store or, faster, from a node's host-memory cache. Three policies:
 
-* **galaxy**: the LLM picker (``controlplane.llm.picker``, queue + KV
+* **galaxy**: the LLM picker (``controlplane.runtime.llmpicker``, queue + KV
   terms) on each function's owner, the KPA fed the queue signal with SLO
   pressure (``llmsignal``), and placement by ``model_locality``
   (``controlplane.runtime.scoring``), which prefers a node holding the
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from controlplane.llm.engine import Engine, Profile, QueueFull, Request
-from controlplane.llm.picker import Ask, Candidate, ScoredPicker
-from controlplane.llm.signals import Load, LoadBook, Sample
+from controlplane.runtime.llmpicker import Ask, Candidate, ScoredPicker
+from controlplane.runtime.llmsignals import Load, LoadBook, Sample
 from controlplane.runtime.resources import Res
 from controlplane.runtime.scoring import ModelLocality, NodeInfo, Placing, lookup
 from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
