@@ -15,7 +15,7 @@ import os
 _WRAPPERS = {b"bwrap", b"env", b"setpriv", b"sh"}
 
 
-def _descends_from(pid: int, ancestor: int) -> bool:
+def descends_from(pid: int, ancestor: int) -> bool:
     """Whether ancestor is pid's parent, grandparent, ... (by /proc)."""
     seen = 0
     while pid > 1 and seen < 64:
@@ -47,6 +47,6 @@ def instance_pid(instance_id: str, under: int | None = None) -> int:
         except OSError:
             continue
         if want in env and os.path.basename(argv0) not in _WRAPPERS:
-            if under is None or _descends_from(int(d), under):
+            if under is None or descends_from(int(d), under):
                 return int(d)
     raise LookupError(f"no process of instance {instance_id}")

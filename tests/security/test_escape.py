@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, open_cgroups
+from tests.instances import descends_from
 from tests.integration.upctl import REPO, GalaxyUp, pid_alive
 
 pytestmark = pytest.mark.slow
@@ -43,9 +44,11 @@ def _uid(pid: int) -> int:
         return int(next(line for line in f if line.startswith("Uid:")).split()[1])
 
 
-def function_pid(name: str, artifact: str) -> int:
+def function_pid(name: str, artifact: str, under: list[int]) -> int:
     """The host pid of the function's own process (not bwrap's, whose
-    environment is the same): the one running the artifact."""
+    environment is the same): the one running the artifact, below one of
+    ``under`` (this control plane's processes: another test's cluster on
+    the same host runs a function of the same name)."""
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -58,6 +61,7 @@ def function_pid(name: str, artifact: str) -> int:
             env.get("GALAXY_FUNCTION") == name
             and cmdline[0].endswith(b"python3")
             and any(arg.endswith(artifact.encode()) for arg in cmdline)
+            and any(descends_from(int(d), a) for a in under)
         ):
             return int(d)
     raise AssertionError(f"no process of {name} found")
@@ -128,7 +132,7 @@ def victim(up):
     """Tenant B's instance: its host pid, uid and private directory (with a
     secret file in it)."""
     assert invoke(up, "victim").returncode == 0
-    pid = function_pid("victim", "echo_server.py")
+    pid = function_pid("victim", "echo_server.py", up.pids())
     private = Path(_environ(pid)["GALAXY_INSTANCE_DIR"])
     secret = private / "secret.txt"
     secret.write_text(SECRET)
