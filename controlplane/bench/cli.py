@@ -39,6 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "parameter and 40 requests per scenario; checks that it runs, not its figures",
     )
     p.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="skip the PNG plots (results.json, samples.json and report.md still written)",
+    )
+    p.add_argument(
         "--data-dir",
         default=None,
         help="where trace samples live (default: <repo>/../shared/data)",
@@ -147,7 +152,7 @@ async def cmd_bench(args: argparse.Namespace) -> int:
     except RuntimeError as e:  # e.g. the echo server or etcd would not start
         print(f"galaxy bench: {e}", file=sys.stderr)
         return 1
-    paths = report.write_all(results, out)
+    paths = report.write_all(results, out, plots=not args.no_plots)
     print(f"wrote {', '.join(str(p) for p in paths)}")
     if results["failures"]:
         print(

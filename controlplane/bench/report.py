@@ -32,17 +32,18 @@ def clean(x: Any) -> Any:
     return x
 
 
-def write_all(results: dict[str, Any], out: Path) -> list[Path]:
-    """Write results.json, samples.json, report.md and plots; returns the paths."""
+def write_all(results: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:
+    """Write results.json, samples.json, report.md and (``plots``) the plots;
+    returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
     samples = {str(i): p.pop("_samples", {}) for i, p in enumerate(results["plans"])}
-    plots = write_plots(results, samples, out)
-    results["plots"] = [p.name for p in plots]
+    figures = write_plots(results, samples, out) if plots else []
+    results["plots"] = [p.name for p in figures]
     paths = [out / "results.json", out / "samples.json", out / "report.md"]
     paths[0].write_text(json.dumps(clean(results), indent=2, allow_nan=False) + "\n")
     paths[1].write_text(json.dumps(clean(samples), allow_nan=False) + "\n")
     paths[2].write_text(markdown(results))
-    return paths + plots
+    return paths + figures
 
 
 CPU_GROUPS = ("load_generator", "dispatch", "schedule", "agent", "clustermgr", "controller")
