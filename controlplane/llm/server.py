@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from controlplane.llm.engine import Engine, QueueFull, Request, block_hashes
 from controlplane.llm.errors import BadRequest
 from controlplane.llm.profiles import profile
+from controlplane.runtime.llmprompt import chat_words
 from controlplane.runtime.llmsignals import digest
 
 MAX_TOKENS = 4096
@@ -125,11 +126,12 @@ class LlmServer:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
                 raise BadRequest("messages: a non-empty list of {role, content}")
-            words: list[str] = []
-            for i, m in enumerate(msgs):
-                if not isinstance(m, dict):
-                    raise BadRequest(f"messages[{i}]: {{role, content}}")
-                words += [str(m.get("role", "user")) + ":", *_message_text(m, i).split()]
+            got = chat_words(msgs)
+            if isinstance(got, int):
+                raise BadRequest(
+                    f"messages[{got}].content: a string or a list of {{type, text}} parts"
+                )
+            words = got
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
@@ -350,20 +352,6 @@ class _OneLineBadRequests(logging.Filter):
             )
             record.exc_info = record.exc_text = None
         return True
-
-
-def _message_text(m: dict[str, Any], i: int) -> str:
-    """A chat message's text: OpenAI's content is a string or a list of
-    parts, of which the ``text`` parts count (clients such as guidellm send
-    parts); other parts (images) carry no prompt words here."""
-    content = m.get("content", "")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and len(content) <= 1024:
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if all(isinstance(t, str) for t in texts):
-            return " ".join(texts)  # type: ignore[arg-type]
-    raise BadRequest(f"messages[{i}].content: a string or a list of {{type, text}} parts")
 
 
 def main(argv: list[str] | None = None) -> int:
