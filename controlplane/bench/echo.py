@@ -19,9 +19,12 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import subprocess
 import sys
 
 import grpc
+
+from controlplane.runtime import procs
 
 METHOD = "/galaxy.bench.Echo/Echo"
 READY_PREFIX = "ECHO_READY "
@@ -76,20 +79,20 @@ class EchoProcess:
     """The echo server as a child process of the runner."""
 
     def __init__(self) -> None:
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: procs.Spawned | None = None
         self.address = ""
 
     async def start(self, listen: str = "127.0.0.1:0", tls_dir: str | None = None) -> str:
         """Start the server; returns its address."""
-        self.proc = await asyncio.create_subprocess_exec(
+        self.proc = await procs.spawn(
             sys.executable,
             "-m",
             "controlplane.bench.echo",
             "--listen",
             listen,
             *(["--tls-dir", tls_dir] if tls_dir else []),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         assert self.proc.stdout is not None
         line = await asyncio.wait_for(self.proc.stdout.readline(), 30)

@@ -14,6 +14,8 @@ import socket
 import urllib.request
 from pathlib import Path
 
+from controlplane.runtime import procs
+
 _START_TIMEOUT_S = 30.0
 
 
@@ -36,7 +38,7 @@ class LocalEtcd:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: procs.Spawned | None = None
         self.client_port = 0
 
     @property
@@ -55,7 +57,7 @@ class LocalEtcd:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = (self.data_dir.parent / f"{self.data_dir.name}.log").open("ab")
         with log:
-            self.proc = await asyncio.create_subprocess_exec(
+            self.proc = await procs.spawn(
                 binary,
                 "--name=bench",
                 f"--data-dir={self.data_dir}",

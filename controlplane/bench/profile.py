@@ -15,10 +15,13 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from controlplane.runtime import procs
 
 # "name (path/file.py:LINE)" -> "name (path/file.py)": lines split one function.
 _LINE = re.compile(r":\d+\)$")
@@ -159,7 +162,7 @@ class Profilers:
     def __init__(self, out_dir: Path, rate_hz: int = 200) -> None:
         self.out_dir = out_dir
         self.rate_hz = rate_hz
-        self.procs: dict[str, tuple[asyncio.subprocess.Process, Path]] = {}
+        self.procs: dict[str, tuple[procs.Spawned, Path]] = {}
 
     async def start(self, targets: dict[str, int]) -> None:
         """Attach to each pid (name -> pid)."""
@@ -170,7 +173,7 @@ class Profilers:
             # profiler does not itself slow the process it measures.
             # --gil: only samples holding the GIL, i.e. Python running, not
             # the event loop waiting in epoll (which would swamp the shares).
-            p = await asyncio.create_subprocess_exec(
+            p = await procs.spawn(
                 "py-spy",
                 "record",
                 "--pid",
@@ -183,8 +186,8 @@ class Profilers:
                 "--gil",
                 "--output",
                 str(path),
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             self.procs[name] = (p, path)
 

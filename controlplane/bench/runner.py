@@ -33,7 +33,7 @@ from controlplane.bench.echo import EchoProcess
 from controlplane.bench.etcd import LocalEtcd
 from controlplane.bench.loadgen import MEASURED, MEASURING
 from controlplane.launch.up import Supervisor
-from controlplane.runtime import servingruntime
+from controlplane.runtime import procs, servingruntime
 
 SCHEMA = "galaxy-bench/1"
 _DEPLOY_CONCURRENCY = 32
@@ -379,7 +379,7 @@ async def run_loadgen(
     # (the snapshot) is done: see controlplane.bench.loadgen.
     job_path.write_text(json.dumps({**job, "handshake": True}))
     with log_path.open("wb") as logf:
-        proc = await asyncio.create_subprocess_exec(
+        proc = await procs.spawn(
             sys.executable,
             "-m",
             "controlplane.bench.loadgen",
@@ -387,8 +387,8 @@ async def run_loadgen(
             str(job_path),
             "--out",
             str(out_path),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             stderr=logf,
         )
     assert proc.stdout is not None and proc.stdin is not None
@@ -400,8 +400,7 @@ async def run_loadgen(
                 if text in (MEASURING, MEASURED) and on_line is not None:
                     await on_line(text, proc.pid)
                 if text == MEASURING:
-                    proc.stdin.write(b"go\n")
-                    await proc.stdin.drain()
+                    proc.stdin.write(b"go\n")  # 3 bytes into an empty pipe
             rc = await proc.wait()
     except TimeoutError:
         proc.kill()

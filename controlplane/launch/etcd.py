@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -69,7 +70,7 @@ class LocalEtcd:
         self.client_port = client_port or free_port(host)
         self.peer_port = peer_port or free_port(host)
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: procs.Spawned | None = None
 
     @property
     def address(self) -> str:
@@ -115,9 +116,9 @@ class LocalEtcd:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # Opening a local log file does not block the loop in any way that matters.
         with open(self.log_path, "ab") as logf:  # noqa: ASYNC230
-            self.proc = await asyncio.create_subprocess_exec(
+            self.proc = await procs.spawn(
                 *self.command(),
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=logf,
             )

@@ -15,15 +15,15 @@ documentation asks of file_sd writers, so a scrape never reads half of it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from controlplane.runtime import netaddr
+from controlplane.runtime import netaddr, procs
 
 TARGETS_FILE = Path("prometheus") / "targets.json"
 
@@ -114,9 +114,7 @@ def _prepare(run_dir: Path, log_dir: Path) -> Path:
     return d
 
 
-async def start_prometheus(
-    run_dir: Path, host: str, port: int, log_dir: Path
-) -> asyncio.subprocess.Process:
+async def start_prometheus(run_dir: Path, host: str, port: int, log_dir: Path) -> procs.Spawned:
     """Start a local Prometheus that scrapes through the targets file (its
     config and data under RUN_DIR/prometheus); RuntimeError when the binary
     is missing. The caller terminates it."""
@@ -127,12 +125,12 @@ async def start_prometheus(
         )
     d = _prepare(run_dir, log_dir)
     with open(log_dir / "prometheus.log", "ab") as log:  # noqa: ASYNC230 (local file)
-        return await asyncio.create_subprocess_exec(
+        return await procs.spawn(
             binary,
             f"--config.file={d / 'prometheus.yml'}",
             f"--storage.tsdb.path={d / 'data'}",
             f"--web.listen-address={netaddr.join_host_port(host, port)}",
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
         )

@@ -16,6 +16,7 @@ import os
 import shlex
 import shutil
 import socket
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ class Child:
     """One supervised process."""
 
     name: str
-    proc: asyncio.subprocess.Process
+    proc: procs.Spawned
     log_path: Path
     ready: dict[str, Any] = field(default_factory=dict)
     cgroup: Path | None = None
@@ -180,11 +181,11 @@ class Supervisor:
             cmd = [*cmd[:i], netaddr.join_host_port(host, self.metrics_port(name)), *cmd[i + 1 :]]
         # Opening a local log file does not block the loop in any way that matters.
         with open(log_path, "ab") as logf:  # noqa: ASYNC230
-            proc = await asyncio.create_subprocess_exec(
+            proc = await procs.spawn(
                 *cmd,
                 env=self._env(),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
                 stderr=logf,
             )
         child = Child(name, proc, log_path, cmd=list(cmd))
@@ -456,7 +457,7 @@ def _stop_group(name: str) -> int:
     return 3 if name == "etcd" else 1
 
 
-async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+async def _terminate(proc: procs.Spawned, grace_s: float) -> None:
     await procs.terminate(proc, grace_s)
     if proc.stdin is not None:
         proc.stdin.close()

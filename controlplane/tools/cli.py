@@ -58,7 +58,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     from controlplane.launch.supervise import supervise
     from controlplane.launch.up import Supervisor
     from controlplane.launch.upconfig import UpConfig
-    from controlplane.runtime import config, netaddr
+    from controlplane.runtime import config, netaddr, procs
     from controlplane.runtime.metrics import register_component, serve_metrics
 
     cfg = config.from_args(UpConfig, args, run_dir=Path(args.run_dir))
@@ -68,7 +68,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
             "or pick another --run-dir"
         )
     sup = Supervisor(cfg)
-    prom: asyncio.subprocess.Process | None = None
+    prom: procs.Spawned | None = None
     # Before the children, so endpoints.json and the Prometheus targets
     # name the supervisor's own /metrics from the first write.
     register_component("supervisor")
