@@ -97,14 +97,16 @@ class SlotCache:
         reading its body. Set ``reusable`` on
         the slot once the whole answer went out: it is kept for the next
         request; otherwise it is released when the block ends. ``hint``: an
-        LLM request's, passed to Dispatch (such a slot is never kept)."""
+        LLM request's, passed to Dispatch (which grants no hold for an LLM
+        function, so its slots are never kept; any other function's are)."""
         client = self.client
         loop = asyncio.get_running_loop()
         deadline = loop.time() + client.timeout
         key: Key = (function, tag, token)
-        # A request with a routing hint (an LLM's) is placed by its owner's
-        # picker each time: a held lease would pin it to one instance.
-        cache = self.enabled and hint is None
+        # The gateway cannot tell an LLM function from its route (any
+        # function may be named in an OpenAI body): Dispatch decides, and
+        # grants an LLM function's requests no hold, so none is ever kept.
+        cache = self.enabled
         failed: list[Held] = []
         h: Held | None = None
         attempts = 0

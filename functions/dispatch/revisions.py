@@ -44,22 +44,25 @@ async def resolve(
     (a function, or a revision name that pins one revision), and what to
     call once its slot is granted: the seconds its caller may hold the
     lease for later requests (``FunctionRouter.hold``; 0 when the request
-    did not ask, or the revision was drawn from a split)."""
+    did not ask, the revision was drawn from a split, or the function is an
+    LLM's: its picker places every request, and a held lease would pin the
+    caller to one instance)."""
     function, tag = request.function, request.tag
     spec = await d.spec(function)
     # Before anything starts: a caller of another namespace gets nothing.
     authn.ensure_invoke(spec.namespace, spec.public, f"function {function}")
+    wants = request.hold and not spec.llm
     if not spec.revision or revisions.split(function)[1]:
         # No revisions (older records), or pinned: nothing is drawn.
         router = d.router(spec)
-        return spec, router, _holder(d, function, spec, router) if request.hold else _no_hold
+        return spec, router, _holder(d, function, spec, router) if wants else _no_hold
     ready = _ready(d, function)
     rev = revisions.choose(spec, tag, random.random(), ready)
     rev_spec = await d.spec(revisions.revision_name(function, rev))
     router = d.router(rev_spec)
     if rev != spec.revision and not tag:
         await _warm_latest(d, spec)
-    hold = request.hold and revisions.settled(spec, tag, ready)
+    hold = wants and revisions.settled(spec, tag, ready)
     return rev_spec, router, _holder(d, function, spec, router) if hold else _no_hold
 
 

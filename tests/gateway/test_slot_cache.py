@@ -106,6 +106,26 @@ async def test_a_warm_function_is_served_without_a_dispatch_call(
 
 
 @pytest.mark.slow
+async def test_a_function_named_on_an_openai_route_is_served_from_held_slots(
+    gw: Gateway, start_gateway: Start
+) -> None:
+    # The OpenAI routes send Dispatch a routing hint; a function that is not
+    # an LLM's gets held slots as on any route (only an LLM's picker must
+    # place every request).
+    url, _ = await start_gateway(slot_idle_ms=1000)
+    await gw.client.invoke("echo", b"warm")
+    hold_longer(gw, "echo", 30.0)
+    d0 = dispatcher(gw)
+    body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as http:
+        before = d0.ops["dispatch"]
+        for _ in range(4):
+            async with http.post(f"{url}/v1/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+    assert d0.ops["dispatch"] == before + 1
+
+
+@pytest.mark.slow
 async def test_without_the_cache_every_request_calls_dispatch(
     gw: Gateway, start_gateway: Start
 ) -> None:
