@@ -41,6 +41,10 @@ LATENCY = Histogram(
 )
 IN_FLIGHT = Gauge("galaxy_gateway_in_flight", "Requests being proxied now")
 SHED = Counter("galaxy_gateway_shed_total", "Requests shed because the gateway was full")
+CLIENT_GONE = Counter(
+    "galaxy_gateway_client_gone_total",
+    "Streamed answers cut short because the client closed its connection",
+)
 
 #: Hop-by-hop headers (RFC 9110 section 7.6.1) are not forwarded either way.
 #: Request header naming a traffic tag (see docs/gateway.md, revisions).
@@ -395,9 +399,17 @@ class Proxy:
             await out.prepare(request)
             # Chunk by chunk as the instance produces them: streaming and
             # server-sent events reach the client without buffering.
-            async for chunk in upstream.content.iter_any():
-                await out.write(chunk)
-            await out.write_eof()
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+            except ConnectionResetError:
+                # The client left (mid-stream, or just after a stream's last
+                # event): nobody to answer, nothing of the gateway's failed.
+                # The slot is released, not kept: the instance's connection
+                # still carries the rest of its answer.
+                CLIENT_GONE.inc()
+                return out
             slot.reusable = True  # the whole answer went out: keep the slot
             return out
 

@@ -11,6 +11,7 @@ import subprocess
 import aiohttp
 import pytest
 
+from controlplane.gateway.proxy import CLIENT_GONE
 from tests.cluster import eventually
 from tests.gateway.conftest import Gateway
 
@@ -118,8 +119,11 @@ async def test_clear_errors(gw: Gateway) -> None:
     assert code == "404" and len(body) < 1024  # the name is not echoed back whole
 
 
-async def test_a_client_that_goes_away_mid_stream_frees_its_slot(gw: Gateway) -> None:
+async def test_a_client_that_goes_away_mid_stream_frees_its_slot(
+    gw: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
     words = " ".join(f"w{i}" for i in range(200))  # 10 s of stream at 50 ms a chunk
+    gone = CLIENT_GONE._value.get()
     async with aiohttp.ClientSession() as s:
         async with s.post(f"{gw.url}/functions/stream", data=words) as resp:
             assert resp.status == 200
@@ -132,3 +136,6 @@ async def test_a_client_that_goes_away_mid_stream_frees_its_slot(gw: Gateway) ->
         within_s=5.0,
         what="the slot is released",
     )
+    await eventually(lambda: CLIENT_GONE._value.get() > gone, 5.0, "the cut counted")
+    # A client that leaves is not an error of the gateway's: no traceback.
+    assert not [r for r in caplog.records if r.exc_info], caplog.text[-2000:]
