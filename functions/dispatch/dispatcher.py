@@ -29,6 +29,7 @@ from functions.dispatch import (
     coordination,
     fnstats,
     llmroute,
+    llmsleep,
     memberchange,
     revisions,
     routedcheck,
@@ -106,6 +107,8 @@ class Dispatcher:
         self.clock: Clock = clock or MonotonicClock()
         #: pickers and scraped signals of the LLM functions routed here
         self.llm = llmroute.LlmRouting(self.clock, llm_picker)
+        #: instances of LLM functions a scale-in put to sleep
+        self.sleeping = llmsleep.Sleeping(self.clock)
         self.autoscaling = FunctionAutoscaling(
             autoscale or AutoscaleSettings(), self.clock, self.llm.fleet
         )
@@ -158,6 +161,7 @@ class Dispatcher:
         """Cancel background work (scale-ups, deletes)."""
         fnstats.detach(self)
         await self.llm.close()
+        await self.sleeping.close()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -351,7 +355,11 @@ class Dispatcher:
 
     def start(self, router: FunctionRouter, spec: common_pb2.FunctionSpec, n: int) -> None:
         """Start ``n`` instances of ``spec`` for ``router`` (counted pending
-        at once; each placed in the background, ``starts.scale_up``)."""
+        at once; each placed in the background, ``starts.scale_up``), less
+        the sleeping instances woken first (``llmsleep.wake``)."""
+        n -= llmsleep.wake(self, router, spec, n)
+        if n <= 0:
+            return
         router.begin_scale_up(n)
         for _ in range(n):
             self.spawn(starts.scale_up(self, router, spec))
@@ -453,7 +461,10 @@ class Dispatcher:
             for iid in d.retire:
                 # Out of the routing tables first, then off the node.
                 router.drain(iid)
+                if llmsleep.retire(self, router, spec, iid):
+                    continue  # asleep: out of the routing tables, still running
                 inst = self.remove(router, iid)
                 if inst is not None and inst.meta is not None:
                     log.info("retiring %s: %s", iid, d.reason)
                     self.spawn(self.peers.delete_on_node(inst.meta))
+        llmsleep.tick(self)

@@ -144,6 +144,7 @@ class DispatchComponent:
                 ends_ms = time.time_ns() // 1_000_000 + llmroute.SCRAPE_TOKEN_MS
                 return key.sign(instance_id, ends_ms)
 
+        d.sleeping.sign = sign  # (sleep and wake calls pass the same entry)
         while True:
             await asyncio.sleep(llmroute.SCRAPE_S)
             try:
