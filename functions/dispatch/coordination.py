@@ -192,10 +192,11 @@ async def recover(d: Dispatcher, records: list[common_pb2.InstanceInfo]) -> int:
     was watching, so the node agents are the authority.
     """
     live, gone = await d.peers.running(records)
+    awake = await llmsleep.recovered(d, live)  # (sleeping ones sleep on)
     perform(
         d,
         d.ownership.recover(
-            [(i.function, i.instance_id, i) for i in live],
+            [(i.function, i.instance_id, i) for i in awake],
             [(i.function, i.instance_id) for i in gone],
         ),
     )
@@ -258,4 +259,7 @@ def list_instances(
                 )
             )
         out.instances.extend(llmsleep.listed(d, name))  # not routed, yet wanted
+    for name in sorted(set(d.sleeping.policies) - set(d.routers)):  # (after a restart)
+        if not request.function or request.function in (name, routing_key(name)):
+            out.instances.extend(llmsleep.listed(d, name))
     return out

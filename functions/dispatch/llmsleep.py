@@ -19,16 +19,20 @@ up asleep (weights loaded, context released) instead of removing them:
   (as routed instances) or, the function deleted, are removed.
 
 A sleeping instance keeps its instance record, and ``ListInstances`` lists
-it (``asleep``): the node agents' orphan checks leave it alone, and a
-Dispatch that restarts recovers it from its record as a routed instance,
-which its first request wakes and an idle autoscaler puts back to sleep.
+it (``asleep``), so the node agents' orphan checks leave it alone. A
+Dispatch that restarts asks each recorded instance of a sleeping LLM
+function its state (``recovered``, ``GET /v1/galaxy/state``): one asleep
+sleeps on here (its ``keep_asleep_ms`` counted again from the restart),
+listed from the start; one awake, or one that does not answer, is
+recovered as any instance is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from prometheus_client import Counter, Gauge
@@ -48,6 +52,9 @@ log = logging.getLogger(__name__)
 #: trims the heap; the real wake builds a context: 0.03-0.4 s, docs/llm.md)
 SLEEP_TIMEOUT_S = 10.0
 WAKE_TIMEOUT_S = 10.0
+#: deadline of a recovering Dispatch's state question, and how many at once
+STATE_TIMEOUT_S = 2.0
+STATE_PARALLEL = 32
 #: how long an instance stays asleep when the spec says 0
 KEEP_ASLEEP_S = 300.0
 
@@ -103,19 +110,25 @@ class Sleeping:
             p.forget(instance_id)
         return self.infos.pop(instance_id, None)
 
-    async def call(self, info: common_pb2.InstanceInfo, action: str, timeout_s: float) -> None:
-        """``POST /v1/galaxy/<action>`` to the instance within ``timeout_s``
-        (raises on failure; an emulated sandbox's instance has nothing to call)."""
+    async def call(
+        self, info: common_pb2.InstanceInfo, action: str, timeout_s: float
+    ) -> dict[str, Any]:
+        """``POST /v1/galaxy/<action>`` (``GET`` for ``state``) to the
+        instance within ``timeout_s``: its JSON answer (raises on failure;
+        an emulated sandbox's instance has nothing to call: ``{}``)."""
         if info.address.startswith("emulated://"):
-            return
+            return {}
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession()
         headers = {leasetoken.HEADER: self.sign(info.instance_id)} if self.sign else None
         url = f"http://{info.address}/v1/galaxy/{action}"
+        method = "GET" if action == "state" else "POST"
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self._session.post(url, headers=headers, timeout=timeout) as r:
+        async with self._session.request(method, url, headers=headers, timeout=timeout) as r:
             if r.status != 200:
                 raise RuntimeError(f"{action}: HTTP {r.status}: {(await r.text())[:200]}")
+            got = await r.json()
+        return got if isinstance(got, dict) else {}
 
     async def close(self) -> None:
         """Close the HTTP session."""
@@ -182,13 +195,14 @@ async def _wake(d: Dispatcher, router: FunctionRouter, info: common_pb2.Instance
 
 def tick(d: Dispatcher) -> None:
     """Remove the instances asleep too long, and hand over or remove those of
-    functions no longer routed here (run with each autoscaler tick)."""
+    functions that moved or were deleted (run with each autoscaler tick)."""
     s = d.sleeping
     for function in list(s.policies):
         policy = s.policies[function]
         spec = d.specs.get(function)
-        if function not in d.routers:
-            owner = d.owner(function)
+        owner = d.owner(function)
+        # (a spec is re-read on an update: absent a moment, its router stays)
+        if owner is not None or (spec is None and function not in d.routers):
             for iid in list(policy.asleep):
                 info = s.take(function, iid)
                 if info is None:
@@ -216,6 +230,38 @@ def _remove(d: Dispatcher, function: str, info: common_pb2.InstanceInfo, reason:
 
 def _why(e: BaseException) -> str:
     return str(e)[:200] or type(e).__name__
+
+
+async def recovered(
+    d: Dispatcher, live: list[common_pb2.InstanceInfo]
+) -> list[common_pb2.InstanceInfo]:
+    """After a restart: the recorded instances still running that are
+    asleep go back to sleep here (re-recorded); returns the others, to be
+    recovered as any instance is."""
+    gate = asyncio.Semaphore(STATE_PARALLEL)
+
+    async def asleep(info: common_pb2.InstanceInfo) -> common_pb2.FunctionSpec | None:
+        try:
+            spec = await d.spec(info.function)
+            if not (spec.llm and spec.autoscaling.max_asleep):
+                return None
+            async with gate:
+                state = await d.sleeping.call(info, "state", STATE_TIMEOUT_S)
+        except Exception as e:  # (no answer: recovered as awake, its request wakes it)
+            log.info("state of %s unknown (%s): recovered awake", info.instance_id, _why(e))
+            return None
+        return spec if state.get("asleep") is True else None
+
+    specs = await asyncio.gather(*(asleep(i) for i in live))
+    out = []
+    for info, spec in zip(live, specs, strict=True):
+        policy = d.sleeping.policy(spec) if spec is not None else None
+        if policy is None or policy.scale_in(info.instance_id) is Step.REMOVE:
+            out.append(info)  # (more asleep than max_asleep now: routed, woken by use)
+            continue
+        d.sleeping.infos[info.instance_id] = info
+        d.record(f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString())
+    return out
 
 
 def listed(d: Dispatcher, function: str) -> list[dispatch_pb2.InstanceState]:

@@ -4,8 +4,11 @@ sleeping instances (still running, asleep on their own `/v1/galaxy/state`,
 shown asleep by `galaxy status`, counted by `galaxy_llm_instances_asleep`,
 sent no request), the next burst wakes them before any cold start (no new
 instance id, no new cold start counted), and an instance asleep longer than
-`keep_asleep_ms` is removed (its process gone). Requests go through the
-gateway with the official `openai` client."""
+`keep_asleep_ms` is removed (its process gone). A Dispatch killed while
+instances sleep finds them asleep when it restarts: they stay listed (the
+node agents' orphan checks stop the unrouted awake one, not them) and the
+next burst wakes them. Requests go through the gateway with the official
+`openai` client."""
 
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ import asyncio
 import json
 import os
 import re
+import signal
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -24,6 +28,7 @@ import openai
 import pytest
 
 from controlplane.runtime import leasetoken
+from tests.etcd_server import EtcdServer, require_etcd, running_etcd
 from tests.integration.upctl import REPO, GalaxyUp
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -60,8 +65,8 @@ def status(g: GalaxyUp) -> list[dict]:
     ]
 
 
-def dispatch_metric(g: GalaxyUp, name: str) -> float:
-    url = f"http://{g.component('dispatch-0')['metrics']}/metrics"
+def dispatch_metric(g: GalaxyUp, name: str, component: str = "dispatch-0") -> float:
+    url = f"http://{g.component(component)['metrics']}/metrics"
     text = urllib.request.urlopen(url, timeout=5).read().decode()
     m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
@@ -170,3 +175,67 @@ def _down(g: GalaxyUp, instance: dict) -> bool:
     except (aiohttp.ClientError, AssertionError):
         return True
     return "asleep" not in got
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """An etcd of this test's own: instance records outlive a Dispatch only
+    in a shared store (the default one lives in the process)."""
+    require_etcd()
+    with running_etcd(tmp_path / "etcd") as server:
+        yield server
+
+
+@pytest.mark.etcd
+async def test_sleepers_survive_a_dispatch_restart(tmp_path, monkeypatch, etcd) -> None:
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    spec = tmp_path / "sleepy.yaml"
+    spec.write_text(SPEC.format(artifact=REPO / "examples" / "llm_emulated.py", keep_ms=600_000))
+    g = GalaxyUp(tmp_path / "run", "--state", etcd.url, "--nodes", "1")
+    g.start()
+    try:
+        r = g.cli("deploy", "-f", str(spec))
+        assert r.returncode == 0, r.stderr
+        client = openai.AsyncOpenAI(
+            base_url=f"http://{g.endpoints['gateway']}/v1", api_key=g.token, timeout=120
+        )
+
+        async def ask(n: int) -> str:
+            c = await client.chat.completions.create(
+                model="sleepy-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=n
+            )
+            return c.choices[0].message.content or ""
+
+        await asyncio.gather(*(ask(BURST_TOKENS) for _ in range(3)))
+        await until("two asleep", lambda: sum(s.get("asleep", False) for s in status(g)) == 2, 60)
+        asleep = [s["instance"] for s in status(g) if s.get("asleep")]
+
+        old = int(g.component("dispatch-0")["pid"])
+        os.kill(old, signal.SIGKILL)
+        await asyncio.to_thread(g.wait_line, "dispatch-0 restarted")
+        g.reload_endpoints()
+        # The orphan checks run: they stop the awake instance (recovered,
+        # not routed before a request, as any idle instance), not the sleepers.
+        await until(
+            "an orphan check",
+            lambda: dispatch_metric(g, "galaxy_orphan_instances_reaped_total", "agent-0") >= 1,
+            60,
+        )
+        now = status(g)
+        assert sorted(s["instance"]["instance_id"] for s in now if s.get("asleep")) == sorted(
+            i["instance_id"] for i in asleep
+        )
+        assert dispatch_metric(g, "galaxy_llm_instances_asleep") == 2
+        for i in asleep:
+            assert (await engine_state(g, i))["asleep"] is True
+
+        # The next burst wakes both (the third instance is a new start).
+        assert len(await asyncio.gather(*(ask(BURST_TOKENS) for _ in range(3)))) == 3
+        assert dispatch_metric(g, "galaxy_llm_wakes_total") == 2
+        ids = {s["instance"]["instance_id"] for s in status(g)}
+        assert {i["instance_id"] for i in asleep} <= ids
+        for i in asleep:
+            assert (await engine_state(g, i))["asleep"] is False
+        await client.close()
+    finally:
+        g.stop()
