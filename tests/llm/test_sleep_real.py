@@ -13,6 +13,7 @@ Needs the `llm` extra: skipped with the reason otherwise."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -25,7 +26,7 @@ import pytest
 import yaml
 
 from tests.integration.upctl import REPO, GalaxyUp
-from tests.llm.test_sleep_dispatch import dispatch_metric, engine_state, status, until
+from tests.llm.sleepyup import dispatch_metric, engine_state, status, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.llm]
 
@@ -52,6 +53,10 @@ def spec_file(tmp_path: Path, model: Path) -> Path:
     out = tmp_path / "sleepy.yaml"
     out.write_text(yaml.safe_dump(doc))
     return out
+
+
+def slept(g: GalaxyUp, n: int) -> bool:
+    return dispatch_metric(g, "galaxy_llm_sleeps_total") == n
 
 
 async def test_first_token_from_an_instance_dispatch_woke(tmp_path, monkeypatch) -> None:
@@ -84,11 +89,7 @@ async def test_first_token_from_an_instance_dispatch_woke(tmp_path, monkeypatch)
         cold = dispatch_metric(g, "galaxy_cold_starts_total")
         rounds = []
         for n in range(1, ROUNDS + 1):
-            await until(
-                f"asleep ({n})",
-                lambda n=n: dispatch_metric(g, "galaxy_llm_sleeps_total") == n,
-                120,
-            )
+            await until(f"asleep ({n})", functools.partial(slept, g, n), 120)
             state = await engine_state(g, inst)
             assert state == {"asleep": True, "sleeps": n}
             load = os.getloadavg()[0]
