@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from simulator.llm_fleet import FleetSim, Outcome, policies
 from simulator.llm_fleet_workload import LARGE, FleetShape, Job
 
+#: (several simulated runs: about a second each on an idle core)
+pytestmark = pytest.mark.slow
 SHAPE = FleetShape(nodes=4)
 
 
