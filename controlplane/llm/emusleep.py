@@ -65,9 +65,8 @@ class EmulatedSleep:
             return web.json_response({"asleep": False, "woke_s": await self.awake()})
 
         async def state(_r: web.Request) -> web.Response:
-            return web.json_response(
-                {"asleep": self.asleep, "sleeps": self.sleeps, "emulated": True}
-            )
+            state = {"asleep": self.asleep, "sleeps": self.sleeps, "wakes": self.wakes}
+            return web.json_response(state | {"emulated": True})
 
         app.router.add_post("/v1/galaxy/sleep", sleep)
         app.router.add_post("/v1/galaxy/wake", wake)

@@ -80,6 +80,14 @@ class Served:
     fresh: bool
 
 
+def first_free_id(records: Iterable[common_pb2.InstanceInfo], dispatch_id: str) -> int:
+    """The first instance number above every recorded one this Dispatch
+    instance named (``Dispatcher.new_instance_id``)."""
+    mine = f"-{dispatch_id}-"
+    taken = [r.instance_id.rpartition(mine)[2] for r in records if mine in r.instance_id]
+    return max((int(n) + 1 for n in taken if n.isdigit()), default=0)
+
+
 class Dispatcher:
     """Routes the functions this Dispatch instance owns: their routers, the
     starts and deletes of their instances, handovers to and from peers."""
@@ -414,7 +422,11 @@ class Dispatcher:
 
     async def recover(self, records: list[common_pb2.InstanceInfo]) -> int:
         """Adopt instances recorded by a previous incarnation that still run;
-        returns how many (see ``coordination.recover``)."""
+        returns how many (see ``coordination.recover``). New instance ids
+        count on from the highest recorded one of this instance's: a start
+        under the id of one still running (a sleeping instance's, say) would
+        join it instead of starting one."""
+        self._ids = itertools.count(first_free_id(records, self.instance_id))
         return await coordination.recover(self, records)
 
     async def check_routed(self) -> int:

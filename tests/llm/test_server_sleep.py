@@ -42,7 +42,8 @@ async def test_sleep_state_and_a_request_that_wakes_it(llm) -> None:  # noqa: F8
     prompt = " ".join(f"w{i}" for i in range(64))  # 4 full blocks of 16
     await complete(url, prompt)
     assert len(server.engine.prefix) == 4
-    assert await curl(url + "/v1/galaxy/state") == {"asleep": False, "sleeps": 0, "emulated": True}
+    state = await curl(url + "/v1/galaxy/state")
+    assert state == {"asleep": False, "sleeps": 0, "wakes": 0, "emulated": True}
     assert await curl("-X", "POST", url + "/v1/galaxy/sleep") == {"asleep": True, "changed": True}
     assert await curl("-X", "POST", url + "/v1/galaxy/sleep") == {"asleep": True, "changed": False}
     assert (await curl(url + "/v1/galaxy/state"))["asleep"] is True

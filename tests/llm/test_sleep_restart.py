@@ -68,5 +68,5 @@ async def test_sleepers_survive_a_dispatch_restart(tmp_path, monkeypatch, etcd) 
         assert dispatch_metric(g, "galaxy_llm_wakes_total") == 2
         ids = {s["instance"]["instance_id"] for s in status(g)}
         assert {i["instance_id"] for i in asleep} <= ids
-        for i in asleep:
-            assert (await engine_state(g, i))["asleep"] is False
+        for i in asleep:  # (woken once: the scale-in may put it back to sleep already)
+            assert (await engine_state(g, i))["wakes"] == 1

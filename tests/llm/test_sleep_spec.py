@@ -1,6 +1,7 @@
 """The spec fields of sleeping instances (`autoscaling.max_asleep`,
 `keep_asleep_ms`): read from YAML's mapping, checked naming the field, and
-refused for a runtime that does not serve an LLM."""
+refused for a runtime that does not serve an LLM; and the instance ids a
+restarted Dispatch gives, past those recorded (a sleeping one among them)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from controlplane.runtime import servingruntime, validation
 from controlplane.runtime import spec as specs
 from controlplane.runtime.errors import InvalidArgument
+from functions.dispatch.dispatcher import first_free_id
 from galaxy.v1 import common_pb2
 
 
@@ -49,3 +51,14 @@ def test_only_an_llm_runtime_sleeps() -> None:
         servingruntime.resolve(spec, rt)
     rt.llm = True
     assert servingruntime.resolve(spec, rt).autoscaling.max_asleep == 1
+
+
+def test_a_restarted_dispatch_names_new_instances_past_the_recorded_ones() -> None:
+    # A start under a recorded (say sleeping) instance's id would join it.
+    rec = [
+        common_pb2.InstanceInfo(instance_id=i)
+        for i in ("f-00001-dispatch-0-7", "f-00001-dispatch-0-2", "f-dispatch-1-40", "odd")
+    ]
+    assert first_free_id(rec, "dispatch-0") == 8
+    assert first_free_id(rec, "dispatch-1") == 41
+    assert first_free_id(rec, "dispatch-2") == 0
