@@ -58,7 +58,9 @@ STATE_PARALLEL = 32
 #: how long an instance stays asleep when the spec says 0
 KEEP_ASLEEP_S = 300.0
 
-ASLEEP = Gauge("galaxy_llm_instances_asleep", "LLM instances asleep (routed by this Dispatch)")
+ASLEEP = Gauge(
+    "galaxy_llm_instances_asleep", "LLM instances asleep, of the functions this Dispatch owns"
+)
 SLEEPS = Counter("galaxy_llm_sleeps_total", "LLM instances a scale-in put to sleep")
 WAKES = Counter("galaxy_llm_wakes_total", "Sleeping LLM instances a scale-out woke")
 REMOVED = Counter(
