@@ -15,6 +15,13 @@ store or, faster, from a node's host-memory cache. Three policies:
   single queue, and placement by ``least_loaded`` (Kubernetes' scheduler
   knows nothing of cached weights).
 
+A policy with ``max_asleep`` keeps instances a scale-in gives up asleep
+(``controlplane.runtime.sleeppolicy``, the object Dispatch drives): an
+asleep instance holds no GPU (its weights wait in its node's host memory,
+as vLLM's sleep mode offloads them) and is not routed; a scale-out wakes
+one in the profile's ``wake_s`` when its node has a GPU free (else it is
+removed and a start places a new one), before any start.
+
 The production objects decide (engine, picker, load book, KPA, signal,
 removal, placement scoring); this module moves time, keeps the nodes' GPU
 slots and weight caches, and counts. Everything is emulated, named so.
@@ -36,6 +43,7 @@ from controlplane.runtime.llmpicker import Ask, Candidate, ScoredPicker
 from controlplane.runtime.llmsignals import Load, LoadBook, Sample
 from controlplane.runtime.resources import Res
 from controlplane.runtime.scoring import ModelLocality, NodeInfo, Placing, lookup
+from controlplane.runtime.sleeppolicy import SleepPolicy, Step
 from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
 from functions.dispatch.autoscaling.llmsignal import ScalingSignal, fleet_value, kpa_config
 from functions.dispatch.autoscaling.llmsignal import observed as pressured
@@ -60,6 +68,9 @@ class Policy:
     placement: str
     #: one router for every function (True) or one per function's owner
     central: bool
+    #: instances a scale-in puts to sleep (0: removed), and for how long
+    max_asleep: int = 0
+    keep_asleep_s: float = 300.0
 
 
 def policies(ttft_s: float, tpot_s: float, target: float) -> list[Policy]:
@@ -81,6 +92,9 @@ class Inst(ScaledInst):
 
     function: int = 0
     node: int = 0
+    #: when it fell asleep (None: awake or removed), and seconds spent asleep
+    slept_at: float | None = None
+    asleep_s: float = 0.0
 
 
 @dataclass
@@ -96,6 +110,9 @@ class Fn:
     recent_ttft: list[float] = field(default_factory=list)
     recent_tpot: list[float] = field(default_factory=list)
     last_gen: dict[str, float] = field(default_factory=dict)
+    #: the sleeping instances (``Policy.max_asleep``), by name
+    sleep: SleepPolicy | None = None
+    asleep: dict[str, Inst] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,6 +130,8 @@ class Outcome:
     cold_loads: int
     warm_loads: int
     ttfts: list[float] = field(default_factory=list)
+    #: sleeping instances woken instead of a start
+    wakes: int = 0
 
     @property
     def goodput(self) -> float:
@@ -159,6 +178,8 @@ class FleetSim:
             )
             for _ in range(functions)
         ]
+        for fn in self.fns if policy.max_asleep else ():
+            fn.sleep = SleepPolicy(policy.keep_asleep_s, policy.max_asleep, lambda: self.now)
         cap = Res(gpus=shape.gpus_per_node)
         self.nodes = [NodeInfo(f"n{k}", f"n{k}", cap, models={}) for k in range(shape.nodes)]
         self._lru: list[OrderedDict[str, None]] = [OrderedDict() for _ in self.nodes]
@@ -166,7 +187,7 @@ class FleetSim:
         self._loading = ModelLocality(link_bps=shape.store_bps, memory_bps=shape.memory_bps)
         self._router_free: dict[int, float] = {}
         self.all: list[Inst] = []
-        self.done = self.refused = self.good = self.cold = self.warm = 0
+        self.done = self.refused = self.good = self.cold = self.warm = self.wakes = 0
         self.ttfts: list[float] = []
 
     # -- events ---------------------------------------------------------
@@ -197,9 +218,15 @@ class FleetSim:
                 (self._scrape if scrape else self._tick)()
                 self.push(self.now + (self.scrape_s if scrape else self.tick_s), kind, None)
         gpu_s = sum(
-            ((i.removed if i.removed is not None else self.now) - i.added)
+            ((i.removed if i.removed is not None else self.now) - i.added - i.asleep_s)
             * self.shape.gpus_per_instance
             for i in self.all
+        )
+        gpu_s -= sum(
+            (self.now - i.slept_at) * self.shape.gpus_per_instance
+            for fn in self.fns
+            for i in fn.asleep.values()
+            if i.slept_at is not None
         )
         return Outcome(
             self.policy.name,
@@ -212,6 +239,7 @@ class FleetSim:
             self.cold,
             self.warm,
             self.ttfts,
+            self.wakes,
         )
 
     def _busy(self) -> bool:
@@ -324,15 +352,22 @@ class FleetSim:
         starting = len(fn.insts) - ready
         fn.kpa.observe(now, pressured(sig, value, ttft_p, tpot_p, starting))
         d = fn.kpa.decide(now, ready, starting)
-        for _ in range(d.to_start):
+        for _ in range(d.to_start - self._wake(fn, d.to_start)):
             if not self._start(f, fn):
                 break
         views = [InstanceView(i.name, i.inflight, i.added) for i in fn.insts if i.ready_at <= now]
         gone = set(idle_instances_to_remove(views, d.to_remove))
         for i in fn.insts:
             if i.name in gone:
-                self._remove(fn, i)
-        fn.insts = [i for i in fn.insts if i.removed is None]
+                if fn.sleep is not None and fn.sleep.scale_in(i.name) is Step.SLEEP:
+                    self._sleep(fn, i)
+                else:
+                    self._remove(fn, i)
+        fn.insts = [i for i in fn.insts if i.removed is None and i.slept_at is None]
+        for name in fn.sleep.expired() if fn.sleep is not None else ():
+            i = fn.asleep.pop(name)
+            i.asleep_s += now - (i.slept_at or now)
+            i.slept_at, i.removed = None, now  # (its GPU went when it fell asleep)
 
     def _start(self, f: int, fn: Fn) -> bool:
         """Place one instance of function ``f``; False when no node has room."""
@@ -368,6 +403,34 @@ class FleetSim:
         fn.insts.append(i)
         self.push(i.ready_at, "ready", i)
         return True
+
+    def _sleep(self, fn: Fn, i: Inst) -> None:
+        """Put an idle instance to sleep: its GPU is freed, it is not routed."""
+        self._remove(fn, i)
+        i.removed, i.slept_at = None, self.now
+        fn.asleep[i.name] = i
+
+    def _wake(self, fn: Fn, n: int) -> int:
+        """Wake up to n sleeping instances (the policy's choice) whose node
+        has a GPU free; one whose node has none is removed. Returns how many."""
+        woken = 0
+        for name in fn.sleep.wake(n) if fn.sleep is not None else ():
+            i = fn.asleep.pop(name)
+            assert i.slept_at is not None
+            i.asleep_s += self.now - i.slept_at
+            i.slept_at = None
+            node, need = self.nodes[i.node], Res(gpus=self.shape.gpus_per_instance)
+            if not need.fits_in(node.capacity - node.allocated):
+                i.removed = self.now
+                continue
+            node.allocated = node.allocated + need
+            i.engine.prefix.clear()  # (the KV cache went with the context)
+            i.ready_at = self.now + self.prof.wake_s
+            fn.insts.append(i)
+            self.push(i.ready_at, "ready", i)
+            woken += 1
+        self.wakes += woken
+        return woken
 
     def _cache(self, k: int, model: str) -> None:
         lru, models = self._lru[k], self.nodes[k].models

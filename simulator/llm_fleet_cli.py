@@ -51,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also galaxy with least_loaded placement (what model locality adds)",
     )
+    ap.add_argument(
+        "--max-asleep",
+        type=int,
+        default=0,
+        help="also galaxy keeping this many idle instances of a function asleep",
+    )
+    ap.add_argument("--keep-asleep-s", type=float, default=300.0)
     a = ap.parse_args(argv)
     if a.quick:
         a.nodes, a.minutes, a.functions, a.speed = 24, 2.0, 12, 6.0
@@ -58,8 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     bad = [n for n in positive if getattr(a, n) <= 0] + (
         ["decision_ms"] if a.decision_ms < 0 else []
     )
+    bad += ["max_asleep"] if a.max_asleep < 0 else []
+    bad += ["keep_asleep_s"] if a.keep_asleep_s < 0 else []
     if bad:
-        ap.error(f"--{bad[0].replace('_', '-')} must be > 0 (--decision-ms >= 0)")
+        ap.error(
+            f"--{bad[0].replace('_', '-')} must be > 0 "
+            "(--decision-ms, --max-asleep, --keep-asleep-s >= 0)"
+        )
     shape = FleetShape(nodes=a.nodes)
     jobs = workload(a.minutes, a.functions, a.speed, a.zipf, a.seed)
     slo = (a.ttft_ms / 1000, a.tpot_ms / 1000)
@@ -67,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.ablate:
         blind = dataclasses.replace(stacks[0], name="galaxy, least_loaded placement")
         stacks.append(dataclasses.replace(blind, placement="least_loaded"))
+    if a.max_asleep:
+        sleepy = f"galaxy, max_asleep {a.max_asleep}"
+        stacks.append(
+            dataclasses.replace(
+                stacks[0], name=sleepy, max_asleep=a.max_asleep, keep_asleep_s=a.keep_asleep_s
+            )
+        )
     outs = [
         FleetSim(p, a.functions, LARGE, shape, slo, a.decision_ms / 1000, seed=a.seed).run(jobs)
         for p in stacks
@@ -77,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         f"GPUs, {LARGE.name}, decision {a.decision_ms:g} ms, seed {a.seed}"
     )
     print(table(outs))
+    for o in outs:
+        if o.wakes:
+            print(f"{o.policy}: {o.wakes} sleeping instances woken instead of started")
     return 0
 
 

@@ -54,6 +54,8 @@ class Profile:
     prefix_cache_blocks: int = 4096
     #: weights load time (a cold start), seconds
     load_s: float = 0.0
+    #: emulated wake from sleep (a new context over loaded weights), seconds
+    wake_s: float = 0.0
 
 
 @dataclass(eq=False)

@@ -19,10 +19,13 @@ PROFILES: dict[str, tuple[Profile, str]] = {
             kv_capacity_tokens=32_768,
             max_running=16,
             load_s=0.4,
+            wake_s=0.05,
         ),
         "prefill 2,000 tokens/s: vLLM on this 2-core CPU with SmolLM2-135M (measured "
         "2026-11-28); decode ~90 tokens/s at batch 1: llama.cpp with Gemma 3 270M on 2 "
-        "threads (measured 2026-11-28); per-sequence decode cost and KV capacity: assumed",
+        "threads (measured 2026-11-28); wake 0.05 s: Gemma 3 270M's context rebuilt at "
+        "n_ctx 2,048 (0.03-0.08 s, measured 2026-11-29, docs/llm.md); per-sequence "
+        "decode cost and KV capacity: assumed",
     ),
     "llama2-13b-a100": (
         Profile(
@@ -36,10 +39,12 @@ PROFILES: dict[str, tuple[Profile, str]] = {
             kv_capacity_tokens=61_000,
             max_running=256,
             load_s=8.0,
+            wake_s=0.4,
         ),
         "KV bytes per token from LLaMA-2-13B's configuration; KV capacity from an 80 GB "
-        "A100 less 26 GB of weights; prefill, decode and load times: assumptions of the "
-        "emulation, not measurements",
+        "A100 less 26 GB of weights; prefill, decode, load and wake times: assumptions of "
+        "the emulation, not measurements (wake: load / 20, within the 18-200x faster wake "
+        "than a reload that vLLM's sleep mode reports)",
     ),
 }
 

@@ -1,6 +1,7 @@
 """An emulated LLM server, OpenAI-compatible: ``/v1/chat/completions`` and
 ``/v1/completions`` (streaming or not, with ``usage``), ``/v1/models``,
-``/health`` and ``/metrics`` with vLLM's metric names. Timing comes from the
+``/health`` and ``/metrics`` with vLLM's metric names, and sleep
+(``emusleep``: the real server's routes). Timing comes from the
 emulated engine (``engine``): no model runs, nothing spins while waiting.
 
     python -m controlplane.llm.server --profile smollm2-135m-cpu   # $HOST:$PORT
@@ -30,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controlplane.llm.emusleep import EmulatedSleep
 from controlplane.llm.engine import Engine, QueueFull, Request, block_hashes
 from controlplane.llm.errors import BadRequest
 from controlplane.llm.profiles import profile
@@ -98,6 +100,8 @@ class LlmServer:
                              buckets=LATENCY, registry=self.registry)  # fmt: skip
         self.refused = Counter("galaxy_llm_refused_total", "Requests refused (queue full).",
                                registry=self.registry)  # fmt: skip
+        #: asleep or awake (``/v1/galaxy/sleep``); a request wakes it
+        self.sleep = EmulatedSleep(engine)
         #: called with (body, request) before a completion is queued; may
         #: change the request or raise BadRequest (disaggregation's KV import)
         self.on_parsed: Callable[[dict[str, Any], Request], None] | None = None
@@ -163,6 +167,7 @@ class LlmServer:
             req = self.parse(body, chat)
             if self.on_parsed is not None:
                 self.on_parsed(body, req)
+            await self.sleep.awake()  # (counted in the request's TTFT)
             self.engine.submit(req)
         except (ValueError, BadRequest) as e:  # json errors are ValueErrors
             return _error(400, str(e)[:300])
@@ -228,6 +233,7 @@ class LlmServer:
     async def complete_one(self, req: Request) -> None:
         """Queue req and wait until it finishes (QueueFull or ValueError from
         the engine when it cannot be queued)."""
+        await self.sleep.awake()
         self.engine.submit(req)
         with self._tracked(req) as q:
             while (await q.get()) < req.max_tokens:
@@ -286,6 +292,7 @@ class LlmServer:
         app.router.add_get("/health", health)
         app.router.add_get("/healthz", health)
         app.router.add_get("/metrics", metrics)
+        self.sleep.install(app)
         return app
 
 

@@ -292,5 +292,9 @@ def resolve(
     if not out.startup_timeout_ms:
         out.startup_timeout_ms = rt.startup_timeout_ms
     out.llm = rt.llm  # the runtime's to say, never the caller's
+    if spec.autoscaling.max_asleep and not rt.llm:  # only an LLM runtime sleeps
+        raise InvalidArgument(
+            f"autoscaling.max_asleep: runtime {rt.name} is not an LLM runtime (llm: true)"
+        )
     validation.check_spec(out)  # the resolved command's bounds, the total size
     return out

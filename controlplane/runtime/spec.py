@@ -51,7 +51,8 @@ _TOP_FIELDS = {
 }
 _RES_FIELDS = {"cpu_millis", "memory_mib", "gpus"}
 _AUTOSCALING_INT = {
-    "stable_window_ms", "scale_to_zero_grace_ms", "keepalive_ms", "ttft_ms", "tpot_ms"
+    "stable_window_ms", "scale_to_zero_grace_ms", "keepalive_ms", "ttft_ms", "tpot_ms",
+    "max_asleep", "keep_asleep_ms",
 }  # fmt: skip
 _AUTOSCALING_FLOAT = {"target_utilization", "panic_window_percent", "target"}
 _AUTOSCALING_STR = {"keepalive", "metric"}

@@ -65,6 +65,8 @@ REQUEST_TIMEOUT_MS_MAX = 86_400_000
 STABLE_WINDOW_MS_MIN, STABLE_WINDOW_MS_MAX = 6_000, 3_600_000
 #: Scale-to-zero grace and fixed keep-alive: up to a day.
 IDLE_MS_MAX = 86_400_000
+#: Sleeping instances of one LLM function (each holds its weights in memory).
+MAX_ASLEEP = 1_000
 KEEPALIVE_POLICIES = ("fixed", "hybrid")
 #: what a function may scale on (functions/dispatch/autoscaling/llmsignal.py)
 SCALING_METRICS = ("concurrency", "rps", "queue", "kv", "tokens_per_s")
@@ -270,6 +272,8 @@ def check_autoscaling(a: Any) -> None:
         raise InvalidArgument(f"{p}target: must be {bound}, got {a.target}")
     check_range(p + "ttft_ms", a.ttft_ms, 0, SLO_MS_MAX)
     check_range(p + "tpot_ms", a.tpot_ms, 0, SLO_MS_MAX)
+    check_range(p + "max_asleep", a.max_asleep, 0, MAX_ASLEEP)
+    check_range(p + "keep_asleep_ms", a.keep_asleep_ms, 0, IDLE_MS_MAX)
 
 
 def check_dispatch(request: Any) -> None:

@@ -96,6 +96,7 @@ def _print_status(st: Any, max_nodes: int) -> None:
         print(
             f"  {i.instance_id:<28} {i.function:<12} {i.node_id:<10} {i.address:<21} "
             f"in-flight {s.in_flight}/{i.concurrency}{' draining' if s.draining else ''}"
+            f"{' asleep' if s.asleep else ''}"
         )
     for w in st.warnings:
         print(f"warning: {w}")

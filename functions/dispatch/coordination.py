@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane.runtime.errors import InvalidArgument, NotFound
 from controlplane.runtime.revisions import routing_key
+from functions.dispatch import llmsleep, revisions
 from functions.dispatch import ownership as own
-from functions.dispatch import revisions
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, Waiter
 from galaxy.v1 import common_pb2, dispatch_pb2
 
@@ -192,10 +192,11 @@ async def recover(d: Dispatcher, records: list[common_pb2.InstanceInfo]) -> int:
     was watching, so the node agents are the authority.
     """
     live, gone = await d.peers.running(records)
+    awake = await llmsleep.recovered(d, live)  # (sleeping ones sleep on)
     perform(
         d,
         d.ownership.recover(
-            [(i.function, i.instance_id, i) for i in live],
+            [(i.function, i.instance_id, i) for i in awake],
             [(i.function, i.instance_id) for i in gone],
         ),
     )
@@ -222,6 +223,9 @@ async def mod_instance(
         changed = d.add(router, info, cold=False, leases=leases)
         return dispatch_pb2.ModInstanceReply(changed=changed)
     if request.op == dispatch_pb2.ModInstanceRequest.OP_REMOVE:
+        if d.sleeping.take(info.function, info.instance_id) is not None:  # exited asleep
+            d.unrouted(info.function, info.instance_id)
+            return dispatch_pb2.ModInstanceReply(changed=True)
         if router is None:
             return dispatch_pb2.ModInstanceReply(changed=False)
         log.info("instance %s removed: %s", info.instance_id, request.reason or "no reason")
@@ -254,4 +258,8 @@ def list_instances(
                     instance=inst.meta, in_flight=inst.in_flight, draining=inst.draining
                 )
             )
+        out.instances.extend(llmsleep.listed(d, name))  # not routed, yet wanted
+    for name in sorted(set(d.sleeping.policies) - set(d.routers)):  # (after a restart)
+        if not request.function or request.function in (name, routing_key(name)):
+            out.instances.extend(llmsleep.listed(d, name))
     return out

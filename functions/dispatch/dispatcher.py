@@ -29,6 +29,7 @@ from functions.dispatch import (
     coordination,
     fnstats,
     llmroute,
+    llmsleep,
     memberchange,
     revisions,
     routedcheck,
@@ -79,6 +80,14 @@ class Served:
     fresh: bool
 
 
+def first_free_id(records: Iterable[common_pb2.InstanceInfo], dispatch_id: str) -> int:
+    """The first instance number above every recorded one this Dispatch
+    instance named (``Dispatcher.new_instance_id``)."""
+    mine = f"-{dispatch_id}-"
+    taken = [r.instance_id.rpartition(mine)[2] for r in records if mine in r.instance_id]
+    return max((int(n) + 1 for n in taken if n.isdigit()), default=0)
+
+
 class Dispatcher:
     """Routes the functions this Dispatch instance owns: their routers, the
     starts and deletes of their instances, handovers to and from peers."""
@@ -106,6 +115,8 @@ class Dispatcher:
         self.clock: Clock = clock or MonotonicClock()
         #: pickers and scraped signals of the LLM functions routed here
         self.llm = llmroute.LlmRouting(self.clock, llm_picker)
+        #: instances of LLM functions a scale-in put to sleep
+        self.sleeping = llmsleep.Sleeping(self.clock)
         self.autoscaling = FunctionAutoscaling(
             autoscale or AutoscaleSettings(), self.clock, self.llm.fleet
         )
@@ -158,6 +169,7 @@ class Dispatcher:
         """Cancel background work (scale-ups, deletes)."""
         fnstats.detach(self)
         await self.llm.close()
+        await self.sleeping.close()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -351,7 +363,11 @@ class Dispatcher:
 
     def start(self, router: FunctionRouter, spec: common_pb2.FunctionSpec, n: int) -> None:
         """Start ``n`` instances of ``spec`` for ``router`` (counted pending
-        at once; each placed in the background, ``starts.scale_up``)."""
+        at once; each placed in the background, ``starts.scale_up``), less
+        the sleeping instances woken first (``llmsleep.wake``)."""
+        n -= llmsleep.wake(self, router, spec, n)
+        if n <= 0:
+            return
         router.begin_scale_up(n)
         for _ in range(n):
             self.spawn(starts.scale_up(self, router, spec))
@@ -406,7 +422,11 @@ class Dispatcher:
 
     async def recover(self, records: list[common_pb2.InstanceInfo]) -> int:
         """Adopt instances recorded by a previous incarnation that still run;
-        returns how many (see ``coordination.recover``)."""
+        returns how many (see ``coordination.recover``). New instance ids
+        count on from the highest recorded one of this instance's: a start
+        under the id of one still running (a sleeping instance's, say) would
+        join it instead of starting one."""
+        self._ids = itertools.count(first_free_id(records, self.instance_id))
         return await coordination.recover(self, records)
 
     async def check_routed(self) -> int:
@@ -453,7 +473,10 @@ class Dispatcher:
             for iid in d.retire:
                 # Out of the routing tables first, then off the node.
                 router.drain(iid)
+                if llmsleep.retire(self, router, spec, iid):
+                    continue  # asleep: out of the routing tables, still running
                 inst = self.remove(router, iid)
                 if inst is not None and inst.meta is not None:
                     log.info("retiring %s: %s", iid, d.reason)
                     self.spawn(self.peers.delete_on_node(inst.meta))
+        llmsleep.tick(self)

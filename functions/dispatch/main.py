@@ -71,7 +71,15 @@ class DispatchComponent:
                 max_starting=cfg.credit_max_starting,
                 score=scoring.lookup(cfg.scoring),
             )
-        self.servicer.lease_key = leasetoken.from_args(args)
+        self.servicer.lease_key = key = leasetoken.from_args(args)
+        if key is not None:  # the node's entry asks for a lease token, as for a request
+
+            def sign(instance_id: str) -> str:
+                ends_ms = time.time_ns() // 1_000_000 + llmroute.SCRAPE_TOKEN_MS
+                return key.sign(instance_id, ends_ms)
+
+            # Scrapes, and sleep, wake and state calls (from the recovery on).
+            self.dispatcher.sleeping.sign = sign
         self._housekeeping: asyncio.Task[None] | None = None
         self._routed_check: asyncio.Task[None] | None = None
         self._scrapes: asyncio.Task[None] | None = None
@@ -136,14 +144,7 @@ class DispatchComponent:
 
     async def _scrape_loop(self) -> None:
         # Periodic by nature: an engine's load changes without a request here.
-        d, key = self.dispatcher, self.servicer.lease_key
-        sign = None
-        if key is not None:  # the node's entry asks for a lease token, as for a request
-
-            def sign(instance_id: str) -> str:
-                ends_ms = time.time_ns() // 1_000_000 + llmroute.SCRAPE_TOKEN_MS
-                return key.sign(instance_id, ends_ms)
-
+        d, sign = self.dispatcher, self.dispatcher.sleeping.sign
         while True:
             await asyncio.sleep(llmroute.SCRAPE_S)
             try:

@@ -130,7 +130,7 @@ class TrafficTarget(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., percent: _Optional[int] = ..., tag: _Optional[str] = ...) -> None: ...
 
 class AutoscalingSpec(_message.Message):
-    __slots__ = ("target_utilization", "stable_window_ms", "panic_window_percent", "scale_to_zero_grace_ms", "keepalive", "keepalive_ms", "metric", "target", "ttft_ms", "tpot_ms")
+    __slots__ = ("target_utilization", "stable_window_ms", "panic_window_percent", "scale_to_zero_grace_ms", "keepalive", "keepalive_ms", "metric", "target", "ttft_ms", "tpot_ms", "max_asleep", "keep_asleep_ms")
     TARGET_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     STABLE_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     PANIC_WINDOW_PERCENT_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,8 @@ class AutoscalingSpec(_message.Message):
     TARGET_FIELD_NUMBER: _ClassVar[int]
     TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ASLEEP_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ASLEEP_MS_FIELD_NUMBER: _ClassVar[int]
     target_utilization: float
     stable_window_ms: int
     panic_window_percent: float
@@ -151,7 +153,9 @@ class AutoscalingSpec(_message.Message):
     target: float
     ttft_ms: int
     tpot_ms: int
-    def __init__(self, target_utilization: _Optional[float] = ..., stable_window_ms: _Optional[int] = ..., panic_window_percent: _Optional[float] = ..., scale_to_zero_grace_ms: _Optional[int] = ..., keepalive: _Optional[str] = ..., keepalive_ms: _Optional[int] = ..., metric: _Optional[str] = ..., target: _Optional[float] = ..., ttft_ms: _Optional[int] = ..., tpot_ms: _Optional[int] = ...) -> None: ...
+    max_asleep: int
+    keep_asleep_ms: int
+    def __init__(self, target_utilization: _Optional[float] = ..., stable_window_ms: _Optional[int] = ..., panic_window_percent: _Optional[float] = ..., scale_to_zero_grace_ms: _Optional[int] = ..., keepalive: _Optional[str] = ..., keepalive_ms: _Optional[int] = ..., metric: _Optional[str] = ..., target: _Optional[float] = ..., ttft_ms: _Optional[int] = ..., tpot_ms: _Optional[int] = ..., max_asleep: _Optional[int] = ..., keep_asleep_ms: _Optional[int] = ...) -> None: ...
 
 class ControlInstance(_message.Message):
     __slots__ = ("id", "kind", "address", "metrics_address", "standby")

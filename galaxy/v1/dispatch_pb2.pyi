@@ -141,14 +141,16 @@ class ListInstancesRequest(_message.Message):
     def __init__(self, function: _Optional[str] = ...) -> None: ...
 
 class InstanceState(_message.Message):
-    __slots__ = ("instance", "in_flight", "draining")
+    __slots__ = ("instance", "in_flight", "draining", "asleep")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    ASLEEP_FIELD_NUMBER: _ClassVar[int]
     instance: _common_pb2.InstanceInfo
     in_flight: int
     draining: bool
-    def __init__(self, instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    asleep: bool
+    def __init__(self, instance: _Optional[_Union[_common_pb2.InstanceInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., asleep: _Optional[bool] = ...) -> None: ...
 
 class FunctionRouting(_message.Message):
     __slots__ = ("function", "waiting", "pending", "start_failures", "start_error", "backoff_ms")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.llm.sleep import SleepPolicy, Step
+from controlplane.runtime.sleeppolicy import SleepPolicy, Step
 
 
 class Clock:
