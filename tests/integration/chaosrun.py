@@ -20,7 +20,7 @@ from tests.integration.upctl import REPO, pid_alive
 #: ready, which node was declared dead or restarted).
 TELLING = (
     "given up", "did not become ready", "in doubt", "cannot start", "is dead", "restarted",
-    "did not answer a probe", "was deleted while it was starting",
+    "did not answer a probe", "was deleted while it was starting", "not usable",
 )  # fmt: skip
 
 
