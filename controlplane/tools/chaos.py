@@ -1,28 +1,31 @@
-"""`galaxy chaos`: one fault under load, and what it cost.
+"""`galaxy chaos`: faults under load, and what each cost.
 
 Starts its own control plane (two instances of each control function,
 emulated, process or bwrap nodes, mutual TLS, supervised as `galaxy up` does; its
-own etcd when the fault needs one, and two leader-elected controllers with
+own etcd when a fault needs one, and two leader-elected controllers with
 ``--ha``), deploys a few functions, sends requests through the SDK at a
-fixed rate, and at ``--at`` seconds injects the fault (chaos_faults.py: kill
+fixed rate, and at ``--at-s`` seconds injects the fault (chaos_faults.py: kill
 -9 of one process of a kind, by PID; kill -9 of the leading controller;
 SIGSTOP of a node agent; an etcd outage; a restart of the whole control
-plane). The report: requests sent, succeeded, failed by code, hung; time to
-detect and to recover; whether the dead part was replaced; functions before
-and after; latency before and after the fault (docs/reliability.md, "Fault
-suite"). Bounded in time and requests; stops everything it started.
+plane), or several one after another (``--fault a,b,c``, ``--every-s``
+apart; chaos_report.py shares the requests out between them). The report:
+requests sent, succeeded, failed by code, hung; time to detect and to
+recover; whether the dead part was replaced; functions before and after;
+latency before and after the fault (docs/reliability.md, "Fault suite"),
+per fault when there are several. Bounded in time and requests; stops
+everything it started.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
+import contextlib
 import json
-import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ from controlplane.launch.up import Supervisor, UpConfig
 from controlplane.runtime import spec as specs
 from controlplane.sdk.client import GalaxyClient
 from controlplane.tools.chaos_checks import leaks_gone
-from controlplane.tools.chaos_faults import ECHO, NEEDS_HA, Found, Run
+from controlplane.tools.chaos_faults import ECHO, NEEDS_HA, Found, Run, _now
 from controlplane.tools.chaos_more import (
     FAULTS,
     NEEDS_ETCD,
@@ -39,31 +42,56 @@ from controlplane.tools.chaos_more import (
     config_for,
     fault,
 )
+from controlplane.tools.chaos_report import (
+    HUNG,
+    RESTART,
+    Outcome,
+    joined_goal,
+    load_verdict,
+    parse_faults,
+    report,
+    windows,
+)
 from controlplane.tools.common import CliError
 
 #: Outage of the etcd fault and stop of the SIGSTOP fault unless --outage-s.
 DEFAULT_OUTAGE_S = {"etcd": 15.0, "sigstop-nodeagent": 6.0}
-HUNG = "HUNG"
-#: The load goes on past --duration-s while the fault is under way, this long at most.
+#: The load goes on past --duration-s while a fault is under way, this long at most (per fault).
 MAX_EXTRA_S = 120.0
+#: Several faults: the load between one fault's end and the next.
+EVERY_S = 5.0
 
 
 def add_subparser(sub: Any) -> None:
     """``galaxy chaos``."""
-    p = sub.add_parser("chaos", help="inject one fault under load and report what it cost")
+    p = sub.add_parser(
+        "chaos", help="inject one fault, or several one after another, under load and report "
+        "what each cost",
+    )  # fmt: skip
     p.add_argument(
         "--fault",
-        choices=FAULTS,
-        default="dispatch",
+        type=lambda text: parse_faults(text, FAULTS),
+        default=["dispatch"],
+        metavar="FAULT[,FAULT...]",
         help="a kind to kill -9 (dispatch, schedule, clustermgr, agent, controller); "
         "controller-leader (kill -9 the leader, implies --ha); sigstop-nodeagent; etcd "
         "(stopped --outage-s); restart (the whole control plane, on the same etcd); "
         "controller-then-dispatch (kill -9 the controller, then a Dispatch: epochs never go "
-        "backwards); delete-many (delete a function of --instances instances); none",
+        "backwards); delete-many (delete a function of --instances instances); none. "
+        "Several, comma-separated (e.g. dispatch,schedule,clustermgr), are injected one "
+        "after another in one control plane, each --every-s after the previous one was "
+        'over, each with its own report and verdict under "faults"',
     )
     p.add_argument("--rate", type=float, default=100.0, help="requests per second")
     p.add_argument("--duration-s", type=float, default=20.0, help="length of the load")
-    p.add_argument("--at-s", type=float, default=8.0, help="when the fault happens")
+    p.add_argument("--at-s", type=float, default=8.0, help="when the (first) fault happens")
+    p.add_argument(
+        "--every-s",
+        type=float,
+        default=EVERY_S,
+        help="several faults: the load between one fault's end and the next one (and "
+        "after the last)",
+    )
     p.add_argument(
         "--outage-s",
         type=float,
@@ -105,18 +133,13 @@ def add_subparser(sub: Any) -> None:
     )
     p.add_argument("--functions", type=int, default=4)
     p.add_argument("--out", default=None, help="also write the report (JSON) here")
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="the control plane's run directory (its logs), kept after the run; "
+        "default: a temporary one, removed",
+    )
     p.set_defaults(func=cmd_chaos)
-
-
-@dataclass
-class Outcome:
-    """Requests of one run: (start time, latency s, error or "")."""
-
-    rows: list[tuple[float, float, str]] = field(default_factory=list)
-    #: The first message seen per error code (what a failure said).
-    samples: dict[str, str] = field(default_factory=dict)
-    #: The load's start (event-loop time): rows' start times count from it.
-    t0: float = 0.0
 
 
 async def _load(
@@ -127,9 +150,10 @@ async def _load(
     out: Outcome,
     hung_s: float = 5.0,
     until: asyncio.Event | None = None,
+    max_extra_s: float = MAX_EXTRA_S,
 ) -> None:
     """Open-loop load for duration_s, and on until ``until`` is set (a fault
-    still under way; at most MAX_EXTRA_S more); a request still unanswered
+    still under way; at most ``max_extra_s`` more); a request still unanswered
     hung_s after the load ends is cancelled and counted as hung."""
     loop = asyncio.get_running_loop()
     t0 = out.t0 = loop.time()
@@ -151,7 +175,7 @@ async def _load(
     def more(now: float) -> bool:
         if now - t0 < duration_s:
             return True
-        return until is not None and not until.is_set() and now - t0 < duration_s + MAX_EXTRA_S
+        return until is not None and not until.is_set() and now - t0 < duration_s + max_extra_s
 
     while more(now := loop.time()):
         t = asyncio.create_task(one(i, now))
@@ -160,6 +184,7 @@ async def _load(
         i += 1
         # Open loop: the next request leaves on schedule whatever this one does.
         await asyncio.sleep(max(0.0, t0 + i / rate - loop.time()))
+    out.load_s = loop.time() - t0
     if tasks:
         await asyncio.wait(list(tasks), timeout=hung_s)
     for t, start in list(tasks.items()):
@@ -167,85 +192,78 @@ async def _load(
         out.rows.append((start - t0, loop.time() - start, HUNG))
 
 
-def report(
-    out: Outcome,
-    at_s: float,
-    fault: str,
-    victim: str,
-    back: bool | None,
-    hung_s: float = 5.0,
-    fault_t: float | None = None,
-    registered_t: float | None = None,
+@dataclass
+class Injected:
+    """One fault of a run, as injected: what it found, and when (loop time)."""
+
+    name: str
+    found: Found
+    #: when the fault struck (its own mark, else when it began)
+    at: float
+    #: agent: when the restarted agent was seen registered (0: not seen)
+    registered_at: float = 0.0
+
+
+async def _inject(r: Run, args: argparse.Namespace, until: asyncio.Event) -> list[Injected]:
+    """The faults of ``args.fault`` one after another: the first at
+    ``--at-s``, each next ``--every-s`` after the previous one was over
+    (and as long again after the last, when there are several); sets
+    ``until`` at the end, whatever happens."""
+    done: list[Injected] = []
+    several = len(args.fault) > 1
+    try:
+        await asyncio.sleep(args.at_s)  # the first fault's scheduled time
+        for i, name in enumerate(args.fault):
+            if i:
+                await asyncio.sleep(args.every_s)  # a settled cluster for the next
+            r.fault_at = r.registered_at = 0.0
+            r.outage_s = args.outage_s or DEFAULT_OUTAGE_S.get(name, 0.0)
+            began = _now()
+            found = Found() if name == "none" else await fault(name)(r)
+            done.append(Injected(name, found, r.fault_at or began, r.registered_at))
+        if several:
+            await asyncio.sleep(args.every_s)  # the last one's aftermath, measured
+    finally:
+        until.set()
+    return done
+
+
+def _fault_report(
+    out: Outcome, rows: list[tuple[float, float, str]], f: Injected, hung_s: float
 ) -> dict[str, Any]:
-    """The summary of one run (pure). ``fault_t``: when the fault was
-    injected, in the rows' time (requests in flight then are counted apart);
-    ``registered_t``: when a restarted agent was seen registered (requests
-    sent from the fault until then are counted apart too)."""
-    rows = sorted(out.rows)
-    ok = [r for r in rows if not r[2]]
-    errors: dict[str, int] = {}
-    for r in rows:
-        if r[2]:
-            errors[r[2]] = errors.get(r[2], 0) + 1
-    # The longest time with no request completing successfully.
-    done = sorted(r[0] + r[1] for r in ok)
-    if rows:  # failures after the last success count as a gap too
-        done.append(max(done[-1] if done else 0.0, max(r[0] + r[1] for r in rows)))
-    gaps = [b - a for a, b in itertools.pairwise(done)]
-    # Recovered when the last request that failed after the fault ended.
-    failed_after = [r[0] + r[1] for r in rows if r[2] and r[0] >= at_s]
-
-    def p(rows: list[tuple[float, float, str]], q: float) -> float | None:
-        lat = [r[1] * 1000 for r in rows]
-        if len(lat) < 2:
-            return None
-        return round(statistics.quantiles(lat, n=100)[int(q * 100) - 1], 2)
-
-    before = [r for r in ok if r[0] < at_s]
-    after = [r for r in ok if r[0] >= at_s]
-    return {
-        "fault": fault,
-        "victim": victim,
-        "victim_back": back,
-        "requests": len(rows),
-        "succeeded": len(ok),
-        "failed": len(rows) - len(ok),
-        "errors": errors,
-        "error_samples": dict(out.samples),
-        "hung": sum(1 for r in rows if r[2] == HUNG or r[1] >= hung_s),
-        # Failed (not hung) requests already in flight when the fault struck.
-        "failed_in_flight_at_fault": 0
-        if fault_t is None
-        else sum(1 for r in rows if r[2] and r[2] != HUNG and r[0] <= fault_t <= r[0] + r[1]),
-        # Failed (not hung) requests sent between the fault and the restarted
-        # agent's registration: nothing could know the instance had died.
-        "failed_before_registration": 0
-        if fault_t is None or registered_t is None
-        else sum(1 for r in rows if r[2] and r[2] != HUNG and fault_t < r[0] < registered_t),
-        "recover_s": round(max(failed_after) - at_s, 3) if failed_after else 0.0,
-        "longest_gap_s": round(max(gaps, default=0.0), 3),
-        "p50_ms_before": p(before, 0.5),
-        "p99_ms_before": p(before, 0.99),
-        "p50_ms_after": p(after, 0.5),
-        "p99_ms_after": p(after, 0.99),
-    }
+    """One fault's report from its share of the requests, and its verdict."""
+    part = Outcome(rows=rows, samples={}, t0=out.t0)
+    for row in rows:
+        if row[2]:
+            part.samples.setdefault(row[2], out.samples.get(row[2], ""))
+    at = f.at - out.t0
+    registered_t = f.registered_at - out.t0 if f.registered_at else None
+    rep = report(part, at, f.name, f.found.victim, f.found.replaced, hung_s, at, registered_t)
+    rep["at_s"] = round(at, 3)
+    rep["detect_s"] = None if f.found.detect_s is None else round(f.found.detect_s, 3)
+    rep.update(f.found.extra)
+    load_goal, load_ok = load_verdict(f.name, rep)
+    rep["goal"] = joined_goal(load_goal, f.found.goal)
+    rep["goal_met"] = load_ok and f.found.goal_met
+    return rep
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    """One chaos run; returns the report."""
+    """One chaos run (one fault or several); returns the report."""
+    faults: list[str] = args.fault
     if not 0 < args.at_s < args.duration_s:
         raise CliError("--at-s must be between 0 and --duration-s")
-    outage_s = args.outage_s or DEFAULT_OUTAGE_S.get(args.fault, 0.0)
-    if args.at_s + outage_s >= args.duration_s:
+    outage_s = args.outage_s or max(DEFAULT_OUTAGE_S.get(f, 0.0) for f in faults)
+    if len(faults) == 1 and args.at_s + outage_s >= args.duration_s:
         raise CliError("the load must outlast the outage: --at-s + --outage-s < --duration-s")
-    ha = args.ha or args.fault in NEEDS_HA
-    with tempfile.TemporaryDirectory(prefix="galaxy-chaos-") as tmp:
+    ha = args.ha or any(f in NEEDS_HA for f in faults)
+    with _run_dir(args.run_dir) as tmp:
         etcd = None
-        if ha or args.fault in NEEDS_ETCD:
+        if ha or any(f in NEEDS_ETCD for f in faults):
             try:
                 etcd = LocalEtcd(Path(tmp) / "etcd")
             except RuntimeError as e:
-                raise CliError(f"--fault {args.fault}: {e}") from None
+                raise CliError(f"--fault {','.join(faults)}: {e}") from None
         cfg = UpConfig.for_tool(
             dispatch=2, schedule=2, clustermgr=2, nodes=args.nodes, sandbox=args.sandbox,
             run_dir=Path(tmp), tls=True, nodes_per_agent=1, ha=ha,
@@ -254,7 +272,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             controller_args=[] if args.autoscale_t_df is None
             else ["--t-df", str(args.autoscale_t_df)],
         )  # fmt: skip
-        more = config_for(args.fault, args.instances, args.nodes, args.orphan_check_s)
+        more: dict[str, Any] = {}
+        for f in faults:
+            more.update(config_for(f, args.instances, args.nodes, args.orphan_check_s))
         more["controller_args"] = cfg.controller_args + more.get("controller_args", [])
         cfg = cfg.replace(**more)
         sup = Supervisor(cfg)
@@ -284,55 +304,38 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     await c.deploy(spec)
                 functions_before = len(await c.list_functions())
                 out = Outcome()
-                fault_done = asyncio.Event()
+                faults_done = asyncio.Event()
                 load = asyncio.create_task(
-                    _load(c, names, args.rate, args.duration_s, out, args.hung_s, fault_done)
-                )
-                await asyncio.sleep(args.at_s)  # the fault's scheduled time
-                found = Found()
+                    _load(c, names, args.rate, args.duration_s, out, args.hung_s, faults_done,
+                          MAX_EXTRA_S * len(faults))
+                )  # fmt: skip
                 try:
-                    if args.fault != "none":
-                        found = await fault(args.fault)(r)
+                    injected = await _inject(r, args, faults_done)
                 except BaseException:
                     load.cancel()
                     raise
-                finally:
-                    fault_done.set()
                 await load
                 functions_after = len(await c.list_functions())
-                gone = await leaks_gone(c) if args.fault != "restart" else 0.0
-            fault_t = r.fault_at - out.t0 if r.fault_at else None
-            registered_t = r.registered_at - out.t0 if r.registered_at else None
-            summary = report(out, args.at_s, args.fault, found.victim, found.replaced,
-                             args.hung_s, fault_t, registered_t)  # fmt: skip
-            rep.update(summary)
+                gone = await leaks_gone(c) if RESTART not in faults else 0.0
+            starts = [f.at - out.t0 for f in injected]
+            per_fault = [
+                _fault_report(out, rows, f, args.hung_s)
+                for rows, f in zip(windows(out.rows, starts), injected, strict=True)
+            ]
+            if len(per_fault) == 1:  # one fault: its report is the run's
+                rep.update(per_fault[0])
+            else:
+                rep.update(report(out, starts[0], ",".join(faults), "", None, args.hung_s))
+                rep["faults"] = per_fault
+                rep["goal"] = " | ".join(f"{f['fault']}: {f['goal']}" for f in per_fault)
+                rep["goal_met"] = all(f["goal_met"] for f in per_fault)
             rep.update(
-                detect_s=None if found.detect_s is None else round(found.detect_s, 3),
+                load_s=round(out.load_s, 3),
                 functions_before=functions_before,
                 functions_after=functions_after,
                 ha=ha,
                 leaks_gone_s=None if gone is None else round(gone, 2),
-                **found.extra,
             )
-            # A restart stops everything: its requests meanwhile fail by design.
-            # A killed agent takes its instances along (they live in its
-            # sandboxes): a request in flight on one, or sent to one before
-            # the restarted agent registered (until then nothing knows it
-            # died), cannot be answered and is counted apart; every request
-            # sent after the registration counts, and so does every hang.
-            excused = 0
-            if args.fault == "agent":
-                excused = rep["failed_in_flight_at_fault"] + rep["failed_before_registration"]
-            load_ok = args.fault == "restart" or (rep["failed"] - excused == 0 and rep["hung"] == 0)
-            rep["goal"] = "; ".join(
-                g for g in ("" if args.fault == "restart" else
-                            "0 requests failed or hung" + (
-                                " (but those on the killed agent's instances before it"
-                                " registered again)"
-                                if args.fault == "agent" else ""),
-                            found.goal) if g
-            )  # fmt: skip
-            rep["goal_met"] = load_ok and found.goal_met
             return rep
         finally:
             if r is not None:
@@ -348,6 +351,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await etcd.stop()
 
 
+@contextlib.contextmanager
+def _run_dir(path: str | None) -> Iterator[str]:
+    """``path`` (created, kept: its logs explain a failed run), or a
+    temporary directory removed afterwards."""
+    if path is not None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="galaxy-chaos-") as tmp:
+        yield tmp
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Refuse a run that cannot mean anything, naming the flag, before any
     process starts (a negative rate would otherwise start a cluster and then
@@ -356,6 +371,7 @@ def check_args(args: argparse.Namespace) -> None:
         "--rate": args.rate,
         "--duration-s": args.duration_s,
         "--hung-s": args.hung_s,
+        "--every-s": args.every_s,
         "--orphan-check-s": args.orphan_check_s,
         "--nodes": args.nodes,
         "--functions": args.functions,

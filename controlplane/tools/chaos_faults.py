@@ -33,7 +33,7 @@ from controlplane.tools.chaos_checks import (
     pending_writes,
     scale_actions,
 )
-from statestore import StoreError, open_store
+from statestore import EventType, StoreError, open_store
 
 ECHO = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
 #: Kill -9 of one process of a kind (the supervisor restarts it).
@@ -45,6 +45,19 @@ HEARTBEAT_S = 1.0
 #: Beyond a bound by design, the time to observe an event: a status poll
 #: (POLL_S) and its round trip on a loaded machine.
 DETECT_SLACK_S = 0.15
+#: etcd revokes expired leases in a sweep every 500 ms (its lessor's loop).
+LEASE_SWEEP_S = 0.5
+#: A follower's campaign once the dead leader's key is gone: the watch
+#: event reaching it, then two etcd writes (grant a lease, compare-and-swap
+#: the key), each a raft commit with an fsync. Measured 0.006-0.012 s at a
+#: load average of 42 (docs/reliability.md, "Leader takeover: its bound");
+#: 0.25 s leaves room for two slow fsyncs on a loaded disk.
+CAMPAIGN_S = 0.25
+#: The takeover's bound from the kill, by design: the victim's lease lasts
+#: the TTL after its last keepalive (sent before the kill), etcd's sweep
+#: removes it within LEASE_SWEEP_S, a follower campaigns (CAMPAIGN_S), and
+#: the run sees the new term within a poll and its round trip.
+TAKEOVER_BOUND_S = DEFAULT_TTL_S + LEASE_SWEEP_S + CAMPAIGN_S + DETECT_SLACK_S
 #: After a node agent's restart is seen: the time for its registration (a
 #: heartbeat) and ClusterMgr's word to Dispatch, with a poll's slack.
 AGREE_WITHIN_S = 2 * HEARTBEAT_S
@@ -200,10 +213,21 @@ async def kill(run: Run, kind: str) -> Found:
 
 async def controller_leader(run: Run) -> Found:
     """kill -9 the leading controller (--ha); detected when another leads
-    (read from etcd's leader key). Goal: takeover within the lease TTL."""
+    (read from etcd's leader key). Goal: takeover within the lease TTL.
+    A watch on the key times its two parts: the victim's lease expiring
+    (the key deleted) and a follower winning it (the key written again)."""
     assert run.etcd is not None
     store = open_store(run.etcd.url)
     key = DEFAULT_PREFIX + "leader"
+    seen: dict[EventType, float] = {}  # the first DELETE and the first PUT after it
+
+    async def watch(events: Any) -> None:
+        async for ev in events:
+            if ev.key == key and (ev.type is EventType.DELETE or EventType.DELETE in seen):
+                seen.setdefault(ev.type, _now())
+            if EventType.PUT in seen:
+                return
+
     try:
         kv = await store.get(key)
         leader = json.loads(kv.value)["id"] if kv else ""
@@ -211,26 +235,39 @@ async def controller_leader(run: Run) -> Found:
         child = _child(run.sup, leader)
         if child is None or not is_controller(leader):
             raise RuntimeError(f"no running leading controller (leader key: {leader!r})")
-        run.fault_at = _now()
-        os.kill(child.proc.pid, signal.SIGKILL)
+        async with store.watch_prefix(key) as events:
+            watcher = asyncio.create_task(watch(events))
+            try:
+                run.fault_at = _now()
+                os.kill(child.proc.pid, signal.SIGKILL)
 
-        async def other_leads() -> bool:
-            # A new term (the key won again, maybe by the restarted victim).
-            kv = await store.get(key)
-            return kv is not None and kv.version != term
+                async def other_leads() -> bool:
+                    # A new term (the key won again, maybe by the restarted victim).
+                    kv = await store.get(key)
+                    return kv is not None and kv.version != term
 
-        took = await _until(other_leads, DEFAULT_TTL_S * 5)
+                took = await _until(other_leads, DEFAULT_TTL_S * 5)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(watcher), 1.0)  # its events are in
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StoreError):
+                    await watcher
         kv = await store.get(key)
         new_leader = json.loads(kv.value)["id"] if kv else ""
     finally:
         await store.close()
     back = await _replaced(run, child.name, child.proc.pid)
     acts = await scale_actions(run.etcd.url)
+    expired = seen.get(EventType.DELETE)
+    won = seen.get(EventType.PUT)
     return Found(
         child.name, took, back,
-        # By design: the TTL after the victim's last keepalive (before the
-        # kill) plus etcd's lease expiry sweep (every 500 ms).
-        {"lease_ttl_s": DEFAULT_TTL_S, "takeover_bound_s": DEFAULT_TTL_S + 0.5,
+        {"lease_ttl_s": DEFAULT_TTL_S, "takeover_bound_s": TAKEOVER_BOUND_S,
+         # The victim's lease gone (its key deleted), from the kill; then a
+         # follower's campaign until it holds the key (from the deletion).
+         "lease_expired_s": None if expired is None else round(expired - run.fault_at, 3),
+         "campaign_s": None if expired is None or won is None else round(won - expired, 3),
          "new_leader": new_leader, **acts},
         goal=f"takeover within the lease TTL ({DEFAULT_TTL_S:.0f} s); no scale action "
         "applied twice",

@@ -133,6 +133,12 @@ def node_dead(d: Dispatcher, node_id: str) -> None:
     """Stop routing to instances on a dead node; replace them for waiters
     (and starts from credits still waiting on it go through Schedule)."""
     d.peers.creates.node_dead(node_id)  # ``Peers.from_credit`` then returns None
+    if d.peers.credits is not None:
+        # Its credits too: the next start would otherwise create there, on
+        # an agent that is gone (a failed round trip) or stopped (a create
+        # that waits for the create watch's probe, 5 s, with the node
+        # already declared dead).
+        d.peers.credits.drop(lambda c: c.node_id != node_id)
     actions = d.ownership.node_dead(d.routers, node_id)
     for a in actions:
         if isinstance(a, own.ScaleUp):

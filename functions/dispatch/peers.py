@@ -233,7 +233,8 @@ class Peers:
             refused = e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
             wallet.settled(use, None, refused=refused)
             if refused or e.code() == grpc.StatusCode.UNAVAILABLE:
-                log.info("credit on %s not usable for %s: %s", use.node_id, instance_id, e.code())
+                why = f"{e.code().name}: {(e.details() or '')[:200]}"  # "did not become ready"?
+                log.info("credit on %s not usable for %s: %s", use.node_id, instance_id, why)
                 return None  # not created there: Schedule places it
             if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise FailedPrecondition(

@@ -63,3 +63,22 @@ async def test_a_credit_start_on_a_node_declared_dead_goes_to_schedule() -> None
         await agent.close()
         await pool.close()
         await server.stop(None)
+
+
+async def test_a_node_declared_dead_takes_its_credits_along() -> None:
+    # No create in flight there: the next start must not use the dead
+    # node's credit (on a stopped agent its create would wait for a probe).
+    svc = DispatchServicer(instance_id="d0", pool=rpc.ChannelPool(), controller="")
+    wallet = hold_one_credit(svc.dispatcher.peers, "127.0.0.1:9")
+    assert [c.node_id for c in wallet.credits()] == ["n0"]
+    dead = common_pb2.CoordinateAction(
+        kind=common_pb2.CoordinateAction.KIND_NODE_DEAD, node_id="n0"
+    )
+    other = common_pb2.CoordinateAction(
+        kind=common_pb2.CoordinateAction.KIND_NODE_DEAD, node_id="n9"
+    )
+    await svc.Coordinate(common_pb2.CoordinateRequest(actions=[other]), None)  # type: ignore[arg-type]
+    assert [c.node_id for c in wallet.credits()] == ["n0"]  # another node's death: kept
+    await svc.Coordinate(common_pb2.CoordinateRequest(actions=[dead]), None)  # type: ignore[arg-type]
+    assert wallet.credits() == []
+    assert wallet.take(Res(100, 64), "f") is None

@@ -1,23 +1,19 @@
-"""The fault suite, kills of the request path: kill -9 of Dispatch or
-Schedule under load loses no request (SDK failover, supervision), a
-restarted controller then a Dispatch kill keep epochs, through `galaxy
-chaos` itself; and the report's and checks' arithmetic (pure). The other
+"""The fault suite, kills of the request path: kill -9 of Dispatch, of
+Schedule and of ClusterMgr under load loses no request (SDK failover,
+supervision), a restarted controller then a Dispatch kill keep epochs: one
+`galaxy chaos` run injecting them one after another; and the report's and
+checks' arithmetic (pure). The other
 faults: test_chaos_failover.py (controller leader, etcd) and
 test_chaos_nodes.py (node agents, restarts, deletes)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from controlplane.tools.chaos import Outcome, report
 from controlplane.tools.chaos_checks import epoch_check, scale_action_check
 from controlplane.tools.chaos_more import config_for
-from tests.integration.chaosrun import chaos
-from tests.integration.upctl import REPO
+from controlplane.tools.chaos_report import Outcome, report
+from tests.integration.chaosrun import by_fault, chaos
 
 # Real `galaxy` processes: the full suite, not the fast tier.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -97,36 +93,36 @@ def test_delete_many_gets_room_and_limits_for_its_instances() -> None:
     assert cfg["extra"] == {"nodeagent": ["--orphan-check-s", "2.0"]}
 
 
-@pytest.mark.parametrize("fault", ["dispatch", "schedule"])
-def test_kill_9_under_load_loses_no_request(fault: str, tmp_path) -> None:
-    out = tmp_path / "chaos.json"
-    r = subprocess.run(
-        [sys.executable, "-m", "controlplane.tools.cli", "chaos", "--fault", fault,
-         "--rate", "40", "--duration-s", "8", "--at-s", "3", "--nodes", "2",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=180, cwd=REPO,
-    )  # fmt: skip
-    rep = json.loads(out.read_text())
-    assert rep["requests"] == 320
-    assert rep["victim"].startswith(fault) and rep["victim_back"], r.stdout[-2000:]
-    assert rep["failed"] == 0, rep["errors"]
-    assert r.returncode == 0
-
-
 @pytest.mark.etcd
-def test_a_restarted_controller_then_a_dispatch_kill_fails_nothing_and_keeps_epochs(
-    tmp_path,
-) -> None:
+# Several faults in one run: longer than one fault's (pyproject's 120 s).
+@pytest.mark.timeout(300)
+def test_kills_of_each_control_function_and_the_controller_lose_no_request(tmp_path) -> None:
+    """One control plane, four faults one after another: kill -9 of
+    Dispatch, of Schedule, of ClusterMgr, then of the controller followed by
+    a Dispatch (the epochs check). Each fault is judged on the requests
+    that ended in its window (until the next fault)."""
     rep, r = chaos(
-        tmp_path, "--fault", "controller-then-dispatch", "--duration-s", "6", "--at-s", "2"
-    )
-    assert rep["victim"] == "controller, then dispatch-0", r.stdout[-2000:] + r.stderr[-2000:]
-    assert rep["controller_serving_s"] is not None and rep["victim_back"], rep
-    assert rep["repartitioned_after_dispatch_kill_s"] is not None, rep
+        tmp_path, "--fault", "dispatch,schedule,clustermgr,controller-then-dispatch",
+        "--duration-s", "8", "--at-s", "3", "--every-s", "3", timeout_s=270,
+    )  # fmt: skip
+    faults = by_fault(rep)
+    assert list(faults) == ["dispatch", "schedule", "clustermgr", "controller-then-dispatch"]
+    # The open-loop load sent every request of its length (40/s).
+    assert abs(rep["requests"] - 40 * rep["load_s"]) <= 2, (rep["requests"], rep["load_s"])
+    for kind in ("dispatch", "schedule", "clustermgr"):
+        f = faults[kind]
+        assert f["victim"].startswith(kind) and f["victim_back"], (f, r.stdout[-2000:])
+        assert f["requests"] > 0 and f["failed"] == 0, (kind, f["errors"], f["error_samples"])
+        assert f["goal_met"], f
+    ctd = faults["controller-then-dispatch"]
+    assert ctd["victim"].startswith("controller, then dispatch-"), ctd
+    assert ctd["controller_serving_s"] is not None and ctd["victim_back"], ctd
+    assert ctd["repartitioned_after_dispatch_kill_s"] is not None, ctd
     # The restarted controller's epoch is above its predecessor's, and no
     # sample (controller or client) ever went back.
-    assert rep["epoch_end"] > rep["epoch_after_controller_restart"] > rep["epoch_before"]
-    assert rep["epoch_samples"] > 10 and rep["epochs_backwards"] == 0, rep
+    assert ctd["epoch_end"] > ctd["epoch_after_controller_restart"] > ctd["epoch_before"]
+    assert ctd["epoch_samples"] > 10 and ctd["epochs_backwards"] == 0, ctd
+    assert (ctd["failed"], ctd["hung"]) == (0, 0), ctd["error_samples"]
     assert (rep["failed"], rep["hung"]) == (0, 0), rep["error_samples"]
     assert rep["functions_after"] == rep["functions_before"] == 4
     assert rep["goal_met"] and r.returncode == 0
