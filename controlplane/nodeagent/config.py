@@ -121,6 +121,14 @@ class NodeAgentConfig(Config):
         "RESOURCE_EXHAUSTED",
         group=GROUP,
     )
+    max_launching: int = setting(
+        0,
+        "process and bwrap sandboxes launched and awaited at once (0: one per CPU the "
+        "agent may use); other starts wait their turn (their startup timeout begins "
+        "at launch), so a burst of cold starts is not late all together",
+        ge=0,
+        group=GROUP,
+    )
 
     @field_validator("instance_max_pids")
     @classmethod

@@ -147,7 +147,11 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
     cap = Res(cfg.cpu_millis, cfg.memory_mib, cfg.gpus)
     ids = node_ids(cfg.node_prefix, cfg.nodes, cfg.node_index_start)
     servicer = NodeAgentServicer(
-        [(n, cap) for n in ids], backend, max_starting=cfg.max_starting, models=_models(cfg)
+        [(n, cap) for n in ids],
+        backend,
+        max_starting=cfg.max_starting,
+        models=_models(cfg),
+        max_launching=cfg.max_launching,
     )
     QUEUE_LIMIT.labels("galaxy_nodeagent_pending_creates").set(cfg.max_starting)
     return NodeAgentComponent(

@@ -31,7 +31,12 @@ from controlplane.runtime.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from controlplane.runtime.metrics import NODEAGENT_INSTANCES, NODEAGENT_PENDING, NODEAGENT_REJECTED
+from controlplane.runtime.metrics import (
+    NODEAGENT_INSTANCES,
+    NODEAGENT_LAUNCH_WAITING,
+    NODEAGENT_PENDING,
+    NODEAGENT_REJECTED,
+)
 from controlplane.runtime.validation import short
 from galaxy.v1 import common_pb2, dispatch_pb2, dispatch_pb2_grpc, nodeagent_pb2, nodeagent_pb2_grpc
 
@@ -116,7 +121,9 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
     agent reports the node's status at once: see ``Registrar.report_soon``).
     max_starting: instances starting at once over the pool; a new
     CreateInstance beyond is refused with RESOURCE_EXHAUSTED (Schedule then
-    tries another node).
+    tries another node). max_launching: of those, how many sandboxes are
+    launched and awaited at once (0: one per CPU this agent may use); the
+    others wait their turn, bounded by max_starting.
     """
 
     def __init__(
@@ -127,11 +134,26 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
         address: str = "",
         max_starting: int = DEFAULT_MAX_STARTING,
         models: ModelCache | None = None,
+        max_launching: int = 0,
     ) -> None:
         if max_starting < 1:
             raise ValueError("max_starting must be >= 1")
+        if max_launching < 0:
+            raise ValueError("max_launching must be >= 0")
         self.max_starting = max_starting
         self.starting = 0
+        # Starts that share a node's CPUs all at once are all late together:
+        # 13 process sandboxes launched at once on 2 cores each took 10.9-13.2 s
+        # to answer (their startup timeout was 10 s, so every one failed and
+        # was made again, for ever), two at a time 1.2-2.6 s each
+        # (docs/reliability.md, "The agent kill under load"). Code-running
+        # backends launch at most this many at once; an emulated one has no
+        # code to run.
+        self.max_launching = max_launching or len(os.sched_getaffinity(0))
+        self._launches = (
+            asyncio.Semaphore(self.max_launching) if getattr(backend, "needs_command", False)
+            else None
+        )  # fmt: skip
         self.backend = backend
         self.pool = pool
         self.nodes: dict[str, Node] = {}
@@ -333,7 +355,18 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
 
         try:
             spec = await self._with_model(inst)
-            sb = await self.backend.start(node.node_id, inst.instance_id, spec, on_exit)
+            if self._launches is None:
+                sb = await self.backend.start(node.node_id, inst.instance_id, spec, on_exit)
+            else:
+                NODEAGENT_LAUNCH_WAITING.inc()
+                try:
+                    await self._launches.acquire()
+                finally:
+                    NODEAGENT_LAUNCH_WAITING.dec()
+                try:
+                    sb = await self.backend.start(node.node_id, inst.instance_id, spec, on_exit)
+                finally:
+                    self._launches.release()
         except Exception as e:
             self._forget(node, inst.instance_id, only=inst)
             if isinstance(e, GalaxyError):

@@ -225,6 +225,12 @@ NODEAGENT_PENDING = Gauge(
     "CreateInstance calls whose instance is still starting (bounded by --max-starting).",
     registry=None,
 )
+NODEAGENT_LAUNCH_WAITING = Gauge(
+    "galaxy_nodeagent_launches_waiting",
+    "Instance starts waiting for a launch slot (at most --max-launching sandboxes "
+    "are launched and awaited at once).",
+    registry=None,
+)
 NODEAGENT_REJECTED = Counter(
     "galaxy_nodeagent_rejected_total",
     "CreateInstance calls refused with RESOURCE_EXHAUSTED, by reason (queue_full).",
@@ -265,7 +271,9 @@ OWNED: dict[str, tuple[Collector, ...]] = {
         SCHEDULING_LATENCY, PROBE_ROUND_TRIP, PROBES, NODES, SCHEDULE_PENDING, SCHEDULE_REJECTED,
     ),
     "clustermgr": (NODES, HEARTBEAT_STREAMS, HEARTBEAT_BATCH_STATUSES, NODE_RESTARTS),
-    "nodeagent": (NODEAGENT_INSTANCES, NODEAGENT_PENDING, NODEAGENT_REJECTED),
+    "nodeagent": (
+        NODEAGENT_INSTANCES, NODEAGENT_PENDING, NODEAGENT_LAUNCH_WAITING, NODEAGENT_REJECTED,
+    ),
     "gateway": (SLOT_CACHE, HELD_SLOTS),
     "controller": (),
     "supervisor": (),

@@ -126,7 +126,7 @@ class Agent:
     channel: grpc.aio.Channel
 
 
-MakeAgent = Callable[[Iterable[tuple[str, Res]], SandboxBackend], Awaitable[Agent]]
+MakeAgent = Callable[..., Awaitable[Agent]]
 
 
 @pytest.fixture
@@ -141,8 +141,8 @@ async def make_agent(pool) -> AsyncIterator[MakeAgent]:
     """Starts a NodeAgentServicer on a loopback gRPC server; tears it all down."""
     agents: list[Agent] = []
 
-    async def make(nodes: Iterable[tuple[str, Res]], backend: SandboxBackend) -> Agent:
-        servicer = NodeAgentServicer(nodes, backend, pool)
+    async def make(nodes: Iterable[tuple[str, Res]], backend: SandboxBackend, **kw: int) -> Agent:
+        servicer = NodeAgentServicer(nodes, backend, pool, **kw)  # type: ignore[arg-type]
         add = nodeagent_pb2_grpc.add_NodeAgentServicer_to_server
         server, port, _ = rpc.create_server("127.0.0.1:0", [(add, servicer, SERVICE_NAME)])
         await server.start()

@@ -74,6 +74,26 @@ async def test_create_is_idempotent_one_process(make_agent, process_backend):
     assert list(listed.instances) == [info]
 
 
+async def test_starts_beyond_max_launching_wait_their_turn(make_agent, process_backend):
+    from controlplane.runtime.metrics import NODEAGENT_LAUNCH_WAITING as WAITING
+
+    agent = await make_agent([("n-0", CAP)], process_backend, max_launching=1)
+    before = child_pids()
+    calls = [
+        agent.stub.CreateInstance(create("n-0", f"i{k}", echo_spec()), timeout=30) for k in range(3)
+    ]
+    done = asyncio.gather(*calls)
+    # One sandbox launched, two starts waiting for it to be ready.
+    await eventually(
+        lambda: WAITING._value.get() == 2 and len(child_pids() - before) == 1,
+        within_s=10,
+        what="one launch at a time",
+    )
+    replies = await done
+    assert sorted(r.instance.instance_id for r in replies) == ["i0", "i1", "i2"]
+    assert WAITING._value.get() == 0 and len(child_pids() - before) == 3
+
+
 async def test_same_instance_id_for_another_function_is_rejected(make_agent):
     agent = await make_agent([("n-0", CAP)], EmulatedBackend())
     await agent.stub.CreateInstance(create("n-0", "i", common_pb2.FunctionSpec(name="a")))
