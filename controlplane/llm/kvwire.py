@@ -8,6 +8,10 @@ already speak it (aiohttp streams a body of any size in chunks, no copy of
 the whole cache on either side) and a proxy or a capture tool understands it.
 ``DELETE /v1/kv/ID`` gives a cache's room back (its request was cancelled).
 
+Same node, inside Galaxy: every instance also listens on the abstract Unix
+socket ``@galaxy-kv-<instance id>`` (``controlplane.runtime.kvaddr``); the
+gateway names it as the target when it paired two instances on one node.
+
 Headers: ``X-Galaxy-KV-Tokens`` (the prompt tokens the cache covers) and
 ``Content-Length`` (required: the receiver reserves room before it reads).
 A cache that does not fit the inbox is refused with 413 before a byte is
@@ -25,20 +29,26 @@ import aiohttp
 from aiohttp import web
 
 from controlplane.llm.errors import BadRequest
+from controlplane.runtime import leasetoken
+from controlplane.runtime.kvaddr import MAX_ID, local_target, unix_path, valid_id, valid_target
+
+__all__ = ["MAX_ID", "local_target", "unix_path", "valid_id", "valid_target"]
 
 CHUNK = 1 << 20
-#: KV ids are ours (hex) or a caller's: short, printable, no path tricks.
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
-MAX_ID = 64
+
+
+async def listen_local(runner: web.AppRunner, kv_unix: str, instance_id: str) -> None:
+    """Serve runner's application on the Unix sockets of same-node KV
+    transfers: ``kv_unix`` (a path, when given) and, inside Galaxy (an
+    instance id), the instance's abstract socket."""
+    if kv_unix:
+        await web.UnixSite(runner, kv_unix).start()
+    if instance_id and valid_id(instance_id):
+        await web.UnixSite(runner, unix_path(local_target(instance_id))).start()
 
 
 class InboxFull(Exception):
     """No room for a cache of this size (the sender answers 413)."""
-
-
-def valid_id(kv_id: str) -> bool:
-    """1-64 of [A-Za-z0-9_-]."""
-    return 0 < len(kv_id) <= MAX_ID and set(kv_id) <= _ID_CHARS
 
 
 @dataclass
@@ -212,21 +222,26 @@ async def send(
     fill: bytes = b"\x5a",
     data: bytes | None = None,
     timeout_s: float = 120.0,
+    lease: str = "",
 ) -> float:
-    """PUT a cache to target (``http://HOST:PORT`` or ``unix:/path``): the
-    real bytes ``data`` (then nbytes must be their length), or else an
-    emulated cache of nbytes of ``fill``; the seconds it took. RuntimeError
-    with the receiver's message when it refuses."""
+    """PUT a cache to target (``http://HOST:PORT``, ``unix:/path`` or
+    ``unix:@name``): the real bytes ``data`` (then nbytes must be their
+    length), or else an emulated cache of nbytes of ``fill``; the seconds it
+    took. ``lease``: the decode instance's lease token, for a node's entry
+    in front of it. RuntimeError with the receiver's message when it
+    refuses."""
     if data is not None and len(data) != nbytes:
         raise ValueError(f"nbytes: {nbytes}, but the cache has {len(data)} bytes")
     if target.startswith("unix:"):
-        connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=target[len("unix:") :])
+        connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=unix_path(target))
         url = f"http://localhost/v1/kv/{kv_id}"
     else:
         connector = aiohttp.TCPConnector()
         url = f"{target.rstrip('/')}/v1/kv/{kv_id}"
     headers = {"X-Galaxy-KV-Tokens": str(tokens), "Content-Length": str(nbytes),
                "Content-Type": "application/octet-stream"}  # fmt: skip
+    if lease:
+        headers[leasetoken.HEADER] = lease
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5)
     t0 = time.perf_counter()
     async with (

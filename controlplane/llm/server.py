@@ -290,12 +290,15 @@ class LlmServer:
 
 
 def _usage(req: Request) -> dict[str, Any]:
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": req.prompt_tokens,
         "completion_tokens": req.generated,
         "total_tokens": req.prompt_tokens + req.generated,
         "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
     }
+    if req.prefilled_by:  # disaggregated: its prompt ran on that instance
+        usage["galaxy_prefill_instance"] = req.prefilled_by
+    return usage
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -320,19 +323,19 @@ async def serve(
 ) -> None:
     """Load (the profile's load time), then serve until cancelled."""
     # Imported here: the disaggregation routes build on this module.
-    from controlplane.llm.kvwire import KvInbox
+    from controlplane.llm import kvwire
     from controlplane.llm.pdroutes import Disaggregation
 
     prof = profile(profile_name)
     await asyncio.sleep(prof.load_s)  # weights "loading": not ready before
     server = LlmServer(Engine(prof), model)
     app = server.app()
-    Disaggregation(server, KvInbox(kv_inbox_mb << 20), kv_scale).install(app)
+    Disaggregation(server, kvwire.KvInbox(kv_inbox_mb << 20), kv_scale).install(app)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
-    if kv_unix:  # same-node KV transfers skip the TCP stack
-        await web.UnixSite(runner, kv_unix).start()
+    # Same-node KV transfers skip the TCP stack.
+    await kvwire.listen_local(runner, kv_unix, os.environ.get("GALAXY_INSTANCE_ID", ""))
     try:
         await server.run()
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.llm.disagg import LINKS, Candidate, Link, PairPicker, by_node, kv_bytes
+from controlplane.runtime.disagg import LINKS, Candidate, Link, PairPicker, by_node, kv_bytes
 from controlplane.llm.kvwire import InboxFull, KvInbox, valid_id
 
 SAME = Link("same-node", 10e9, 10e-6)
