@@ -21,8 +21,8 @@ import heapq
 import sys
 from dataclasses import dataclass, field
 
-from controlplane.runtime.disagg import LINKS, Candidate, Link, PairPicker, by_node, kv_bytes
 from controlplane.llm.engine import Engine, Profile, Request, Step
+from controlplane.runtime.disagg import LINKS, Candidate, Link, PairPicker, by_node, kv_bytes
 from simulator.llm_fleet_workload import LARGE, workload
 
 #: the cross-node links compared (the same-node one is ``LINKS["same-node"]``)
