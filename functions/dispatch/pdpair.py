@@ -49,14 +49,17 @@ class PrefillPairing:
         hint: dispatch_pb2.RoutingHint,
     ) -> Pair | None:
         """The pair for one request among the prefill instances with a free
-        slot (None when there is none). An instance's queue is its scraped
-        waiting count plus the requests in flight there, each counted as a
-        prompt as long as this one (the signals carry requests, not tokens)."""
+        slot (None when there is none). The requests ahead on an instance
+        are its scraped waiting and running ones, or the requests in flight
+        there when more (those sent since the scrape), each counted as a
+        prompt as long as this one (the signals carry requests, not tokens);
+        running ones count because every engine iteration decodes them too."""
         tokens = max(1, hint.prompt_tokens)
         cands = []
         for inst in free:
             load = loads(inst.instance_id)
-            ahead = inst.in_flight + (load.sample.waiting if load is not None else 0)
+            scraped = load.sample.waiting + load.sample.running if load is not None else 0
+            ahead = max(inst.in_flight, scraped)
             cands.append(Candidate(inst.instance_id, inst.node_id, ahead * tokens))
         if not cands:
             return None

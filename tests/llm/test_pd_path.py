@@ -21,12 +21,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import openai
 import pytest
 import yaml
 
 from controlplane.bench.llmup import Up
+from controlplane.bench.pdbench import pd_outcomes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -66,21 +66,6 @@ async def nodes_of(g: Up) -> dict[str, str]:
     """instance id -> node id, from `galaxy status`."""
     st = json.loads(await g.cli("status", "-o", "json"))
     return {i["instance"]["instance_id"]: i["instance"]["node_id"] for i in st["instances"]}
-
-
-async def pd_outcomes(g: Up) -> dict[str, float]:
-    """The gateway's galaxy_gateway_pd_total by outcome."""
-    async with (
-        aiohttp.ClientSession() as s,
-        s.get(f"http://{g.gateway_metrics}/metrics") as r,
-    ):
-        text = await r.text()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("galaxy_gateway_pd_total{"):
-            label, value = line.rsplit(" ", 1)
-            out[label.split('"')[1]] = float(value)
-    return out
 
 
 async def chat(c: openai.AsyncOpenAI, model: str, user: str) -> tuple[str, Any]:
