@@ -20,6 +20,7 @@ read; an entry not claimed within its TTL is dropped.
 
 from __future__ import annotations
 
+import mmap
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,21 +31,37 @@ from aiohttp import web
 
 from controlplane.llm.errors import BadRequest
 from controlplane.runtime import leasetoken
-from controlplane.runtime.kvaddr import MAX_ID, local_target, unix_path, valid_id, valid_target
+from controlplane.runtime.kvaddr import (
+    MAX_ID,
+    local_target,
+    shm_target,
+    unix_path,
+    valid_id,
+    valid_target,
+)
 
-__all__ = ["MAX_ID", "local_target", "unix_path", "valid_id", "valid_target"]
+__all__ = ["MAX_ID", "local_target", "shm_target", "unix_path", "valid_id", "valid_target"]
 
 CHUNK = 1 << 20
 
 
-async def listen_local(runner: web.AppRunner, kv_unix: str, instance_id: str) -> None:
+async def listen_local(
+    runner: web.AppRunner, kv_unix: str, instance_id: str, inbox: KvInbox
+) -> Callable[[], None]:
     """Serve runner's application on the Unix sockets of same-node KV
     transfers: ``kv_unix`` (a path, when given) and, inside Galaxy (an
-    instance id), the instance's abstract socket."""
+    instance id), the instance's abstract sockets: HTTP and shared memory
+    (``kvshm``, into ``inbox``). Returns what stops the shared-memory one
+    (the others close with the runner)."""
     if kv_unix:
         await web.UnixSite(runner, kv_unix).start()
-    if instance_id and valid_id(instance_id):
-        await web.UnixSite(runner, unix_path(local_target(instance_id))).start()
+    if not instance_id or not valid_id(instance_id):
+        return lambda: None
+    from controlplane.llm import kvshm  # (it builds on this module)
+
+    await web.UnixSite(runner, unix_path(local_target(instance_id))).start()
+    sock = await kvshm.listen(inbox, shm_target(instance_id))
+    return lambda: kvshm.stop(sock)
 
 
 class InboxFull(Exception):
@@ -59,7 +76,8 @@ class KvEntry:
     tokens: int
     #: bytes reserved (the Content-Length)
     size: int
-    data: bytearray
+    #: the bytes: read from a socket, or mapped from shared memory (kvshm)
+    data: bytearray | mmap.mmap
     arrived: float
     complete: bool = False
 
@@ -161,13 +179,15 @@ def receiver(inbox: KvInbox) -> Callable[[web.Request], Awaitable[web.Response]]
             return _refuse(413, f"KV inbox full: {e}")
         except ValueError as e:
             return _refuse(409, str(e))
+        data = bytearray()
+        entry.data = data
         try:
             async for chunk in request.content.iter_chunked(CHUNK):
-                if len(entry.data) + len(chunk) > size:
+                if len(data) + len(chunk) > size:
                     raise ValueError("more bytes than Content-Length")
-                entry.data += chunk
-            if len(entry.data) != size:
-                raise ValueError(f"{len(entry.data)} of {size} bytes arrived")
+                data += chunk
+            if len(data) != size:
+                raise ValueError(f"{len(data)} of {size} bytes arrived")
         except (ValueError, aiohttp.ClientError, ConnectionError) as e:
             inbox.drop(kv_id)
             return _refuse(400, f"KV transfer: {e}")
@@ -225,11 +245,16 @@ async def send(
     lease: str = "",
 ) -> float:
     """PUT a cache to target (``http://HOST:PORT``, ``unix:/path`` or
-    ``unix:@name``): the real bytes ``data`` (then nbytes must be their
-    length), or else an emulated cache of nbytes of ``fill``; the seconds it
-    took. ``lease``: the decode instance's lease token, for a node's entry
-    in front of it. RuntimeError with the receiver's message when it
-    refuses."""
+    ``unix:@name``; ``shm:@name`` hands it over in shared memory): the real
+    bytes ``data`` (then nbytes must be their length), or else an emulated
+    cache of nbytes of ``fill``; the seconds it took. ``lease``: the decode
+    instance's lease token, for a node's entry in front of it. RuntimeError
+    with the receiver's message when it refuses."""
+    if target.startswith("shm:"):  # same node: shared memory, no socket copy
+        from controlplane.llm import kvshm
+
+        return await kvshm.send(target, kv_id, nbytes, tokens, fill=fill, data=data,
+                                timeout_s=timeout_s)  # fmt: skip
     if data is not None and len(data) != nbytes:
         raise ValueError(f"nbytes: {nbytes}, but the cache has {len(data)} bytes")
     if target.startswith("unix:"):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import mmap
 import os
 import sys
 import time
@@ -159,7 +160,7 @@ class RealServer:
             },
         })  # fmt: skip
 
-    def _take_state(self, kv_id: Any) -> bytearray | None:
+    def _take_state(self, kv_id: Any) -> bytearray | mmap.mmap | None:
         return None if kv_id is None else kvwire.claim(self.inbox, kv_id).data
 
     async def prefill(self, request: web.Request) -> web.Response:
@@ -218,10 +219,12 @@ async def serve(a: argparse.Namespace, host: str, port: int) -> None:
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     # Same-node KV transfers skip the TCP stack.
-    await kvwire.listen_local(runner, a.kv_unix, os.environ.get("GALAXY_INSTANCE_ID", ""))
+    instance = os.environ.get("GALAXY_INSTANCE_ID", "")
+    stop = await kvwire.listen_local(runner, a.kv_unix, instance, server.inbox)
     try:
         await asyncio.Event().wait()
     finally:
+        stop()
         await runner.cleanup()
 
 

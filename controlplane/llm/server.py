@@ -330,15 +330,18 @@ async def serve(
     await asyncio.sleep(prof.load_s)  # weights "loading": not ready before
     server = LlmServer(Engine(prof), model)
     app = server.app()
-    Disaggregation(server, kvwire.KvInbox(kv_inbox_mb << 20), kv_scale).install(app)
+    disagg = Disaggregation(server, kvwire.KvInbox(kv_inbox_mb << 20), kv_scale)
+    disagg.install(app)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     # Same-node KV transfers skip the TCP stack.
-    await kvwire.listen_local(runner, kv_unix, os.environ.get("GALAXY_INSTANCE_ID", ""))
+    instance = os.environ.get("GALAXY_INSTANCE_ID", "")
+    stop = await kvwire.listen_local(runner, kv_unix, instance, disagg.inbox)
     try:
         await server.run()
     finally:
+        stop()
         await runner.cleanup()
 
 

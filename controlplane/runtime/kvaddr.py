@@ -4,8 +4,10 @@ and the gateway that tells a prefill instance where its cache goes
 (``controlplane.gateway.pd``). Pure.
 
 A target is ``http://HOST:PORT`` (another node), ``unix:/path`` (a socket
-file) or ``unix:@name``, an abstract Unix socket: every instance inside
-Galaxy listens on ``@galaxy-kv-<instance id>`` (``local_target``). Abstract
+file), ``unix:@name``, an abstract Unix socket: every instance inside
+Galaxy listens on ``@galaxy-kv-<instance id>`` (``local_target``), or
+``shm:@name``, the same node's shared memory (a memfd handed over
+``@galaxy-kvfd-<instance id>``, ``shm_target``). Abstract
 names live in the network namespace, so only processes sharing the node's
 namespace reach one, and no file needs a directory both instances see.
 """
@@ -15,8 +17,8 @@ from __future__ import annotations
 #: KV ids are ours (hex) or a caller's: short, printable, no path tricks.
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 MAX_ID = 64
-#: the abstract Unix socket of an instance's KV inbox
-LOCAL_PREFIX = "galaxy-kv-"
+#: the abstract Unix sockets of an instance's KV inbox: HTTP, shared memory
+LOCAL_PREFIX, SHM_PREFIX = "galaxy-kv-", "galaxy-kvfd-"
 
 
 def valid_id(kv_id: str) -> bool:
@@ -29,13 +31,19 @@ def local_target(instance_id: str) -> str:
     return f"unix:@{LOCAL_PREFIX}{instance_id}"
 
 
+def shm_target(instance_id: str) -> str:
+    """The same-node shared-memory target of an instance's KV inbox (a memfd
+    passed over ``@galaxy-kvfd-ID``; ``controlplane.llm.kvshm``)."""
+    return f"shm:@{SHM_PREFIX}{instance_id}"
+
+
 def unix_path(target: str) -> str:
-    """The socket path of a ``unix:`` target (``unix:@name``: the abstract
-    socket, a NUL then the name)."""
-    path = target[len("unix:") :]
+    """The socket path of a ``unix:`` or ``shm:`` target (``@name``: the
+    abstract socket, a NUL then the name)."""
+    path = target.split(":", 1)[1]
     return "\0" + path[1:] if path.startswith("@") else path
 
 
 def valid_target(target: object) -> bool:
-    """``http://HOST:PORT``, ``unix:/path`` or ``unix:@name``."""
-    return isinstance(target, str) and target.startswith(("http://", "unix:/", "unix:@"))
+    """``http://HOST:PORT``, ``unix:/path``, ``unix:@name`` or ``shm:@name``."""
+    return isinstance(target, str) and target.startswith(("http://", "unix:/", "unix:@", "shm:@"))

@@ -88,7 +88,7 @@ class LlmRouting:
         """A slot for one request: on the picker's choice for an LLM
         function, on the least-loaded instance for any other (``None``: no
         free slot, or waiters queued first)."""
-        if not spec.llm:
+        if not spec.llm and not hint.decode_node:  # (a prefill pool need not scrape)
             return router.acquire()
         if router.waiters:
             return None  # the queue goes first, as for any function

@@ -69,6 +69,15 @@ def test_a_large_cache_stays_on_its_node_despite_a_queue() -> None:
     assert g is not None and g.instance.instance_id == "p1"
 
 
+def test_a_prefill_pool_that_is_not_scraped_is_paired_too() -> None:
+    # llama-cpp-galaxy serves no /metrics: not `llm`, in-flight counts only.
+    clock = ManualClock()
+    r, llm = prefill_pool(clock, ["n0", "n1"]), LlmRouting(clock)
+    plain = common_pb2.FunctionSpec(name="pf", concurrency=8, max_scale=8)
+    g = llm.acquire(r, plain, pd_hint("n1"))
+    assert g is not None and g.instance.instance_id == "p1"
+
+
 def test_without_a_decode_node_the_picker_chooses_as_usual() -> None:
     clock = ManualClock()
     r, llm = prefill_pool(clock, ["n0", "n1"]), LlmRouting(clock)
