@@ -55,7 +55,9 @@ def spec(name: str, profile: str, kv_scale: float, n: int, **extra: object) -> d
         "public": True,
         "runtime": "llm-emulated",
         "artifact": ARTIFACT,
-        "args": [f"--profile={profile}", f"--kv-scale={kv_scale:g}"],
+        "args": [f"--profile={profile}", f"--kv-scale={kv_scale:g}", "--kv-inbox-mb=256"],
+        # Room for the inbox's 256 MiB of caches besides the server itself.
+        "resources": {"cpu_millis": 100, "memory_mib": 512},
         "min_scale": n,
         "max_scale": n,
         **extra,

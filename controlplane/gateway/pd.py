@@ -9,11 +9,12 @@ sends the request there:
    decode instance's node (``RoutingHint.decode_node``; the owner chooses
    by queue and transfer cost, ``functions/dispatch/pdpair.py``);
 2. calls it: ``POST /v1/pd/prefill`` with the request's body plus
-   ``galaxy_decode``, the decode instance's KV inbox: its abstract Unix
-   socket when both run on one node, else its address (with its lease token
-   for a node's entry). The prefill instance runs the prompt and PUTs the
-   cache there itself, so the bytes take the path between the two instances
-   and never pass through the gateway; it answers the cache's id;
+   ``galaxy_decode``, the decode instance's KV inbox: shared memory passed
+   over its abstract Unix socket when both run on one node, else its
+   address (with its lease token for a node's entry). The prefill instance
+   runs the prompt and sends the cache there itself, so the bytes take the
+   path between the two instances and never pass through the gateway; it
+   answers the cache's id;
 3. releases the prefill slot and sends the decode instance the body with
    ``galaxy_kv_id`` (continue from that cache) and
    ``galaxy_prefill_instance`` (reported back in ``usage``).
@@ -80,10 +81,12 @@ def prompt_tokens(doc: dict[str, Any]) -> int:
 
 
 def kv_target(decode: dispatch_pb2.InstanceAddr, prefill: dispatch_pb2.InstanceAddr) -> str:
-    """Where the prefill instance sends the cache: the decode instance's
-    abstract Unix socket on the same node, else its address over TCP."""
+    """Where the prefill instance sends the cache: on the same node, shared
+    memory handed over the decode instance's abstract Unix socket (no byte
+    crosses a socket: 12-31% less CPU per move than HTTP over the Unix
+    socket, docs/llm.md); else its address over TCP."""
     if prefill.node_id and prefill.node_id == decode.node_id:
-        return kvaddr.local_target(decode.instance_id)
+        return kvaddr.shm_target(decode.instance_id)
     return f"http://{decode.address}"
 
 

@@ -24,7 +24,7 @@ import os
 import socket
 import time
 
-from controlplane.llm.kvwire import CHUNK, InboxFull, KvInbox
+from controlplane.llm.kvwire import CHUNK, InboxFull, KvInbox, pattern
 from controlplane.runtime.kvaddr import unix_path, valid_id
 
 #: a request's header is small; anything longer is refused
@@ -110,7 +110,7 @@ def _fill(fd: int, nbytes: int, data: bytes | None, fill: bytes) -> None:
         if data is not None:
             mm[:] = data
             return
-        block = (fill * (CHUNK // len(fill) + 1))[:CHUNK]
+        block = pattern(fill)
         for at in range(0, nbytes, CHUNK):
             n = min(CHUNK, nbytes - at)
             mm[at : at + n] = block[:n]

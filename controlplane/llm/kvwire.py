@@ -179,15 +179,19 @@ def receiver(inbox: KvInbox) -> Callable[[web.Request], Awaitable[web.Response]]
             return _refuse(413, f"KV inbox full: {e}")
         except ValueError as e:
             return _refuse(409, str(e))
-        data = bytearray()
+        # One buffer of the reserved size, filled in place: appending would
+        # reallocate and hold up to twice the cache while it grows.
+        data = bytearray(size)
         entry.data = data
+        pos = 0
         try:
             async for chunk in request.content.iter_chunked(CHUNK):
-                if len(data) + len(chunk) > size:
+                if pos + len(chunk) > size:
                     raise ValueError("more bytes than Content-Length")
-                data += chunk
-            if len(data) != size:
-                raise ValueError(f"{len(data)} of {size} bytes arrived")
+                data[pos : pos + len(chunk)] = chunk
+                pos += len(chunk)
+            if pos != size:
+                raise ValueError(f"{pos} of {size} bytes arrived")
         except (ValueError, aiohttp.ClientError, ConnectionError) as e:
             inbox.drop(kv_id)
             return _refuse(400, f"KV transfer: {e}")
@@ -215,9 +219,14 @@ def _refuse(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "code": status}}, status=status)
 
 
+def pattern(fill: bytes) -> bytes:
+    """CHUNK bytes of ``fill`` repeated: an emulated cache's contents."""
+    return (fill * (CHUNK // len(fill) + 1))[:CHUNK]
+
+
 async def _chunks(nbytes: int, fill: bytes) -> AsyncIterator[bytes]:
     """nbytes of a repeated pattern, CHUNK at a time (one buffer, sliced)."""
-    block = (fill * (CHUNK // len(fill) + 1))[:CHUNK]
+    block = pattern(fill)
     view = memoryview(block)
     left = nbytes
     while left > 0:

@@ -317,7 +317,7 @@ async def serve(
     port: int,
     model: str,
     *,
-    kv_inbox_mb: int = 256,
+    kv_inbox_mb: int = 64,
     kv_scale: float = 1.0,
     kv_unix: str = "",
 ) -> None:
@@ -369,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--kv-inbox-mb",
         type=int,
-        default=256,
-        help="room for KV caches received from prefill instances (disaggregation)",
+        default=64,
+        help="room for KV caches received from prefill instances (disaggregation); "
+        "it must fit the instance's memory (the llm-emulated runtime's default: 128 MiB)",
     )
     p.add_argument(
         "--kv-scale",

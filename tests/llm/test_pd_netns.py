@@ -117,6 +117,7 @@ async def busy(session: aiohttp.ClientSession, address: str, n: int) -> list[asy
     return [asyncio.create_task(one()) for _ in range(n)]
 
 
+@pytest.mark.timeout(300)  # a control plane, two hosts and three instances to start
 async def test_a_request_is_prefilled_on_its_host_or_across_the_bridge_when_that_is_busy(
     cluster: Supervisor, tmp_path: Path
 ) -> None:

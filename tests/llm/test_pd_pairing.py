@@ -121,11 +121,11 @@ def test_a_pd_hint_out_of_bounds_is_refused_naming_the_field() -> None:
         validation.check_dispatch(req)
 
 
-def test_the_cache_goes_over_the_unix_socket_on_one_node_else_tcp() -> None:
+def test_the_cache_goes_through_shared_memory_on_one_node_else_tcp() -> None:
     decode = dispatch_pb2.InstanceAddr(instance_id="d-1", address="10.0.0.9:81", node_id="n1")
     near = dispatch_pb2.InstanceAddr(instance_id="p-1", node_id="n1")
     far = dispatch_pb2.InstanceAddr(instance_id="p-2", node_id="n2")
-    assert kv_target(decode, near) == "unix:@galaxy-kv-d-1"
+    assert kv_target(decode, near) == "shm:@galaxy-kvfd-d-1"
     assert kv_target(decode, far) == "http://10.0.0.9:81"
 
 

@@ -77,6 +77,7 @@ async def chat(c: openai.AsyncOpenAI, model: str, user: str) -> tuple[str, Any]:
     return raw.headers["X-Galaxy-Instance"], done.usage
 
 
+@pytest.mark.timeout(300)  # five instances to start on two shared cores, not the suite's 120 s
 async def test_a_request_is_prefilled_on_a_paired_instance_and_decoded_from_its_cache(
     up: Up, tmp_path: Path
 ) -> None:
