@@ -104,16 +104,17 @@ def stop(sock: socket.socket) -> None:
 
 
 def _fill(fd: int, nbytes: int, data: bytes | None, fill: bytes) -> None:
-    """Write the cache into the memfd (a worker thread: a copy of its size)."""
-    os.ftruncate(fd, nbytes)
-    with mmap.mmap(fd, nbytes) as mm:
-        if data is not None:
-            mm[:] = data
-            return
-        block = pattern(fill)
+    """Write the cache into the memfd (a worker thread: a copy of its size).
+    ``pwrite`` rather than stores into a mapping: the kernel allocates the
+    file's pages as it copies, without a page fault per page."""
+    if data is not None:
+        view = memoryview(data)
         for at in range(0, nbytes, CHUNK):
-            n = min(CHUNK, nbytes - at)
-            mm[at : at + n] = block[:n]
+            os.pwrite(fd, view[at : at + CHUNK], at)
+        return
+    block = pattern(fill)
+    for at in range(0, nbytes, CHUNK):
+        os.pwrite(fd, block[: min(CHUNK, nbytes - at)], at)
 
 
 async def send(
