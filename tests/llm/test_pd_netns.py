@@ -2,8 +2,8 @@
 namespaces on a bridge (tests/netns.py), the control plane and the gateway
 in the root namespace. The prefill pool has one instance per host and the
 decode function one instance: its requests are prefilled on the decode's
-own host (the KV cache over the decode instance's abstract Unix socket, which
-only its host's namespace reaches), and once that prefill instance has a
+own host (the KV cache in shared memory handed over the decode instance's
+abstract Unix socket, which only its host's namespace reaches), and once that prefill instance has a
 queue, on the other host (the cache over TCP across the bridge). The
 `openai` client reads it all through the gateway.
 """
@@ -135,7 +135,7 @@ async def test_a_request_is_prefilled_on_its_host_or_across_the_bridge_when_that
         if not near or not far:
             pytest.skip(f"placement put both prefill instances on one host: {prefills}")
         c = openai.AsyncOpenAI(base_url=f"http://{endpoints['gateway']}/v1", api_key=token)
-        for k in range(3):  # on the decode's host: over its Unix socket
+        for k in range(3):  # on the decode's host: through shared memory
             decoded_on, usage = await chat(c, "xdc", f"near {k}")
             assert decoded_on == decode
             assert usage.get("galaxy_prefill_instance") == near[0], (usage, prefills)

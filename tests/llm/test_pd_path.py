@@ -5,8 +5,8 @@ with two nodes, emulated LLM instances as real processes, the official
 A decode function names its prefill function (`pd: {prefill: NAME}`); each
 request's prompt runs on a prefill instance paired by Dispatch with the
 decode instance's node, its KV cache (real bytes) goes straight to the
-decode instance (over the decode instance's Unix socket when both share a
-node), and the decode instance continues from it: `usage` names the prefill
+decode instance (in shared memory passed over the decode instance's Unix
+socket when both share a node), and the decode instance continues from it: `usage` names the prefill
 instance and every prompt token counts as cached there. A decode function
 whose prefill pool cannot serve falls back to aggregated decode, and the
 gateway's metric says why.
