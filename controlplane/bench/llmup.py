@@ -45,6 +45,21 @@ class Up:
         self.gateway = self.gateway_metrics = ""
         self.token = ""
 
+    @classmethod
+    def processes(cls, run_dir: Path, nodes: int) -> Up:
+        """A ``--sandbox process`` control plane whose instances run this
+        interpreter's ``python3`` (its packages): instances reach each other,
+        as disaggregated serving needs (a bubblewrap sandbox has no egress)."""
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        return cls(run_dir, nodes, {"PATH": path}, ("--sandbox", "process"))
+
+    async def __aenter__(self) -> Up:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.stop()
+
     def _cli(self, *args: str) -> list[str]:
         cli = [sys.executable, "-m", "controlplane.tools.cli", "--run-dir", str(self.run_dir)]
         return [*cli, *args]

@@ -35,7 +35,6 @@ import yaml
 
 from controlplane.bench import llmclient
 from controlplane.bench import llmmetrics as mt
-from controlplane.bench.llm import _env
 from controlplane.bench.llmtrace import LlmRequest
 from controlplane.bench.llmup import Up
 
@@ -100,7 +99,7 @@ async def deploy(up: Up, doc: dict[str, Any], out: Path) -> str:
 
 async def run(a: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     """Both deployments on one control plane; each mix against each."""
-    up = Up(out / "run", 2, _env(), ("--sandbox", "process"))
+    up = Up.processes(out / "run", 2)
     await up.start()
     results = []
     try:

@@ -15,8 +15,6 @@ gateway's metric says why.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -50,16 +48,9 @@ def write_spec(path: Path, name: str, **extra: object) -> Path:
 
 @pytest.fixture
 async def up(tmp_path: Path) -> AsyncIterator[Up]:
-    # Instances run `python3`: this interpreter's (aiohttp, prometheus_client).
-    # Process sandboxes: instances reach each other (a bubblewrap sandbox has
-    # no egress yet, so its prefill instances could not send a cache).
-    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    g = Up(tmp_path / "run", nodes=2, env=env, args=("--sandbox", "process"))
-    await g.start()
-    try:
+    # Process sandboxes: instances reach each other (Up.processes).
+    async with Up.processes(tmp_path / "run", 2) as g:
         yield g
-    finally:
-        await g.stop()
 
 
 async def nodes_of(g: Up) -> dict[str, str]:

@@ -11,8 +11,6 @@ Needs the `llm` extra: skipped with the reason otherwise."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -32,13 +30,9 @@ PROMPT = "The capital of France is a city called"
 
 @pytest.fixture
 async def up(tmp_path: Path) -> AsyncIterator[Up]:
-    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    g = Up(tmp_path / "run", nodes=1, env=env, args=("--sandbox", "process"))
-    await g.start()
-    try:
+    # Process sandboxes: instances reach each other (Up.processes).
+    async with Up.processes(tmp_path / "run", 1) as g:
         yield g
-    finally:
-        await g.stop()
 
 
 def write_spec(tmp_path: Path, name: str, **extra: object) -> Path:
