@@ -1,6 +1,6 @@
 """Prefill/decode disaggregation in simulated time, by link: one function's
 prefill and decode pools (emulated engines, ``LARGE`` profile), the pair of
-each request chosen by ``controlplane.llm.disagg.PairPicker`` and its KV
+each request chosen by ``controlplane.runtime.disagg.PairPicker`` and its KV
 cache moved over the link the two nodes share. Pool k's prefill and decode
 instances share node k (4 GPUs each of its 8), so a pair is either on one
 node or across two.
@@ -21,8 +21,8 @@ import heapq
 import sys
 from dataclasses import dataclass, field
 
-from controlplane.llm.disagg import LINKS, Candidate, Link, PairPicker, by_node, kv_bytes
 from controlplane.llm.engine import Engine, Profile, Request, Step
+from controlplane.runtime.disagg import LINKS, Candidate, Link, PairPicker, by_node, kv_bytes
 from simulator.llm_fleet_workload import LARGE, workload
 
 #: the cross-node links compared (the same-node one is ``LINKS["same-node"]``)

@@ -4,9 +4,11 @@ floor of that path (bytes / the path's own measured throughput).
 
     python -m controlplane.bench.kvtransfer --sizes-mb 4,16,64,256 --rate-mbit 1000
 
-Paths: the same node over the decode instance's Unix socket and over TCP on
-loopback; another host (a network namespace behind a veth) unshaped and
-shaped to ``--rate-mbit`` with ``tc``. The receiver is the emulated LLM
+Paths: the same node over the decode instance's Unix socket, through shared
+memory (a memfd passed over its Unix socket, ``kvshm``; its floor is the Unix
+socket's raw stream, the copy it saves) and over TCP on loopback; another
+host (a network namespace behind a veth) unshaped and shaped to
+``--rate-mbit`` with ``tc``. The receiver is the emulated LLM
 server in decode role (``--kv-unix``), a process of its own, so sender and
 receiver do not share an event loop. Each transfer is a real ``PUT
 /v1/kv/ID`` of the given size (``kvwire.send``), deleted after it lands. The
@@ -39,10 +41,13 @@ from typing import Any
 
 from controlplane.bench.shapedlink import ShapedHost
 from controlplane.llm import kvwire
+from controlplane.runtime.kvaddr import shm_target
 
 MIB = 1 << 20
 PORT = 8300
 SINK_PORT = 8301
+#: the decode instance's id: names its abstract sockets (kvaddr)
+INSTANCE = f"bench-kv-{os.getpid()}"
 REPO = Path(__file__).resolve().parents[2]
 
 #: A process that accepts one connection at a time on a TCP port or a Unix
@@ -107,7 +112,8 @@ def _host(
 ) -> Iterator[list[subprocess.Popen[str]]]:  # fmt: skip
     """A decode instance (``server``: its module and arguments; the emulated
     server by default) and a raw sink on one host (prefix: its namespace)."""
-    env = dict(os.environ, HOST=ip, PORT=str(PORT))
+    # Its abstract sockets (same-node HTTP and shared memory) are named for it.
+    env = dict(os.environ, HOST=ip, PORT=str(PORT), GALAXY_INSTANCE_ID=INSTANCE)
     procs: list[subprocess.Popen[str]] = []
     try:
         argv = [*server, "--kv-inbox-mb", str(inbox_mb)]
@@ -185,6 +191,8 @@ async def run(sizes_mb: list[int], rate_mbit: float, trials: int) -> dict[str, A
             http = f"http://127.0.0.1:{PORT}"
             local = [
                 Path_("same node, Unix socket", f"unix:{unix}.kv", ("unix", unix), http),
+                # Against the Unix socket's raw stream: what it replaces.
+                Path_("same node, shared memory", shm_target(INSTANCE), ("unix", unix), http),
                 Path_("same node, TCP loopback", http, ("tcp", f"127.0.0.1:{SINK_PORT}"), http),
             ]
             rows += await _measure(local, sizes, trials)

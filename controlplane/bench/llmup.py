@@ -30,12 +30,35 @@ class UpError(RuntimeError):
 class Up:
     """``galaxy up --nodes N`` in ``run_dir``, with the CLI pointed at it."""
 
-    def __init__(self, run_dir: Path, nodes: int, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        nodes: int,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
+        #: more flags of `galaxy up` (e.g. ``--sandbox process``)
+        self.args = args
         self.run_dir, self.nodes = run_dir, nodes
         self.env = {**os.environ, **(env or {})}
         self.proc: asyncio.subprocess.Process | None = None
-        self.gateway = ""
+        self.gateway = self.gateway_metrics = ""
         self.token = ""
+
+    @classmethod
+    def processes(cls, run_dir: Path, nodes: int) -> Up:
+        """A ``--sandbox process`` control plane whose instances run this
+        interpreter's ``python3`` (its packages): instances reach each other,
+        as disaggregated serving needs (a bubblewrap sandbox has no egress)."""
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        return cls(run_dir, nodes, {"PATH": path}, ("--sandbox", "process"))
+
+    async def __aenter__(self) -> Up:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.stop()
 
     def _cli(self, *args: str) -> list[str]:
         cli = [sys.executable, "-m", "controlplane.tools.cli", "--run-dir", str(self.run_dir)]
@@ -44,7 +67,7 @@ class Up:
     async def start(self) -> None:
         """Start and wait for the ready line (bounded)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        args = self._cli("up", "--gateway-port", "0", "--nodes", str(self.nodes))
+        args = self._cli("up", "--gateway-port", "0", "--nodes", str(self.nodes), *self.args)
         self.proc = await asyncio.create_subprocess_exec(
             *args,
             stdout=asyncio.subprocess.PIPE,
@@ -67,6 +90,9 @@ class Up:
         self._drain = asyncio.create_task(self._discard(self.proc.stdout))
         ep = json.loads((self.run_dir / "endpoints.json").read_text())
         self.gateway = ep["gateway"]
+        self.gateway_metrics = next(
+            (c["metrics"] for c in ep.get("components", []) if c.get("kind") == "gateway"), ""
+        )
         self.token = (self.run_dir / "token").read_text().strip()
 
     @staticmethod

@@ -20,6 +20,7 @@ from controlplane.gateway.conns import Connections
 from controlplane.gateway.graphs import runner as graphs_runner
 from controlplane.gateway.graphs.runner import GraphRunner
 from controlplane.gateway.graphs.source import GraphSource
+from controlplane.gateway.pd import Disaggregation
 from controlplane.gateway.slots import SlotCache
 from controlplane.runtime import access, authn, fnmetrics
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
@@ -193,6 +194,7 @@ class Proxy:
         self.batcher = Batcher(client, self.slots, cfg)
         files = graphs_runner.load_dir(cfg.graphs_dir) if cfg.graphs_dir else {}
         self.graphs = GraphRunner(self.slots, cfg, GraphSource(client, files))
+        self.pd = Disaggregation(client)
         self.in_flight = 0
         self._models: tuple[float, list[dict[str, Any]]] = (0.0, [])
         self.refusals = guard.Refusals()
@@ -366,8 +368,10 @@ class Proxy:
     ) -> web.StreamResponse:
         """Get a slot, proxy the request, stream the answer back."""
         hint = None if r.blocks is None else dispatch_pb2.RoutingHint(prefix_blocks=r.blocks)
+        # An OpenAI request to a disaggregated LLM is prefilled elsewhere first (pd.py).
+        prepare = None if hint is None else self.pd.prepare(token)
         async with self.slots.slot(
-            r.function, r.path, body.read, headers, request.method, tag, token, hint
+            r.function, r.path, body.read, headers, request.method, tag, token, hint, prepare
         ) as (slot, upstream):
             addr = slot.addr
             request[_SERVED] = (addr.namespace, r.function, addr.function)

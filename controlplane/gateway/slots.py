@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.gateway.config import GatewayConfig
+from controlplane.gateway.pd import Prepare
 from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.metrics import HELD_SLOTS, SLOT_CACHE
 from controlplane.sdk.client import GalaxyClient
@@ -88,6 +89,7 @@ class SlotCache:
         tag: str,
         token: str | None,
         hint: dispatch_pb2.RoutingHint | None = None,
+        prepare: Prepare | None = None,
     ) -> AsyncIterator[tuple[Held, Any]]:
         """A slot for one request and the instance's response to it (its
         body unread; None for an emulated sandbox), as the SDK's
@@ -98,7 +100,9 @@ class SlotCache:
         the slot once the whole answer went out: it is kept for the next
         request; otherwise it is released when the block ends. ``hint``: an
         LLM request's, passed to Dispatch (which grants no hold for an LLM
-        function, so its slots are never kept; any other function's are)."""
+        function, so its slots are never kept; any other function's are).
+        ``prepare(addr, body, seconds left)``: the body to send to that
+        instance (a disaggregated LLM request's prefill, ``pd.py``)."""
         client = self.client
         loop = asyncio.get_running_loop()
         deadline = loop.time() + client.timeout
@@ -137,6 +141,9 @@ class SlotCache:
                     return
                 limit = max(min(deadline, h.lease_end) - loop.time(), 0.001)
                 data = await body()  # the caller's reader keeps it for a retry
+                if prepare is not None:
+                    data = await prepare(h.addr, data, limit)
+                    limit = max(min(deadline, h.lease_end) - loop.time(), 0.001)
                 try:
                     async with client.http.open(
                         h.addr.address, path, data, limit, method, headers, h.addr.lease_token

@@ -75,6 +75,8 @@ class Request:
     #: its KV cache came from a prefill instance (disaggregated serving):
     #: no prefill here, and no prefix-cache lookup
     imported: bool = False
+    #: the prefill instance it came from (reported in usage), "" if none
+    prefilled_by: str = ""
 
     @property
     def kv_tokens(self) -> int:

@@ -8,6 +8,10 @@ already speak it (aiohttp streams a body of any size in chunks, no copy of
 the whole cache on either side) and a proxy or a capture tool understands it.
 ``DELETE /v1/kv/ID`` gives a cache's room back (its request was cancelled).
 
+Same node, inside Galaxy: every instance also listens on the abstract Unix
+socket ``@galaxy-kv-<instance id>`` (``controlplane.runtime.kvaddr``); the
+gateway names it as the target when it paired two instances on one node.
+
 Headers: ``X-Galaxy-KV-Tokens`` (the prompt tokens the cache covers) and
 ``Content-Length`` (required: the receiver reserves room before it reads).
 A cache that does not fit the inbox is refused with 413 before a byte is
@@ -16,6 +20,7 @@ read; an entry not claimed within its TTL is dropped.
 
 from __future__ import annotations
 
+import mmap
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,20 +30,42 @@ import aiohttp
 from aiohttp import web
 
 from controlplane.llm.errors import BadRequest
+from controlplane.runtime import leasetoken
+from controlplane.runtime.kvaddr import (
+    MAX_ID,
+    local_target,
+    shm_target,
+    unix_path,
+    valid_id,
+    valid_target,
+)
+
+__all__ = ["MAX_ID", "local_target", "shm_target", "unix_path", "valid_id", "valid_target"]
 
 CHUNK = 1 << 20
-#: KV ids are ours (hex) or a caller's: short, printable, no path tricks.
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
-MAX_ID = 64
+
+
+async def listen_local(
+    runner: web.AppRunner, kv_unix: str, instance_id: str, inbox: KvInbox
+) -> Callable[[], None]:
+    """Serve runner's application on the Unix sockets of same-node KV
+    transfers: ``kv_unix`` (a path, when given) and, inside Galaxy (an
+    instance id), the instance's abstract sockets: HTTP and shared memory
+    (``kvshm``, into ``inbox``). Returns what stops the shared-memory one
+    (the others close with the runner)."""
+    if kv_unix:
+        await web.UnixSite(runner, kv_unix).start()
+    if not instance_id or not valid_id(instance_id):
+        return lambda: None
+    from controlplane.llm import kvshm  # (it builds on this module)
+
+    await web.UnixSite(runner, unix_path(local_target(instance_id))).start()
+    sock = await kvshm.listen(inbox, shm_target(instance_id))
+    return lambda: kvshm.stop(sock)
 
 
 class InboxFull(Exception):
     """No room for a cache of this size (the sender answers 413)."""
-
-
-def valid_id(kv_id: str) -> bool:
-    """1-64 of [A-Za-z0-9_-]."""
-    return 0 < len(kv_id) <= MAX_ID and set(kv_id) <= _ID_CHARS
 
 
 @dataclass
@@ -49,7 +76,8 @@ class KvEntry:
     tokens: int
     #: bytes reserved (the Content-Length)
     size: int
-    data: bytearray
+    #: the bytes: read from a socket, or mapped from shared memory (kvshm)
+    data: bytearray | mmap.mmap
     arrived: float
     complete: bool = False
 
@@ -151,13 +179,19 @@ def receiver(inbox: KvInbox) -> Callable[[web.Request], Awaitable[web.Response]]
             return _refuse(413, f"KV inbox full: {e}")
         except ValueError as e:
             return _refuse(409, str(e))
+        # One buffer of the reserved size, filled in place: appending would
+        # reallocate and hold up to twice the cache while it grows.
+        data = bytearray(size)
+        entry.data = data
+        pos = 0
         try:
             async for chunk in request.content.iter_chunked(CHUNK):
-                if len(entry.data) + len(chunk) > size:
+                if pos + len(chunk) > size:
                     raise ValueError("more bytes than Content-Length")
-                entry.data += chunk
-            if len(entry.data) != size:
-                raise ValueError(f"{len(entry.data)} of {size} bytes arrived")
+                data[pos : pos + len(chunk)] = chunk
+                pos += len(chunk)
+            if pos != size:
+                raise ValueError(f"{pos} of {size} bytes arrived")
         except (ValueError, aiohttp.ClientError, ConnectionError) as e:
             inbox.drop(kv_id)
             return _refuse(400, f"KV transfer: {e}")
@@ -185,9 +219,14 @@ def _refuse(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "code": status}}, status=status)
 
 
+def pattern(fill: bytes) -> bytes:
+    """CHUNK bytes of ``fill`` repeated: an emulated cache's contents."""
+    return (fill * (CHUNK // len(fill) + 1))[:CHUNK]
+
+
 async def _chunks(nbytes: int, fill: bytes) -> AsyncIterator[bytes]:
     """nbytes of a repeated pattern, CHUNK at a time (one buffer, sliced)."""
-    block = (fill * (CHUNK // len(fill) + 1))[:CHUNK]
+    block = pattern(fill)
     view = memoryview(block)
     left = nbytes
     while left > 0:
@@ -212,21 +251,31 @@ async def send(
     fill: bytes = b"\x5a",
     data: bytes | None = None,
     timeout_s: float = 120.0,
+    lease: str = "",
 ) -> float:
-    """PUT a cache to target (``http://HOST:PORT`` or ``unix:/path``): the
-    real bytes ``data`` (then nbytes must be their length), or else an
-    emulated cache of nbytes of ``fill``; the seconds it took. RuntimeError
+    """PUT a cache to target (``http://HOST:PORT``, ``unix:/path`` or
+    ``unix:@name``; ``shm:@name`` hands it over in shared memory): the real
+    bytes ``data`` (then nbytes must be their length), or else an emulated
+    cache of nbytes of ``fill``; the seconds it took. ``lease``: the decode
+    instance's lease token, for a node's entry in front of it. RuntimeError
     with the receiver's message when it refuses."""
+    if target.startswith("shm:"):  # same node: shared memory, no socket copy
+        from controlplane.llm import kvshm
+
+        return await kvshm.send(target, kv_id, nbytes, tokens, fill=fill, data=data,
+                                timeout_s=timeout_s)  # fmt: skip
     if data is not None and len(data) != nbytes:
         raise ValueError(f"nbytes: {nbytes}, but the cache has {len(data)} bytes")
     if target.startswith("unix:"):
-        connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=target[len("unix:") :])
+        connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=unix_path(target))
         url = f"http://localhost/v1/kv/{kv_id}"
     else:
         connector = aiohttp.TCPConnector()
         url = f"{target.rstrip('/')}/v1/kv/{kv_id}"
     headers = {"X-Galaxy-KV-Tokens": str(tokens), "Content-Length": str(nbytes),
                "Content-Type": "application/octet-stream"}  # fmt: skip
+    if lease:
+        headers[leasetoken.HEADER] = lease
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5)
     t0 = time.perf_counter()
     async with (

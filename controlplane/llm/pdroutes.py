@@ -2,18 +2,21 @@
 
 A prefill instance answers ``POST /v1/pd/prefill``: a completion body plus
 ``galaxy_decode`` (the decode instance: ``http://HOST:PORT`` or, on the same
-node, ``unix:/path``). It runs the prompt's prefill (to the first token),
-sends the KV cache to the decode instance (``kvwire``: the bytes really
-move) and answers ``{kv_id, kv_bytes, prompt_tokens, prefill_s,
-transfer_s}``. A decode instance receives caches on ``PUT /v1/kv/ID`` and
-continues a completion whose body names ``galaxy_kv_id``: no prefill there
-(the engine counts the cache's tokens as present), so its first token comes
-after one decode step.
+node, ``unix:/path`` or ``unix:@name``) and optionally
+``galaxy_decode_lease`` (the decode's lease token, for a node's entry). It
+runs the prompt's prefill (to the first token), sends the KV cache to the
+decode instance (``kvwire``: the bytes really move) and answers ``{kv_id,
+kv_bytes, prompt_tokens, prefill_s, transfer_s}``. A decode instance
+receives caches on ``PUT /v1/kv/ID`` and continues a completion whose body
+names ``galaxy_kv_id``: no prefill there (the engine counts the cache's
+tokens as present), so its first token comes after one decode step;
+``galaxy_prefill_instance`` in that body comes back in ``usage``.
 
 The emulated cache is ``prompt tokens x kv_bytes_per_token / kv_scale``
 bytes: ``--kv-scale`` shrinks a large model's cache (LLaMA-2-13B: 8.19 GB at
 10k tokens) to what this machine can move, and the report says by how much.
-Who picks the pair is ``disagg.PairPicker``'s business, not this module's.
+Who picks the pair is ``controlplane.runtime.disagg.PairPicker``'s business
+(in Dispatch), not this module's.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ class Disaggregation:
         req.prompt_tokens = entry.tokens
         req.blocks = ()
         req.imported = True
+        origin = body.get("galaxy_prefill_instance")
+        if isinstance(origin, str):  # the gateway's note, echoed in usage
+            req.prefilled_by = origin[: kvwire.MAX_ID * 2]
 
     async def prefill(self, request: web.Request) -> web.Response:
         """``POST /v1/pd/prefill``: see the module docstring."""
@@ -71,11 +77,7 @@ class Disaggregation:
             body = json.loads(await request.read())
             if not isinstance(body, dict):
                 raise BadRequest("body: a JSON object")
-            target = body.get("galaxy_decode")
-            if not isinstance(target, str) or not target.startswith(("http://", "unix:/")):
-                raise BadRequest(
-                    "galaxy_decode: the decode instance, http://HOST:PORT or unix:/path"
-                )
+            target, lease = decode_target(body)
             req = self.server.parse(dict(body, max_tokens=1), chat="messages" in body)
         except (ValueError, BadRequest) as e:
             return _error(400, str(e)[:300])
@@ -92,7 +94,7 @@ class Disaggregation:
         kv_id = uuid.uuid4().hex[:16]
         size = self.kv_bytes(req.prompt_tokens)
         try:
-            moved_s = await kvwire.send(target, kv_id, size, req.prompt_tokens)
+            moved_s = await kvwire.send(target, kv_id, size, req.prompt_tokens, lease=lease)
         except (RuntimeError, OSError, aiohttp.ClientError) as e:  # timeouts are OSErrors
             return _error(502, f"galaxy_decode: KV transfer failed: {str(e)[:200]}")
         return web.json_response({
@@ -103,6 +105,21 @@ class Disaggregation:
             "prefill_s": prefill_s,
             "transfer_s": moved_s,
         })  # fmt: skip
+
+
+def decode_target(body: dict[str, Any]) -> tuple[str, str]:
+    """A prefill request's ``galaxy_decode`` (where the cache goes) and
+    ``galaxy_decode_lease`` (its lease token, for a node's entry); BadRequest
+    naming the field."""
+    target = body.get("galaxy_decode")
+    if not kvwire.valid_target(target):
+        raise BadRequest(
+            "galaxy_decode: the decode instance, http://HOST:PORT, unix:/path or unix:@name"
+        )
+    lease = body.get("galaxy_decode_lease", "")
+    if not isinstance(lease, str) or len(lease) > 1024:
+        raise BadRequest("galaxy_decode_lease: a lease token (a string, at most 1024 characters)")
+    return str(target), lease
 
 
 def _error(status: int, message: str) -> web.Response:

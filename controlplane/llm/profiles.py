@@ -5,9 +5,40 @@ fp16); throughput figures are measured or marked as assumptions."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from controlplane.llm.engine import Profile
 
+#: the fit of the small profile to the real model (``python -m controlplane.llm.fitprofile``)
+FIT_FILE = Path(__file__).resolve().parent / "fits" / "gemma3-270m-cpu.json"
+
+
+def fitted(path: Path = FIT_FILE) -> tuple[Profile, str]:
+    """The profile whose timing and KV numbers are the fit in ``path`` (no
+    number of the fit is repeated here); batch and KV capacity are assumed."""
+    doc = json.loads(path.read_text())
+    f, m = doc["fit"], doc["measured"]
+    prof = Profile(
+        name="gemma3-270m-cpu",
+        prefill_tps=f["prefill_tps"],
+        tpot_base_s=f["tpot_base_s"],
+        tpot_per_seq_s=f["tpot_per_seq_s"],
+        kv_bytes_per_token=round(f["kv_bytes_per_token"]),
+        kv_capacity_tokens=32_768,
+        max_running=16,
+        load_s=f["load_s"],
+    )
+    source = (
+        f"fitted to Gemma 3 270M on llama.cpp, {m['threads']} thread(s), on this machine "
+        f"({m['date']}, commit {m['commit']}: {m['command']}; {path.name}); KV capacity "
+        "and batch bound: assumed"
+    )
+    return prof, source
+
+
 PROFILES: dict[str, tuple[Profile, str]] = {
+    "gemma3-270m-cpu": fitted(),
     "smollm2-135m-cpu": (
         Profile(
             name="smollm2-135m-cpu",

@@ -20,6 +20,7 @@ through one worker thread.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -104,7 +105,7 @@ class ModelHost:
 
     def complete(
         self, tokens: list[int], max_tokens: int, temperature: float, seed: int,
-        state: bytes | bytearray | None = None,
+        state: bytes | bytearray | mmap.mmap | None = None,
     ) -> Output:  # fmt: skip
         """Generate after the prompt; from an imported state when given
         (BadState when it does not fit, or names other tokens than the prompt)."""

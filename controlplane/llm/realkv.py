@@ -17,6 +17,7 @@ logits to sample the first new token from) and decodes on from there.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -47,7 +48,7 @@ def pack(tokens: list[int], state: bytes) -> bytes:
     return _HEAD.pack(MAGIC, len(tokens)) + ids + state
 
 
-def unpack(blob: bytes | bytearray, n_ctx: int) -> tuple[list[int], memoryview]:
+def unpack(blob: bytes | bytearray | mmap.mmap, n_ctx: int) -> tuple[list[int], memoryview]:
     """The token ids and the llama.cpp state of a wire blob (BadState when
     the header is wrong or the prompt does not fit a context of n_ctx)."""
     if len(blob) < _HEAD.size:
@@ -81,7 +82,7 @@ def export(llm: Llama, tokens: list[int]) -> Exported:
     return Exported(n, pack(tokens, bytes(memoryview(buf)[:got])))
 
 
-def load(llm: Llama, blob: bytes | bytearray) -> list[int]:
+def load(llm: Llama, blob: bytes | bytearray | mmap.mmap) -> list[int]:
     """Put a wire blob's state in the context (replacing what was there); the
     prompt's token ids. BadState when llama.cpp refuses it (another model, a
     different context layout, corrupt bytes)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import mmap
 import os
 import sys
 import time
@@ -41,6 +42,7 @@ from aiohttp import web
 
 from controlplane.llm import kvwire, realkv
 from controlplane.llm.errors import BadRequest
+from controlplane.llm.pdroutes import decode_target
 from controlplane.llm.realhost import ModelHost
 
 MAX_TOKENS = 512
@@ -154,21 +156,18 @@ class RealServer:
                 "total_tokens": out.prompt_tokens + out.completion_tokens,
                 "galaxy_evaluated_prompt_tokens": out.evaluated_prompt_tokens,
                 "galaxy_woke_s": out.woke_s,
+                **_origin(body),
             },
         })  # fmt: skip
 
-    def _take_state(self, kv_id: Any) -> bytearray | None:
+    def _take_state(self, kv_id: Any) -> bytearray | mmap.mmap | None:
         return None if kv_id is None else kvwire.claim(self.inbox, kv_id).data
 
     async def prefill(self, request: web.Request) -> web.Response:
         """``POST /v1/pd/prefill`` (see the module docstring)."""
         try:
             body = await self._body(request)
-            target = body.get("galaxy_decode")
-            if not isinstance(target, str) or not target.startswith(("http://", "unix:/")):
-                raise BadRequest(
-                    "galaxy_decode: the decode instance, http://HOST:PORT or unix:/path"
-                )
+            target, lease = decode_target(body)
             tokens = self._prompt(body)
         except BadRequest as e:
             return _error(400, str(e)[:300])
@@ -178,13 +177,24 @@ class RealServer:
         kv_id = uuid.uuid4().hex[:16]
         size = len(exported.data)
         try:
-            moved_s = await kvwire.send(target, kv_id, size, exported.tokens, data=exported.data)
+            moved_s = await kvwire.send(
+                target, kv_id, size, exported.tokens, data=exported.data, lease=lease
+            )
         except (RuntimeError, OSError, aiohttp.ClientError) as e:  # timeouts are OSErrors
             return _error(502, f"galaxy_decode: KV transfer failed: {str(e)[:200]}")
         return web.json_response({
             "kv_id": kv_id, "kv_bytes": size, "prompt_tokens": exported.tokens,
             "prefill_s": prefill_s, "transfer_s": moved_s, "woke_s": woke,
         })  # fmt: skip
+
+
+def _origin(body: dict[str, Any]) -> dict[str, str]:
+    """``galaxy_prefill_instance`` of a decode from a moved state (the
+    gateway's note of where its prompt ran), for usage."""
+    origin = body.get("galaxy_prefill_instance")
+    if body.get("galaxy_kv_id") is None or not isinstance(origin, str):
+        return {}
+    return {"galaxy_prefill_instance": origin[:128]}
 
 
 def _int(body: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
@@ -208,11 +218,13 @@ async def serve(a: argparse.Namespace, host: str, port: int) -> None:
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
-    if a.kv_unix:  # same-node KV transfers skip the TCP stack
-        await web.UnixSite(runner, a.kv_unix).start()
+    # Same-node KV transfers skip the TCP stack.
+    instance = os.environ.get("GALAXY_INSTANCE_ID", "")
+    stop = await kvwire.listen_local(runner, a.kv_unix, instance, server.inbox)
     try:
         await asyncio.Event().wait()
     finally:
+        stop()
         await runner.cleanup()
 
 

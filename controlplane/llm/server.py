@@ -297,12 +297,15 @@ class LlmServer:
 
 
 def _usage(req: Request) -> dict[str, Any]:
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": req.prompt_tokens,
         "completion_tokens": req.generated,
         "total_tokens": req.prompt_tokens + req.generated,
         "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
     }
+    if req.prefilled_by:  # disaggregated: its prompt ran on that instance
+        usage["galaxy_prefill_instance"] = req.prefilled_by
+    return usage
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -321,28 +324,31 @@ async def serve(
     port: int,
     model: str,
     *,
-    kv_inbox_mb: int = 256,
+    kv_inbox_mb: int = 64,
     kv_scale: float = 1.0,
     kv_unix: str = "",
 ) -> None:
     """Load (the profile's load time), then serve until cancelled."""
     # Imported here: the disaggregation routes build on this module.
-    from controlplane.llm.kvwire import KvInbox
+    from controlplane.llm import kvwire
     from controlplane.llm.pdroutes import Disaggregation
 
     prof = profile(profile_name)
     await asyncio.sleep(prof.load_s)  # weights "loading": not ready before
     server = LlmServer(Engine(prof), model)
     app = server.app()
-    Disaggregation(server, KvInbox(kv_inbox_mb << 20), kv_scale).install(app)
+    disagg = Disaggregation(server, kvwire.KvInbox(kv_inbox_mb << 20), kv_scale)
+    disagg.install(app)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
-    if kv_unix:  # same-node KV transfers skip the TCP stack
-        await web.UnixSite(runner, kv_unix).start()
+    # Same-node KV transfers skip the TCP stack.
+    instance = os.environ.get("GALAXY_INSTANCE_ID", "")
+    stop = await kvwire.listen_local(runner, kv_unix, instance, disagg.inbox)
     try:
         await server.run()
     finally:
+        stop()
         await runner.cleanup()
 
 
@@ -370,8 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--kv-inbox-mb",
         type=int,
-        default=256,
-        help="room for KV caches received from prefill instances (disaggregation)",
+        default=64,
+        help="room for KV caches received from prefill instances (disaggregation); "
+        "it must fit the instance's memory (the llm-emulated runtime's default: 128 MiB)",
     )
     p.add_argument(
         "--kv-scale",

@@ -48,6 +48,7 @@ _TOP_FIELDS = {
     "autoscaling",
     "model",
     "batching",
+    "pd",
 }
 _RES_FIELDS = {"cpu_millis", "memory_mib", "gpus"}
 _AUTOSCALING_INT = {
@@ -149,6 +150,8 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
         spec.model.CopyFrom(models.from_dict(doc["model"], base_dir))
     if doc.get("batching") is not None:
         _batching(doc["batching"], spec.batching)
+    if doc.get("pd") is not None:
+        _pd(doc["pd"], spec.pd)
     servingruntime.check_request(spec)
     return spec
 
@@ -169,6 +172,28 @@ def _batching(doc: Any, out: common_pb2.BatchingSpec) -> None:
     for f in ("max_batch_size", "max_latency_ms"):
         if f not in doc:
             raise InvalidArgument(f"batching.{f}: required")
+
+
+def _pd(doc: Any, out: common_pb2.PdSpec) -> None:
+    """The ``pd`` mapping (prefill/decode disaggregation; ranges by ``validate``)."""
+    if not isinstance(doc, dict):
+        raise InvalidArgument("pd: must be a mapping (prefill, kv_bytes_per_token, prefill_tps)")
+    bad = sorted(str(k) for k in set(doc) - {"prefill", "kv_bytes_per_token", "prefill_tps"})
+    if bad:
+        raise InvalidArgument(
+            f"pd.{key(bad[0])}: unknown field (allowed: prefill, kv_bytes_per_token, prefill_tps)"
+        )
+    prefill = doc.get("prefill")
+    if not isinstance(prefill, str) or not prefill:
+        raise InvalidArgument("pd.prefill: required, the name of the prefill function")
+    out.prefill = prefill
+    out.kv_bytes_per_token = _int(
+        doc, "kv_bytes_per_token", "pd.kv_bytes_per_token", 0, 0, validation.KV_BYTES_PER_TOKEN_MAX
+    )
+    tps = doc.get("prefill_tps", 0)
+    if isinstance(tps, bool) or not isinstance(tps, int | float):
+        raise InvalidArgument(f"pd.prefill_tps: must be a number, got {short(tps)}")
+    out.prefill_tps = float(tps)
 
 
 def _absolute_or_uri(artifact: str) -> bool:

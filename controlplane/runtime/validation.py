@@ -74,6 +74,9 @@ SCALING_METRICS = ("concurrency", "rps", "queue", "kv", "tokens_per_s")
 SLO_MS_MAX = 600_000
 #: a routing hint's bounds (controlplane/runtime/llmprompt.py)
 HINT_BLOCKS_MAX, HINT_BLOCK_ID_MAX, ADAPTER_MAX = 64, 32, 64
+#: prefill/decode pairing estimates (FunctionSpec.pd): 64 MiB of KV a token is
+#: past any model (LLaMA-2-70B: 2.6 MB), 10M prefill tokens/s past any GPU
+KV_BYTES_PER_TOKEN_MAX, PREFILL_TPS_MAX = 64 << 20, 1e7
 
 #: Function names leave room for a revision suffix ("-NNNNN") in 63 characters.
 MAX_FUNCTION_NAME_LEN = 57
@@ -206,6 +209,10 @@ def check_spec(spec: common_pb2.FunctionSpec, *, resolved: bool = True) -> None:
     check_range("startup_timeout_ms", spec.startup_timeout_ms, 0, STARTUP_TIMEOUT_MS_MAX)
     check_range("request_timeout_ms", spec.request_timeout_ms, 0, REQUEST_TIMEOUT_MS_MAX)
     check_autoscaling(spec.autoscaling)
+    if spec.HasField("pd"):
+        check_pd("pd", spec.pd)
+        if spec.pd.prefill == spec.name:
+            raise InvalidArgument("pd.prefill: another function (this one decodes)")
     if spec.HasField("batching"):
         b = spec.batching
         check_range("batching.max_batch_size", b.max_batch_size, 2, BATCH_SIZE_MAX)
@@ -214,6 +221,14 @@ def check_spec(spec: common_pb2.FunctionSpec, *, resolved: bool = True) -> None:
     size = spec.ByteSize()
     if size > MAX_SPEC_BYTES:
         raise InvalidArgument(f"function: spec is {size} bytes, at most {MAX_SPEC_BYTES} allowed")
+
+
+def check_pd(field: str, pd: Any) -> None:
+    """A ``PdSpec``: the prefill function's name and the estimates' ranges."""
+    check_name(f"{field}.prefill", pd.prefill)
+    check_range(f"{field}.kv_bytes_per_token", pd.kv_bytes_per_token, 0, KV_BYTES_PER_TOKEN_MAX)
+    if not 0 <= pd.prefill_tps <= PREFILL_TPS_MAX:  # also refuses NaN
+        raise InvalidArgument(f"{field}.prefill_tps: between 0 and {PREFILL_TPS_MAX:g} tokens/s")
 
 
 def check_command(field: str, command: Any) -> None:
@@ -286,6 +301,9 @@ def check_dispatch(request: Any) -> None:
     if any(len(b) > HINT_BLOCK_ID_MAX for b in hint.prefix_blocks):
         raise InvalidArgument(f"hint.prefix_blocks: each at most {HINT_BLOCK_ID_MAX} characters")
     check_text("hint.adapter", hint.adapter, ADAPTER_MAX)
+    if hint.decode_node:
+        check_text("hint.decode_node", hint.decode_node, 253)
+        check_pd("hint.pd", hint.pd)
     if request.tag:
         check_name("tag", request.tag)
     check_releases(request.releases)

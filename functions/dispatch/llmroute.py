@@ -29,12 +29,14 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 
 import aiohttp
+from prometheus_client import Counter
 
 from controlplane.runtime import leasetoken
 from controlplane.runtime.clock import Clock
 from controlplane.runtime.llmpicker import Ask, Candidate, Picker, make
 from controlplane.runtime.llmsignals import Load, LoadBook, Sample, SignalError, scrape
 from functions.dispatch.autoscaling.llmsignal import ScalingSignal, fleet_value
+from functions.dispatch.pdpair import PrefillPairing
 from functions.dispatch.policy import FunctionRouter, Grant
 from galaxy.v1 import common_pb2, dispatch_pb2
 
@@ -47,6 +49,12 @@ SCRAPE_TIMEOUT_S = 0.3
 MAX_AGE_S = 2.0
 #: scrapes in flight at once per round (bounds sockets and the round's burst)
 SCRAPE_PARALLEL = 32
+#: prefill instances paired with a decode instance, by the link between them
+PD_PAIRS = Counter(
+    "galaxy_dispatch_pd_pairs_total",
+    "Prefill instances granted for a disaggregated request, by the link to its decode instance",
+    ["link"],
+)
 #: the lease token shown to a node's entry for a scrape lives this long
 SCRAPE_TOKEN_MS = 5_000
 
@@ -60,6 +68,8 @@ class LlmRouting:
         self.policy = policy
         self.book = LoadBook(max_age_s)
         self._pickers: dict[str, Picker] = {}
+        #: the prefill half of a disaggregated request (``pdpair``)
+        self.pairing = PrefillPairing()
         self._session: aiohttp.ClientSession | None = None
 
     def picker(self, function: str) -> Picker:
@@ -78,7 +88,7 @@ class LlmRouting:
         """A slot for one request: on the picker's choice for an LLM
         function, on the least-loaded instance for any other (``None``: no
         free slot, or waiters queued first)."""
-        if not spec.llm:
+        if not spec.llm and not hint.decode_node:  # (a prefill pool need not scrape)
             return router.acquire()
         if router.waiters:
             return None  # the queue goes first, as for any function
@@ -91,6 +101,12 @@ class LlmRouting:
         ]
         if not free:
             return None
+        if hint.decode_node:  # a prefill for a decode instance on that node
+            free_insts = (router.instances[c.instance] for c in free)
+            pair = self.pairing.choose(free_insts, lambda iid: book.get(iid, now), hint)
+            assert pair is not None  # free is not empty
+            PD_PAIRS.labels(pair.link.name).inc()
+            return router.acquire_on(pair.prefill.instance_id)
         ask = Ask(tuple(hint.prefix_blocks), hint.adapter)
         return router.acquire_on(self.picker(router.name).pick(free, ask))
 

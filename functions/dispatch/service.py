@@ -76,7 +76,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServicer):
         if self.lease_key is not None:  # the node's entry admits this lease until it ends
             ends_ms = time.time_ns() // 1_000_000 + int(s.ttl_s * 1000)
             token = self.lease_key.sign(g.instance.instance_id, ends_ms)
+        spec = self.dispatcher.specs.get(s.router.name)
         return dispatch_pb2.InstanceAddr(
+            pd=spec.pd if spec is not None and spec.pd.prefill else None,
             function=g.instance.meta.function if g.instance.meta else "",
             instance_id=g.instance.instance_id,
             address=g.instance.address,

@@ -31,7 +31,7 @@ class Resources(_message.Message):
     def __init__(self, cpu_millis: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class FunctionSpec(_message.Message):
-    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "runtime", "artifact", "args", "namespace", "public", "model", "batching", "llm")
+    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "runtime", "artifact", "args", "namespace", "public", "model", "batching", "llm", "pd")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class FunctionSpec(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BATCHING_FIELD_NUMBER: _ClassVar[int]
     LLM_FIELD_NUMBER: _ClassVar[int]
+    PD_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     workdir: str
@@ -85,7 +86,18 @@ class FunctionSpec(_message.Message):
     model: ModelRef
     batching: BatchingSpec
     llm: bool
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ..., revision: _Optional[int] = ..., traffic: _Optional[_Iterable[_Union[TrafficTarget, _Mapping]]] = ..., runtime: _Optional[str] = ..., artifact: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., public: _Optional[bool] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., llm: _Optional[bool] = ...) -> None: ...
+    pd: PdSpec
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ..., revision: _Optional[int] = ..., traffic: _Optional[_Iterable[_Union[TrafficTarget, _Mapping]]] = ..., runtime: _Optional[str] = ..., artifact: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., public: _Optional[bool] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., llm: _Optional[bool] = ..., pd: _Optional[_Union[PdSpec, _Mapping]] = ...) -> None: ...
+
+class PdSpec(_message.Message):
+    __slots__ = ("prefill", "kv_bytes_per_token", "prefill_tps")
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TPS_FIELD_NUMBER: _ClassVar[int]
+    prefill: str
+    kv_bytes_per_token: int
+    prefill_tps: float
+    def __init__(self, prefill: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., prefill_tps: _Optional[float] = ...) -> None: ...
 
 class BatchingSpec(_message.Message):
     __slots__ = ("max_batch_size", "max_latency_ms")

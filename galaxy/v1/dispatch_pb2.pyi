@@ -27,12 +27,18 @@ class DispatchRequest(_message.Message):
     def __init__(self, function: _Optional[str] = ..., request_id: _Optional[str] = ..., forwarded: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., tag: _Optional[str] = ..., hold: _Optional[bool] = ..., hint: _Optional[_Union[RoutingHint, _Mapping]] = ...) -> None: ...
 
 class RoutingHint(_message.Message):
-    __slots__ = ("prefix_blocks", "adapter")
+    __slots__ = ("prefix_blocks", "adapter", "decode_node", "prompt_tokens", "pd")
     PREFIX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    DECODE_NODE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PD_FIELD_NUMBER: _ClassVar[int]
     prefix_blocks: _containers.RepeatedScalarFieldContainer[str]
     adapter: str
-    def __init__(self, prefix_blocks: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ...) -> None: ...
+    decode_node: str
+    prompt_tokens: int
+    pd: _common_pb2.PdSpec
+    def __init__(self, prefix_blocks: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., decode_node: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., pd: _Optional[_Union[_common_pb2.PdSpec, _Mapping]] = ...) -> None: ...
 
 class DispatchStreamRequest(_message.Message):
     __slots__ = ("seq", "request", "timeout_ms", "cancel", "releases", "more")
@@ -67,7 +73,7 @@ class DispatchStreamReply(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., addr: _Optional[_Union[InstanceAddr, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., goaway: _Optional[bool] = ..., more: _Optional[_Iterable[_Union[DispatchStreamReply, _Mapping]]] = ...) -> None: ...
 
 class InstanceAddr(_message.Message):
-    __slots__ = ("function", "instance_id", "address", "node_id", "lease_id", "cold_start", "wait_ms", "lease_ttl_ms", "hold_ms", "namespace", "lease_token")
+    __slots__ = ("function", "instance_id", "address", "node_id", "lease_id", "cold_start", "wait_ms", "lease_ttl_ms", "hold_ms", "namespace", "lease_token", "pd")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +85,7 @@ class InstanceAddr(_message.Message):
     HOLD_MS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PD_FIELD_NUMBER: _ClassVar[int]
     function: str
     instance_id: str
     address: str
@@ -90,7 +97,8 @@ class InstanceAddr(_message.Message):
     hold_ms: int
     namespace: str
     lease_token: str
-    def __init__(self, function: _Optional[str] = ..., instance_id: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., cold_start: _Optional[bool] = ..., wait_ms: _Optional[float] = ..., lease_ttl_ms: _Optional[int] = ..., hold_ms: _Optional[int] = ..., namespace: _Optional[str] = ..., lease_token: _Optional[str] = ...) -> None: ...
+    pd: _common_pb2.PdSpec
+    def __init__(self, function: _Optional[str] = ..., instance_id: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., cold_start: _Optional[bool] = ..., wait_ms: _Optional[float] = ..., lease_ttl_ms: _Optional[int] = ..., hold_ms: _Optional[int] = ..., namespace: _Optional[str] = ..., lease_token: _Optional[str] = ..., pd: _Optional[_Union[_common_pb2.PdSpec, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("function", "lease_id", "forwarded")

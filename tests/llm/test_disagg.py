@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.llm.disagg import LINKS, Candidate, Link, PairPicker, by_node, kv_bytes
 from controlplane.llm.kvwire import InboxFull, KvInbox, valid_id
+from controlplane.runtime.disagg import LINKS, Candidate, Link, PairPicker, by_node, kv_bytes
 
 SAME = Link("same-node", 10e9, 10e-6)
 SLOW = Link("tcp", 1e9 / 8, 100e-6)  # 1 Gbit/s
