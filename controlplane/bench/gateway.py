@@ -7,7 +7,9 @@ while the function is hot). The two gateways are processes started here
 the way `galaxy up` starts its own (same flags, `--no-slot-cache` on one).
 Modes alternate in rounds so that the machine's drift hits them alike; the
 report gives latencies and the ratios the goals are stated in
-(docs/gateway.md).
+(docs/gateway.md), and the CPU the cluster's node agents spent per request
+of each mode (where an instance in a sandbox of its own is reached through
+the agent's door, docs/security.md: the door's CPU per request).
 
 Needs a running `galaxy up` (its run dir) with examples/echo.yaml deployed.
 """
@@ -109,6 +111,19 @@ async def _slot_counts(metrics: str) -> dict[str, float]:
     return out
 
 
+def _cpu_ns(pids: list[int]) -> int:
+    """CPU time (ns, every thread) of pids so far: the scheduler's account
+    (/proc/PID/task/TID/schedstat), finer than the 10 ms ticks of stat."""
+    total = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # a thread that ended meanwhile
+    return total
+
+
 async def _round(
     url: str, n: int, concurrency: int, headers: dict[str, str] | None = None
 ) -> tuple[list[float], float]:
@@ -169,13 +184,17 @@ async def measure(
     }
     lat: dict[str, list[float]] = {k: [] for k in urls}
     rate: dict[str, list[float]] = {k: [] for k in urls}
+    agents = [c["pid"] for c in ep.get("components", ()) if c.get("kind") == "nodeagent"]
+    agent_ns: dict[str, int] = {k: 0 for k in urls}
     try:
         for url in urls.values():  # warm-up: connections, the instance
             await _round(url, 200, concurrency, auth)
         for _ in range(rounds):
             for mode, url in urls.items():
                 # The same header on every mode: the instance ignores it.
+                cpu0 = _cpu_ns(agents)
                 got, rps = await _round(url, n, concurrency, auth)
+                agent_ns[mode] += _cpu_ns(agents) - cpu0
                 lat[mode] += got
                 rate[mode].append(rps)
         slots = await _slot_counts(procs["gateway_cache"][1]["metrics"])
@@ -194,6 +213,7 @@ async def measure(
             "p50_ms": round(q(lat[m], 0.5), 3),
             "p99_ms": round(q(lat[m], 0.99), 3),
             "requests_per_s": round(statistics.median(rate[m]), 1),
+            "agent_cpu_us_per_request": round(agent_ns[m] / 1000 / (n * rounds), 1),
         }
         for m in urls
     }

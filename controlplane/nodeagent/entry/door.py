@@ -28,6 +28,7 @@ from typing import cast
 
 import httptools  # type: ignore[import-not-found,unused-ignore]
 
+from controlplane.nodeagent.entry.admission import Admission
 from controlplane.runtime.leasetoken import LeaseKey, Verdict
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 Dial = Callable[[], Awaitable[socket.socket]]
 
 _LEASE = b"galaxy-lease"
+_LEASE_LEN = len(_LEASE)
 _REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway"}
 
 
@@ -81,6 +83,7 @@ class _Client(asyncio.Protocol):
     def __init__(self, door: Door) -> None:
         self.door = door
         self.parser = httptools.HttpRequestParser(self)
+        self.admission = Admission(door.key, door.instance_id)
         self.lease: bytes | None = None
         self.refused: Verdict | None = None
         self.raw = False  # after an upgrade: no more requests to check
@@ -98,11 +101,13 @@ class _Client(asyncio.Protocol):
         self.lease = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == _LEASE:
+        # Called for every header of every request: the length test spares
+        # a lower-cased copy of each name that cannot be the lease's.
+        if len(name) == _LEASE_LEN and name.lower() == _LEASE:
             self.lease = value
 
     def on_headers_complete(self) -> None:
-        verdict = self.door.check(self.lease)
+        verdict = self.admission.verdict(self.lease, self.door.clock_ms())
         if verdict is not Verdict.OK and self.refused is None:
             self.refused = verdict
 
@@ -206,12 +211,6 @@ class Door:
         self.clock_ms = clock_ms
         self.clients: set[_Client] = set()
         self._server: asyncio.AbstractServer | None = None
-
-    def check(self, token: bytes | None) -> Verdict:
-        """The verdict on one request's token."""
-        if self.key is None:
-            return Verdict.OK
-        return self.key.verify(token, self.instance_id, self.clock_ms())
 
     async def open(self, host: str, port: int) -> None:
         """Listen on host:port (the node's advertised address)."""
