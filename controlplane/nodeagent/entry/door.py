@@ -96,10 +96,8 @@ class _Client(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self.door.clients.add(self)
 
-    # httptools callbacks, called during feed_data.
-    def on_message_begin(self) -> None:
-        self.lease = None
-
+    # httptools callbacks, called during feed_data (no on_message_begin:
+    # each callback is a Python call per request).
     def on_header(self, name: bytes, value: bytes) -> None:
         # Called for every header of every request: the length test spares
         # a lower-cased copy of each name that cannot be the lease's.
@@ -108,6 +106,7 @@ class _Client(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         verdict = self.admission.verdict(self.lease, self.door.clock_ms())
+        self.lease = None  # the next request shows its own
         if verdict is not Verdict.OK and self.refused is None:
             self.refused = verdict
 
