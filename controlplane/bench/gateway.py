@@ -150,9 +150,15 @@ async def _round(
 
 
 async def measure(
-    run_dir: Path, n: int, rounds: int, concurrency: int, slot_idle_ms: float | None = None
+    run_dir: Path,
+    n: int,
+    rounds: int,
+    concurrency: int,
+    slot_idle_ms: float | None = None,
+    agent_pids: tuple[int, ...] = (),
 ) -> dict[str, object]:
-    """Latencies (ms) and requests/s per mode, and the ratios."""
+    """Latencies (ms) and requests/s per mode, and the ratios. agent_pids:
+    node agents not started by the `galaxy up` (whose own are counted too)."""
     ep = read_endpoints(run_dir)
     if not ep or not ep.get("gateway"):
         raise SystemExit(f"no `galaxy up` with a gateway in {run_dir}")
@@ -185,6 +191,7 @@ async def measure(
     lat: dict[str, list[float]] = {k: [] for k in urls}
     rate: dict[str, list[float]] = {k: [] for k in urls}
     agents = [c["pid"] for c in ep.get("components", ()) if c.get("kind") == "nodeagent"]
+    agents += agent_pids
     agent_ns: dict[str, int] = {k: 0 for k in urls}
     try:
         for url in urls.values():  # warm-up: connections, the instance
@@ -286,13 +293,29 @@ def main() -> None:
     p.add_argument(
         "--slot-idle-ms", type=float, default=None, help="the cached gateway's --slot-idle-ms"
     )
+    p.add_argument(
+        "--agent-pid",
+        type=int,
+        action="append",
+        default=[],
+        help="a node agent not started by the `galaxy up` (its CPU per request is reported)",
+    )
     p.add_argument("--serve-bare-proxy", metavar="UPSTREAM", help=argparse.SUPPRESS)
     a = p.parse_args()
     install_uvloop()  # as `galaxy serve` (the gateways) runs
     if a.serve_bare_proxy:
         asyncio.run(_serve_bare_proxy(a.serve_bare_proxy))
         return
-    out = asyncio.run(measure(Path(a.run_dir), a.requests, a.rounds, a.concurrency, a.slot_idle_ms))
+    out = asyncio.run(
+        measure(
+            Path(a.run_dir),
+            a.requests,
+            a.rounds,
+            a.concurrency,
+            a.slot_idle_ms,
+            tuple(a.agent_pid),
+        )
+    )
     if a.cold:
         out["cold"] = asyncio.run(measure_cold(Path(a.run_dir), a.cold))
     print(json.dumps(out, indent=2))
