@@ -6,9 +6,11 @@ request without one, with a forged, expired or another instance's token gets
 401 or 403 with the reason and the connection is closed, and nothing of it
 reaches the instance. An accepted connection is connected into the
 instance's network namespace and its bytes flow both ways unchanged: the
-door parses requests (to check each one's header) but never rewrites them,
-and does not parse answers. After a protocol upgrade (WebSocket) the rest of
-the connection is raw bytes, its opening request having been checked.
+door parses requests (to check each one's header; on a kept connection a
+token already admitted costs no new HMAC until its lease ends, ``admission``)
+but never rewrites them, and does not parse answers. After a protocol
+upgrade (WebSocket) the rest of the connection is raw bytes, its opening
+request having been checked.
 
 Extension points (docs/security.md, "The node's entry"): ``_Client.
 on_headers_complete`` sees every admitted request of an instance (per-
