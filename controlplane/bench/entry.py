@@ -12,7 +12,10 @@ setns; ``--new-connections`` opens a connection per request on both paths
 requests alternating between the two paths, and reports requests/s and
 this process's CPU per request on each: the door runs in this process, so
 the difference is the door's CPU per request (what costs throughput on a
-node whose cores are busy)."""
+node whose cores are busy). ``--python-only`` needs no sandbox: it feeds one
+gateway-shaped request (a kept connection's, its token already admitted)
+to the door's protocol object over and over, with a transport that discards
+what it is given, and reports the door's Python time per request."""
 
 from __future__ import annotations
 
@@ -164,13 +167,64 @@ async def measure(
     return out
 
 
+class _Discard:
+    """Stands in for the transports (not a socket: Python time alone)."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def python_only(n: int) -> dict[str, object]:
+    """µs of the door's Python per request (and per answer), no I/O."""
+    from controlplane.nodeagent.entry import door
+
+    key = LeaseKey(os.urandom(32))
+
+    async def no_dial() -> object:
+        raise OSError("not used")
+
+    d = door.Door("bench", 1, key, no_dial)  # type: ignore[arg-type]
+    client = door._Client(d)
+    client.connection_made(_Discard())  # type: ignore[arg-type]
+    client.up = _Discard()  # type: ignore[assignment]
+    upstream = door._Upstream(client)
+    token = key.sign("bench", time.time_ns() // 1_000_000 + 3_600_000)
+    # What aiohttp (the gateway's client) sends.
+    req = (
+        f"POST / HTTP/1.1\r\nHost: 127.0.0.1:40000\r\n{HEADER}: {token}\r\n"
+        "Accept: */*\r\nAccept-Encoding: gzip, deflate\r\nUser-Agent: Python/3.11 aiohttp\r\n"
+        "Content-Length: 1\r\nContent-Type: application/octet-stream\r\n\r\nx"
+    ).encode()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789"
+    t0 = time.perf_counter()
+    for _ in range(n):
+        client.data_received(req)
+    t1 = time.perf_counter()
+    for _ in range(n):
+        upstream.data_received(answer)
+    t2 = time.perf_counter()
+    assert client.refused is None, client.refused
+    return {
+        "request_us": round((t1 - t0) / n * 1e6, 2),
+        "answer_us": round((t2 - t1) / n * 1e6, 2),
+        "requests": n,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=5000)
     p.add_argument("--entry", choices=["setns", "factory"], default="setns")
     p.add_argument("--new-connections", action="store_true")
     p.add_argument("--concurrency", type=int, default=0, help="kept connections per path at once")
+    p.add_argument("--python-only", action="store_true", help="the door's Python alone, no I/O")
     a = p.parse_args()
+    if a.python_only:
+        print(json.dumps(python_only(a.requests * 40), indent=2))
+        return
     install_uvloop()  # as the node agent runs
     out = asyncio.run(measure(a.requests, a.entry, a.new_connections, a.concurrency))
     print(json.dumps(out, indent=2))
