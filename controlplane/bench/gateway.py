@@ -7,7 +7,11 @@ while the function is hot). The two gateways are processes started here
 the way `galaxy up` starts its own (same flags, `--no-slot-cache` on one).
 Modes alternate in rounds so that the machine's drift hits them alike; the
 report gives latencies and the ratios the goals are stated in
-(docs/gateway.md).
+(docs/gateway.md), and the CPU spent per request of each mode by the
+node (its agents and everything they started: the instances, and the door
+an instance in a sandbox of its own is reached through, docs/security.md),
+by the mode's proxy process and by this load generator: where every core
+is busy, throughput is the inverse of their sum.
 
 Needs a running `galaxy up` (its run dir) with examples/echo.yaml deployed.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -109,6 +114,52 @@ async def _slot_counts(metrics: str) -> dict[str, float]:
     return out
 
 
+def _cpu_ns(pids: list[int]) -> int:
+    """CPU time (ns, every thread) of pids so far: the scheduler's account
+    (/proc/PID/task/TID/schedstat), finer than the 10 ms ticks of stat."""
+    total = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # a thread that ended meanwhile
+    return total
+
+
+_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def _descendants_cpu_ns(roots: list[int]) -> int:
+    """CPU time (ns) so far of every process below roots (an agent's
+    sandboxes and instances), from /proc/PID/stat in clock ticks: it keeps
+    the time of threads that ended (an instance's thread per connection),
+    which the per-thread schedstat loses."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name (field 2) may hold spaces: split after it.
+            f = stat.read_text().rsplit(")", 1)[1].split()
+            pid, ppid = int(stat.parent.name), int(f[1])
+            times[pid] = (int(f[11]) + int(f[12])) * _TICK_NS  # utime, stime
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [c for r in roots for c in children.get(r, [])]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0)
+        todo += children.get(pid, [])
+    return total
+
+
+def _cpu_now(agents: list[int], proxy: list[int]) -> tuple[int, int, int]:
+    """CPU so far (ns) of the node (agents and below), the proxy, this process."""
+    node = _cpu_ns(agents) + _descendants_cpu_ns(agents)
+    return node, _cpu_ns(proxy), time.process_time_ns()
+
+
 async def _round(
     url: str, n: int, concurrency: int, headers: dict[str, str] | None = None
 ) -> tuple[list[float], float]:
@@ -135,9 +186,15 @@ async def _round(
 
 
 async def measure(
-    run_dir: Path, n: int, rounds: int, concurrency: int, slot_idle_ms: float | None = None
+    run_dir: Path,
+    n: int,
+    rounds: int,
+    concurrency: int,
+    slot_idle_ms: float | None = None,
+    agent_pids: tuple[int, ...] = (),
 ) -> dict[str, object]:
-    """Latencies (ms) and requests/s per mode, and the ratios."""
+    """Latencies (ms) and requests/s per mode, and the ratios. agent_pids:
+    node agents not started by the `galaxy up` (whose own are counted too)."""
     ep = read_endpoints(run_dir)
     if not ep or not ep.get("gateway"):
         raise SystemExit(f"no `galaxy up` with a gateway in {run_dir}")
@@ -169,13 +226,22 @@ async def measure(
     }
     lat: dict[str, list[float]] = {k: [] for k in urls}
     rate: dict[str, list[float]] = {k: [] for k in urls}
+    agents = [c["pid"] for c in ep.get("components", ()) if c.get("kind") == "nodeagent"]
+    agents += agent_pids
+    # CPU per mode (ns): the node, the mode's proxy process, this process.
+    cpu: dict[str, dict[str, int]] = {k: {"node": 0, "proxy": 0, "client": 0} for k in urls}
     try:
         for url in urls.values():  # warm-up: connections, the instance
             await _round(url, 200, concurrency, auth)
         for _ in range(rounds):
             for mode, url in urls.items():
                 # The same header on every mode: the instance ignores it.
+                proxy = [procs[mode][0].pid] if mode in procs else []
+                before = _cpu_now(agents, proxy)
                 got, rps = await _round(url, n, concurrency, auth)
+                after = _cpu_now(agents, proxy)
+                for k, t0, t1 in zip(("node", "proxy", "client"), before, after, strict=True):
+                    cpu[mode][k] += t1 - t0
                 lat[mode] += got
                 rate[mode].append(rps)
         slots = await _slot_counts(procs["gateway_cache"][1]["metrics"])
@@ -194,6 +260,10 @@ async def measure(
             "p50_ms": round(q(lat[m], 0.5), 3),
             "p99_ms": round(q(lat[m], 0.99), 3),
             "requests_per_s": round(statistics.median(rate[m]), 1),
+            **{
+                f"{k}_cpu_us_per_request": round(v / 1000 / (n * rounds), 1)
+                for k, v in cpu[m].items()
+            },
         }
         for m in urls
     }
@@ -266,13 +336,29 @@ def main() -> None:
     p.add_argument(
         "--slot-idle-ms", type=float, default=None, help="the cached gateway's --slot-idle-ms"
     )
+    p.add_argument(
+        "--agent-pid",
+        type=int,
+        action="append",
+        default=[],
+        help="a node agent not started by the `galaxy up` (its CPU per request is reported)",
+    )
     p.add_argument("--serve-bare-proxy", metavar="UPSTREAM", help=argparse.SUPPRESS)
     a = p.parse_args()
     install_uvloop()  # as `galaxy serve` (the gateways) runs
     if a.serve_bare_proxy:
         asyncio.run(_serve_bare_proxy(a.serve_bare_proxy))
         return
-    out = asyncio.run(measure(Path(a.run_dir), a.requests, a.rounds, a.concurrency, a.slot_idle_ms))
+    out = asyncio.run(
+        measure(
+            Path(a.run_dir),
+            a.requests,
+            a.rounds,
+            a.concurrency,
+            a.slot_idle_ms,
+            tuple(a.agent_pid),
+        )
+    )
     if a.cold:
         out["cold"] = asyncio.run(measure_cold(Path(a.run_dir), a.cold))
     print(json.dumps(out, indent=2))

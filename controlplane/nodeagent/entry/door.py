@@ -6,9 +6,11 @@ request without one, with a forged, expired or another instance's token gets
 401 or 403 with the reason and the connection is closed, and nothing of it
 reaches the instance. An accepted connection is connected into the
 instance's network namespace and its bytes flow both ways unchanged: the
-door parses requests (to check each one's header) but never rewrites them,
-and does not parse answers. After a protocol upgrade (WebSocket) the rest of
-the connection is raw bytes, its opening request having been checked.
+door parses requests (to check each one's header; on a kept connection a
+token already admitted costs no new HMAC until its lease ends, ``admission``)
+but never rewrites them, and does not parse answers. After a protocol
+upgrade (WebSocket) the rest of the connection is raw bytes, its opening
+request having been checked.
 
 Extension points (docs/security.md, "The node's entry"): ``_Client.
 on_headers_complete`` sees every admitted request of an instance (per-
@@ -28,6 +30,7 @@ from typing import cast
 
 import httptools  # type: ignore[import-not-found,unused-ignore]
 
+from controlplane.nodeagent.entry.admission import Admission
 from controlplane.runtime.leasetoken import LeaseKey, Verdict
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 Dial = Callable[[], Awaitable[socket.socket]]
 
 _LEASE = b"galaxy-lease"
+_LEASE_LEN = len(_LEASE)
 _REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway"}
 
 
@@ -81,6 +85,7 @@ class _Client(asyncio.Protocol):
     def __init__(self, door: Door) -> None:
         self.door = door
         self.parser = httptools.HttpRequestParser(self)
+        self.admission = Admission(door.key, door.instance_id)
         self.lease: bytes | None = None
         self.refused: Verdict | None = None
         self.raw = False  # after an upgrade: no more requests to check
@@ -93,16 +98,17 @@ class _Client(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self.door.clients.add(self)
 
-    # httptools callbacks, called during feed_data.
-    def on_message_begin(self) -> None:
-        self.lease = None
-
+    # httptools callbacks, called during feed_data (no on_message_begin:
+    # each callback is a Python call per request).
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == _LEASE:
+        # Called for every header of every request: the length test spares
+        # a lower-cased copy of each name that cannot be the lease's.
+        if len(name) == _LEASE_LEN and name.lower() == _LEASE:
             self.lease = value
 
     def on_headers_complete(self) -> None:
-        verdict = self.door.check(self.lease)
+        verdict = self.admission.verdict(self.lease, self.door.clock_ms())
+        self.lease = None  # the next request shows its own
         if verdict is not Verdict.OK and self.refused is None:
             self.refused = verdict
 
@@ -206,12 +212,6 @@ class Door:
         self.clock_ms = clock_ms
         self.clients: set[_Client] = set()
         self._server: asyncio.AbstractServer | None = None
-
-    def check(self, token: bytes | None) -> Verdict:
-        """The verdict on one request's token."""
-        if self.key is None:
-            return Verdict.OK
-        return self.key.verify(token, self.instance_id, self.clock_ms())
 
     async def open(self, host: str, port: int) -> None:
         """Listen on host:port (the node's advertised address)."""
