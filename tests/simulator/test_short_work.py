@@ -1,0 +1,119 @@
+"""Short work on a process that is already running (a capacity credit's
+``take`` on Dispatch): what the host model adds to it, how both sides of
+the fidelity check time it, and its measured cost distribution."""
+
+import json
+import statistics
+
+import pytest
+
+from simulator import calibration, fidelity
+from simulator.calibrate_decisions import take_cost, take_from_buckets
+from simulator.engine import Station
+from simulator.host import Host
+
+SLICE = 0.0015
+
+
+def _crowded(cores: int = 1, others: int = 3) -> tuple[Host, Station]:
+    """A host whose other processes all have work queued (k > cores), and a
+    process ``me`` that woke at 0 and runs from then on."""
+    host = Host(cores, slice_s=SLICE, seed=1)
+    for i in range(others):
+        Station(f"o{i}", host=host).free_at = 1.0  # busy until t = 1 s
+    me = Station("me", host=host)
+    me.finish(0.0, 1e-6)  # wakes at 0
+    return host, me
+
+
+def test_short_work_early_in_a_busy_period_is_not_preempted():
+    host, me = _crowded()
+    # 15 us pieces within its first slice: a fresh slice after the wake.
+    # (Drawn with probability work/slice, about 1% of them were stretched.)
+    delays = [host.preemption(me, i * 15e-6, 15e-6) for i in range(SLICE_PIECES)]
+    assert delays == [0.0] * SLICE_PIECES
+
+
+SLICE_PIECES = int(SLICE / 15e-6) - 1
+
+
+def test_work_that_uses_up_the_slice_waits_for_the_others():
+    host, me = _crowded()
+    # The piece across the slice's end loses the core: k = 4 processes with
+    # work on one core, so it waits about 3 slices of the others.
+    waits = [host.preemption(me, SLICE - 5e-6, 15e-6) for _ in range(2000)]
+    assert min(waits) > 0
+    assert statistics.mean(waits) == pytest.approx(3 * SLICE, rel=0.1)
+
+
+def test_a_process_with_room_is_never_preempted():
+    host, me = _crowded(cores=4, others=2)
+    assert host.preemption(me, SLICE - 5e-6, 15e-6) == 0.0
+
+
+def test_a_jobs_span_on_its_core_excludes_the_wait_for_the_core():
+    host = Host(1, slice_s=SLICE, seed=2)
+    hog = Station("hog", host=host)
+    hog.finish(0.0, 0.010)  # holds the only core for 10 ms
+    me = Station("me", host=host)
+    end = me.finish(0.0, 12e-6)
+    # It waited (for the hog's slice to end or for the hog), then ran 12 us.
+    assert end > 12e-6
+    assert end - host.began == pytest.approx(12e-6)
+
+
+def test_credit_decisions_are_timed_as_dispatch_times_them(cal):
+    res = fidelity.sim_phase(cal, 40, 300, seed=1, concurrency=8, credits=True)
+    # Both kinds of decision are counted, and the credits' dominate (the
+    # real mix at 210 nodes: 96-99.9% from credits).
+    assert 0 < res["credit_placements"] <= res["placements"]
+    assert res["credit_placements"] / res["placements"] > 0.5
+    # A take's span is its own work: the median is the calibrated take
+    # (12 us), not a wait behind the loop's other work (tens of us or more).
+    take = cal.mean("dispatch.credit_take")
+    assert res["scheduling_exact_ms"]["p50"] / 1000 < 2 * take
+
+
+def test_a_measured_shape_is_sampled_in_place_of_the_gamma(tmp_path, cal):
+    doc = cal.to_json()
+    shape = [0.5] * 90 + [5.5] * 10  # mean 1: nine in ten at half the mean
+    doc["ops"]["dispatch.credit_take"] = {"mean_s": 1e-5, "cv": 0.5, "shape": shape}
+    c = calibration.parse(doc)
+    import random
+
+    draw = c.sampler("dispatch.credit_take", random.Random(1))
+    xs = [draw() for _ in range(10_000)]
+    assert statistics.mean(xs) == pytest.approx(1e-5, rel=0.05)
+    assert sum(1 for x in xs if x > 2e-5) / len(xs) == pytest.approx(0.10, abs=0.02)
+    # The shape survives a round trip and a scaling.
+    again = calibration.parse(json.loads(json.dumps(c.scaled(2.0).to_json())))
+    assert again.ops["dispatch.credit_take"].shape == tuple(sorted(shape))
+    assert again.mean("dispatch.credit_take") == pytest.approx(2e-5)
+
+
+@pytest.mark.parametrize("shape", [[], [0.0, 1.0], ["x"], [1.0] * 1001, "1,2"])
+def test_a_bad_shape_is_refused_naming_the_op(cal, shape):
+    doc = cal.to_json()
+    doc["ops"]["dispatch.credit_take"]["shape"] = shape
+    with pytest.raises(calibration.CalibrationError, match=r"ops\.dispatch\.credit_take\.shape"):
+        calibration.parse(doc)
+
+
+def test_the_take_is_read_from_the_real_dispatchs_histogram():
+    # 1,000 decisions: 870 under 25 us, 950 under 50, 990 under 100.
+    buckets = {"2.5e-05": 870.0, "5e-05": 950.0, "0.0001": 990.0, "0.00025": 1000.0,
+               "inf": 1000.0}  # fmt: skip
+    got = take_from_buckets(buckets)
+    assert got is not None
+    mean, shape = got
+    points = [mean * x for x in shape]
+    # Read back through the same buckets, the same shares.
+    for bound, share in ((25e-6, 0.87), (50e-6, 0.95), (100e-6, 0.99)):
+        assert sum(1 for p in points if p <= bound) / len(points) == pytest.approx(share, abs=0.01)
+    assert take_from_buckets({"2.5e-05": 100.0, "inf": 100.0}) is None  # too few for a tail
+
+
+def test_the_in_process_take_is_microseconds():
+    # Pure Python over four credits: well under Schedule's placement over a
+    # partition, far under a millisecond.
+    assert 0 < take_cost(takes=2000) < 200e-6
