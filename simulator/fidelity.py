@@ -321,7 +321,10 @@ async def _calibration(args: Any, log: Any) -> calibration.Calibration:
         from simulator import calibrate
 
         log("calibrating on this machine (galaxy simulate-calibrate --repeat 1)")
-        return await calibrate.measure(args.nodes, args.quick, log, repeat=1)
+        try:
+            return await calibrate.measure(args.nodes, args.quick, log, repeat=1)
+        except RuntimeError as e:  # a calibration run failed: one line, no traceback
+            raise FidelityError(f"calibrating failed: {e}") from None
     return calibration.load(None if args.calibration == "shipped" else args.calibration)
 
 

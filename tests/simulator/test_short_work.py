@@ -117,3 +117,39 @@ def test_the_in_process_take_is_microseconds():
     # Pure Python over four credits: well under Schedule's placement over a
     # partition, far under a millisecond.
     assert 0 < take_cost(takes=2000) < 200e-6
+
+
+def test_the_credit_calibration_holds_every_plans_functions(tmp_path):
+    """Both credit plans deploy their own pools into one cluster: the
+    controller's limit must hold them (514 refused the second one)."""
+    from controlplane.bench import plan as pl
+    from simulator.calibrate import bench_doc
+
+    bf = pl.parse(bench_doc(210, quick=True, credits=True), tmp_path / "c.yaml")
+    assert bf.control_plane["credits"]
+    deployed = 0
+    for plan in bf.experiment.plans():
+        s = pl.load_settings(bf, plan)
+        deployed += len(pl.build_workload(bf, plan, s, "p", tmp_path).functions)
+    assert bf.control_plane["max_functions"] >= deployed > 514
+    assert [p.scenario.name for p in bf.experiment.plans()] == ["cold", "half"]
+
+
+def test_a_failed_calibration_is_one_clear_line(monkeypatch, tmp_path, capsys):
+    import asyncio
+
+    from simulator import calibrate
+    from simulator.cliconfig import FidelityConfig
+
+    async def failing(*a, **k):
+        raise RuntimeError("calibration run with credits failed: functions: limit")
+
+    monkeypatch.setattr(calibrate, "measure", failing)
+    args = FidelityConfig(out=str(tmp_path), calibration="measure")
+    assert asyncio.run(fidelity.main(args)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    assert err[-1] == (
+        "galaxy simulate-fidelity: calibrating failed: calibration run with credits failed: "
+        "functions: limit"
+    )
