@@ -51,21 +51,22 @@ class Host:
     hop).
 
     With ``slice_s`` > 0 the kernel's time slicing is modelled too: while
-    more processes have work than there are cores, a job loses its core
-    mid-way when its process uses up its slice inside it, and then waits,
-    on average, the slices of the others: slice_s x (k - cores)/cores for k
-    of the host's processes with work (the background's share is taken by
-    its bursts). A process gets a fresh slice when it wakes (EEVDF places a
-    waking task with a new slice request), so short work early in a busy
-    period -- a capacity credit's 12 us ``take`` in a Dispatch woken by a
-    message -- is not preempted; work a slice or more into a busy period is,
-    once per slice. (Measured with ``python -m simulator.calibrate_preempt``:
-    15 us pieces of work were stretched past 100 us in 0.2-0.4% of cases
-    within 0.3 ms of a wake and in 1.2-2.8% 1-8 ms into a busy period, at
-    load average ~35; a boundary drawn with probability s/slice_s for every
-    job, as this model did before, gives 1% everywhere.) The core is
-    meanwhile used by others, so capacity is unchanged; only that job's
-    process is late.
+    more processes have work than there are cores, a job of length s loses
+    its core mid-way with probability s/slice_s (a slice boundary falls
+    inside it) and then waits, on average, the slices of the others:
+    slice_s x (k - cores)/cores for k of the host's processes with work (the
+    background's share is taken by its bursts). The core is meanwhile used
+    by others, so capacity is unchanged; only that job's process is late.
+    (Measured with ``python -m simulator.calibrate_preempt``, 2026-11-29,
+    load average 31-36: 15 us pieces of work are stretched past 100 us in
+    0.2-0.4% of cases in a process that mostly sleeps, 1.2-1.5% in one busy
+    a third of the time, 1.8-3% beside 2-4 CPU-bound processes, at any
+    position in the busy period: s/slice_s = 1% is within that range.)
+
+    ``began`` is when the last job placed started on its core: short work
+    that continues a running process (a credit's ``take`` on Dispatch) is
+    timed from there, as production times it, so a wait for the core before
+    it is not within its span; a preemption within it is.
     """
 
     __slots__ = (
@@ -76,7 +77,6 @@ class Host:
         "_bg_start",
         "_placing",
         "_rand",
-        "_woke",
         "background",
         "began",
         "free",
@@ -119,8 +119,6 @@ class Host:
         #: CPU-bound processes of other users on the machine
         self.background = background
         self.stations: list[Station] = []
-        #: when each process last woke (its current busy period began)
-        self._woke: dict[Station, float] = {}
         #: when the last job placed started running on its core (after any
         #: wait for the core; preemptions from then on are within it)
         self.began = 0.0
@@ -230,7 +228,6 @@ class Host:
             core = st.core  # busy: the process keeps its core
             end = self.run(core, start, service)
         else:
-            self._woke[st] = start  # a new busy period: a fresh slice
             if (
                 self.wake_cpu_s > 0
                 and t - st.free_at > self.IDLE_AFTER_S
@@ -282,14 +279,8 @@ class Host:
         return t - last > self.HALT_AFTER_S
 
     def preemption(self, me: Station, start: float, service: float) -> float:
-        """The extra delay of a job of ``me`` that starts at ``start``: the
-        others' slices, if ``me`` uses up its own slice within the job (its
-        run since it woke crosses a multiple of ``slice_s``)."""
-        sl = self.slice_s
-        if sl <= 0:
-            return 0.0
-        ran = start - self._woke.get(me, start)
-        if ran < 0 or (ran + service) // sl == ran // sl:
+        """The extra delay of a job of ``me`` that starts at ``start``."""
+        if self.slice_s <= 0 or self._rand.random() >= service / self.slice_s:
             return 0.0
         # Ours only: the background's share of the cores is taken by its bursts.
         k = 1 + sum(1 for st in self.stations if st is not me and st.free_at > start)
