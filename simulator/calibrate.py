@@ -6,9 +6,9 @@ moves the figures little. Start a real control plane with the bench runner
 (``controlplane.bench.runner.run_bench``: `galaxy up` processes, emulated
 nodes, the bench load generator in its own process; one instance of each
 control function, both caches on, as Galaxy runs) and drive one kind of
-work at a time in closed
-loop; read every process's CPU seconds (/proc/<pid>/stat) over the measured
-phase and divide by the operations it served:
+work at a time in closed loop; read every process's CPU seconds
+(/proc/<pid>/stat) over the measured phase and divide by the operations it
+served:
 
 - ``warm``: Dispatch + Release to warm functions -> Dispatch's cost of a
   request and its release (split evenly between ``dispatch.dispatch`` and
@@ -31,7 +31,8 @@ phase and divide by the operations it served:
   policy's decision, as the median of the real Schedule's own scheduling
   latency (the median placement finds fresh candidates in the probe cache
   and sends no probe, so its span is the decision alone: about 3x the
-  in-process timing of the same policy calls, which is the fallback).
+  in-process timing of the same policy calls, which is the fallback); a
+  credit's take, in a real Dispatch (credits on, at half the maximum rate).
 
 The client and server side of one unary RPC come from a raw gRPC echo
 (``controlplane.bench.echo``) timed from this process: client CPU per call
@@ -55,6 +56,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from simulator.calibrate_decisions import decide_cost, take_cost, take_from_buckets
 from simulator.calibration import OPS, Calibration, OpCost
 from simulator.galaxy.streams import stream_costs
 
@@ -68,19 +70,30 @@ _SCENARIOS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-def bench_doc(nodes: int, quick: bool) -> dict[str, Any]:
-    """The bench file the calibration runs."""
+#: ``dispatch.credit_take``: cold starts at the maximum rate, then at half of
+#: it, where a take's tail is longer (p99 0.21-0.27 vs 0.05-0.09 ms, 2026-11-29).
+_CREDIT_SCENARIOS: list[dict[str, Any]] = [
+    _SCENARIOS[1],
+    {"name": "half", "rate_of": {"scenario": "cold", "fraction": 0.5}, "total_requests": 2500,
+     "warmup_requests": 250, "request_profile": {"distribution": "Poisson"},
+     "cold_fraction": 1.0, "cold_functions": 256},
+]  # fmt: skip
+
+
+def bench_doc(nodes: int, quick: bool, credits: bool = False) -> dict[str, Any]:
+    """The bench file the calibration runs (``credits``: the take's)."""
     scale = 0.3 if quick else 1.0
     scen = [
         {**s, "total_requests": int(s["total_requests"] * scale),
          "warmup_requests": int(s["warmup_requests"] * scale)}
-        for s in _SCENARIOS
+        for s in (_CREDIT_SCENARIOS if credits else _SCENARIOS)
     ]  # fmt: skip
+    # The Schedule path's costs with credits off (else most placements skip
+    # Schedule); each plan deploys its own functions (257 and more a cold one).
+    cp = {"nodes": nodes, "start_delay_ms": 0, "n": 1, "credits": credits, "max_functions": 1024}
     return {
         "name": "calibrate",
-        # The per-op costs of the Schedule path: credits off (with them most
-        # placements would skip Schedule and its per-placement CPU).
-        "control_plane": {"nodes": nodes, "start_delay_ms": 0, "n": 1, "credits": False},
+        "control_plane": cp,
         "load": {"seed": 1, "echo_requests": 1000, "echo_max_s": 1.0},
         "parameters": [{"name": "preset", "value": ["Galaxy"]}],
         "scenarios": scen,
@@ -100,6 +113,7 @@ def derive(
     decide: float,
     heartbeat_s: float = 1.0,
     upsert: float = 0.0,
+    take: float = 0.0,
 ) -> dict[str, float]:
     """Per-op means from the bench plans and the echo figures."""
     by = {p["scenario"]: p for p in plans}
@@ -120,6 +134,7 @@ def derive(
     if math.isnan(probes):
         probes = 2.0
     measured = cold["latency_ms"]["scheduling"]["p50"] / 1000.0
+    in_process = decide
     if not math.isnan(measured) and probes < 0.5:  # under a quarter of placements probe
         # The median placement did not probe: its span in the real Schedule
         # process is the policy's decision (in a busy process, about 3x the
@@ -152,6 +167,8 @@ def derive(
             1e-6, per("cold", "schedule", bg["schedule"]) - (probes + 1) * client - decide
         ),
         "schedule.decide": decide,
+        # A credit's take, as inflated in a busy process as the policy's calls.
+        "dispatch.credit_take": (take or in_process) * decide / in_process,
         # Per heartbeat, not charged: how many ModNodes calls the beats
         # caused is not known here (see "schedule.modnodes").
         "schedule.modnode": bg["schedule"] / beats,
@@ -167,37 +184,6 @@ def derive(
         "clustermgr.update": bg["clustermgr"] / beats,
         "client.rpc": _cpu(warm, "load_generator") / max(1.0, rpcs),
     }
-
-
-def decide_cost(nodes: int, placements: int = 20_000) -> float:
-    """CPU seconds of one placement's policy work (begin, advance, confirm)
-    on a PlacementPolicy over ``nodes`` nodes with the probe cache warm:
-    timed in-process, it is pure Python."""
-    import random
-
-    from controlplane.runtime.clock import ManualClock
-    from controlplane.runtime.resources import Res
-    from functions.schedule.model import NodeInfo, ProbeNodes, Reservation
-    from functions.schedule.policy import PlacementPolicy
-
-    clock = ManualClock()
-    pol = PlacementPolicy("s", clock=clock, rng=random.Random(1))
-    infos = {f"n{i}": NodeInfo(f"n{i}", "a:1", Res(4000, 8192), Res(), 1) for i in range(nodes)}
-    for info in infos.values():
-        pol.upsert(info)
-    need = Res(1, 1)
-    t0 = time.process_time()
-    for _ in range(placements):
-        clock.advance(0.0005)
-        pl = pol.begin(need)
-        step = pol.advance(pl)
-        while isinstance(step, ProbeNodes):
-            for tg in step.targets:
-                pol.record_probe(pl, tg.node_id, infos[tg.node_id])
-            step = pol.advance(pl)
-        assert isinstance(step, Reservation), step
-        pol.confirm(step)
-    return (time.process_time() - t0) / placements
 
 
 def upsert_cost(nodes: int, rounds: int = 50) -> float:
@@ -375,9 +361,14 @@ async def control_start(tries: int = 3) -> float:
 
 
 def build(
-    means: dict[str, float], echo: dict[str, float], start_s: float, meta: dict[str, Any]
+    means: dict[str, float],
+    echo: dict[str, float],
+    start_s: float,
+    meta: dict[str, Any],
+    take: tuple[float, tuple[float, ...]] | None = None,
 ) -> Calibration:
-    """A Calibration from the measured figures."""
+    """A Calibration from the measured figures (``take``: the credit take's
+    mean and shape measured in a real Dispatch, replacing the derived one)."""
     how = "galaxy simulate-calibrate (CPU seconds of the real processes)"
     src = {
         "dispatch.message": "warm: Dispatch CPU / request / 2 (request + release, as"
@@ -394,6 +385,8 @@ def build(
         " client calls - schedule.decide",
         "schedule.decide": "cold: median scheduling latency in the real Schedule (a"
         " placement without probes); else in-process timing of the policy calls",
+        "dispatch.credit_take": "in-process timing of CreditWallet.take (median) x"
+        " schedule.decide / in-process timing of the policy calls",
         "schedule.modnode": "warm: Schedule background CPU / heartbeats (not charged: the"
         " ModNodes calls per heartbeat depend on the outbox; see schedule.modnodes)",
         "schedule.modnodes": "echo: server CPU per unary call (a ModNodes call, its"
@@ -417,6 +410,9 @@ def build(
         " call's read and write, charged per batch on the stream)",
     }
     ops = {k: OpCost(v, DEFAULT_CV, f"{how}; {src[k]}") for k, v in means.items()}
+    if take is not None:
+        why = "credits on, open loop at half the maximum: the real Dispatch's credit decisions"
+        ops["dispatch.credit_take"] = OpCost(take[0], DEFAULT_CV, f"{how}; {why}", take[1])
     params = {
         "connect_s": echo["connect_s"],
         "loopback_hop_s": echo["hop_s"],
@@ -452,6 +448,7 @@ async def measure(nodes: int, quick: bool, log: Any = print, repeat: int = 1) ->
     echo = await echo_round_trip(500 if quick else 2000)
     echo.update(await loop_steps())
     decide = decide_cost(nodes, 5_000 if quick else 20_000)
+    take = take_cost(takes=5_000 if quick else 20_000)
     upsert = upsert_cost(nodes, 20 if quick else 200)
     runs = []
     for i in range(repeat):
@@ -460,8 +457,15 @@ async def measure(nodes: int, quick: bool, log: Any = print, repeat: int = 1) ->
             res = await run_bench(bf, RunOptions(Path(tmp), Path(tmp), log=lambda s: log(s)))
         if res["failures"]:
             raise RuntimeError(f"calibration run {i + 1} failed: {res['failures']}")
-        runs.append(derive(res["plans"], echo, nodes, decide, upsert=upsert))
+        runs.append(derive(res["plans"], echo, nodes, decide, upsert=upsert, take=take))
     means = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    with tempfile.TemporaryDirectory(prefix="galaxy-calibrate-") as tmp:
+        bf = pl.parse(bench_doc(nodes, quick, credits=True), Path(tmp) / "calibrate.yaml")
+        res = await run_bench(bf, RunOptions(Path(tmp), Path(tmp), log=lambda s: log(s)))
+    if res["failures"]:
+        raise RuntimeError(f"calibration run with credits failed: {res['failures']}")
+    half = next(p for p in res["plans"] if p["scenario"] == "half")
+    measured_take = take_from_buckets(half.get("credit_decision_buckets", {}))
     start_s = await control_start(1 if quick else 3)
     meta = {
         "machine": json.dumps(machine_info()),
@@ -471,7 +475,7 @@ async def measure(nodes: int, quick: bool, log: Any = print, repeat: int = 1) ->
         + f" (median of {repeat} runs)",
         "nodes": nodes,
     }
-    return build(means, echo, start_s, meta)
+    return build(means, echo, start_s, meta, measured_take)
 
 
 def save(cal: Calibration, path: Path) -> None:

@@ -34,6 +34,8 @@ OPS: dict[str, str] = {
     "dispatch.scale_up": "a Schedule RPC made by Dispatch and its reply handled",
     "schedule.schedule": "Schedule RPC handled by a Schedule instance (less schedule.decide)",
     "schedule.decide": "PlacementPolicy begin/advance/confirm of one placement (pure Python)",
+    "dispatch.credit_take": "CreditWallet.take of a credit start on Dispatch (pure Python; "
+    "the span Dispatch's scheduling latency times)",
     "schedule.probe": "one Probe RPC made by Schedule and its answer recorded",
     "schedule.create": "one CreateInstance RPC made by Schedule",
     "schedule.modnodes": "ModNodes RPC handled by a Schedule instance (its statuses excepted)",
@@ -69,6 +71,10 @@ class OpCost:
     mean_s: float
     cv: float = 0.0
     source: str = ""
+    #: a measured distribution (evenly spaced quantiles, mean 1) used in
+    #: place of the gamma of ``cv``: short work whose tail is the machine's
+    #: (interrupts, a cold cache after a wake), not the work's own variance
+    shape: tuple[float, ...] = ()
 
 
 @dataclass
@@ -108,11 +114,14 @@ class Calibration:
             raise KeyError(f"calibration has no op {op!r}")
         mean = c.mean_s * scale
         pause_p, pause_s = self.params.get("pause_p", 0.0), self.params.get("pause_s", 0.0)
-        if c.cv <= 0 and not pause_p:
+        if c.cv <= 0 and not c.shape and not pause_p:
             return lambda: mean
         # (not ``(1.0,) * 4096``: mypy types that as a tuple of 4,096 floats,
         # which the optional compiled build would unroll into 150 MB of C)
-        table = _gamma_table(c.cv) if c.cv > 0 else tuple([1.0] * 4096)
+        if c.shape:
+            table = _shape_table(c.shape)
+        else:
+            table = _gamma_table(c.cv) if c.cv > 0 else tuple([1.0] * 4096)
         scaled = [mean * x for x in table]
         bits = rng.getrandbits
         if not (pause_p and pause_s):
@@ -133,7 +142,7 @@ class Calibration:
                 return factor.get(op.split(".", 1)[0], 1.0)
             return factor
 
-        ops = {k: OpCost(v.mean_s * f(k), v.cv, v.source) for k, v in self.ops.items()}
+        ops = {k: OpCost(v.mean_s * f(k), v.cv, v.source, v.shape) for k, v in self.ops.items()}
         return Calibration(ops, dict(self.params), dict(self.meta), dict(self.sources))
 
     def to_json(self) -> dict[str, Any]:
@@ -142,6 +151,7 @@ class Calibration:
             **self.meta,
             "ops": {
                 k: {"mean_s": v.mean_s, "cv": v.cv, "source": v.source}
+                | ({"shape": list(v.shape)} if v.shape else {})
                 for k, v in sorted(self.ops.items())
             },
             "params": {
@@ -162,6 +172,33 @@ def _gamma_table(cv: float) -> tuple[float, ...]:
     return tuple(x / m for x in xs)
 
 
+@functools.lru_cache(maxsize=16)
+def _shape_table(shape: tuple[float, ...]) -> tuple[float, ...]:
+    """4,096 draws spread evenly over a measured shape's quantiles, mean 1."""
+    n = len(shape)
+    xs = [shape[i * n // 4096] for i in range(4096)]
+    m = sum(xs) / len(xs)
+    return tuple(x / m for x in xs)
+
+
+#: Points a measured shape may have.
+MAX_SHAPE_POINTS = 1000
+
+
+def _shape(v: Any, where: str) -> tuple[float, ...]:
+    if v is None:
+        return ()
+    if (
+        not isinstance(v, list)
+        or not 0 < len(v) <= MAX_SHAPE_POINTS
+        or not all(isinstance(x, int | float) and x > 0 for x in v)
+    ):
+        raise CalibrationError(
+            f"{where}.shape must be a list of 1 to {MAX_SHAPE_POINTS} numbers > 0"
+        )
+    return tuple(sorted(float(x) for x in v))
+
+
 def parse(doc: Any, name: str = "calibration") -> Calibration:
     """Validate a parsed JSON document."""
     if not isinstance(doc, dict) or not isinstance(doc.get("ops"), dict):
@@ -172,7 +209,8 @@ def parse(doc: Any, name: str = "calibration") -> Calibration:
             raise CalibrationError(f"{name}: ops.{k}.mean_s must be a number")
         if v["mean_s"] < 0 or v.get("cv", 0) < 0:
             raise CalibrationError(f"{name}: ops.{k}: mean_s and cv must be >= 0")
-        ops[k] = OpCost(float(v["mean_s"]), float(v.get("cv", 0.0)), str(v.get("source", "")))
+        ops[k] = OpCost(float(v["mean_s"]), float(v.get("cv", 0.0)), str(v.get("source", "")),
+                        _shape(v.get("shape"), f"{name}: ops.{k}"))  # fmt: skip
     missing = sorted(set(OPS) - set(ops))
     if missing:
         raise CalibrationError(f"{name}: ops missing: {', '.join(missing)}")

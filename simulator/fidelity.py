@@ -10,16 +10,18 @@ the real ``max`` throughput, for latencies.
 Real side: the bench runner (``controlplane.bench.runner.run_bench``) starts
 the cluster with `galaxy up` machinery and drives it with the bench load
 generator; scheduling latency is Schedule's own histogram
-(``galaxy_scheduling_latency_seconds``: request received -> placement
-decided).
+(``galaxy_scheduling_latency_seconds``: in Schedule, request received ->
+placement decided; in Dispatch, a credit's ``take``).
 
 Simulated side: the same cluster on one machine -- every process (control
 functions, the two node-agent processes of 105 nodes each, the load
 generator) shares the machine's cores (``Host``), loopback delays and the
 calibration's costs -- and the same requests. The simulated scheduling
-latency is measured over the same span (Schedule's receipt to decision) and
-read through the same histogram buckets, so both sides are quantiles
-interpolated in the same buckets.
+latency is measured over the same spans (Schedule's receipt to decision
+for the starts it places; a capacity credit's ``take`` on Dispatch for the
+others, as ``functions.dispatch.peers`` times it) and read through the same
+histogram buckets, so both sides are quantiles interpolated in the same
+buckets; the share of credit decisions is reported beside.
 
 The check passes when p50 and p99 scheduling latency (phase ``half``) and
 throughput (phase ``max``) agree within 25%.
@@ -136,6 +138,8 @@ async def real_side(nodes: int, quick: bool, log: Any, credits: bool = True) -> 
             "machine_cores": p.get("machine_cores", {}),
             "gc_pauses": p.get("gc_pauses", {}),
             "placements": p["throughput"]["placements_per_s"] * p["throughput"]["duration_s"],
+            "credit_placements": p["throughput"].get("credit_placements_per_s", math.nan)
+            * p["throughput"]["duration_s"],
             "probes_per_placement": p["throughput"]["probes_per_placement"],
             "cpu_cores": p.get("cpu_cores", {}),
         }
@@ -239,10 +243,17 @@ def sim_phase(
     model.start()
     env.sim.run(600.0)
     dur = d.t_last - d.t_first
+    # Both kinds of placement decision, as the real histogram holds both:
+    # Schedule's (request received -> node chosen) and Dispatch's credit
+    # takes (the take's own span).
     sched = list(env.rec.extra.get("schedule_decision", []))
+    credit = list(env.rec.extra.get("credit_decision", []))
+    sched += credit
     return {
         "instances_per_s": (d.granted - d.warmup) / dur if dur > 0 else 0.0,
         "scheduling_ms": _bucket_summary(sched),
+        "placements": len(sched),
+        "credit_placements": len(credit),
         "probe_round_ms": _bucket_summary(list(env.rec.extra.get("probe_round", []))),
         "scheduling_exact_ms": {k: v * 1000 for k, v in _summ(sched).items() if k != "count"},
         "cold_start_ms": {
@@ -303,13 +314,25 @@ async def _calibration(args: Any, log: Any) -> calibration.Calibration:
         if args.real:
             doc = json.loads(await asyncio.to_thread(Path(args.real).read_text))
             if "calibration" in doc:  # the one measured with that real run
-                return calibration.parse(doc["calibration"], f"{args.real}: calibration")
+                return calibration.parse(
+                    _with_new_ops(doc["calibration"]), f"{args.real}: calibration"
+                )
             return calibration.load(None)
         from simulator import calibrate
 
         log("calibrating on this machine (galaxy simulate-calibrate --repeat 1)")
-        return await calibrate.measure(args.nodes, args.quick, log, repeat=1)
+        try:
+            return await calibrate.measure(args.nodes, args.quick, log, repeat=1)
+        except RuntimeError as e:  # a calibration run failed: one line, no traceback
+            raise FidelityError(f"calibrating failed: {e}") from None
     return calibration.load(None if args.calibration == "shipped" else args.calibration)
+
+
+def _with_new_ops(doc: dict[str, Any]) -> dict[str, Any]:
+    """An earlier run's calibration, with the ops it predates (their
+    shipped figures; e.g. ``dispatch.credit_take``) filled in."""
+    shipped = calibration.load(None).to_json()["ops"]
+    return {**doc, "ops": {**shipped, **doc.get("ops", {})}}
 
 
 #: Which process's CPU each op is (the prefix of the op's name).

@@ -37,15 +37,24 @@ def diagnostics(runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[list[
         ("half", "probe_round_ms", "p99", "half: probe round trip p99 (ms)"),
         ("half", "probes_per_placement", "", "half: probes per placement"),
         ("max", "probes_per_placement", "", "max: probes per placement"),
+        ("half", "credit_share", "", "half: share of placements from credits"),
+        ("max", "credit_share", "", "max: share of placements from credits"),
     ):
         vals = []
         for side in (0, 1):
-            v = [r[side][ph].get(key) for r in runs]
+            v = [_field(r[side][ph], key) for r in runs]
             v = [x.get(q, math.nan) if isinstance(x, dict) else x for x in v if x is not None]
             v = [float(x) for x in v if isinstance(x, int | float) and not math.isnan(x)]
             vals.append(f"{statistics.median(v):.3f}" if v else "-")
         rows.append([label, *vals])
     return rows
+
+
+def _field(phase: dict[str, Any], key: str) -> Any:
+    if key == "credit_share":  # of the placement decisions both sides timed
+        n = phase.get("placements") or 0
+        return phase.get("credit_placements", math.nan) / n if n else None
+    return phase.get(key)
 
 
 def compare_runs(

@@ -57,6 +57,16 @@ class Host:
     slice_s x (k - cores)/cores for k of the host's processes with work (the
     background's share is taken by its bursts). The core is meanwhile used
     by others, so capacity is unchanged; only that job's process is late.
+    (Measured with ``python -m simulator.calibrate_preempt``, 2026-11-29,
+    load average 31-36: 15 us pieces of work are stretched past 100 us in
+    0.2-0.4% of cases in a process that mostly sleeps, 1.2-1.5% in one busy
+    a third of the time, 1.8-3% beside 2-4 CPU-bound processes, at any
+    position in the busy period: s/slice_s = 1% is within that range.)
+
+    ``began`` is when the last job placed started on its core: short work
+    that continues a running process (a credit's ``take`` on Dispatch) is
+    timed from there, as production times it, so a wait for the core before
+    it is not within its span; a preemption within it is.
     """
 
     __slots__ = (
@@ -68,6 +78,7 @@ class Host:
         "_placing",
         "_rand",
         "background",
+        "began",
         "free",
         "handoffs",
         "measured",
@@ -108,6 +119,9 @@ class Host:
         #: CPU-bound processes of other users on the machine
         self.background = background
         self.stations: list[Station] = []
+        #: when the last job placed started running on its core (after any
+        #: wait for the core; preemptions from then on are within it)
+        self.began = 0.0
         self._placing: Station | None = None  # the process whose job is being placed
         self._rand = random.Random(seed)
         self._bg_burst = slice_s if slice_s > 0 else 0.001  # mean burst: one slice
@@ -170,7 +184,7 @@ class Host:
         what the others used was measured as theirs). A job of a ``waking``
         process runs through: the burst it preempted, or one due while it
         runs, resumes after it (the others' work is conserved, only later)."""
-        t = start
+        t = self.began = start
         if self._bg_gap != math.inf:
             while self._bg_end[core] <= t:
                 self._next_burst(core)
@@ -186,13 +200,17 @@ class Host:
                 return end
             # Room for all (k + r <= cores): the others run on other cores.
             roomy = self.background + self._ours_with_work(t) <= len(self.free)
+            ran = False
             while not roomy:
                 while self._bg_end[core] <= t:
                     self._next_burst(core)
                 s0 = self._bg_start[core]
                 if s0 <= t:
                     t = self._bg_end[core]  # a burst under way: wait it out
+                    if not ran:
+                        self.began = t
                     continue
+                ran = True
                 if t + service <= s0:
                     break
                 service -= s0 - t  # runs up to the burst, then waits it out

@@ -167,9 +167,8 @@ def summarize_plan(
     n_cold = len(cold_lat)
     dur = res["duration_s"]
     # Placements from capacity credits are decided (and timed) in Dispatch.
-    sched = ps.histogram_delta(scr["s0"], scr["s1"], SCHED_HIST) + ps.histogram_delta(
-        scr["d0"], scr["d1"], SCHED_HIST
-    )
+    credit_sched = ps.histogram_delta(scr["d0"], scr["d1"], SCHED_HIST)
+    sched = ps.histogram_delta(scr["s0"], scr["s1"], SCHED_HIST) + credit_sched
     scale_up = ps.histogram_delta(scr["d0"], scr["d1"], COLD_HIST)
     tput = {
         "duration_s": dur,
@@ -177,6 +176,9 @@ def summarize_plan(
         "rpcs_per_s": res["rpcs"] / dur if dur else math.nan,
         "instances_per_s": n_cold / dur if dur else math.nan,
         "placements_per_s": sched.count / dur if dur else math.nan,
+        # Of them, those a capacity credit placed (Dispatch's own histogram):
+        # the mix of credit and Schedule decisions.
+        "credit_placements_per_s": credit_sched.count / dur if dur else math.nan,
         # Probe RPCs Schedule sent per placement (the probe cache cuts this).
         "probes_per_placement": div(
             ps.counter_delta(scr["s0"], scr["s1"], "galaxy_probes_total"), sched.count
@@ -227,6 +229,9 @@ def summarize_plan(
             ).summary_ms(),
         },
         "throughput": tput,
+        # Dispatch's credit decisions alone, as cumulative bucket counts (upper
+        # bound s -> count): simulate-calibrate reads their distribution.
+        "credit_decision_buckets": {str(k): v for k, v in sorted(credit_sched.buckets.items())},
         "baseline": {
             "echo": {
                 "concurrency": echo_res["concurrency"],

@@ -5,9 +5,11 @@ instance a production ``CreditLedger`` (over its ``PlacementPolicy``); this
 module only moves their messages, with the same costs as the model's other
 messages:
 
-- a scale-up asks the wallet (``take``: the policy work of a decision,
-  ``schedule.decide``, on Dispatch); on a hit, the decision is made there
-  (scheduling latency ends), and Dispatch sends CreateInstance to the node's
+- a scale-up asks the wallet (``take``: ``dispatch.credit_take`` on
+  Dispatch); on a hit, the decision is made there (scheduling latency ends;
+  once the instance is created, its ``credit_decision`` sample is the take's
+  own span on Dispatch, as ``functions.dispatch.peers`` times it for
+  ``galaxy_scheduling_latency_seconds``), and Dispatch sends CreateInstance to the node's
   agent as a message on its InstanceStream, and the agent answers on it
   (``simulator.galaxy.streams``: batched writes as production's; per message
   ``dispatch.credit_create`` on Dispatch, half each way, and
@@ -68,6 +70,7 @@ class CreditPath:
         self.m = placer.m
         env = self.m.env
         self.sim, self.net, self.rec = placer.sim, placer.net, placer.rec
+        self.s_take = env.op("dispatch.credit_take")
         self.s_call = env.op("schedule.probe", 0.5)
         self.s_create = env.op("dispatch.credit_create", 0.5)
         self.a_create = env.op("agent.stream_create")
@@ -87,13 +90,19 @@ class CreditPath:
         assert wallet is not None
         use = wallet.take(self.m.needs[su.fn], self.m.fns[su.fn].name)
         now = self.sim.now
-        t = df.station.finish(now, p.s_decide())
+        take = self.s_take()
+        t = df.station.finish(now, take)
         self.sync(df, home, t, upkeep=False)
         if use is None:
             self.rec.count("credit_misses")
             return False
         self.rec.count("credit_hits")
         self.rec.scheduled(su.asked, t)
+        # Production times the take alone: from its start on a core (a wait
+        # for the core comes before it) to its end, preemptions within it
+        # included (the host's ``began``).
+        host = df.station.host
+        su.decide = t - host.began if host is not None else take
         su.iid = self.m.new_id(su.fn)
         node = su.node = p.by_id[use.node_id]
         out, _ = self.streams(df.station, node.agent)
@@ -152,6 +161,8 @@ class CreditPath:
     def _created(self, a: tuple[ScaleUp, CreditUse, int]) -> None:
         su, use, seq = a
         assert su.df.wallet is not None
+        # Observed once created, as Dispatch observes it.
+        self.rec.sample("credit_decision", su.asked, su.decide)
         # The report goes with the next exchange (a refill, or the upkeep
         # tick): until then the hold still counts the instance.
         su.df.wallet.settled(use, seq)
