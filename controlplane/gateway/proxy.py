@@ -21,7 +21,7 @@ from controlplane.gateway.graphs import runner as graphs_runner
 from controlplane.gateway.graphs.runner import GraphRunner
 from controlplane.gateway.graphs.source import GraphSource
 from controlplane.gateway.slots import SlotCache
-from controlplane.runtime import access, authn, fnmetrics
+from controlplane.runtime import access, authn, fnmetrics, sloclass
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import dispatch_pb2
@@ -362,6 +362,15 @@ class Proxy:
     ) -> web.StreamResponse:
         """Get a slot, proxy the request, stream the answer back."""
         hint = None if r.blocks is None else dispatch_pb2.RoutingHint(prefix_blocks=r.blocks)
+        cls = request.headers.get(sloclass.HEADER)
+        if cls is not None:  # an SLO class: Dispatch sheds the lowest first at overload
+            try:
+                priority = sloclass.parse(cls)
+            except ValueError as e:
+                raise Refused(400, "priority", str(e)) from None
+            # (a hint also keeps the request off held leases: each one is admitted)
+            hint = hint or dispatch_pb2.RoutingHint()
+            hint.priority = priority
         async with self.slots.slot(
             r.function, r.path, body.read, headers, request.method, tag, token, hint
         ) as (slot, upstream):

@@ -40,6 +40,7 @@ from controlplane.runtime.clock import Clock
 from controlplane.runtime.llmlatency import Latency, LatencyWindow
 from controlplane.runtime.llmpicker import Ask, Candidate, Picker, make
 from controlplane.runtime.llmsignals import Load, LoadBook, Sample, SignalError, scrape
+from functions.dispatch.admission import shed_demand
 from functions.dispatch.autoscaling.llmsignal import LATENCY_WINDOW_S, ScalingSignal, fleet_value
 from functions.dispatch.autoscaling.llmsignal import observed as pressured
 from functions.dispatch.policy import FunctionRouter, Grant
@@ -70,6 +71,8 @@ class LlmRouting:
         #: recent TTFT/TPOT per function, and the function of each scraped instance
         self._latency: dict[str, LatencyWindow] = {}
         self._function_of: dict[str, str] = {}
+        #: requests shed per function since its last autoscaling round
+        self._shed: dict[str, int] = {}
         self._session: aiohttp.ClientSession | None = None
 
     def picker(self, function: str) -> Picker:
@@ -132,11 +135,17 @@ class LlmRouting:
         loads = self.loads_of(router)
         value = fleet_value(signal, loads, float(router.load()), rps)
         value = value + len(router.waiters) if signal.metric == "queue" else value
+        value = shed_demand(signal, value, self._shed.pop(router.name, 0))
         if not (signal.ttft_s or signal.tpot_s):
             return value
         lat = self.latency(router.name)
         waiting = self.waiting(router, loads)
         return pressured(signal, value, lat.ttft_s, lat.tpot_s, router.pending, waiting)
+
+    def shed(self, function: str) -> None:
+        """Admission turned a request of ``function`` away: the next
+        autoscaling round counts it as demand (``admission.shed_demand``)."""
+        self._shed[function] = self._shed.get(function, 0) + 1
 
     def waiting(self, router: FunctionRouter, loads: list[Load] | None = None) -> int:
         """Requests of the function waiting: in its engines' queues (as
@@ -175,6 +184,8 @@ class LlmRouting:
             del self._pickers[name]  # the function is no longer routed here
         for name in set(self._latency) - set(routers):
             del self._latency[name]
+        for name in set(self._shed) - set(routers):
+            del self._shed[name]
 
     def observe(self, iid: str, sample: Sample) -> None:
         """Record one scrape of an instance: its load, and its latency

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from galaxy.v1 import common_pb2 as galaxy_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18galaxy/v1/dispatch.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"\xb8\x01\n\x0f\x44ispatchRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\tforwarded\x18\x03 \x01(\x08\x12+\n\x08releases\x18\x04 \x03(\x0b\x32\x19.galaxy.v1.ReleaseRequest\x12\x0b\n\x03tag\x18\x05 \x01(\t\x12\x0c\n\x04hold\x18\x06 \x01(\x08\x12$\n\x04hint\x18\x07 \x01(\x0b\x32\x16.galaxy.v1.RoutingHint\"5\n\x0bRoutingHint\x12\x15\n\rprefix_blocks\x18\x01 \x03(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x02 \x01(\t\"\xd2\x01\n\x15\x44ispatchStreamRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.galaxy.v1.DispatchRequest\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x0e\n\x06\x63\x61ncel\x18\x04 \x01(\x08\x12+\n\x08releases\x18\x05 \x03(\x0b\x32\x19.galaxy.v1.ReleaseRequest\x12.\n\x04more\x18\x06 \x03(\x0b\x32 .galaxy.v1.DispatchStreamRequest\"\xa6\x01\n\x13\x44ispatchStreamReply\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12%\n\x04\x61\x64\x64r\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.InstanceAddr\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06goaway\x18\x05 \x01(\x08\x12,\n\x04more\x18\x06 \x03(\x0b\x32\x1e.galaxy.v1.DispatchStreamReply\"\xdd\x01\n\x0cInstanceAddr\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x10\n\x08lease_id\x18\x05 \x01(\t\x12\x12\n\ncold_start\x18\x06 \x01(\x08\x12\x0f\n\x07wait_ms\x18\x07 \x01(\x01\x12\x14\n\x0clease_ttl_ms\x18\x08 \x01(\r\x12\x0f\n\x07hold_ms\x18\t \x01(\r\x12\x11\n\tnamespace\x18\n \x01(\t\x12\x13\n\x0blease_token\x18\x0b \x01(\t\"G\n\x0eReleaseRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x11\n\tforwarded\x18\x03 \x01(\x08\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"\xc9\x01\n\x12ModInstanceRequest\x12,\n\x02op\x18\x01 \x01(\x0e\x32 .galaxy.v1.ModInstanceRequest.Op\x12)\n\x08instance\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x15\n\ractive_leases\x18\x04 \x03(\t\"3\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\n\n\x06OP_ADD\x10\x01\x12\r\n\tOP_REMOVE\x10\x02\"#\n\x10ModInstanceReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\"(\n\x14ListInstancesRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\"_\n\rInstanceState\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\"\x86\x01\n\x0f\x46unctionRouting\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x0f\n\x07pending\x18\x03 \x01(\r\x12\x16\n\x0estart_failures\x18\x04 \x01(\r\x12\x13\n\x0bstart_error\x18\x05 \x01(\t\x12\x12\n\nbackoff_ms\x18\x06 \x01(\x01\"\x85\x01\n\x12ListInstancesReply\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12+\n\tinstances\x18\x02 \x03(\x0b\x32\x18.galaxy.v1.InstanceState\x12-\n\tfunctions\x18\x03 \x03(\x0b\x32\x1a.galaxy.v1.FunctionRouting2\xc6\x03\n\x08\x44ispatch\x12?\n\x08\x44ispatch\x12\x1a.galaxy.v1.DispatchRequest\x1a\x17.galaxy.v1.InstanceAddr\x12=\n\x07Release\x12\x19.galaxy.v1.ReleaseRequest\x1a\x17.galaxy.v1.ReleaseReply\x12V\n\x0e\x44ispatchStream\x12 .galaxy.v1.DispatchStreamRequest\x1a\x1e.galaxy.v1.DispatchStreamReply(\x01\x30\x01\x12I\n\x0bModInstance\x12\x1d.galaxy.v1.ModInstanceRequest\x1a\x1b.galaxy.v1.ModInstanceReply\x12\x46\n\nCoordinate\x12\x1c.galaxy.v1.CoordinateRequest\x1a\x1a.galaxy.v1.CoordinateReply\x12O\n\rListInstances\x12\x1f.galaxy.v1.ListInstancesRequest\x1a\x1d.galaxy.v1.ListInstancesReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18galaxy/v1/dispatch.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"\xb8\x01\n\x0f\x44ispatchRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\tforwarded\x18\x03 \x01(\x08\x12+\n\x08releases\x18\x04 \x03(\x0b\x32\x19.galaxy.v1.ReleaseRequest\x12\x0b\n\x03tag\x18\x05 \x01(\t\x12\x0c\n\x04hold\x18\x06 \x01(\x08\x12$\n\x04hint\x18\x07 \x01(\x0b\x32\x16.galaxy.v1.RoutingHint\"G\n\x0bRoutingHint\x12\x15\n\rprefix_blocks\x18\x01 \x03(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\"\xd2\x01\n\x15\x44ispatchStreamRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.galaxy.v1.DispatchRequest\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x0e\n\x06\x63\x61ncel\x18\x04 \x01(\x08\x12+\n\x08releases\x18\x05 \x03(\x0b\x32\x19.galaxy.v1.ReleaseRequest\x12.\n\x04more\x18\x06 \x03(\x0b\x32 .galaxy.v1.DispatchStreamRequest\"\xa6\x01\n\x13\x44ispatchStreamReply\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12%\n\x04\x61\x64\x64r\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.InstanceAddr\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06goaway\x18\x05 \x01(\x08\x12,\n\x04more\x18\x06 \x03(\x0b\x32\x1e.galaxy.v1.DispatchStreamReply\"\xdd\x01\n\x0cInstanceAddr\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x10\n\x08lease_id\x18\x05 \x01(\t\x12\x12\n\ncold_start\x18\x06 \x01(\x08\x12\x0f\n\x07wait_ms\x18\x07 \x01(\x01\x12\x14\n\x0clease_ttl_ms\x18\x08 \x01(\r\x12\x0f\n\x07hold_ms\x18\t \x01(\r\x12\x11\n\tnamespace\x18\n \x01(\t\x12\x13\n\x0blease_token\x18\x0b \x01(\t\"G\n\x0eReleaseRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x11\n\tforwarded\x18\x03 \x01(\x08\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"\xc9\x01\n\x12ModInstanceRequest\x12,\n\x02op\x18\x01 \x01(\x0e\x32 .galaxy.v1.ModInstanceRequest.Op\x12)\n\x08instance\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x15\n\ractive_leases\x18\x04 \x03(\t\"3\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\n\n\x06OP_ADD\x10\x01\x12\r\n\tOP_REMOVE\x10\x02\"#\n\x10ModInstanceReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\"(\n\x14ListInstancesRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\"_\n\rInstanceState\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\"\x86\x01\n\x0f\x46unctionRouting\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x0f\n\x07pending\x18\x03 \x01(\r\x12\x16\n\x0estart_failures\x18\x04 \x01(\r\x12\x13\n\x0bstart_error\x18\x05 \x01(\t\x12\x12\n\nbackoff_ms\x18\x06 \x01(\x01\"\x85\x01\n\x12ListInstancesReply\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12+\n\tinstances\x18\x02 \x03(\x0b\x32\x18.galaxy.v1.InstanceState\x12-\n\tfunctions\x18\x03 \x03(\x0b\x32\x1a.galaxy.v1.FunctionRouting2\xc6\x03\n\x08\x44ispatch\x12?\n\x08\x44ispatch\x12\x1a.galaxy.v1.DispatchRequest\x1a\x17.galaxy.v1.InstanceAddr\x12=\n\x07Release\x12\x19.galaxy.v1.ReleaseRequest\x1a\x17.galaxy.v1.ReleaseReply\x12V\n\x0e\x44ispatchStream\x12 .galaxy.v1.DispatchStreamRequest\x1a\x1e.galaxy.v1.DispatchStreamReply(\x01\x30\x01\x12I\n\x0bModInstance\x12\x1d.galaxy.v1.ModInstanceRequest\x1a\x1b.galaxy.v1.ModInstanceReply\x12\x46\n\nCoordinate\x12\x1c.galaxy.v1.CoordinateRequest\x1a\x1a.galaxy.v1.CoordinateReply\x12O\n\rListInstances\x12\x1f.galaxy.v1.ListInstancesRequest\x1a\x1d.galaxy.v1.ListInstancesReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,31 +35,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISPATCHREQUEST']._serialized_start=64
   _globals['_DISPATCHREQUEST']._serialized_end=248
   _globals['_ROUTINGHINT']._serialized_start=250
-  _globals['_ROUTINGHINT']._serialized_end=303
-  _globals['_DISPATCHSTREAMREQUEST']._serialized_start=306
-  _globals['_DISPATCHSTREAMREQUEST']._serialized_end=516
-  _globals['_DISPATCHSTREAMREPLY']._serialized_start=519
-  _globals['_DISPATCHSTREAMREPLY']._serialized_end=685
-  _globals['_INSTANCEADDR']._serialized_start=688
-  _globals['_INSTANCEADDR']._serialized_end=909
-  _globals['_RELEASEREQUEST']._serialized_start=911
-  _globals['_RELEASEREQUEST']._serialized_end=982
-  _globals['_RELEASEREPLY']._serialized_start=984
-  _globals['_RELEASEREPLY']._serialized_end=1016
-  _globals['_MODINSTANCEREQUEST']._serialized_start=1019
-  _globals['_MODINSTANCEREQUEST']._serialized_end=1220
-  _globals['_MODINSTANCEREQUEST_OP']._serialized_start=1169
-  _globals['_MODINSTANCEREQUEST_OP']._serialized_end=1220
-  _globals['_MODINSTANCEREPLY']._serialized_start=1222
-  _globals['_MODINSTANCEREPLY']._serialized_end=1257
-  _globals['_LISTINSTANCESREQUEST']._serialized_start=1259
-  _globals['_LISTINSTANCESREQUEST']._serialized_end=1299
-  _globals['_INSTANCESTATE']._serialized_start=1301
-  _globals['_INSTANCESTATE']._serialized_end=1396
-  _globals['_FUNCTIONROUTING']._serialized_start=1399
-  _globals['_FUNCTIONROUTING']._serialized_end=1533
-  _globals['_LISTINSTANCESREPLY']._serialized_start=1536
-  _globals['_LISTINSTANCESREPLY']._serialized_end=1669
-  _globals['_DISPATCH']._serialized_start=1672
-  _globals['_DISPATCH']._serialized_end=2126
+  _globals['_ROUTINGHINT']._serialized_end=321
+  _globals['_DISPATCHSTREAMREQUEST']._serialized_start=324
+  _globals['_DISPATCHSTREAMREQUEST']._serialized_end=534
+  _globals['_DISPATCHSTREAMREPLY']._serialized_start=537
+  _globals['_DISPATCHSTREAMREPLY']._serialized_end=703
+  _globals['_INSTANCEADDR']._serialized_start=706
+  _globals['_INSTANCEADDR']._serialized_end=927
+  _globals['_RELEASEREQUEST']._serialized_start=929
+  _globals['_RELEASEREQUEST']._serialized_end=1000
+  _globals['_RELEASEREPLY']._serialized_start=1002
+  _globals['_RELEASEREPLY']._serialized_end=1034
+  _globals['_MODINSTANCEREQUEST']._serialized_start=1037
+  _globals['_MODINSTANCEREQUEST']._serialized_end=1238
+  _globals['_MODINSTANCEREQUEST_OP']._serialized_start=1187
+  _globals['_MODINSTANCEREQUEST_OP']._serialized_end=1238
+  _globals['_MODINSTANCEREPLY']._serialized_start=1240
+  _globals['_MODINSTANCEREPLY']._serialized_end=1275
+  _globals['_LISTINSTANCESREQUEST']._serialized_start=1277
+  _globals['_LISTINSTANCESREQUEST']._serialized_end=1317
+  _globals['_INSTANCESTATE']._serialized_start=1319
+  _globals['_INSTANCESTATE']._serialized_end=1414
+  _globals['_FUNCTIONROUTING']._serialized_start=1417
+  _globals['_FUNCTIONROUTING']._serialized_end=1551
+  _globals['_LISTINSTANCESREPLY']._serialized_start=1554
+  _globals['_LISTINSTANCESREPLY']._serialized_end=1687
+  _globals['_DISPATCH']._serialized_start=1690
+  _globals['_DISPATCH']._serialized_end=2144
 # @@protoc_insertion_point(module_scope)

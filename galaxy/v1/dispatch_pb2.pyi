@@ -27,12 +27,14 @@ class DispatchRequest(_message.Message):
     def __init__(self, function: _Optional[str] = ..., request_id: _Optional[str] = ..., forwarded: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., tag: _Optional[str] = ..., hold: _Optional[bool] = ..., hint: _Optional[_Union[RoutingHint, _Mapping]] = ...) -> None: ...
 
 class RoutingHint(_message.Message):
-    __slots__ = ("prefix_blocks", "adapter")
+    __slots__ = ("prefix_blocks", "adapter", "priority")
     PREFIX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     prefix_blocks: _containers.RepeatedScalarFieldContainer[str]
     adapter: str
-    def __init__(self, prefix_blocks: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ...) -> None: ...
+    priority: int
+    def __init__(self, prefix_blocks: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class DispatchStreamRequest(_message.Message):
     __slots__ = ("seq", "request", "timeout_ms", "cancel", "releases", "more")
