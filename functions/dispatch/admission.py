@@ -17,9 +17,10 @@ lowest class goes first, rather than whoever arrived last:
   in the queue would make later ones miss theirs. Sheddable requests are
   shed as soon as the wait passes the target, standard ones at
   ``standard_factor`` times it, critical ones never on a prediction.
-* **Queue bound**: past ``share`` of the function's queue bound a class is
-  shed (sheddable at half, standard at 80%; critical only at the bound
-  itself, where Dispatch refuses any request).
+* **Queue bound**: past its share of the function's queue bound a class is
+  shed: sheddable at half; standard and critical only at the bound itself,
+  where Dispatch refuses any request (so traffic that names no class is
+  refused exactly as before).
 
 Without a TTFT target or a rate (nothing served recently) there is no
 prediction and only the queue bound applies: a function is never shed on a
@@ -55,7 +56,9 @@ class Admission:
     standard_factor: float = 4.0
     #: the fraction of the queue bound past which each class is shed
     sheddable_share: float = 0.5
-    standard_share: float = 0.8
+    #: (1: standard requests meet the bound itself, as before classes:
+    #: traffic that names no class sees no change)
+    standard_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.standard_factor >= 1:

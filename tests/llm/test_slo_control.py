@@ -63,12 +63,14 @@ async def test_ttft_over_target_scales_out_where_concurrency_would_not(
     c = client(up)
     load = [asyncio.create_task(loop_requests(c, "slo-llm", f"u{u}", "critical")) for u in range(5)]
     try:
-        line = await dispatch_log_line(up, "scaling slo-llm out", limit_s=90.0)
+        # (the only function: its first start, "at zero", says no "concurrent over")
+        line = await dispatch_log_line(up, "concurrent over", limit_s=90.0)
     finally:
         for t in load:
             t.cancel()
         await asyncio.gather(*load, return_exceptions=True)
         await c.close()
+    assert "scaling slo-llm-00001 out by" in line, line
     # The observed value is the (at most) 5 in flight times the TTFT pressure.
     got = re.search(r"([0-9.]+) concurrent", line)
     assert got is not None, line

@@ -47,16 +47,20 @@ def test_no_prediction_without_a_target_or_a_rate() -> None:
 
 def test_the_queue_bound_sheds_by_class_before_it_refuses_everyone() -> None:
     # No prediction (no rate): the shares of the bound alone.
-    assert not decide(SHEDDABLE, 50, 0.0).admit
-    assert decide(STANDARD, 50, 0.0).admit
-    v = decide(STANDARD, 80, 0.0)
-    assert not v.admit and "over 80% of the bound of 100" in v.reason
+    v = decide(SHEDDABLE, 50, 0.0)
+    assert not v.admit and "over 50% of the bound of 100" in v.reason
+    assert decide(STANDARD, 99, 0.0).admit  # standard: the bound itself, as before classes
+    assert not decide(STANDARD, 100, 0.0).admit
     assert decide(CRITICAL, 99, 0.0).admit
+    tighter = Admission(standard_share=0.8).decide(
+        STANDARD, ttft_s=1.0, queued=80, first_tokens_per_s=0.0, queue_bound=100
+    )
+    assert not tighter.admit and "over 80% of the bound of 100" in tighter.reason
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"standard_factor": 0.5}, {"sheddable_share": 0.0}, {"sheddable_share": 0.9}],
+    [{"standard_factor": 0.5}, {"sheddable_share": 0.0}, {"sheddable_share": 1.5}],
 )
 def test_bad_settings_name_the_field(kwargs: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
