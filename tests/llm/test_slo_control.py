@@ -14,10 +14,12 @@ sent together queue in it and their TTFT grows):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import openai
@@ -46,30 +48,41 @@ async def loop_requests(c: openai.AsyncOpenAI, model: str, tag: str, priority: s
         )
 
 
+async def deploy(up: Up, tmp_path: Path, name: str, top: int, **extra: object) -> None:
+    """Deploy an emulated LLM that runs one request at a time; wait for it."""
+    spec = write_spec(tmp_path / "s.yaml", name, 1, top, args=ONE_AT_A_TIME, **extra)
+    assert name in await up.cli("deploy", "-f", str(spec))
+    await up.wait_instances(f"{name}-00001", 1)
+
+
+@contextlib.asynccontextmanager
+async def critical_load(up: Up, name: str, clients: int) -> AsyncIterator[None]:
+    """``clients`` critical clients sending one request after another."""
+    c = client(up)
+    load = [
+        asyncio.create_task(loop_requests(c, name, f"u{u}", "critical")) for u in range(clients)
+    ]
+    try:
+        yield
+    finally:
+        for t in load:
+            t.cancel()
+        await asyncio.gather(*load, return_exceptions=True)
+        await c.close()
+
+
 @pytest.mark.timeout(300)  # galaxy up, then a KPA window on a loaded machine
 async def test_ttft_over_target_scales_out_where_concurrency_would_not(
     up: Up, tmp_path: Path
 ) -> None:
     # 4-5 requests in flight where each instance is to carry 6: the
     # concurrency target alone wants one instance; with the TTFT pressure
-    # (at most 2x) two. (Critical: a queue this
-    # long would shed standard requests, see the next test.)
-    spec = write_spec(
-        tmp_path / "s.yaml", "slo-llm", 1, 3,
-        args=ONE_AT_A_TIME, concurrency=6, autoscaling={"ttft_ms": 100},
-    )  # fmt: skip
-    assert "slo-llm" in await up.cli("deploy", "-f", str(spec))
-    await up.wait_instances("slo-llm-00001", 1)
-    c = client(up)
-    load = [asyncio.create_task(loop_requests(c, "slo-llm", f"u{u}", "critical")) for u in range(5)]
-    try:
+    # (at most 2x) two. (Critical: a queue this long would shed standard
+    # requests, see the next test.)
+    await deploy(up, tmp_path, "slo-llm", 3, concurrency=6, autoscaling={"ttft_ms": 100})
+    async with critical_load(up, "slo-llm", 5):
         # (the only function: its first start, "at zero", says no "concurrent over")
         line = await dispatch_log_line(up, "concurrent over", limit_s=90.0)
-    finally:
-        for t in load:
-            t.cancel()
-        await asyncio.gather(*load, return_exceptions=True)
-        await c.close()
     assert "scaling slo-llm-00001 out by" in line, line
     # The observed value is the (at most) 5 in flight times the TTFT pressure.
     got = re.search(r"([0-9.]+) concurrent", line)
@@ -100,23 +113,14 @@ def curl(url: str, token: str, priority: str) -> tuple[int, dict[str, str], str]
 async def test_at_overload_the_sheddable_class_is_shed_and_critical_served(
     up: Up, tmp_path: Path
 ) -> None:
-    spec = write_spec(
-        tmp_path / "s.yaml", "shed-llm", 1, 1,
-        args=ONE_AT_A_TIME, autoscaling={"ttft_ms": 100},
-    )  # fmt: skip
-    assert "shed-llm" in await up.cli("deploy", "-f", str(spec))
-    await up.wait_instances("shed-llm-00001", 1)
+    await deploy(up, tmp_path, "shed-llm", 1, autoscaling={"ttft_ms": 100})
     url = f"http://{up.gateway}/v1/chat/completions"
     # Not overloaded: every class is served.
     status, _, _ = await asyncio.to_thread(curl, url, up.token, "sheddable")
     assert status == 200
-    c = client(up)
     # Six critical clients, one request at a time each, on an engine that
     # runs one: five wait, each ~0.5 s: a wait of seconds for a 0.1 s target.
-    load = [
-        asyncio.create_task(loop_requests(c, "shed-llm", f"c{u}", "critical")) for u in range(6)
-    ]
-    try:
+    async with critical_load(up, "shed-llm", 6):
         shed = None
         for _ in range(60):  # until Dispatch's scrapes show the queue and the rate
             status, headers, text = await asyncio.to_thread(curl, url, up.token, "sheddable")
@@ -135,8 +139,3 @@ async def test_at_overload_the_sheddable_class_is_shed_and_critical_served(
         assert json.loads(text)["choices"][0]["message"]["content"]
         status, _, text = await asyncio.to_thread(curl, url, up.token, "urgent")
         assert status == 400 and "X-Galaxy-Priority" in text
-    finally:
-        for t in load:
-            t.cancel()
-        await asyncio.gather(*load, return_exceptions=True)
-        await c.close()
