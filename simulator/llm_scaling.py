@@ -17,6 +17,7 @@ import argparse
 import csv
 import dataclasses
 import heapq
+import random
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,25 +25,35 @@ from pathlib import Path
 
 from controlplane.llm.engine import Engine, Profile, QueueFull, Request, Step
 from controlplane.llm.profiles import profile
+from controlplane.runtime.llmlatency import TPOT_BUCKETS, TTFT_BUCKETS, Histogram, LatencyWindow
 from controlplane.runtime.llmsignals import Load, Sample
+from functions.dispatch.admission import Admission, shed_demand
 from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
-from functions.dispatch.autoscaling.llmsignal import ScalingSignal, fleet_value, kpa_config
+from functions.dispatch.autoscaling.llmsignal import (
+    LATENCY_WINDOW_S,
+    ScalingSignal,
+    fleet_value,
+    kpa_config,
+)
 from functions.dispatch.autoscaling.llmsignal import observed as pressured
 from functions.dispatch.autoscaling.removal import InstanceView, idle_instances_to_remove
+from functions.dispatch.config import DispatchConfig
+from functions.dispatch.llmroute import SCRAPE_S
 from simulator.llm_fleet_workload import LARGE, LARGE_WEIGHTS_BYTES, FleetShape
+from simulator.llm_scaling_fit import fit
 from simulator.traces import LLM_2023
 
 CONV = LLM_2023 / "AzureLLMInferenceTrace_conv.csv"
 CODE = LLM_2023 / "AzureLLMInferenceTrace_code.csv"
 #: the fleet simulation's large-model profile, by the name --profile takes
 LARGE_NAME = "llama2-70b-4xa100"
-#: candidate per-instance concurrencies ``fit`` tries, smallest first
-FIT_LEVELS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+#: Dispatch's queue bound per function (what admission's shares are of)
+QUEUE_BOUND = DispatchConfig().max_queue
 
 
 @dataclass
 class Inst:
-    """One simulated instance."""
+    """One simulated instance, with the latency histograms it exports."""
 
     name: str
     engine: Engine
@@ -51,6 +62,8 @@ class Inst:
     inflight: int = 0
     step: Step | None = None
     removed: float | None = None
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS))
 
 
 @dataclass
@@ -65,11 +78,23 @@ class Outcome:
     #: instances started over the run (the first included)
     started: int
     ttfts: list[float] = field(default_factory=list)
+    #: requests shed by admission, and per class: (sent, good)
+    shed: int = 0
+    by_class: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def goodput(self) -> float:
         """Requests within both SLOs per second."""
         return self.good / self.duration_s
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one run scales on, and whether it sheds by class."""
+
+    label: str
+    signal: ScalingSignal
+    admission: Admission | None = None
 
 
 def azure_conv(path: Path, minutes: float, speed: float = 1.0) -> list[tuple[float, int, int]]:
@@ -90,6 +115,13 @@ def azure_conv(path: Path, minutes: float, speed: float = 1.0) -> list[tuple[flo
     return rows
 
 
+def classes(n: int, mix: tuple[float, float, float], seed: int = 1) -> list[int]:
+    """A priority per request (critical 1, standard 0, sheddable -1) drawn
+    with the shares ``mix`` (critical, standard, sheddable), seeded."""
+    rng = random.Random(seed)
+    return rng.choices((1, 0, -1), weights=mix, k=n)
+
+
 def run(
     jobs: list[tuple[float, int, int]],
     label: str,
@@ -98,20 +130,34 @@ def run(
     concurrency: int,
     slo: tuple[float, float],
     tick_s: float = 2.0,
+    *,
+    admission: Admission | None = None,
+    priorities: list[int] | None = None,
+    max_scale: int = 64,
+    scrape_s: float = SCRAPE_S,
 ) -> Outcome:
-    """Replay ``jobs`` with the fleet scaled on ``signal``."""
-    base = KpaConfig(target_concurrency=1.0, tick_s=tick_s, min_scale=1, max_scale=64)
+    """Replay ``jobs`` with the fleet scaled on ``signal`` (and, with
+    ``admission``, requests shed by their class in ``priorities``). As in
+    Dispatch, instances are scraped every ``scrape_s``: their queues and
+    latency histograms feed a ``LatencyWindow`` whose p90 is the SLO
+    pressure and whose first-token rate is admission's."""
+    base = KpaConfig(target_concurrency=1.0, tick_s=tick_s, min_scale=1, max_scale=max_scale)
     kpa = KpaAutoscaler(kpa_config(signal, base, concurrency))
+    window = LatencyWindow(LATENCY_WINDOW_S)
     fleet: list[Inst] = [Inst("i0", Engine(prof), 0.0, 0.0)]
     events: list[tuple[float, int, str, object]] = []
     seq = 0
     now = 0.0
     backlog: list[Request] = []
-    recent_ttft: list[float] = []
-    recent_tpot: list[float] = []
-    arrivals = good = done = 0
+    prio = priorities if priorities is not None else [0] * len(jobs)
+    arrivals = good = shed = 0
+    by_class: dict[int, list[int]] = {}
+    prio_of: dict[str, int] = {}
     last_gen: dict[str, float] = {}
     ttfts: list[float] = []
+    scraped_waiting = 0
+    #: requests shed since the last tick: demand the autoscaler must still see
+    shed_tick = 0
 
     def push(t: float, kind: str, arg: object) -> None:
         nonlocal seq
@@ -137,16 +183,37 @@ def run(
         i.inflight += 1
         kick(i)
 
+    def admit(req: Request, priority: int) -> bool:
+        if admission is None:
+            return True
+        lat = window.latency(now)
+        v = admission.decide(
+            priority,
+            ttft_s=signal.ttft_s,
+            queued=scraped_waiting + len(backlog),
+            first_tokens_per_s=lat.first_tokens_per_s,
+            queue_bound=QUEUE_BOUND,
+        )
+        return v.admit
+
     for k, (t, ctx, gen) in enumerate(jobs):
-        push(t, "arrive", Request(str(k), ctx, gen, arrived=t))
+        push(t, "arrive", (Request(str(k), ctx, gen, arrived=t), prio[k]))
+        by_class.setdefault(prio[k], [0, 0])[0] += 1
     push(tick_s, "tick", None)
+    push(scrape_s, "scrape", None)
     end_t = jobs[-1][0] if jobs else 0.0
     while events:
         now, _, kind, arg = heapq.heappop(events)
         if kind == "arrive":
-            assert isinstance(arg, Request)
+            assert isinstance(arg, tuple)
+            req, priority = arg
             arrivals += 1
-            route(arg)
+            if admit(req, priority):
+                prio_of[req.id] = priority
+                route(req)
+            else:
+                shed += 1
+                shed_tick += 1
         elif kind == "ready":
             while backlog:
                 route(backlog.pop(0))
@@ -157,15 +224,24 @@ def run(
             for r in arg.engine.complete(step):
                 if r.generated == 1 and r.first_token_at is not None:
                     ttfts.append(r.first_token_at - r.arrived)
-                    recent_ttft.append(r.first_token_at - r.arrived)
+                    arg.ttft.observe(r.first_token_at - r.arrived)
                 if r.finished_at is not None and r.first_token_at is not None:
                     arg.inflight -= 1
-                    done += 1
                     ttft = r.first_token_at - r.arrived
                     tpot = (r.finished_at - r.first_token_at) / max(1, r.generated - 1)
-                    recent_tpot.append(tpot)
-                    good += int(ttft <= slo[0] and tpot <= slo[1])
+                    if r.generated > 1:
+                        arg.tpot.observe(tpot)
+                    ok = ttft <= slo[0] and tpot <= slo[1]
+                    good += int(ok)
+                    by_class[prio_of.pop(r.id, 0)][1] += int(ok)
             kick(arg)
+        elif kind == "scrape":
+            live = [i for i in fleet if i.removed is None and i.ready_at <= now]
+            scraped_waiting = sum(len(i.engine.waiting) for i in live)
+            for i in live:
+                window.observe(i.name, i.ttft.cumulative(), i.tpot.cumulative(), now)
+            if now <= end_t or any(i.inflight for i in fleet):
+                push(now + scrape_s, "scrape", None)
         elif now <= end_t or any(i.inflight for i in fleet):  # a tick
             live = [i for i in fleet if i.removed is None]
             loads = []
@@ -177,13 +253,15 @@ def run(
                 loads.append(Load(i.name, now, s, rate))
             conc = float(sum(i.inflight for i in live) + len(backlog))
             value = fleet_value(signal, loads, conc, arrivals / tick_s)
-            ttft_p = p90(recent_ttft)
-            tpot_p = p90(recent_tpot)
+            value = value + len(backlog) if signal.metric == "queue" else value
+            value = shed_demand(signal, value, shed_tick)
+            shed_tick = 0
+            lat = window.latency(now)
             arrivals = 0
-            recent_ttft.clear()
-            recent_tpot.clear()
             ready = sum(1 for i in live if i.ready_at <= now)
-            kpa.observe(now, pressured(signal, value, ttft_p, tpot_p, len(live) - ready))
+            queued = scraped_waiting + len(backlog)
+            v = pressured(signal, value, lat.ttft_s, lat.tpot_s, len(live) - ready, queued)
+            kpa.observe(now, v)
             d = kpa.decide(now, ready, len(live) - ready)
             for _ in range(d.to_start):
                 i = Inst(f"i{len(fleet)}", Engine(prof), now, now + prof.load_s)
@@ -191,90 +269,19 @@ def run(
                 push(i.ready_at, "ready", None)
             views = [InstanceView(i.name, i.inflight, i.added) for i in live if i.ready_at <= now]
             for name in idle_instances_to_remove(views, d.to_remove):
-                next(i for i in live if i.name == name).removed = now
+                gone = next(i for i in live if i.name == name)
+                gone.removed = now
+                window.forget(name)
             push(now + tick_s, "tick", None)
     inst_s = sum((i.removed if i.removed is not None else now) - i.added for i in fleet)
-    started = len(fleet)
-    return Outcome(label, len(jobs), good, max(end_t, 1e-9), inst_s, started, ttfts)
-
-
-@dataclass(frozen=True)
-class Fit:
-    """One engine's capacity on a request mix at the SLO, and what each
-    metric reads there: the per-instance targets ``fit`` derives."""
-
-    concurrency: int
-    queue: float
-    kv: float
-    tokens_per_s: float
-
-
-def _closed_loop(
-    mix: list[tuple[float, int, int]],
-    prof: Profile,
-    level: int,
-    slo: tuple[float, float],
-    finishes: int,
-) -> tuple[float, float, float, float]:
-    """One engine kept at ``level`` requests in flight (drawn from ``mix`` in
-    turn) until ``finishes`` finish: the fraction within both SLOs, and the
-    mean queue, KV use and generated tokens/s over time."""
-    e = Engine(prof)
-    now, k, good, done = 0.0, 0, 0, 0
-    area_q = area_kv = 0.0
-
-    def submit() -> None:
-        nonlocal k
-        _, ctx, gen = mix[k % len(mix)]
-        k += 1
-        e.submit(Request(str(k), min(ctx, prof.kv_capacity_tokens // 2), gen, arrived=now))
-
-    for _ in range(level):
-        submit()
-    while done < finishes:
-        step = e.plan(now)
-        assert step is not None  # never idle: a finish is replaced at once
-        area_q += (len(e.waiting) + len(e.running)) * step.duration
-        area_kv += e.kv_usage * step.duration
-        now = step.ends
-        for r in e.complete(step):
-            if r.finished_at is not None and r.first_token_at is not None:
-                ttft = r.first_token_at - r.arrived
-                tpot = (r.finished_at - r.first_token_at) / max(1, r.generated - 1)
-                good += int(ttft <= slo[0] and tpot <= slo[1])
-                done += 1
-                submit()
-    return good / done, area_q / now, area_kv / now, e.counters.generation_tokens / now
-
-
-def fit(
-    mix: list[tuple[float, int, int]],
-    prof: Profile,
-    slo: tuple[float, float],
-    finishes: int = 400,
-    keep: float = 0.9,
-) -> Fit:
-    """Per-instance targets fitted to the emulated engine: the largest
-    concurrency (of ``FIT_LEVELS``) at which one engine, kept that busy with
-    this mix, still serves at least ``keep`` of the share within both SLOs
-    it serves alone (some prompts miss the TTFT target even alone), and the
-    queue, KV use and tokens/s it shows there. Every metric, concurrency
-    included, is then aimed at the same operating point, so none is
-    favoured by a default that suits another profile."""
-    alone, q, kv, rate = _closed_loop(mix, prof, 1, slo, finishes)
-    best = Fit(1, q, kv, rate)
-    for level in FIT_LEVELS[1:]:
-        if level > prof.max_running:
-            break
-        share, q, kv, rate = _closed_loop(mix, prof, level, slo, finishes)
-        if share < keep * alone:
-            break
-        best = Fit(level, q, kv, rate)
-    return best
+    return Outcome(
+        label, len(jobs), good, max(end_t, 1e-9), inst_s, len(fleet), ttfts, shed, by_class
+    )
 
 
 def p90(xs: list[float]) -> float | None:
-    """The 90th percentile of xs (None when empty): what the SLO pressure reads."""
+    """The 90th percentile of xs (None when empty): the per-tick reading
+    ``simulator.llm_fleet`` still uses (this module reads ``LatencyWindow``)."""
     if not xs:
         return None
     s = sorted(xs)
@@ -296,9 +303,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed", type=float, default=1.0, help="time compression of the trace")
     ap.add_argument("--ttft-ms", type=float, default=1000.0)
     ap.add_argument("--tpot-ms", type=float, default=100.0)
+    ap.add_argument("--max-scale", type=int, default=64, help="instances at most")
+    ap.add_argument(
+        "--classes",
+        default="",
+        metavar="C,S,X",
+        help="shares of critical, standard and sheddable requests (e.g. 0.2,0.5,0.3): adds "
+        "a run with SLO-class admission per signal",
+    )
+    ap.add_argument("--seed", type=int, default=1, help="seed of the classes' draw")
     a = ap.parse_args(argv)
     if a.minutes <= 0 or a.speed <= 0 or a.concurrency < 1 or a.ttft_ms <= 0 or a.tpot_ms <= 0:
         ap.error("--minutes, --speed, --concurrency, --ttft-ms and --tpot-ms must be > 0")
+    if a.max_scale < 1:
+        ap.error("--max-scale must be >= 1")
+    mix: tuple[float, float, float] | None = None
+    if a.classes:
+        try:
+            c, st, x = (float(v) for v in a.classes.split(","))
+        except ValueError:
+            ap.error("--classes: three shares, e.g. 0.2,0.5,0.3")
+        if min(c, st, x) < 0 or c + st + x <= 0:
+            ap.error("--classes: shares >= 0, not all 0")
+        mix = (c, st, x)
     try:
         # The large profile's load_s is its engine start only (the fleet
         # simulation adds the weights' load by node): here every start
@@ -314,40 +341,54 @@ def main(argv: list[str] | None = None) -> int:
     jobs = azure_conv(CODE if a.trace == "code" else CONV, a.minutes, a.speed)
     slo = (a.ttft_ms / 1000, a.tpot_ms / 1000)
     slo_doc = {"ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms}
-    targets = {"queue": 0.0, "kv": 0.0, "tokens_per_s": 0.0}
+    targets = {"concurrency": 0.0, "queue": 0.0, "kv": 0.0, "tokens_per_s": 0.0}
     conc = a.concurrency
     if a.fit:
         f = fit(jobs, prof, slo)
         conc = f.concurrency
-        targets = {"queue": f.queue, "kv": min(1.0, f.kv), "tokens_per_s": f.tokens_per_s}
+        targets = {"concurrency": 0.0, "queue": f.queue, "kv": min(1.0, f.kv),
+                   "tokens_per_s": f.tokens_per_s}  # fmt: skip
         print(
             f"fitted per instance: concurrency {f.concurrency}, queue {f.queue:.1f}, "
             f"kv {f.kv:.2f}, tokens/s {f.tokens_per_s:.0f}"
         )
-    policies = [("concurrency", ScalingSignal("concurrency"))] + [
-        (
-            f"{m} + SLO",
-            ScalingSignal.from_spec({"metric": m, "target": targets[m], **slo_doc}),
-        )
-        for m in ("queue", "kv", "tokens_per_s")
-    ]
-    outs = [run(jobs, lab, sig, prof, conc, slo) for lab, sig in policies]
-    ref = outs[0]
+    policies = [Policy("concurrency", ScalingSignal("concurrency"))]
+    for m in ("concurrency", "queue", "kv", "tokens_per_s"):
+        sig = ScalingSignal.from_spec({"metric": m, "target": targets[m], **slo_doc})
+        policies.append(Policy(f"{m} + SLO", sig))
+    if mix is not None:
+        policies += [dataclasses.replace(p, label=p.label + " + admission", admission=Admission())
+                     for p in policies]  # fmt: skip
+    prios = classes(len(jobs), mix, a.seed) if mix is not None else None
+    extra = {"priorities": prios, "max_scale": a.max_scale}
+    outs = [run(jobs, p.label, p.signal, prof, conc, slo, admission=p.admission, **extra)
+            for p in policies]  # fmt: skip
     print(
         f"azure {a.trace} 2023: {len(jobs)} requests, {a.minutes:g} min at {a.speed:g}x, "
-        f"profile {a.profile}"
+        f"profile {a.profile}, at most {a.max_scale} instances"
+        + (f", classes critical/standard/sheddable {a.classes}" if mix is not None else "")
     )
-    print(
-        "| scaling | goodput req/s | good % | instance-s | started | vs concurrency: goodput "
-        "| instance-s |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for o in outs:
-        print(
-            f"| {o.label} | {o.goodput:.2f} | {o.good / o.requests:.0%} | {o.instance_s:.0f} | "
-            f"{o.started} | {o.goodput / ref.goodput:.2f}x | {o.instance_s / ref.instance_s:.2f}x |"
-        )
+    print(table(outs))
     return 0
+
+
+def table(outs: list[Outcome]) -> str:
+    """The markdown table of runs, each against the first (the baseline)."""
+    ref = outs[0]
+    rows = [
+        "| scaling | goodput req/s | good % | critical good % | shed % | instance-s | started "
+        "| vs first: goodput | instance-s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in outs:
+        sent, ok = o.by_class.get(1, [0, 0])
+        crit = f"{ok / sent:.0%}" if sent else "-"
+        rows.append(
+            f"| {o.label} | {o.goodput:.2f} | {o.good / o.requests:.0%} | {crit} | "
+            f"{o.shed / o.requests:.0%} | {o.instance_s:.0f} | {o.started} | "
+            f"{o.goodput / ref.goodput:.2f}x | {o.instance_s / ref.instance_s:.2f}x |"
+        )
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

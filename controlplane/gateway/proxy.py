@@ -22,7 +22,7 @@ from controlplane.gateway.graphs.runner import GraphRunner
 from controlplane.gateway.graphs.source import GraphSource
 from controlplane.gateway.pd import Disaggregation
 from controlplane.gateway.slots import SlotCache
-from controlplane.runtime import access, authn, fnmetrics
+from controlplane.runtime import access, authn, fnmetrics, sloclass
 from controlplane.runtime.errors import GalaxyError, NotFound, Unauthenticated
 from controlplane.sdk.client import GalaxyClient
 from galaxy.v1 import dispatch_pb2
@@ -370,6 +370,14 @@ class Proxy:
         hint = None if r.blocks is None else dispatch_pb2.RoutingHint(prefix_blocks=r.blocks)
         # An OpenAI request to a disaggregated LLM is prefilled elsewhere first (pd.py).
         prepare = None if hint is None else self.pd.prepare(token)
+        cls = request.headers.get(sloclass.HEADER)
+        if cls is not None:  # an SLO class: Dispatch sheds the lowest first at overload
+            try:
+                priority = sloclass.parse(cls)
+            except ValueError as e:
+                raise Refused(400, "priority", str(e)) from None
+            hint = hint or dispatch_pb2.RoutingHint()
+            hint.priority = priority
         async with self.slots.slot(
             r.function, r.path, body.read, headers, request.method, tag, token, hint, prepare
         ) as (slot, upstream):

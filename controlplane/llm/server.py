@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from controlplane.llm.emusleep import EmulatedSleep
 from controlplane.llm.engine import Engine, QueueFull, Request, block_hashes
 from controlplane.llm.errors import BadRequest
 from controlplane.llm.profiles import profile
+from controlplane.runtime.llmlatency import TPOT_BUCKETS, TTFT_BUCKETS
 from controlplane.runtime.llmprompt import chat_words
 from controlplane.runtime.llmsignals import digest
 
@@ -92,10 +94,13 @@ class LlmServer:
         self._waiters: dict[str, asyncio.Queue[int]] = {}
         self.registry = CollectorRegistry()
         self.registry.register(_EngineGauges(engine, model))
+        # vLLM's names and bucket bounds: what Dispatch's autoscaler reads
+        # (controlplane.runtime.llmlatency)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT.", ["model_name"],
-                              buckets=LATENCY, registry=self.registry)  # fmt: skip
-        self.tpot = Histogram("vllm:time_per_output_token_seconds", "TPOT.", ["model_name"],
-                              buckets=LATENCY, registry=self.registry)  # fmt: skip
+                              buckets=TTFT_BUCKETS, registry=self.registry)  # fmt: skip
+        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
+                              "TPOT per request, the first token excluded.", ["model_name"],
+                              buckets=TPOT_BUCKETS, registry=self.registry)  # fmt: skip
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End to end.", ["model_name"],
                              buckets=LATENCY, registry=self.registry)  # fmt: skip
         self.refused = Counter("galaxy_llm_refused_total", "Requests refused (queue full).",
@@ -118,6 +123,8 @@ class LlmServer:
                 continue
             await asyncio.sleep(step.duration)
             for r in self.engine.complete(step):
+                if r.generated == 1:  # TTFT when the first token is out, as vLLM
+                    self.ttft.labels(self.model).observe(step.ends - r.arrived)
                 q = self._waiters.get(r.id)
                 if q is not None:
                     q.put_nowait(r.generated)
@@ -257,7 +264,6 @@ class LlmServer:
 
     def _observe(self, req: Request) -> None:
         assert req.first_token_at is not None and req.finished_at is not None
-        self.ttft.labels(self.model).observe(req.first_token_at - req.arrived)
         self.e2e.labels(self.model).observe(req.finished_at - req.arrived)
         if req.generated > 1:
             per = (req.finished_at - req.first_token_at) / (req.generated - 1)
@@ -327,13 +333,17 @@ async def serve(
     kv_inbox_mb: int = 64,
     kv_scale: float = 1.0,
     kv_unix: str = "",
+    max_running: int = 0,
 ) -> None:
-    """Load (the profile's load time), then serve until cancelled."""
+    """Load (the profile's load time), then serve until cancelled
+    (``max_running``: the running batch's bound, 0 the profile's)."""
     # Imported here: the disaggregation routes build on this module.
     from controlplane.llm import kvwire
     from controlplane.llm.pdroutes import Disaggregation
 
     prof = profile(profile_name)
+    if max_running:
+        prof = dataclasses.replace(prof, max_running=max_running)
     await asyncio.sleep(prof.load_s)  # weights "loading": not ready before
     server = LlmServer(Engine(prof), model)
     app = server.app()
@@ -389,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--kv-unix", default=os.environ.get("GALAXY_KV_UNIX", ""),
                    help="also listen on this Unix socket (same-node KV transfers)")  # fmt: skip
+    p.add_argument("--max-running", type=int, default=0,
+                   help="requests in the running batch at most (0: the profile's); "
+                   "fewer makes requests queue in the engine sooner")  # fmt: skip
     a = p.parse_args(argv)
     logging.getLogger("aiohttp.server").addFilter(_OneLineBadRequests())
     try:
@@ -396,13 +409,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"emulated LLM: --profile: {e}", file=sys.stderr)
         return 2
-    if a.kv_inbox_mb < 0 or not a.kv_scale >= 1:
-        print("emulated LLM: --kv-inbox-mb >= 0 and --kv-scale >= 1", file=sys.stderr)
+    if a.kv_inbox_mb < 0 or not a.kv_scale >= 1 or a.max_running < 0:
+        print("emulated LLM: --kv-inbox-mb >= 0, --kv-scale >= 1, --max-running >= 0",
+              file=sys.stderr)  # fmt: skip
         return 2
     host, port = os.environ.get("HOST", "127.0.0.1"), int(os.environ.get("PORT", "8000"))
     try:
         kv = {"kv_inbox_mb": a.kv_inbox_mb, "kv_scale": a.kv_scale, "kv_unix": a.kv_unix}
-        asyncio.run(serve(a.profile, host, port, a.model or a.profile, **kv))
+        asyncio.run(serve(a.profile, host, port, a.model or a.profile, **kv,
+                          max_running=a.max_running))  # fmt: skip
     except KeyboardInterrupt:
         pass
     return 0

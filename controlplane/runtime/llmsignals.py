@@ -15,7 +15,16 @@ the two queue gauges):
                                    and ``waiting_lora_adapters`` labels)
 ``galaxy:prefix_cache_block``      digests of the most recent prefix blocks
                                    (``block`` label; at most ``max_blocks`` read)
+``vllm:time_to_first_token_seconds``  TTFT histogram (cumulative buckets)
+``vllm:request_time_per_output_token_seconds``, else
+``vllm:time_per_output_token_seconds``, else
+``vllm:inter_token_latency_seconds``  TPOT histogram (the first present: vLLM
+                                   renamed its per-token one and added a
+                                   per-request one)
 =================================  ==========================================
+
+Histograms are kept as their cumulative buckets; ``llmlatency`` turns the
+difference between two scrapes into a recent percentile.
 
 Bounded: a page over ``max_bytes`` is refused, at most ``max_blocks`` block
 digests and ``max_adapters`` adapters are kept, and every scrape has a
@@ -26,6 +35,7 @@ instance and derives tokens/s; ``scrape`` is the only I/O here.
 from __future__ import annotations
 
 import asyncio
+import math
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,6 +45,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 #: a /metrics page larger than this is refused (vLLM's is ~30 kB)
 MAX_BYTES = 1 << 20
+#: histogram buckets kept per metric (vLLM's have 13-22)
+MAX_BUCKETS = 64
+TTFT = "vllm:time_to_first_token_seconds"
+#: TPOT histograms by preference (the per-request one is vLLM's TPOT definition)
+TPOTS = (
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:inter_token_latency_seconds",
+)
+#: cumulative histogram buckets: (upper bound ``le``, count), ascending,
+#: the last one +Inf
+Buckets = tuple[tuple[float, float], ...]
 
 
 class SignalError(ValueError):
@@ -54,6 +76,9 @@ class Sample:
     #: prefix-block digests the instance reports (precise prefix affinity)
     blocks: frozenset[str] = frozenset()
     adapters: frozenset[str] = frozenset()
+    #: TTFT and TPOT histograms since start (None when not reported)
+    ttft: Buckets | None = None
+    tpot: Buckets | None = None
 
 
 @dataclass(frozen=True)
@@ -85,10 +110,13 @@ def parse(text: str, max_blocks: int = 256, max_adapters: int = 32) -> Sample:
     values: dict[str, float] = {}
     blocks: set[str] = set()
     adapters: set[str] = set()
+    hists: dict[str, dict[float, float]] = {}
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
-                if s.name == "galaxy:prefix_cache_block":
+                if s.name.endswith("_bucket") and s.name[:-7] in _HISTOGRAMS:
+                    _bucket(hists.setdefault(s.name[:-7], {}), s.labels.get("le", ""), s.value)
+                elif s.name == "galaxy:prefix_cache_block":
                     if len(blocks) < max_blocks and "block" in s.labels:
                         blocks.add(s.labels["block"][:64])
                 elif s.name == "vllm:lora_requests_info":
@@ -101,6 +129,7 @@ def parse(text: str, max_blocks: int = 256, max_adapters: int = 32) -> Sample:
     except ValueError as e:  # the parser's error for a malformed line
         raise SignalError(f"/metrics: not Prometheus text ({str(e)[:80]})") from None
     kv = values.get("vllm:gpu_cache_usage_perc")
+    tpot = next((hists[n] for n in TPOTS if n in hists), None)
     return Sample(
         waiting=int(values.get("vllm:num_requests_waiting", 0)),
         running=int(values.get("vllm:num_requests_running", 0)),
@@ -108,7 +137,29 @@ def parse(text: str, max_blocks: int = 256, max_adapters: int = 32) -> Sample:
         generation_tokens=values.get("vllm:generation_tokens_total"),
         blocks=frozenset(blocks),
         adapters=frozenset(adapters),
+        ttft=_cumulative(hists.get(TTFT)),
+        tpot=_cumulative(tpot),
     )
+
+
+_HISTOGRAMS = frozenset((TTFT, *TPOTS))
+
+
+def _bucket(into: dict[float, float], le: str, value: float) -> None:
+    """Add one ``_bucket`` sample (label sets of several models sum)."""
+    try:
+        bound = float(le)
+    except ValueError:
+        raise SignalError(f"/metrics: a bucket's le {le[:20]!r} is not a number") from None
+    if bound in into or len(into) < MAX_BUCKETS:
+        into[bound] = into.get(bound, 0.0) + value
+
+
+def _cumulative(h: dict[float, float] | None) -> Buckets | None:
+    """Ascending buckets ending in +Inf; None without one (not a histogram)."""
+    if not h or math.inf not in h:
+        return None
+    return tuple(sorted(h.items()))
 
 
 def digest(recent: Iterable[str], limit: int, cache_blocks: int) -> list[str]:

@@ -118,7 +118,8 @@ class FunctionAutoscaling:
     def _observed(
         self, spec: common_pb2.FunctionSpec, router: FunctionRouter, elapsed: float
     ) -> tuple[str, float] | None:
-        if spec.autoscaling.metric in ("", "concurrency"):
+        a = spec.autoscaling
+        if a.metric in ("", "concurrency") and not (a.ttft_ms or a.tpot_ms):
             return None  # (most functions: no signal object made per tick)
         signal = ScalingSignal.from_proto(spec.autoscaling)
         rps = self._served.get(spec.name, 0) / elapsed if elapsed > 0 else 0.0

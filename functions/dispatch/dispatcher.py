@@ -25,6 +25,7 @@ from controlplane.runtime.errors import DeadlineExceeded, FailedPrecondition, Re
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
 from functions.dispatch import (
+    admission,
     arrivals,
     coordination,
     fnstats,
@@ -57,7 +58,8 @@ RecordFn = Callable[[str, bytes | None], None]
 # requests waiting for a slot now (bounded by --max-queue per function).
 REJECTED = Counter(
     "galaxy_dispatch_rejected_total",
-    "Dispatch calls refused: queue_full, wait_timeout, deadline_too_short",
+    "Dispatch calls refused: queue_full, wait_timeout, deadline_too_short, shed (admission "
+    "by SLO class at overload)",
     ["reason"],
 )
 WAITING = Gauge("galaxy_dispatch_waiting", "Requests waiting for a slot on this instance")
@@ -117,6 +119,7 @@ class Dispatcher:
         self.llm = llmroute.LlmRouting(self.clock, llm_picker)
         #: instances of LLM functions a scale-in put to sleep
         self.sleeping = llmsleep.Sleeping(self.clock)
+        self.admission = admission.Admission()
         self.autoscaling = FunctionAutoscaling(
             autoscale or AutoscaleSettings(), self.clock, self.llm.fleet
         )
@@ -270,6 +273,8 @@ class Dispatcher:
             raise DeadlineExceeded(
                 f"dispatch {validation.short(request.function)}: deadline too short"
             )
+        if spec.llm or router.waiters:  # (else nothing is queued: nothing to shed)
+            self._admit(request, spec, router)
         grant = self.llm.acquire(router, spec, request.hint)
         self.autoscaling.served(spec.name)
         if grant is None:
@@ -281,6 +286,29 @@ class Dispatcher:
         router.remember(rid, grant)
         wait_s = time.perf_counter() - start
         return Served(grant, router, wait_s, router.lease_ttl_s, hold(), True)
+
+    def _admit(
+        self,
+        request: dispatch_pb2.DispatchRequest,
+        spec: common_pb2.FunctionSpec,
+        router: FunctionRouter,
+    ) -> None:
+        """Shed the request by its SLO class when the function is overloaded
+        (``admission``): RESOURCE_EXHAUSTED naming why."""
+        rate = self.llm.latency(router.name).first_tokens_per_s if spec.llm else 0.0
+        verdict = self.admission.decide(
+            request.hint.priority,
+            ttft_s=spec.autoscaling.ttft_ms / 1000.0,
+            queued=self.llm.waiting(router) if spec.llm else len(router.waiters),
+            first_tokens_per_s=rate,
+            queue_bound=router.max_queue,
+        )
+        if not verdict.admit:
+            REJECTED.labels("shed").inc()
+            self.llm.shed(router.name)  # still demand, for the autoscaler
+            raise ResourceExhausted(
+                f"dispatch {validation.short(request.function)}: {verdict.reason}"
+            )
 
     async def _wait(
         self,

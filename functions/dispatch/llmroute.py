@@ -17,9 +17,14 @@ the picker then goes by its own in-flight counts). Scraping rather than
 pushing keeps engines unchanged (vLLM, llama.cpp and the emulated server
 all serve ``/metrics``); its cost per instance is measured in docs/llm.md.
 
+Each scrape also reads the instance's TTFT and TPOT histograms into its
+function's ``LatencyWindow`` (``controlplane.runtime.llmlatency``): the
+fleet's recent p90 over ``LATENCY_WINDOW_S``, which the autoscaler turns
+into SLO pressure (``fleet``) and admission into a predicted wait.
+
 ``LlmRouting`` holds the decisions' state and is driven by the Dispatcher
-(``acquire``) and the autoscaler (``loads_of``); ``scrape_round`` is its
-only I/O.
+(``acquire``) and the autoscaler (``loads_of``, ``fleet``);
+``scrape_round`` is its only I/O.
 """
 
 from __future__ import annotations
@@ -33,9 +38,12 @@ from prometheus_client import Counter
 
 from controlplane.runtime import leasetoken
 from controlplane.runtime.clock import Clock
+from controlplane.runtime.llmlatency import Latency, LatencyWindow
 from controlplane.runtime.llmpicker import Ask, Candidate, Picker, make
 from controlplane.runtime.llmsignals import Load, LoadBook, Sample, SignalError, scrape
-from functions.dispatch.autoscaling.llmsignal import ScalingSignal, fleet_value
+from functions.dispatch.admission import shed_demand
+from functions.dispatch.autoscaling.llmsignal import LATENCY_WINDOW_S, ScalingSignal, fleet_value
+from functions.dispatch.autoscaling.llmsignal import observed as pressured
 from functions.dispatch.pdpair import PrefillPairing
 from functions.dispatch.policy import FunctionRouter, Grant
 from galaxy.v1 import common_pb2, dispatch_pb2
@@ -70,6 +78,11 @@ class LlmRouting:
         self._pickers: dict[str, Picker] = {}
         #: the prefill half of a disaggregated request (``pdpair``)
         self.pairing = PrefillPairing()
+        #: recent TTFT/TPOT per function, and the function of each scraped instance
+        self._latency: dict[str, LatencyWindow] = {}
+        self._function_of: dict[str, str] = {}
+        #: requests shed per function since its last autoscaling round
+        self._shed: dict[str, int] = {}
         self._session: aiohttp.ClientSession | None = None
 
     def picker(self, function: str) -> Picker:
@@ -123,12 +136,38 @@ class LlmRouting:
             out.append(load if load is not None else Load(iid, now, Sample(running=inst.in_flight)))
         return out
 
+    def latency(self, function: str) -> Latency:
+        """The function's fleet p90 TTFT and TPOT over the last
+        ``LATENCY_WINDOW_S`` (None each when nothing was observed)."""
+        w = self._latency.get(function)
+        return w.latency(self.clock.now()) if w is not None else Latency(None, None, 0.0)
+
     def fleet(self, signal: ScalingSignal, router: FunctionRouter, rps: float) -> float:
-        """The function's fleet value of its scaling metric
-        (``llmsignal.fleet_value``). Requests waiting here for a slot count
-        in the queue: with no instance yet, they are all of it."""
-        value = fleet_value(signal, self.loads_of(router), float(router.load()), rps)
-        return value + len(router.waiters) if signal.metric == "queue" else value
+        """What the autoscaler observes of the function: the fleet value of
+        its scaling metric (``llmsignal.fleet_value``; requests waiting here
+        for a slot count in the queue: with no instance yet, they are all of
+        it), times the SLO pressure of its recent latency while no
+        instance is starting (``llmsignal.observed``)."""
+        loads = self.loads_of(router)
+        value = fleet_value(signal, loads, float(router.load()), rps)
+        value = value + len(router.waiters) if signal.metric == "queue" else value
+        value = shed_demand(signal, value, self._shed.pop(router.name, 0))
+        if not (signal.ttft_s or signal.tpot_s):
+            return value
+        lat = self.latency(router.name)
+        waiting = self.waiting(router, loads)
+        return pressured(signal, value, lat.ttft_s, lat.tpot_s, router.pending, waiting)
+
+    def shed(self, function: str) -> None:
+        """Admission turned a request of ``function`` away: the next
+        autoscaling round counts it as demand (``admission.shed_demand``)."""
+        self._shed[function] = self._shed.get(function, 0) + 1
+
+    def waiting(self, router: FunctionRouter, loads: list[Load] | None = None) -> int:
+        """Requests of the function waiting: in its engines' queues (as
+        last scraped) and here for a slot."""
+        loads = self.loads_of(router) if loads is None else loads
+        return sum(x.sample.waiting for x in loads) + len(router.waiters)
 
     def targets(
         self,
@@ -142,21 +181,39 @@ class LlmRouting:
             spec = specs.get(name)
             if spec is None or not spec.llm:
                 continue
-            out += [
-                (iid, i.address)
-                for iid, i in router.instances.items()
-                if not i.address.startswith("emulated://")
-            ]
+            for iid, i in router.instances.items():
+                if not i.address.startswith("emulated://"):
+                    out.append((iid, i.address))
+                    self._function_of[iid] = name
         self._forget_except({iid for iid, _ in out}, routers)
         return out
 
     def _forget_except(self, live: set[str], routers: Iterable[str]) -> None:
-        for iid in self.book.known() - live:
+        for iid in (self.book.known() | set(self._function_of)) - live:
             self.book.forget(iid)
             for p in self._pickers.values():
                 p.forget(iid)
+            w = self._latency.get(self._function_of.pop(iid, ""))
+            if w is not None:
+                w.forget(iid)
         for name in set(self._pickers) - set(routers):
             del self._pickers[name]  # the function is no longer routed here
+        for name in set(self._latency) - set(routers):
+            del self._latency[name]
+        for name in set(self._shed) - set(routers):
+            del self._shed[name]
+
+    def observe(self, iid: str, sample: Sample) -> None:
+        """Record one scrape of an instance: its load, and its latency
+        histograms into its function's window."""
+        now = self.clock.now()
+        self.book.observe(iid, sample, now)
+        fn = self._function_of.get(iid)
+        if fn is not None and (sample.ttft is not None or sample.tpot is not None):
+            w = self._latency.get(fn)
+            if w is None:
+                w = self._latency[fn] = LatencyWindow(LATENCY_WINDOW_S)
+            w.observe(iid, sample.ttft, sample.tpot, now)
 
     async def scrape_round(
         self, targets: list[tuple[str, str]], sign: Callable[[str], str] | None = None
@@ -178,7 +235,7 @@ class LlmRouting:
                 except SignalError as e:
                     log.debug("no signals from %s: %s", iid, e)
                     return False
-            self.book.observe(iid, sample, self.clock.now())
+            self.observe(iid, sample)
             return True
 
         got = await asyncio.gather(*(one(i, a) for i, a in targets))

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from galaxy.v1 import common_pb2 as galaxy_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18galaxy/v1/dispatch.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"\xb8\x01\n\x0f\x44ispatchRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\tforwarded\x18\x03 \x01(\x08\x12+\n\x08releases\x18\x04 \x03(\x0b\x32\x19.galaxy.v1.ReleaseRequest\x12\x0b\n\x03tag\x18\x05 \x01(\t\x12\x0c\n\x04hold\x18\x06 \x01(\x08\x12$\n\x04hint\x18\x07 \x01(\x0b\x32\x16.galaxy.v1.RoutingHint\"\x80\x01\n\x0bRoutingHint\x12\x15\n\rprefix_blocks\x18\x01 \x03(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65\x63ode_node\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x1d\n\x02pd\x18\x05 \x01(\x0b\x32\x11.galaxy.v1.PdSpec\"\xd2\x01\n\x15\x44ispatchStreamRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.galaxy.v1.DispatchRequest\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x0e\n\x06\x63\x61ncel\x18\x04 \x01(\x08\x12+\n\x08releases\x18\x05 \x03(\x0b\x32\x19.galaxy.v1.ReleaseRequest\x12.\n\x04more\x18\x06 \x03(\x0b\x32 .galaxy.v1.DispatchStreamRequest\"\xa6\x01\n\x13\x44ispatchStreamReply\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12%\n\x04\x61\x64\x64r\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.InstanceAddr\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06goaway\x18\x05 \x01(\x08\x12,\n\x04more\x18\x06 \x03(\x0b\x32\x1e.galaxy.v1.DispatchStreamReply\"\xfc\x01\n\x0cInstanceAddr\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x10\n\x08lease_id\x18\x05 \x01(\t\x12\x12\n\ncold_start\x18\x06 \x01(\x08\x12\x0f\n\x07wait_ms\x18\x07 \x01(\x01\x12\x14\n\x0clease_ttl_ms\x18\x08 \x01(\r\x12\x0f\n\x07hold_ms\x18\t \x01(\r\x12\x11\n\tnamespace\x18\n \x01(\t\x12\x13\n\x0blease_token\x18\x0b \x01(\t\x12\x1d\n\x02pd\x18\x0c \x01(\x0b\x32\x11.galaxy.v1.PdSpec\"G\n\x0eReleaseRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x11\n\tforwarded\x18\x03 \x01(\x08\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"\xc9\x01\n\x12ModInstanceRequest\x12,\n\x02op\x18\x01 \x01(\x0e\x32 .galaxy.v1.ModInstanceRequest.Op\x12)\n\x08instance\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x15\n\ractive_leases\x18\x04 \x03(\t\"3\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\n\n\x06OP_ADD\x10\x01\x12\r\n\tOP_REMOVE\x10\x02\"#\n\x10ModInstanceReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\"(\n\x14ListInstancesRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\"o\n\rInstanceState\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x0e\n\x06\x61sleep\x18\x04 \x01(\x08\"\x86\x01\n\x0f\x46unctionRouting\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x0f\n\x07pending\x18\x03 \x01(\r\x12\x16\n\x0estart_failures\x18\x04 \x01(\r\x12\x13\n\x0bstart_error\x18\x05 \x01(\t\x12\x12\n\nbackoff_ms\x18\x06 \x01(\x01\"\x85\x01\n\x12ListInstancesReply\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12+\n\tinstances\x18\x02 \x03(\x0b\x32\x18.galaxy.v1.InstanceState\x12-\n\tfunctions\x18\x03 \x03(\x0b\x32\x1a.galaxy.v1.FunctionRouting2\xc6\x03\n\x08\x44ispatch\x12?\n\x08\x44ispatch\x12\x1a.galaxy.v1.DispatchRequest\x1a\x17.galaxy.v1.InstanceAddr\x12=\n\x07Release\x12\x19.galaxy.v1.ReleaseRequest\x1a\x17.galaxy.v1.ReleaseReply\x12V\n\x0e\x44ispatchStream\x12 .galaxy.v1.DispatchStreamRequest\x1a\x1e.galaxy.v1.DispatchStreamReply(\x01\x30\x01\x12I\n\x0bModInstance\x12\x1d.galaxy.v1.ModInstanceRequest\x1a\x1b.galaxy.v1.ModInstanceReply\x12\x46\n\nCoordinate\x12\x1c.galaxy.v1.CoordinateRequest\x1a\x1a.galaxy.v1.CoordinateReply\x12O\n\rListInstances\x12\x1f.galaxy.v1.ListInstancesRequest\x1a\x1d.galaxy.v1.ListInstancesReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18galaxy/v1/dispatch.proto\x12\tgalaxy.v1\x1a\x16galaxy/v1/common.proto\"\xb8\x01\n\x0f\x44ispatchRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\tforwarded\x18\x03 \x01(\x08\x12+\n\x08releases\x18\x04 \x03(\x0b\x32\x19.galaxy.v1.ReleaseRequest\x12\x0b\n\x03tag\x18\x05 \x01(\t\x12\x0c\n\x04hold\x18\x06 \x01(\x08\x12$\n\x04hint\x18\x07 \x01(\x0b\x32\x16.galaxy.v1.RoutingHint\"\x92\x01\n\x0bRoutingHint\x12\x15\n\rprefix_blocks\x18\x01 \x03(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65\x63ode_node\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x1d\n\x02pd\x18\x05 \x01(\x0b\x32\x11.galaxy.v1.PdSpec\x12\x10\n\x08priority\x18\x06 \x01(\x05\"\xd2\x01\n\x15\x44ispatchStreamRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.galaxy.v1.DispatchRequest\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x0e\n\x06\x63\x61ncel\x18\x04 \x01(\x08\x12+\n\x08releases\x18\x05 \x03(\x0b\x32\x19.galaxy.v1.ReleaseRequest\x12.\n\x04more\x18\x06 \x03(\x0b\x32 .galaxy.v1.DispatchStreamRequest\"\xa6\x01\n\x13\x44ispatchStreamReply\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12%\n\x04\x61\x64\x64r\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.InstanceAddr\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0e\n\x06goaway\x18\x05 \x01(\x08\x12,\n\x04more\x18\x06 \x03(\x0b\x32\x1e.galaxy.v1.DispatchStreamReply\"\xfc\x01\n\x0cInstanceAddr\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x10\n\x08lease_id\x18\x05 \x01(\t\x12\x12\n\ncold_start\x18\x06 \x01(\x08\x12\x0f\n\x07wait_ms\x18\x07 \x01(\x01\x12\x14\n\x0clease_ttl_ms\x18\x08 \x01(\r\x12\x0f\n\x07hold_ms\x18\t \x01(\r\x12\x11\n\tnamespace\x18\n \x01(\t\x12\x13\n\x0blease_token\x18\x0b \x01(\t\x12\x1d\n\x02pd\x18\x0c \x01(\x0b\x32\x11.galaxy.v1.PdSpec\"G\n\x0eReleaseRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x11\n\tforwarded\x18\x03 \x01(\x08\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"\xc9\x01\n\x12ModInstanceRequest\x12,\n\x02op\x18\x01 \x01(\x0e\x32 .galaxy.v1.ModInstanceRequest.Op\x12)\n\x08instance\x18\x02 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x15\n\ractive_leases\x18\x04 \x03(\t\"3\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\n\n\x06OP_ADD\x10\x01\x12\r\n\tOP_REMOVE\x10\x02\"#\n\x10ModInstanceReply\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\"(\n\x14ListInstancesRequest\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\"o\n\rInstanceState\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.galaxy.v1.InstanceInfo\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x0e\n\x06\x61sleep\x18\x04 \x01(\x08\"\x86\x01\n\x0f\x46unctionRouting\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x0f\n\x07pending\x18\x03 \x01(\r\x12\x16\n\x0estart_failures\x18\x04 \x01(\r\x12\x13\n\x0bstart_error\x18\x05 \x01(\t\x12\x12\n\nbackoff_ms\x18\x06 \x01(\x01\"\x85\x01\n\x12ListInstancesReply\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12+\n\tinstances\x18\x02 \x03(\x0b\x32\x18.galaxy.v1.InstanceState\x12-\n\tfunctions\x18\x03 \x03(\x0b\x32\x1a.galaxy.v1.FunctionRouting2\xc6\x03\n\x08\x44ispatch\x12?\n\x08\x44ispatch\x12\x1a.galaxy.v1.DispatchRequest\x1a\x17.galaxy.v1.InstanceAddr\x12=\n\x07Release\x12\x19.galaxy.v1.ReleaseRequest\x1a\x17.galaxy.v1.ReleaseReply\x12V\n\x0e\x44ispatchStream\x12 .galaxy.v1.DispatchStreamRequest\x1a\x1e.galaxy.v1.DispatchStreamReply(\x01\x30\x01\x12I\n\x0bModInstance\x12\x1d.galaxy.v1.ModInstanceRequest\x1a\x1b.galaxy.v1.ModInstanceReply\x12\x46\n\nCoordinate\x12\x1c.galaxy.v1.CoordinateRequest\x1a\x1a.galaxy.v1.CoordinateReply\x12O\n\rListInstances\x12\x1f.galaxy.v1.ListInstancesRequest\x1a\x1d.galaxy.v1.ListInstancesReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,31 +35,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISPATCHREQUEST']._serialized_start=64
   _globals['_DISPATCHREQUEST']._serialized_end=248
   _globals['_ROUTINGHINT']._serialized_start=251
-  _globals['_ROUTINGHINT']._serialized_end=379
-  _globals['_DISPATCHSTREAMREQUEST']._serialized_start=382
-  _globals['_DISPATCHSTREAMREQUEST']._serialized_end=592
-  _globals['_DISPATCHSTREAMREPLY']._serialized_start=595
-  _globals['_DISPATCHSTREAMREPLY']._serialized_end=761
-  _globals['_INSTANCEADDR']._serialized_start=764
-  _globals['_INSTANCEADDR']._serialized_end=1016
-  _globals['_RELEASEREQUEST']._serialized_start=1018
-  _globals['_RELEASEREQUEST']._serialized_end=1089
-  _globals['_RELEASEREPLY']._serialized_start=1091
-  _globals['_RELEASEREPLY']._serialized_end=1123
-  _globals['_MODINSTANCEREQUEST']._serialized_start=1126
-  _globals['_MODINSTANCEREQUEST']._serialized_end=1327
-  _globals['_MODINSTANCEREQUEST_OP']._serialized_start=1276
-  _globals['_MODINSTANCEREQUEST_OP']._serialized_end=1327
-  _globals['_MODINSTANCEREPLY']._serialized_start=1329
-  _globals['_MODINSTANCEREPLY']._serialized_end=1364
-  _globals['_LISTINSTANCESREQUEST']._serialized_start=1366
-  _globals['_LISTINSTANCESREQUEST']._serialized_end=1406
-  _globals['_INSTANCESTATE']._serialized_start=1408
-  _globals['_INSTANCESTATE']._serialized_end=1519
-  _globals['_FUNCTIONROUTING']._serialized_start=1522
-  _globals['_FUNCTIONROUTING']._serialized_end=1656
-  _globals['_LISTINSTANCESREPLY']._serialized_start=1659
-  _globals['_LISTINSTANCESREPLY']._serialized_end=1792
-  _globals['_DISPATCH']._serialized_start=1795
-  _globals['_DISPATCH']._serialized_end=2249
+  _globals['_ROUTINGHINT']._serialized_end=397
+  _globals['_DISPATCHSTREAMREQUEST']._serialized_start=400
+  _globals['_DISPATCHSTREAMREQUEST']._serialized_end=610
+  _globals['_DISPATCHSTREAMREPLY']._serialized_start=613
+  _globals['_DISPATCHSTREAMREPLY']._serialized_end=779
+  _globals['_INSTANCEADDR']._serialized_start=782
+  _globals['_INSTANCEADDR']._serialized_end=1034
+  _globals['_RELEASEREQUEST']._serialized_start=1036
+  _globals['_RELEASEREQUEST']._serialized_end=1107
+  _globals['_RELEASEREPLY']._serialized_start=1109
+  _globals['_RELEASEREPLY']._serialized_end=1141
+  _globals['_MODINSTANCEREQUEST']._serialized_start=1144
+  _globals['_MODINSTANCEREQUEST']._serialized_end=1345
+  _globals['_MODINSTANCEREQUEST_OP']._serialized_start=1294
+  _globals['_MODINSTANCEREQUEST_OP']._serialized_end=1345
+  _globals['_MODINSTANCEREPLY']._serialized_start=1347
+  _globals['_MODINSTANCEREPLY']._serialized_end=1382
+  _globals['_LISTINSTANCESREQUEST']._serialized_start=1384
+  _globals['_LISTINSTANCESREQUEST']._serialized_end=1424
+  _globals['_INSTANCESTATE']._serialized_start=1426
+  _globals['_INSTANCESTATE']._serialized_end=1537
+  _globals['_FUNCTIONROUTING']._serialized_start=1540
+  _globals['_FUNCTIONROUTING']._serialized_end=1674
+  _globals['_LISTINSTANCESREPLY']._serialized_start=1677
+  _globals['_LISTINSTANCESREPLY']._serialized_end=1810
+  _globals['_DISPATCH']._serialized_start=1813
+  _globals['_DISPATCH']._serialized_end=2267
 # @@protoc_insertion_point(module_scope)

@@ -27,18 +27,20 @@ class DispatchRequest(_message.Message):
     def __init__(self, function: _Optional[str] = ..., request_id: _Optional[str] = ..., forwarded: _Optional[bool] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., tag: _Optional[str] = ..., hold: _Optional[bool] = ..., hint: _Optional[_Union[RoutingHint, _Mapping]] = ...) -> None: ...
 
 class RoutingHint(_message.Message):
-    __slots__ = ("prefix_blocks", "adapter", "decode_node", "prompt_tokens", "pd")
+    __slots__ = ("prefix_blocks", "adapter", "decode_node", "prompt_tokens", "pd", "priority")
     PREFIX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     DECODE_NODE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PD_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     prefix_blocks: _containers.RepeatedScalarFieldContainer[str]
     adapter: str
     decode_node: str
     prompt_tokens: int
     pd: _common_pb2.PdSpec
-    def __init__(self, prefix_blocks: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., decode_node: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., pd: _Optional[_Union[_common_pb2.PdSpec, _Mapping]] = ...) -> None: ...
+    priority: int
+    def __init__(self, prefix_blocks: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., decode_node: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., pd: _Optional[_Union[_common_pb2.PdSpec, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class DispatchStreamRequest(_message.Message):
     __slots__ = ("seq", "request", "timeout_ms", "cancel", "releases", "more")

@@ -9,6 +9,7 @@ import pytest
 from controlplane.runtime.llmsignals import Load, Sample
 from functions.dispatch.autoscaling.kpa import KpaAutoscaler, KpaConfig
 from functions.dispatch.autoscaling.llmsignal import (
+    PRESSURE_MAX,
     ScalingSignal,
     fleet_value,
     kpa_config,
@@ -55,8 +56,10 @@ def test_slo_pressure() -> None:
     s = ScalingSignal.from_spec({"metric": "queue", "ttft_ms": 1000, "tpot_ms": 100})
     assert s.ttft_s == 1.0 and s.tpot_s == 0.1
     assert slo_pressure(s, 0.5, 0.05) == 1.0
-    assert slo_pressure(s, 3.0, 0.05) == pytest.approx(3.0)
-    assert slo_pressure(s, 0.5, 0.2) == pytest.approx(2.0)
+    assert slo_pressure(s, 1.5, 0.05) == pytest.approx(1.5)
+    assert slo_pressure(s, 0.5, 0.15) == pytest.approx(1.5)
+    # A latency k times over target is a queue: at most PRESSURE_MAX.
+    assert slo_pressure(s, 30.0, 0.05) == PRESSURE_MAX == 2.0
     assert slo_pressure(s, None, None) == 1.0
     assert observed(s, 10.0, 2.0, None) == pytest.approx(20.0)
     # While instances start, their wait is not a shortage: no pressure.

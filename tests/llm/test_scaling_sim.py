@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from controlplane.llm.profiles import profile
+from functions.dispatch.admission import Admission
 from functions.dispatch.autoscaling.llmsignal import ScalingSignal
-from simulator.llm_scaling import CODE, CONV, azure_conv, fit, run
+from simulator.llm_scaling import CODE, CONV, azure_conv, classes, fit, run
 
 
 @pytest.mark.skipif(not CONV.exists(), reason="the Azure LLM trace is not in ../shared/data")
@@ -44,3 +45,22 @@ def test_targets_are_fitted_to_the_engine_and_the_mix() -> None:
     # A tighter TPOT target leaves room for fewer requests per instance.
     tight = fit(azure_conv(CONV, minutes=2.0), prof, (1.0, 0.025), finishes=200)
     assert tight.concurrency < chat.concurrency
+
+
+@pytest.mark.skipif(not CONV.exists(), reason="the Azure LLM trace is not in ../shared/data")
+def test_admission_sheds_the_lowest_class_first_in_the_simulator() -> None:
+    jobs = azure_conv(CONV, minutes=4.0, speed=4.0)
+    prof = profile("llama2-13b-a100")
+    prios = classes(len(jobs), (0.3, 0.4, 0.3))
+    sig = ScalingSignal.from_spec({"metric": "concurrency", "ttft_ms": 1000, "tpot_ms": 100})
+    # Three instances at most for 4x the trace: overloaded throughout.
+    o = run(jobs, "adm", sig, prof, 32, (1.0, 0.1), admission=Admission(), priorities=prios,
+            max_scale=3)  # fmt: skip
+    sent = {p: o.by_class[p][0] for p in (1, 0, -1)}
+    assert sum(sent.values()) == o.requests == len(jobs)
+    assert o.shed > 0 and o.good + o.shed <= o.requests
+    # Every request answered or shed: the TTFTs are of the admitted ones.
+    assert len(o.ttfts) == o.requests - o.shed
+    good = {p: o.by_class[p][1] / sent[p] for p in sent}
+    # Sheddable requests go first, so critical ones meet the SLO more often.
+    assert good[1] > good[0] > good[-1]

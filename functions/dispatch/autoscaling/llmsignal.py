@@ -8,10 +8,14 @@ state machine and is fed ``observed`` in place of concurrency with
 ``target_concurrency`` set to the metric's target (``kpa_config``), so its
 windows, panic mode and scale-down rate apply to every metric alike.
 
-SLO targets add pressure: when the observed TTFT (or TPOT) exceeds its
-target and no instance is starting, the observed value is multiplied by the
-ratio, so the KPA asks for proportionally more instances until latency is
-back under target. Pure.
+SLO targets add pressure: when the fleet's recent p90 TTFT (or TPOT)
+exceeds its target and no instance is starting, the observed value is
+multiplied by the ratio, so the KPA asks for proportionally more instances
+until latency is back under target. "Recent" is a window of the instances'
+latency histograms (``controlplane.runtime.llmlatency``, read over
+``LATENCY_WINDOW_S``), not one tick's requests: the pressure then moves as
+the KPA's own windows do instead of jumping with each tick's few first
+tokens. Pure.
 
 Metrics (the fleet total is compared with target x instances):
 
@@ -62,6 +66,11 @@ METRICS: dict[str, float] = {
 }
 #: an SLO target above this is a mistake (ms), not a target
 SLO_MAX_S = 600.0
+#: the latency window SLO pressure reads (s)
+LATENCY_WINDOW_S = 12.0
+#: SLO pressure at most: latency k times its target is a queue, which a
+#: fraction more capacity drains, not k times the instances
+PRESSURE_MAX = 2.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +160,7 @@ def slo_pressure(signal: ScalingSignal, ttft_s: float | None, tpot_s: float | No
         p = max(p, ttft_s / signal.ttft_s)
     if signal.tpot_s > 0 and tpot_s is not None:
         p = max(p, tpot_s / signal.tpot_s)
-    return p
+    return min(p, PRESSURE_MAX)
 
 
 def observed(
@@ -160,13 +169,19 @@ def observed(
     ttft_s: float | None,
     tpot_s: float | None,
     starting: int = 0,
+    waiting: int | None = None,
 ) -> float:
     """What the KPA observes in place of concurrency. While instances are
     starting, latency reflects the wait for them rather than a shortage
     they will not fix, so SLO pressure is not applied (else every tick of a
-    cold start asks for more instances)."""
+    cold start asks for more instances). With nothing ``waiting`` (queued
+    in the engines or for a slot; None: unknown), a TTFT over target is
+    the prompts' own prefill, which more instances do not shorten: only
+    TPOT, which a smaller batch does shorten, adds pressure then."""
     if starting > 0:
         return value
+    if waiting == 0:
+        ttft_s = None
     return value * slo_pressure(signal, ttft_s, tpot_s)
 
 
