@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane.runtime.errors import InvalidArgument, NotFound
 from controlplane.runtime.revisions import routing_key
-from functions.dispatch import llmsleep, revisions
+from functions.dispatch import llmsleep, revisions, routedcheck
 from functions.dispatch import ownership as own
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, Waiter
 from galaxy.v1 import common_pb2, dispatch_pb2
@@ -269,3 +269,31 @@ def list_instances(
         if not request.function or request.function in (name, routing_key(name)):
             out.instances.extend(llmsleep.listed(d, name))
     return out
+
+
+async def check_routed(d: Dispatcher) -> int:
+    """Unroute the instances of d's routers their node agents do not run
+    (``routedcheck.ghosts`` decides); returns how many."""
+    routed: list[routedcheck.Routed] = []
+    where: dict[str, str] = {}
+    for name, router in d.routers.items():
+        for inst in router.instances.values():
+            if inst.meta is not None:
+                routed.append(
+                    routedcheck.Routed(name, inst.instance_id, inst.node_id, inst.added_at)
+                )
+                where[inst.node_id] = d.peers.agent_address(inst.meta)
+    nodes = list(where)
+    found = await asyncio.gather(*(d.peers.node_instances(n, where[n]) for n in nodes))
+    gone = routedcheck.ghosts(routed, dict(zip(nodes, found, strict=True)), d.clock.now())
+    for g in gone:
+        current = d.routers.get(g.function)
+        if current is None:
+            continue
+        log.warning(
+            "instance %s of %s is routed but its node agent on %s does not run it: unrouted",
+            g.instance_id, g.function, g.node_id,
+        )  # fmt: skip
+        routedcheck.ROUTED_NOT_RUNNING.inc()
+        perform(d, d.ownership.instance_gone(g.function, current, g.instance_id))
+    return len(gone)

@@ -33,7 +33,6 @@ from functions.dispatch import (
     llmsleep,
     memberchange,
     revisions,
-    routedcheck,
     starts,
     waits,
 )
@@ -458,33 +457,9 @@ class Dispatcher:
         return await coordination.recover(self, records)
 
     async def check_routed(self) -> int:
-        """Unroute the instances their node agents do not run (see
-        ``routedcheck``); returns how many. Run every ``routedcheck.CHECK_S``."""
-        routed: list[routedcheck.Routed] = []
-        where: dict[str, str] = {}
-        for name, router in self.routers.items():
-            for inst in router.instances.values():
-                if inst.meta is not None:
-                    routed.append(
-                        routedcheck.Routed(name, inst.instance_id, inst.node_id, inst.added_at)
-                    )
-                    where[inst.node_id] = self.peers.agent_address(inst.meta)
-        nodes = list(where)
-        found = await asyncio.gather(*(self.peers.node_instances(n, where[n]) for n in nodes))
-        gone = routedcheck.ghosts(routed, dict(zip(nodes, found, strict=True)), self.clock.now())
-        for g in gone:
-            current = self.routers.get(g.function)
-            if current is None:
-                continue
-            log.warning(
-                "instance %s of %s is routed but its node agent on %s does not run it: unrouted",
-                g.instance_id, g.function, g.node_id,
-            )  # fmt: skip
-            routedcheck.ROUTED_NOT_RUNNING.inc()
-            coordination.perform(
-                self, self.ownership.instance_gone(g.function, current, g.instance_id)
-            )
-        return len(gone)
+        """Unroute the instances their node agents do not run; returns how
+        many (``coordination.check_routed``). Run every ``routedcheck.CHECK_S``."""
+        return await coordination.check_routed(self)
 
     def autoscale_tick(self) -> None:
         """Apply one round of function autoscaling (run every tick_s)."""

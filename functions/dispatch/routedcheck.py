@@ -5,7 +5,7 @@ sent to it; each period, Dispatch asks the agents of the nodes it routes
 to for what they run (``ListNodeInstances``) and unroutes the instances
 they do not list (a replacement starts when waiters need one).
 
-``ghosts`` decides, purely; ``Dispatcher.check_routed`` asks the agents
+``ghosts`` decides, purely; ``coordination.check_routed`` asks the agents
 and performs (``Ownership.instance_gone``). Node agents run the other
 direction ("running, nobody routes it": ``controlplane/nodeagent/orphans.py``).
 """
