@@ -14,7 +14,9 @@ the cached weights, so starting an instance copies no weights.
 Run with the vLLM virtualenv's interpreter (it has torch, transformers and
 gguf; docs/llm.md, "vLLM on CPU")::
 
-    /work/vllmvenv/bin/python -m controlplane.llm.vllmmodel examples/models/smollm2-135m.safetensors
+    PY=/work/vllmvenv/bin/python
+    $PY -m controlplane.llm.vllmmodel examples/models/smollm2-135m.safetensors
+    $PY -m controlplane.llm.vllmmodel --gguf examples/models/smollm2-135m-q4_1.gguf
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -75,6 +78,14 @@ def gguf_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not in the installed {PACKAGE}")
     return path
+
+
+def checked_gguf() -> Path:
+    """``gguf_path``, checked against the digest pinned here."""
+    src = gguf_path()
+    if (got := sha256_of(src)) != GGUF_SHA256:
+        raise PackError(f"{src.name}: sha256 {got[:16]}..., expected {GGUF_SHA256[:16]}...")
+    return src
 
 
 def read_header(path: Path) -> dict[str, Any]:
@@ -133,9 +144,7 @@ def convert(dest: Path, dtype: str = "bfloat16") -> Path:  # pragma: no cover - 
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = gguf_path()
-    if (got := sha256_of(src)) != GGUF_SHA256:
-        raise PackError(f"{src.name}: sha256 {got[:16]}..., expected {GGUF_SHA256[:16]}...")
+    src = checked_gguf()
     model = AutoModelForCausalLM.from_pretrained(
         str(src.parent), gguf_file=src.name, dtype=getattr(torch, dtype)
     )
@@ -159,10 +168,19 @@ def convert(dest: Path, dtype: str = "bfloat16") -> Path:  # pragma: no cover - 
     return dest
 
 
+def copy_gguf(dest: Path) -> Path:
+    """The package's GGUF, checked, copied to ``dest`` (for the llama-cpp
+    runtime: the same model for a comparison with vLLM)."""
+    src = checked_gguf()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    return dest
+
+
 def spec_lines(path: Path) -> str:
     """The ``model:`` block of a function spec for the packed file."""
     return (
-        f"model:\n  uri: {path}\n  format: safetensors\n"
+        f"model:\n  uri: {path}\n  format: {path.suffix.lstrip('.')}\n"
         f"  sha256: {sha256_of(path)}\n  size_bytes: {path.stat().st_size}\n"
     )
 
@@ -172,9 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("dest", nargs="?", default=str(DEFAULT_DEST), help="where to write the file")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--gguf",
+        action="store_true",
+        help="copy the checked GGUF itself to dest instead (the same model on llama.cpp)",
+    )
     args = p.parse_args(argv)
     try:
-        path = convert(Path(args.dest), args.dtype)
+        path = copy_gguf(Path(args.dest)) if args.gguf else convert(Path(args.dest), args.dtype)
     except (FileNotFoundError, ModuleNotFoundError, PackError) as e:
         print(f"vllmmodel: {e}", file=sys.stderr)
         return 2

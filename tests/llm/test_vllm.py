@@ -54,6 +54,8 @@ def model_file() -> Path:
     return MODEL
 
 
+# vLLM's cold start (START_S at most) and galaxy up's start and stop.
+@pytest.mark.timeout(START_S + 300)
 async def test_vllm_through_the_gateway(tmp_path, model_file) -> None:
     g = GalaxyUp(tmp_path / "run", "--nodes", "1")
     g.start()
