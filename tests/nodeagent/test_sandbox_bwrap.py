@@ -107,6 +107,34 @@ async def test_an_instance_sees_only_itself(bwrap_backend, tmp_path):
     assert a.returncode == 128 + 15
 
 
+# Creates a POSIX shared memory segment (as vLLM's engine does), then
+# answers with what /dev/shm holds.
+SHM = (
+    "import json, os, http.server\n"
+    "from multiprocessing import shared_memory\n"
+    "seg = shared_memory.SharedMemory(name='galaxy-' + os.environ['GALAXY_INSTANCE_ID'],"
+    " create=True, size=4096)\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = json.dumps(sorted(os.listdir('/dev/shm'))).encode()\n"
+    "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
+    "http.server.HTTPServer((os.environ['HOST'], int(os.environ['PORT'])), H).serve_forever()\n"
+)
+
+
+async def test_shared_memory_is_writable_and_private(bwrap_backend):
+    a = await bwrap_backend.start("n-0", "sa", py_spec(SHM, readiness_path=""))
+    b = await bwrap_backend.start("n-0", "sb", py_spec(SHM, readiness_path=""))
+    try:
+        # Each could create its segment (bwrap's own /dev/shm is root's,
+        # 0755: shm_open failed with EACCES) and sees only its own.
+        assert json.loads((await http(a.address, "GET", "/"))[1]) == ["galaxy-sa"]
+        assert json.loads((await http(b.address, "GET", "/"))[1]) == ["galaxy-sb"]
+    finally:
+        await a.stop()
+        await b.stop()
+
+
 async def test_echo_server_drains_on_stop_with_its_own_status(bwrap_backend):
     sb = await bwrap_backend.start("n-0", "e", echo_spec())
     assert (await http(sb.address, "GET", "/healthz")) == (200, b"ok")

@@ -244,8 +244,12 @@ class BwrapBackend(ProcessBackend):
             "--hostname", "galaxy",
             *self._system,
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            # After /dev and /tmp: a model in the memory tier lies under
-            # /dev/shm, a default instance root under /tmp.
+            # POSIX shared memory (shm_open) for the instance's own processes:
+            # a private tmpfs any uid may create in (vLLM's engine and worker
+            # talk through it; bwrap's /dev/shm is root's, 0755).
+            "--perms", "1777", "--tmpfs", "/dev/shm",
+            # After /dev, /dev/shm and /tmp: a model in the memory tier lies
+            # under /dev/shm, a default instance root under /tmp.
             *binds,
             *_bind(str(private_dir), "--bind"),
             "--chdir", cwd,
