@@ -71,8 +71,12 @@ async def test_vllm_through_the_gateway(tmp_path, model_file) -> None:
             client = openai.AsyncOpenAI(
                 base_url=f"http://{g.endpoints['gateway']}/v1", api_key=g.token, timeout=300
             )
+            # A system prompt longer than one of vLLM's KV blocks (128
+            # tokens on CPU): the second request can find it cached.
+            system = "You answer questions about geography briefly and exactly. " * 30
             msgs: list[ChatCompletionMessageParam] = [
-                {"role": "user", "content": "What is the capital of France?"}
+                {"role": "system", "content": system},
+                {"role": "user", "content": "What is the capital of France?"},
             ]
             chat = await client.chat.completions.create(
                 model="smollm2-vllm", messages=msgs, max_tokens=8, temperature=0
@@ -102,8 +106,8 @@ async def test_vllm_through_the_gateway(tmp_path, model_file) -> None:
             assert s.kv_usage is not None and 0.0 <= s.kv_usage <= 1.0
             assert s.generation_tokens is not None and s.generation_tokens >= 2
             # Both prompts were looked up in vLLM's prefix cache; the second,
-            # identical one found its full blocks (vLLM's 16-token blocks).
+            # identical one found its full blocks there.
             assert s.prefix_queries is not None and s.prefix_queries >= 2 * usage.prompt_tokens
-            assert s.prefix_hits is not None and s.prefix_hits >= 16
+            assert s.prefix_hits is not None and 0 < s.prefix_hits <= usage.prompt_tokens
     finally:
         g.stop()
