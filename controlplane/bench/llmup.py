@@ -135,7 +135,10 @@ class Up:
         # revision's only, not the previous deployment's draining ones.
         m = re.search(r"revision (\d+)", said)
         rev = f"{spec['name']}-{int(m.group(1)):05d}" if m else str(spec["name"])
-        await self.wait_instances(rev, spec["min_scale"])
+        # A runtime that starts slowly (vLLM: minutes on a loaded machine)
+        # says so in its startup timeout; wait at least that long.
+        limit_s = max(300.0, int(spec.get("startup_timeout_ms") or 0) / 1000 + 60)
+        await self.wait_instances(rev, spec["min_scale"], limit_s)
         return str(spec["name"])
 
     async def wait_instances(self, name: str, n: int, limit_s: float = 300.0) -> None:

@@ -80,12 +80,16 @@ def existing(path: str) -> Path:
     return p
 
 
+def model_block(path: Path, fmt: str, sha256: str, size_bytes: int) -> str:
+    """A function spec's ``model:`` block."""
+    return (
+        f"model:\n  uri: {path}\n  format: {fmt}\n  sha256: {sha256}\n  size_bytes: {size_bytes}\n"
+    )
+
+
 def spec_lines(path: Path, model: RealModel = GEMMA3_270M) -> str:
     """The ``model:`` block of a function spec for the file."""
-    return (
-        f"model:\n  uri: {path}\n  format: gguf\n"
-        f"  sha256: {model.sha256}\n  size_bytes: {model.size_bytes}\n"
-    )
+    return model_block(path, "gguf", model.sha256, model.size_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,8 +9,11 @@ the two queue gauges):
 =================================  ==========================================
 ``vllm:num_requests_waiting``      queue depth
 ``vllm:num_requests_running``      running batch
-``vllm:gpu_cache_usage_perc``      KV-cache use, 0-1
+``vllm:kv_cache_usage_perc``       KV-cache use, 0-1 (vLLM 0.10 on; before,
+                                   ``vllm:gpu_cache_usage_perc``, also read)
 ``vllm:generation_tokens_total``   tokens/s, from two scrapes
+``vllm:prefix_cache_queries_total`` prompt tokens looked up in the prefix
+``vllm:prefix_cache_hits_total``   cache, and those found (counters)
 ``vllm:lora_requests_info``        adapters loaded (its ``running_lora_adapters``
                                    and ``waiting_lora_adapters`` labels)
 ``galaxy:prefix_cache_block``      digests of the most recent prefix blocks
@@ -79,6 +82,10 @@ class Sample:
     #: TTFT and TPOT histograms since start (None when not reported)
     ttft: Buckets | None = None
     tpot: Buckets | None = None
+    #: prompt tokens looked up in the prefix cache since start, and those it
+    #: held (counters); None when not reported
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +135,9 @@ def parse(text: str, max_blocks: int = 256, max_adapters: int = 32) -> Sample:
                     values[s.name] = values.get(s.name, 0.0) + s.value
     except ValueError as e:  # the parser's error for a malformed line
         raise SignalError(f"/metrics: not Prometheus text ({str(e)[:80]})") from None
-    kv = values.get("vllm:gpu_cache_usage_perc")
+    # vLLM renamed the gauge (it is not only GPUs' any more); the emulated
+    # server and older vLLM export the first name.
+    kv = values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc"))
     tpot = next((hists[n] for n in TPOTS if n in hists), None)
     return Sample(
         waiting=int(values.get("vllm:num_requests_waiting", 0)),
@@ -139,6 +148,8 @@ def parse(text: str, max_blocks: int = 256, max_adapters: int = 32) -> Sample:
         adapters=frozenset(adapters),
         ttft=_cumulative(hists.get(TTFT)),
         tpot=_cumulative(tpot),
+        prefix_queries=values.get("vllm:prefix_cache_queries_total"),
+        prefix_hits=values.get("vllm:prefix_cache_hits_total"),
     )
 
 

@@ -41,7 +41,10 @@ REPORTER = (
     " if p.isdigit()],\n"
     "               'root': sorted(os.listdir('/')), 'cwd': os.getcwd(),\n"
     "               'unshare': tried(['unshare', '--user', 'true']),\n"
-    "               'tmp': os.listdir('/tmp')}\n"
+    "               'tmp': os.listdir('/tmp'),\n"
+    "               'sys': [d for d in ('/sys/class', '/sys/kernel', '/sys/fs', '/sys/block',"
+    " '/sys/devices/virtual', '/sys/devices/system/cpu', '/sys/devices/system/node')"
+    " if os.path.exists(d)]}\n"
     "        body = json.dumps(doc).encode()\n"
     "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
     "http.server.HTTPServer((os.environ['HOST'], int(os.environ['PORT'])), H).serve_forever()\n"
@@ -96,7 +99,9 @@ async def test_an_instance_sees_only_itself(bwrap_backend, tmp_path):
         # interpreter's prefixes (here perhaps /root, for a pyenv Python).
         shown = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin"}
         shown |= {"tmp", "usr", *(Path(r).parts[1] for r in runtime_roots(sys.executable))}
+        shown.add("sys")  # only the CPU and NUMA topology:
         assert set(doc["root"]) <= shown, doc["root"]
+        assert set(doc["sys"]) <= {"/sys/devices/system/cpu", "/sys/devices/system/node"}
         assert "var" not in doc["root"] and "home" not in doc["root"]
     finally:
         await a.stop()
@@ -105,6 +110,40 @@ async def test_an_instance_sees_only_itself(bwrap_backend, tmp_path):
     # reports as 128 + 15), not only bwrap; 137 would be the SIGKILL after
     # the grace period.
     assert a.returncode == 128 + 15
+
+
+# Creates a POSIX shared memory segment (as vLLM's engine does), then
+# answers with what /dev/shm holds and the CPUs /sys says are online (what
+# lscpu reads; vLLM's CPU backend binds its threads by it).
+SHM = (
+    "import json, os, http.server\n"
+    "from multiprocessing import shared_memory\n"
+    "seg = shared_memory.SharedMemory(name='galaxy-' + os.environ['GALAXY_INSTANCE_ID'],"
+    " create=True, size=4096)\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        cpus = open('/sys/devices/system/cpu/online').read().strip()\n"
+    "        body = json.dumps([sorted(os.listdir('/dev/shm')), cpus]).encode()\n"
+    "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
+    "http.server.HTTPServer((os.environ['HOST'], int(os.environ['PORT'])), H).serve_forever()\n"
+)
+
+
+#: the host's online CPUs, as the sandbox must show them
+ONLINE = Path("/sys/devices/system/cpu/online").read_text().strip()
+
+
+async def test_shared_memory_is_private_and_cpu_topology_shown(bwrap_backend):
+    a = await bwrap_backend.start("n-0", "sa", py_spec(SHM, readiness_path=""))
+    b = await bwrap_backend.start("n-0", "sb", py_spec(SHM, readiness_path=""))
+    try:
+        # Each could create its segment (bwrap's own /dev/shm is root's,
+        # 0755: shm_open failed with EACCES) and sees only its own.
+        assert json.loads((await http(a.address, "GET", "/"))[1]) == [["galaxy-sa"], ONLINE]
+        assert json.loads((await http(b.address, "GET", "/"))[1]) == [["galaxy-sb"], ONLINE]
+    finally:
+        await a.stop()
+        await b.stop()
 
 
 async def test_echo_server_drains_on_stop_with_its_own_status(bwrap_backend):

@@ -87,6 +87,11 @@ def _system_args() -> list[str]:
     return args
 
 
+#: /sys's CPU and NUMA topology, shown read-only in every sandbox
+_CPUS, _NODES = "/sys/devices/system/cpu", "/sys/devices/system/node"
+_SYS_DIRS = ("/sys", "/sys/devices", "/sys/devices/system")
+
+
 def _shown(path: str) -> bool:
     """Already visible through the system paths."""
     return any(path == s or path.startswith(s + "/") for s in _SYSTEM)
@@ -244,8 +249,19 @@ class BwrapBackend(ProcessBackend):
             "--hostname", "galaxy",
             *self._system,
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            # After /dev and /tmp: a model in the memory tier lies under
-            # /dev/shm, a default instance root under /tmp.
+            # POSIX shared memory (shm_open) for the instance's own processes:
+            # a private tmpfs any uid may create in (vLLM's engine and worker
+            # talk through it; bwrap's /dev/shm is root's, 0755).
+            "--perms", "1777", "--tmpfs", "/dev/shm",
+            # The CPU and NUMA topology, read-only (what lscpu reads; vLLM's
+            # CPU backend binds its threads by it): the same facts as
+            # /proc/cpuinfo, nothing else of /sys.
+            # bwrap makes the directories above a bind 0700: the instance's
+            # uid must be able to walk down to them.
+            *[a for d in _SYS_DIRS for a in ("--perms", "0755", "--dir", d)],
+            "--ro-bind-try", _CPUS, _CPUS, "--ro-bind-try", _NODES, _NODES,
+            # After /dev, /dev/shm and /tmp: a model in the memory tier lies
+            # under /dev/shm, a default instance root under /tmp.
             *binds,
             *_bind(str(private_dir), "--bind"),
             "--chdir", cwd,
