@@ -90,7 +90,9 @@ class Admission:
         share = (
             1.0 if priority > 0 else self.sheddable_share if priority < 0 else self.standard_share
         )
-        if priority <= 0 and queued >= share * queue_bound:
+        # At a share of the whole bound the queue's own bound refuses (counted
+        # as queue_full, as for a function of no class): nothing to add here.
+        if priority <= 0 and share < 1.0 and queued >= share * queue_bound:
             return Verdict(
                 False,
                 f"{cls} request shed: {queued} requests queued, over {share:.0%} of the "

@@ -49,8 +49,9 @@ def test_the_queue_bound_sheds_by_class_before_it_refuses_everyone() -> None:
     # No prediction (no rate): the shares of the bound alone.
     v = decide(SHEDDABLE, 50, 0.0)
     assert not v.admit and "over 50% of the bound of 100" in v.reason
-    assert decide(STANDARD, 99, 0.0).admit  # standard: the bound itself, as before classes
-    assert not decide(STANDARD, 100, 0.0).admit
+    # Standard: the bound itself, refused by the queue as before classes
+    # (queue_full), not shed here.
+    assert decide(STANDARD, 99, 0.0).admit and decide(STANDARD, 100, 0.0).admit
     assert decide(CRITICAL, 99, 0.0).admit
     tighter = Admission(standard_share=0.8).decide(
         STANDARD, ttft_s=1.0, queued=80, first_tokens_per_s=0.0, queue_bound=100

@@ -18,12 +18,13 @@ async def test_the_kv_bench_measures_every_path() -> None:
     r = await kvtransfer.run([1, 2], rate_mbit=200, trials=1)
     paths = {row["path"] for row in r["rows"]}
     assert paths == {
+        "same node, shared memory",
         "same node, Unix socket",
         "same node, TCP loopback",
         "other host, veth",
         "other host, veth shaped 200 Mbit/s",
     }
-    assert len(r["rows"]) == 8
+    assert len(r["rows"]) == 10
     for row in r["rows"]:
         assert row["bytes"] in (kvtransfer.MIB, 2 * kvtransfer.MIB)
         assert row["seconds"] > 0 and row["floor_seconds"] > 0
