@@ -143,6 +143,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if checkov and not deploy_changed():
         for item in checkov:
             item.add_marker(pytest.mark.slow)
+    # The vllm tier costs minutes (a model conversion, vLLM's engine start)
+    # and needs a virtualenv of its own: run only when asked for (-m vllm),
+    # so the default suite is the same whatever is installed on the machine.
+    if "vllm" not in (config.option.markexpr or ""):
+        asked = pytest.mark.skip(reason="the vllm tier runs with -m vllm")
+        for item in items:
+            if item.get_closest_marker("vllm") is not None:
+                item.add_marker(asked)
     _slow_files_first(items)
 
 

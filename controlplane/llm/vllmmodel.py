@@ -127,8 +127,28 @@ def pack(checkpoint: Path, dest: Path) -> None:  # pragma: no cover - needs torc
     tensors = load_file(str(checkpoint / "model.safetensors"))
     tmp = dest.with_suffix(".partial")
     save_file(tensors, str(tmp), metadata=meta)
-    tmp.chmod(0o644)  # a model store serves it to agents of other users
-    tmp.replace(dest)
+    canonical(tmp, dest.with_suffix(".canon"))
+    dest.with_suffix(".canon").chmod(0o644)  # a model store serves it to agents of other users
+    dest.with_suffix(".canon").replace(dest)
+    tmp.unlink()
+
+
+def canonical(src: Path, dest: Path) -> None:
+    """src rewritten to dest with its header's keys in sorted order.
+
+    safetensors writes the metadata in a hash map's order, which changes from
+    run to run, so the same checkpoint packed twice gave two sha256s (and a
+    spec pins one). Sorted, the bytes depend on the content alone; the
+    tensors' offsets are relative to the end of the header, so only the
+    header is rewritten (padded to 8 bytes, as safetensors aligns it)."""
+    doc = read_header(src)
+    head = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    head += b" " * (-len(head) % 8)
+    with src.open("rb") as f, dest.open("wb") as out:
+        f.seek(8 + int.from_bytes(f.read(8), "little"))
+        out.write(len(head).to_bytes(8, "little"))
+        out.write(head)
+        shutil.copyfileobj(f, out, 1 << 20)
 
 
 def convert(dest: Path, dtype: str = "bfloat16") -> Path:  # pragma: no cover - needs torch

@@ -41,4 +41,8 @@ def test_every_shipped_plan_has_a_short_run() -> None:
     ):
         tested += (tests / other).read_text()
     shipped_names = sorted(p.name for p in (here.parents[1] / "experiments").glob("*.yaml"))
-    assert [n for n in shipped_names if f'{n}"' not in tested] == []
+    # Needs vLLM's own virtualenv and minutes of engine start: the vllm tier
+    # (tests/llm/test_vllm.py) runs vLLM itself; the plan is run by hand
+    # (docs/llm.md, "vLLM on CPU").
+    by_hand = {"llm-azure-vllm.yaml"}
+    assert [n for n in shipped_names if f'{n}"' not in tested and n not in by_hand] == []
