@@ -63,7 +63,9 @@ class Env:
         if value is None:
             self.deleted.set()
 
-    async def start(self, clock: Clock, n_sched: int, **cm_kw: Any) -> None:
+    async def start(
+        self, clock: Clock, n_sched: int, linger_s: float | None = None, **cm_kw: Any
+    ) -> None:
         for i in range(1, n_sched + 1):
             sid = f"s-{i}"
             self.scheds[sid] = s = ScheduleServicer(
@@ -74,7 +76,7 @@ class Env:
             )
         self.cm = ClusterMgrServicer(
             NodeRegistry(clock=clock, **cm_kw), clustermgr_id="c-1", pool=self.pool,
-            record=self.record,
+            record=self.record, refresh_linger_s=linger_s,
         )  # fmt: skip
         self.cleanups.append(self.cm.stop)
         self.addrs["c-1"] = await self.serve(
@@ -111,7 +113,8 @@ async def env() -> AsyncIterator[Env]:
 
 
 async def test_new_schedule_instance_gets_exactly_its_nodes(env: Env) -> None:
-    await env.start(ManualClock(), n_sched=2)
+    clock = ManualClock()
+    await env.start(clock, n_sched=2, linger_s=0.0)  # refreshes go at once
     await env.coordinate(1, ["s-1", "c-1"])
     for nid in NODE_IDS:
         await env.cmf.RegisterNode(status(nid, 1), timeout=5)
@@ -119,7 +122,7 @@ async def test_new_schedule_instance_gets_exactly_its_nodes(env: Env) -> None:
     assert env.partition("s-1") == set(NODE_IDS) and env.partition("s-2") == set()
 
     await env.coordinate(2, ["s-1", "s-2", "c-1"])
-    await heartbeat_all(env, 2)
+    await heartbeat_all(env, clock, 2)
     want_s2 = {n for n in NODE_IDS if rendezvous.owner(n, ["s-1", "s-2"]) == "s-2"}
     assert 0 < len(want_s2) < len(NODE_IDS)
     assert env.partition("s-2") == want_s2
@@ -131,15 +134,20 @@ async def test_new_schedule_instance_gets_exactly_its_nodes(env: Env) -> None:
     }
     # s-1 leaves: its nodes go to s-2.
     await env.coordinate(3, ["s-2", "c-1"])
-    await heartbeat_all(env, 3)
+    await heartbeat_all(env, clock, 3)
     assert env.partition("s-2") == set(NODE_IDS)
 
 
-async def heartbeat_all(env: Env, seq: int) -> None:
-    """One heartbeat from every node, then the outbox drained. A membership
-    change's re-sends go out at once, but one may be given up (its tries
-    spent) on a loaded machine, where the next heartbeat's refresh sends it
-    again: the bound the partition is held to is one heartbeat."""
+async def heartbeat_all(env: Env, clock: ManualClock, seq: int) -> None:
+    """One refresh period later, one heartbeat from every node, then the
+    outbox drained. A membership change's re-sends go out at once, but one
+    can reach a Schedule instance before that instance has heard of the
+    change (it then refuses a node it does not own yet: here ClusterMgr
+    hears first) or be given up on a loaded machine; the node's next
+    refresh, due a refresh period after its last forward, sends it again.
+    An unchanged heartbeat before that is not forwarded, so the clock moves
+    by the period: the bound the partition is held to is one refresh."""
+    clock.advance(env.cm.forwarding.refresh_s)
     for nid in NODE_IDS:
         await env.cmf.Update(status(nid, seq), timeout=5)
     await env.cm.outbox.flush()
