@@ -237,6 +237,9 @@ class Supervisor:
             # Before anything starts: a taken port is the user's to fix.
             gateway_port_free(cfg.host, cfg.gateway_port)
         caddr = await self._start_controllers()
+        # With --ha and memory:// the controllers' etcd replaced the state:
+        # Dispatch and ClusterMgr share it (a restarted one recovers from it).
+        cfg = self.cfg
         # Before anything else starts, so no one can deploy without them.
         self.runtimes = await self.register_runtimes()
         jobs = []

@@ -40,6 +40,12 @@ def test_up_ha_survives_the_leading_controllers_death(tmp_path) -> None:
         ctls = up.endpoints["controllers"]
         assert len(ctls) == 2 and up.controller == ",".join(ctls)
         assert up.component("etcd") and (tmp_path / "run" / "etcd").is_dir()
+        # Dispatch and ClusterMgr keep their state in that etcd too, not in
+        # their own memory (a restarted one would forget its leases).
+        for kind in ("dispatch-0", "clustermgr-0"):
+            argv = _argv(int(up.component(kind)["pid"]))
+            state = argv[argv.index("--state") + 1]
+            assert state.startswith("etcd://"), (kind, state)
         r = up.cli("deploy", "-f", str(REPO / "examples" / "echo.yaml"))
         assert r.returncode == 0, r.stderr
         st = json.loads(up.cli("status", "--json").stdout)
@@ -59,3 +65,9 @@ def test_up_ha_survives_the_leading_controllers_death(tmp_path) -> None:
         pids = up.pids()
         up.stop()
         assert not up.kill_leftovers(pids), "processes left after shutdown"
+
+
+def _argv(pid: int) -> list[str]:
+    """A process's command line, as the kernel holds it."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [a.decode() for a in f.read().split(b"\0") if a]
