@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulator.calibrate_decisions import decide_cost, take_cost, take_from_buckets
+from simulator.calibrate_decisions import decide_cost, take_cost, take_ops
 from simulator.calibration import OPS, Calibration, OpCost
 from simulator.galaxy.streams import stream_costs
 
@@ -71,7 +71,7 @@ _SCENARIOS: list[dict[str, Any]] = [
 
 
 #: ``dispatch.credit_take``: cold starts at the maximum rate, then at half of
-#: it, where a take's tail is longer (p99 0.21-0.27 vs 0.05-0.09 ms, 2026-11-29).
+#: it; a take's tail differs between the two (``take_ops``).
 _CREDIT_SCENARIOS: list[dict[str, Any]] = [
     _SCENARIOS[1],
     {"name": "half", "rate_of": {"scenario": "cold", "fraction": 0.5}, "total_requests": 2500,
@@ -365,10 +365,11 @@ def build(
     echo: dict[str, float],
     start_s: float,
     meta: dict[str, Any],
-    take: tuple[float, tuple[float, ...]] | None = None,
+    takes: tuple[dict[str, float], dict[str, float]] | None = None,
 ) -> Calibration:
-    """A Calibration from the measured figures (``take``: the credit take's
-    mean and shape measured in a real Dispatch, replacing the derived one)."""
+    """A Calibration from the measured figures (``takes``: a credits-on run's
+    half and maximum phases' credit decision buckets: the take measured in a
+    real Dispatch, replacing the derived one; ``take_ops``)."""
     how = "galaxy simulate-calibrate (CPU seconds of the real processes)"
     src = {
         "dispatch.message": "warm: Dispatch CPU / request / 2 (request + release, as"
@@ -410,9 +411,8 @@ def build(
         " call's read and write, charged per batch on the stream)",
     }
     ops = {k: OpCost(v, DEFAULT_CV, f"{how}; {src[k]}") for k, v in means.items()}
-    if take is not None:
-        why = "credits on, open loop at half the maximum: the real Dispatch's credit decisions"
-        ops["dispatch.credit_take"] = OpCost(take[0], DEFAULT_CV, f"{how}; {why}", take[1])
+    if takes is not None:
+        ops.update(take_ops(how, *takes, cv=DEFAULT_CV))
     params = {
         "connect_s": echo["connect_s"],
         "loopback_hop_s": echo["hop_s"],
@@ -464,8 +464,8 @@ async def measure(nodes: int, quick: bool, log: Any = print, repeat: int = 1) ->
         res = await run_bench(bf, RunOptions(Path(tmp), Path(tmp), log=lambda s: log(s)))
     if res["failures"]:
         raise RuntimeError(f"calibration run with credits failed: {res['failures']}")
-    half = next(p for p in res["plans"] if p["scenario"] == "half")
-    measured_take = take_from_buckets(half.get("credit_decision_buckets", {}))
+    half, busy = (next(p for p in res["plans"] if p["scenario"] == n) for n in ("half", "cold"))
+    takes = (half.get("credit_decision_buckets", {}), busy.get("credit_decision_buckets", {}))
     start_s = await control_start(1 if quick else 3)
     meta = {
         "machine": json.dumps(machine_info()),
@@ -475,7 +475,7 @@ async def measure(nodes: int, quick: bool, log: Any = print, repeat: int = 1) ->
         + f" (median of {repeat} runs)",
         "nodes": nodes,
     }
-    return build(means, echo, start_s, meta, measured_take)
+    return build(means, echo, start_s, meta, takes)
 
 
 def save(cal: Calibration, path: Path) -> None:

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from simulator.calibration import Calibration, OpCost
 
 
 def take_cost(target: int = 4, takes: int = 20_000) -> float:
@@ -98,3 +102,45 @@ def take_from_buckets(buckets: dict[str, float]) -> tuple[float, tuple[float, ..
     qs = [max(q, 1e-7) for q in qs]  # (a shape's points must be > 0)
     mean = sum(qs) / len(qs)
     return mean, tuple(q / mean for q in qs)
+
+
+#: The credit take measured at the maximum rate (closed loop), kept beside
+#: ``dispatch.credit_take`` (measured at half of it): a take's tail moves
+#: with how busy Dispatch is (p99 0.094-0.119 ms at the maximum against
+#: 0.067-0.093 at half in three quiet runs, 2026-11-29 11:03, commit
+#: 88c09f1), so ``galaxy simulate-fidelity`` simulates each phase with the
+#: take measured at its own load. Optional: files without it use the half one.
+TAKE_AT_MAX = "dispatch.credit_take.max"
+
+
+def take_ops(
+    how: str, half: dict[str, float], busy: dict[str, float], cv: float
+) -> dict[str, OpCost]:
+    """``dispatch.credit_take`` (open loop at half the maximum) and
+    ``TAKE_AT_MAX`` (closed loop at the maximum) from a credits-on bench run's
+    two phases' ``credit_decision_buckets``; either is left out when its
+    phase had too few decisions to give a tail."""
+    from simulator.calibration import OpCost
+
+    ops = {}
+    for op, buckets, why in (
+        ("dispatch.credit_take", half, "credits on, open loop at half the maximum"),
+        (TAKE_AT_MAX, busy, "credits on, closed loop at the maximum"),
+    ):
+        take = take_from_buckets(buckets)
+        if take is not None:
+            ops[op] = OpCost(take[0], cv, f"{how}; {why}: the real Dispatch's credit decisions",
+                             take[1])  # fmt: skip
+    return ops
+
+
+def at_load(cal: Calibration, phase: str) -> Calibration:
+    """``cal`` for a phase of the fidelity scenario: at ``max`` the take
+    measured at the maximum rate when the calibration has it."""
+    from simulator.calibration import Calibration
+
+    busy = cal.ops.get(TAKE_AT_MAX)
+    if phase != "max" or busy is None:
+        return cal
+    ops = {**cal.ops, "dispatch.credit_take": busy}
+    return Calibration(ops, dict(cal.params), dict(cal.meta), dict(cal.sources))

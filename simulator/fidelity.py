@@ -23,8 +23,8 @@ others, as ``functions.dispatch.peers`` times it) and read through the same
 histogram buckets, so both sides are quantiles interpolated in the same
 buckets; the share of credit decisions is reported beside.
 
-The check passes when p50 and p99 scheduling latency (phase ``half``) and
-throughput (phase ``max``) agree within 25%.
+The check passes when p50 and p99 scheduling latency (phases ``half`` and
+``max``: at two loads) and throughput (phase ``max``) agree within 25%.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any
 from controlplane.bench.experiment import RequestProfile
 from controlplane.bench.plan import BenchFileError
 from simulator import calibration, report
+from simulator.calibrate_decisions import at_load
 from simulator.cliconfig import DEFAULT_REPEAT
 from simulator.fidelity_compare import (  # noqa: F401 (re-exported)
     TOLERANCE,
@@ -382,8 +383,8 @@ def simulate_run(
     for ph in ("max", "half"):
         kw: dict[str, Any] = {"concurrency": 32} if ph == "max" else {"rate": rate}
         runs = [
-            sim_phase(cal, nodes, n_max if ph == "max" else n_half, s, background=bg[ph],
-                      client_cost_s=client[ph], credits=credits, **kw)
+            sim_phase(at_load(cal, ph), nodes, n_max if ph == "max" else n_half, s,
+                      background=bg[ph], client_cost_s=client[ph], credits=credits, **kw)
             for s in range(seed, seed + SIM_SEEDS)
         ]  # fmt: skip
         out[ph] = _median_of(runs)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator import fidelity
+from simulator import calibration, fidelity
 
 
 def test_simulated_phases_run_and_report_bucketed_quantiles(cal):
@@ -22,15 +22,15 @@ def test_simulated_phases_run_and_report_bucketed_quantiles(cal):
 
 def test_compare_passes_within_25_percent_only():
     real = {
-        "max": {"instances_per_s": 100.0},
+        "max": {"instances_per_s": 100.0, "scheduling_ms": {"p50": 1.0, "p99": 8.0}},
         "half": {"scheduling_ms": {"p50": 1.0, "p99": 10.0}},
     }
     sim = {
-        "max": {"instances_per_s": 120.0},
+        "max": {"instances_per_s": 120.0, "scheduling_ms": {"p50": 1.1, "p99": 6.4}},
         "half": {"scheduling_ms": {"p50": 0.8, "p99": 12.4}},
     }
     rows, ok = fidelity.compare(sim, real)
-    assert ok and [r[3] for r in rows] == ["1.20", "0.80", "1.24"]
+    assert ok and [r[3] for r in rows] == ["1.20", "0.80", "1.24", "1.10", "0.80"]
     sim["half"]["scheduling_ms"]["p99"] = 13.0
     assert not fidelity.compare(sim, real)[1]
 
@@ -77,9 +77,10 @@ async def test_a_reused_real_result_brings_its_calibration(tmp_path, cal):
 
 
 def test_repeated_runs_are_judged_by_the_median_ratio():
-    def run(tput, p50, p99):
+    def run(tput, p50, p99, busy_p99=None):
+        busy = {"p50": p50, "p99": p99 if busy_p99 is None else busy_p99}
         return {
-            "max": {"instances_per_s": tput},
+            "max": {"instances_per_s": tput, "scheduling_ms": busy},
             "half": {"scheduling_ms": {"p50": p50, "p99": p99}},
         }
 
@@ -91,6 +92,32 @@ def test_repeated_runs_are_judged_by_the_median_ratio():
     assert rows[2][3] == "3.00 1.10 0.90" and rows[2][4] == "1.10"
     rows, ok = fidelity.compare_runs([(sims[0], real), (sims[0], real), (sims[1], real)])
     assert not ok and rows[2][5] == "FAIL"
+    # Latency is judged at both loads: a tail off at the maximum rate alone fails.
+    names = [r[0] for r in rows]
+    assert names[1:] == [
+        f"{ph}: scheduling {q} (ms)" for ph in ("half", "max") for q in ("p50", "p99")
+    ]
+    rows, ok = fidelity.compare_runs([(run(100.0, 1.0, 10.0, busy_p99=5.0), real)] * 3)
+    assert not ok and [r[0] for r in rows if r[5] == "FAIL"] == ["max: scheduling p99 (ms)"]
+
+
+def test_each_phase_is_simulated_with_the_take_measured_at_its_load(cal):
+    from simulator.calibrate_decisions import TAKE_AT_MAX, at_load, take_ops
+
+    # Cumulative bucket counts as Dispatch's histogram gives them: 1,000
+    # decisions, the busy ones with the longer tail.
+    half = {"1e-05": 500.0, "2e-05": 980.0, "0.0001": 1000.0, "+Inf": 1000.0}
+    busy = {"1e-05": 500.0, "2e-05": 900.0, "0.0001": 1000.0, "+Inf": 1000.0}
+    ops = take_ops("test", half, busy, cv=0.5)
+    assert set(ops) == {"dispatch.credit_take", TAKE_AT_MAX}
+    assert ops[TAKE_AT_MAX].mean_s > ops["dispatch.credit_take"].mean_s
+    both = calibration.Calibration({**cal.ops, **ops}, cal.params, cal.meta, cal.sources)
+    assert at_load(both, "max").ops["dispatch.credit_take"] == ops[TAKE_AT_MAX]
+    assert at_load(both, "half").ops["dispatch.credit_take"] == ops["dispatch.credit_take"]
+    # A calibration without the busy take (the shipped one) uses one take at both.
+    assert at_load(cal, "max") is cal
+    # Too few decisions at a load to give a tail: that take is left out.
+    assert set(take_ops("test", half, {"+Inf": 10.0}, cv=0.5)) == {"dispatch.credit_take"}
 
 
 def test_the_load_generator_cost_is_measured_per_real_phase():
