@@ -1,5 +1,7 @@
 """The simulated side of the fidelity check and its comparison."""
 
+from typing import Any
+
 import pytest
 
 from simulator import calibration, fidelity
@@ -25,7 +27,7 @@ def test_compare_passes_within_25_percent_only():
         "max": {"instances_per_s": 100.0, "scheduling_ms": {"p50": 1.0, "p99": 8.0}},
         "half": {"scheduling_ms": {"p50": 1.0, "p99": 10.0}},
     }
-    sim = {
+    sim: dict[str, dict[str, Any]] = {
         "max": {"instances_per_s": 120.0, "scheduling_ms": {"p50": 1.1, "p99": 6.4}},
         "half": {"scheduling_ms": {"p50": 0.8, "p99": 12.4}},
     }
