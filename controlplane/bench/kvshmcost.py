@@ -27,7 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
-from controlplane.llm import kvshm, kvwire
+from controlplane.llm import kvsend, kvshm, kvwire
 from controlplane.runtime.kvaddr import local_target, shm_target, unix_path
 
 MIB = 1 << 20
@@ -37,7 +37,7 @@ async def _move(target: str, inbox: kvwire.KvInbox, data: bytes) -> tuple[float,
     """(CPU s, wall s) of one move to target, the cache taken out after."""
     kv_id = uuid.uuid4().hex[:16]
     c0, w0 = time.process_time(), time.perf_counter()
-    await kvwire.send(target, kv_id, len(data), 1, data=data)
+    await kvsend.send(target, kv_id, len(data), 1, data=data)
     entry = kvwire.claim(inbox, kv_id)
     took = time.process_time() - c0, time.perf_counter() - w0
     if len(entry.data) != len(data) or entry.data[-64:] != data[-64:]:

@@ -11,7 +11,7 @@ host (a network namespace behind a veth) unshaped and shaped to
 ``--rate-mbit`` with ``tc``. The receiver is the emulated LLM
 server in decode role (``--kv-unix``), a process of its own, so sender and
 receiver do not share an event loop. Each transfer is a real ``PUT
-/v1/kv/ID`` of the given size (``kvwire.send``), deleted after it lands. The
+/v1/kv/ID`` of the given size (``kvsend.send``), deleted after it lands. The
 floor of a path is measured in the same run with a plain socket stream (no
 HTTP) of the largest size into a process that discards it. The RDMA-class
 link exists only in the simulator (``disagg.LINKS['rdma-sim']``) and is not
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.bench.shapedlink import ShapedHost
-from controlplane.llm import kvwire
+from controlplane.llm import kvsend
 from controlplane.runtime.kvaddr import shm_target
 
 MIB = 1 << 20
@@ -158,7 +158,7 @@ def _raw_throughput(sink: tuple[str, str], nbytes: int) -> float:
 
 async def _send_once(path: Path_, nbytes: int) -> float:
     kv_id = uuid.uuid4().hex[:16]
-    took = await kvwire.send(path.target, kv_id, nbytes, tokens=1)
+    took = await kvsend.send(path.target, kv_id, nbytes, tokens=1)
     # Give the room back (the inbox holds caches for their decode request).
     req = urllib.request.Request(f"{path.http}/v1/kv/{kv_id}", method="DELETE")
     await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=10).close())
