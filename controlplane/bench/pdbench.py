@@ -74,11 +74,12 @@ def poisson(n: int, rate: float, prompt: int, output: int, seed: int) -> list[Ll
     return out
 
 
-async def pd_outcomes(up: Up) -> dict[str, float]:
-    """The gateway's disaggregation outcomes so far."""
+async def pd_outcomes(metrics: str) -> dict[str, float]:
+    """The gateway's disaggregation outcomes so far (metrics: the address of
+    its /metrics)."""
     async with (
         aiohttp.ClientSession() as s,
-        s.get(f"http://{up.gateway_metrics}/metrics") as r,
+        s.get(f"http://{metrics}/metrics") as r,
     ):
         text = await r.text()
     out = {}
@@ -115,10 +116,10 @@ async def run(a: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
             prompt, output, rate = MIXES[mix]
             schedule = poisson(a.requests, a.rate or rate, prompt, output, seed=k + 1)
             for mode, fn in (("aggregated", agg), ("disaggregated", pd)):
-                before = await pd_outcomes(up)
+                before = await pd_outcomes(up.gateway_metrics)
                 target = llmclient.Target(f"http://{up.gateway}/v1", fn, up.token, "tokens")
                 records, wall = await llmclient.run(target, schedule)
-                after = await pd_outcomes(up)
+                after = await pd_outcomes(up.gateway_metrics)
                 s = mt.summarize(records, wall, mt.Limits(None, None))
                 s |= {"mix": mix, "mode": mode, "rate": a.rate or rate,
                       "prompt_tokens": prompt, "output_tokens": output,

@@ -84,7 +84,7 @@ async def test_requests_are_disaggregated_through_the_relay_and_other_tenants_ar
         assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens > 50
         assert (usage.model_extra or {}).get("galaxy_prefill_instance") == prefilled_on
     await c.close()
-    outcomes = await pd_outcomes(up)
+    outcomes = await pd_outcomes(up.gateway_metrics)
     assert outcomes.get("disaggregated") == 3, outcomes
     assert outcomes.get("fallback_transfer") == 0, outcomes
 
