@@ -211,12 +211,17 @@ async def run(sizes_mb: list[int], rate_mbit: float, trials: int) -> dict[str, A
 
 
 def render(r: dict[str, Any]) -> str:
-    """The report as a table."""
-    lines = [f"{'path':<38} {'MiB':>5} {'seconds':>9} {'floor s':>9} {'x floor':>8} "
-             f"{'path MB/s':>10}"]  # fmt: skip
+    """The report as a table (also ``kvreal``'s, whose rows add the
+    prompt's tokens)."""
+    tokens = any("prompt_tokens" in row for row in r["rows"])
+    lines = [f"{'path':<38} {'tokens':>6} " if tokens else f"{'path':<38} "]
+    lines[0] += f"{'MiB':>6} {'seconds':>9} {'floor s':>9} {'x floor':>8} {'path MB/s':>10}"
     for row in r["rows"]:
+        head = f"{row['path']:<38} "
+        if tokens:
+            head += f"{row['prompt_tokens']:>6} "
         lines.append(
-            f"{row['path']:<38} {row['bytes'] / MIB:>5.0f} {row['seconds']:>9.4f} "
+            f"{head}{row['bytes'] / MIB:>6.1f} {row['seconds']:>9.4f} "
             f"{row['floor_seconds']:>9.4f} {row['x_floor']:>8.2f} "
             f"{row['path_bytes_per_s'] / 1e6:>10.0f}"
         )

@@ -26,7 +26,6 @@ import asyncio
 import json
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ import yaml
 from controlplane.bench import llmclient
 from controlplane.bench import llmmetrics as mt
 from controlplane.bench.llmtrace import LlmRequest
-from controlplane.bench.llmup import Up
+from controlplane.bench.llmup import Up, write_results
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACT = str(REPO / "examples" / "llm_emulated.py")
@@ -170,15 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(HEADER, flush=True)
     results = asyncio.run(run(a, out))
-    doc = {
-        "command": " ".join(sys.argv),
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "args": vars(a),
-        "results": results,
-    }
-    (out / "results.json").write_text(json.dumps(doc, indent=1))
     rows = [row(r) for r in results if "mode" in r]
-    (out / "report.md").write_text("\n".join([HEADER, *rows]) + "\n")
+    write_results(out, a, results, "\n".join([HEADER, *rows]))
     return 0
 
 
