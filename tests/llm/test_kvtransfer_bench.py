@@ -23,8 +23,10 @@ async def test_the_kv_bench_measures_every_path() -> None:
         "same node, TCP loopback",
         "other host, veth",
         "other host, veth shaped 200 Mbit/s",
+        "other host, veth, KV relay",
+        "other host, veth shaped 200 Mbit/s, KV relay",
     }
-    assert len(r["rows"]) == 10
+    assert len(r["rows"]) == 14
     for row in r["rows"]:
         assert row["bytes"] in (kvtransfer.MIB, 2 * kvtransfer.MIB)
         assert row["seconds"] > 0 and row["floor_seconds"] > 0
