@@ -235,10 +235,11 @@ def render(r: dict[str, Any]) -> str:
     """The report as a table (also ``kvreal``'s, whose rows add the
     prompt's tokens)."""
     tokens = any("prompt_tokens" in row for row in r["rows"])
-    lines = [f"{'path':<38} {'tokens':>6} " if tokens else f"{'path':<38} "]
+    w = max([38, *(len(row["path"]) for row in r["rows"])])
+    lines = [f"{'path':<{w}} {'tokens':>6} " if tokens else f"{'path':<{w}} "]
     lines[0] += f"{'MiB':>6} {'seconds':>9} {'floor s':>9} {'x floor':>8} {'path MB/s':>10}"
     for row in r["rows"]:
-        head = f"{row['path']:<38} "
+        head = f"{row['path']:<{w}} "
         if tokens:
             head += f"{row['prompt_tokens']:>6} "
         lines.append(
