@@ -49,6 +49,9 @@ def spec(out: Path, name: str, n: int, **extra: object) -> Path:
     m = realmodel.GEMMA3_270M
     doc = {"name": name, "public": True, "runtime": "llama-cpp-galaxy",
            "args": ["--n_ctx=1536"], "min_scale": n, "max_scale": n,
+           # Four instances within the default namespace quota (half the
+           # node's CPU): half a core each, alike in both deployments.
+           "resources": {"cpu_millis": 500, "memory_mib": 768},
            "model": {"uri": str(model), "format": "gguf", "sha256": m.sha256,
                      "size_bytes": m.size_bytes}, **extra}  # fmt: skip
     path = out / "specs" / f"{name}.yaml"
