@@ -5,8 +5,11 @@ real HTTP receiver (another node's entry), and every refusal names why."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
 import os
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from controlplane.llm import kvsend, kvshm, kvwire
-from controlplane.nodeagent.entry.kvrelay import KvRelay
+from controlplane.nodeagent.entry.kvrelay import MAX_CONNECTIONS, KvRelay
 from controlplane.nodeagent.entry.kvroute import KvRoutes, Member, Refused
 from controlplane.runtime import kvaddr, kvmove
 from controlplane.runtime.leasetoken import LeaseKey
@@ -190,3 +193,63 @@ async def test_to_another_node_the_relay_puts_the_mapped_cache_to_its_entry(
         assert seen == [token]  # the entry there checks it again
     finally:
         await runner.cleanup()
+
+
+async def test_without_a_way_into_the_namespace_the_relay_puts_to_the_decodes_entry(
+    relay: tuple[KvRelay, Path], tmp_path: Path
+) -> None:
+    # An agent that may not enter namespaces (entry=factory): the same-node
+    # cache goes to the decode instance's entry as an HTTP PUT with the lease.
+    r, sender_dir = relay
+    inbox = kvwire.KvInbox(8 << 20)
+    app = web.Application()
+    app.router.add_put("/v1/kv/{kv_id}", kvwire.receiver(inbox))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    entry = f"127.0.0.1:{runner.addresses[0][1]}"
+    (tmp_path / "dec+kv").mkdir()
+    r.open(Member("pre-1", "team", "pre", "", "127.0.0.1:1"), sender_dir, None)
+    r.open(Member("dec-2", "team", "dec", "pre", entry), tmp_path / "dec+kv", None)
+    try:
+        data = os.urandom(1 << 20)
+        relay_path = str(sender_dir / "kv.sock")
+        await kvsend.send(kvaddr.shm_target("dec-2"), "kv-e", len(data), 2, data=data,
+                          lease=lease("dec-2"), relay=relay_path)  # fmt: skip
+        assert bytes(kvwire.claim(inbox, "kv-e").data) == data
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_instance_holds_a_bounded_number_of_connections(
+    relay: tuple[KvRelay, Path],
+) -> None:
+    r, sender_dir = relay
+    r.open(Member("pre-1", "team", "pre", "", "127.0.0.1:1"), sender_dir, None)
+    loop = asyncio.get_running_loop()
+    held = []
+    for _ in range(MAX_CONNECTIONS + 4):
+        s = kvmove.seqpacket()
+        s.setblocking(False)
+        await loop.sock_connect(s, str(sender_dir / "kv.sock"))
+        held.append(s)
+    # The ones past the bound are closed by the relay at once; the others
+    # are served (a header without a descriptor: refused, naming why).
+    async with asyncio.timeout(5):
+        ends = [await _read(s) for s in held[MAX_CONNECTIONS:]]
+        await loop.sock_sendall(held[0], b"{}")
+        served = await _read(held[0])
+    assert ends == [b""] * 4
+    assert kvmove.read_answer(served) == (400, "KV relay: one header and one descriptor")
+    for s in held:
+        s.close()
+
+
+async def _read(s: socket.socket) -> bytes:
+    """One message, or b"" once the relay has closed the connection."""
+    try:
+        return await asyncio.get_running_loop().sock_recv(s, 4096)
+    except OSError as e:
+        if e.errno in (errno.ENOTCONN, errno.ECONNRESET):
+            return b""
+        raise

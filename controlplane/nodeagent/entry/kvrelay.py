@@ -49,6 +49,9 @@ ENV = "GALAXY_KV_RELAY"
 _NAME = "kv.sock"
 #: a sender has this long to send its one message once connected
 _HEADER_TIMEOUT_S = 5.0
+#: connections one instance may hold open at once (more are closed at once:
+#: the node's transfers are bounded by KvRoutes, the agent's tasks by this)
+MAX_CONNECTIONS = 16
 
 #: makes a non-blocking AF_UNIX SOCK_SEQPACKET socket in an instance's
 #: network namespace (None: the agent cannot enter it)
@@ -60,6 +63,7 @@ class _Listener:
     sock: socket.socket
     directory: Path
     dial: UnixDial | None
+    open_connections: int = 0
 
 
 class KvRelay:
@@ -121,12 +125,17 @@ class KvRelay:
             conn, _ = sock.accept()
         except OSError:
             return
+        got = self._listeners.get(sender)
+        if got is None or got.open_connections >= MAX_CONNECTIONS:
+            conn.close()
+            return
+        got.open_connections += 1
         conn.setblocking(False)
-        task = asyncio.get_running_loop().create_task(self._serve(conn, sender))
+        task = asyncio.get_running_loop().create_task(self._serve(conn, sender, got))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, conn: socket.socket, sender: str) -> None:
+    async def _serve(self, conn: socket.socket, sender: str, listener: _Listener) -> None:
         fds: list[int] = []
         try:
             async with asyncio.timeout(_HEADER_TIMEOUT_S):
@@ -139,6 +148,7 @@ class KvRelay:
             for fd in fds:
                 os.close(fd)
             conn.close()
+            listener.open_connections -= 1
 
     async def _carry(self, sender: str, header: bytes, fds: list[int]) -> tuple[int, str]:
         if len(fds) != 1:
