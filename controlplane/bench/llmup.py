@@ -50,7 +50,8 @@ class Up:
     def processes(cls, run_dir: Path, nodes: int) -> Up:
         """A ``--sandbox process`` control plane whose instances run this
         interpreter's ``python3`` (its packages): instances reach each other,
-        as disaggregated serving needs (a bubblewrap sandbox has no egress)."""
+        directly (in the default sandbox a prefill instance's cache goes
+        through its node agent's KV relay instead)."""
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         return cls(run_dir, nodes, {"PATH": path}, ("--sandbox", "process"))
 
