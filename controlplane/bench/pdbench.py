@@ -26,6 +26,7 @@ import asyncio
 import json
 import random
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -149,28 +150,52 @@ HEADER = (
 )
 
 
+def parser(doc: str, mixes: dict[str, Any]) -> argparse.ArgumentParser:
+    """The command line both P/D benches share (``--out``, ``--mixes`` of
+    mixes' names, checked by ``parse``); doc: the module's docstring."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--mixes", default=",".join(mixes))
+    return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None, mixes: dict[str, Any]) -> Any:
+    """The parsed arguments; an error naming ``--mixes`` for an unknown mix."""
+    a = ap.parse_args(argv)
+    bad = set(a.mixes.split(",")) - set(mixes)
+    if bad:
+        ap.error(f"--mixes: unknown {sorted(bad)} (known: {', '.join(mixes)})")
+    return a
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--mixes", default="prefill-heavy,decode-heavy")
+    ap = parser(__doc__, MIXES)
     ap.add_argument("--requests", type=int, default=60)
     ap.add_argument("--rate", type=float, default=0.0, help="requests/s (0: the mix's)")
     ap.add_argument("--profile", default="llama2-13b-a100")
     ap.add_argument("--kv-scale", type=float, default=256.0,
                     help="the emulated caches' bytes divided by this")  # fmt: skip
-    a = ap.parse_args(argv)
-    bad = set(a.mixes.split(",")) - set(MIXES)
-    if bad:
-        ap.error(f"--mixes: unknown {sorted(bad)} (known: {', '.join(MIXES)})")
+    a = parse(ap, argv, MIXES)
     if not 1 <= a.requests <= 10_000 or a.rate < 0 or a.kv_scale < 1:
         ap.error("--requests 1..10000, --rate >= 0, --kv-scale >= 1")
+    return run_and_write(a, run, HEADER, row)
+
+
+def run_and_write(
+    a: Any,
+    run: Callable[[Any, Path], Coroutine[Any, Any, list[dict[str, Any]]]],
+    header: str,
+    row: Callable[[dict[str, Any]], str],
+) -> int:
+    """Run a P/D bench, printing its table as it goes, and write its
+    results and report to ``--out``; the exit status."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(HEADER, flush=True)
+    print(header, flush=True)
     results = asyncio.run(run(a, out))
     rows = [row(r) for r in results if "mode" in r]
-    write_results(out, a, results, "\n".join([HEADER, *rows]))
+    write_results(out, a, results, "\n".join([header, *rows]))
     return 0
 
 

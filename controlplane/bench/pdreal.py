@@ -34,8 +34,8 @@ import openai
 import yaml
 
 from controlplane.bench.llmclient import text_prompt
-from controlplane.bench.llmup import Up, write_results
-from controlplane.bench.pdbench import pd_outcomes
+from controlplane.bench.llmup import Up
+from controlplane.bench.pdbench import parse, parser, pd_outcomes, run_and_write
 
 #: mix -> (prompt words, output tokens)
 MIXES = {"prefill-heavy": (700, 4), "decode-heavy": (20, 48)}
@@ -133,24 +133,14 @@ HEADER = (
 
 def main(argv: list[str] | None = None) -> int:
     """Command line."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--mixes", default="prefill-heavy,decode-heavy")
+    ap = parser(__doc__, MIXES)
     ap.add_argument("--rounds", type=int, default=8, help="rounds per deployment and mix")
     ap.add_argument("--concurrency", type=int, default=2, help="requests per round")
     ap.add_argument("--sandbox", default="", help="galaxy up --sandbox (default: its default)")
-    a = ap.parse_args(argv)
-    bad = set(a.mixes.split(",")) - set(MIXES)
-    if bad:
-        ap.error(f"--mixes: unknown {sorted(bad)} (known: {', '.join(MIXES)})")
+    a = parse(ap, argv, MIXES)
     if not 1 <= a.rounds <= 200 or not 1 <= a.concurrency <= 8:
         ap.error("--rounds 1..200, --concurrency 1..8")
-    out = Path(a.out)
-    print(HEADER, flush=True)
-    results = asyncio.run(run(a, out))
-    rows = [row(r) for r in results if "mode" in r]
-    write_results(out, a, results, "\n".join([HEADER, *rows]))
-    return 0
+    return run_and_write(a, run, HEADER, row)
 
 
 if __name__ == "__main__":
