@@ -169,9 +169,13 @@ async def _send_once(path: Path_, nbytes: int) -> float:
     took = await kvsend.send(path.target, kv_id, nbytes, tokens=1, instance=INSTANCE,
                              relay=path.relay)  # fmt: skip
     # Give the room back (the inbox holds caches for their decode request).
-    req = urllib.request.Request(f"{path.http}/v1/kv/{kv_id}", method="DELETE")
-    await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=10).close())
+    await asyncio.to_thread(delete, f"{path.http}/v1/kv/{kv_id}")
     return took
+
+
+def delete(url: str) -> None:
+    """DELETE a landed cache (``.../v1/kv/ID``): its room back."""
+    urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=10).close()
 
 
 async def _measure(paths: list[Path_], sizes: list[int], trials: int) -> list[dict[str, Any]]:
