@@ -18,11 +18,21 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import random
+import statistics
 import sys
 from dataclasses import dataclass, field
 
 from controlplane.llm.engine import Engine, Profile, Request, Step
-from controlplane.runtime.disagg import LINKS, Candidate, Link, PairPicker, by_node, kv_bytes
+from controlplane.runtime.disagg import (
+    LINKS,
+    Candidate,
+    Link,
+    PairPicker,
+    RandomPairPicker,
+    by_node,
+    kv_bytes,
+)
 from simulator.llm_fleet_workload import LARGE, workload
 
 #: the cross-node links compared (the same-node one is ``LINKS["same-node"]``)
@@ -32,6 +42,9 @@ CROSS: dict[str, Link] = {
     "tcp 100 Gbit/s": Link("tcp-100g", 100e9 / 8, 50e-6),
     "rdma-sim 200 Gbit/s": LINKS["rdma-sim"],
 }
+#: the link shaped with tc in the kvtransfer bench here (1 Gbit/s: 120 MB/s
+#: measured, docs/llm.md), for the pairing comparison
+SHAPED = Link("tcp-1g-shaped", 120e6, 100e-6)
 
 
 @dataclass
@@ -45,6 +58,8 @@ class PdOutcome:
     same_node: int
     ttfts: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)
+    #: each request's KV transfer, seconds (over the link its pair shares)
+    transfers: list[float] = field(default_factory=list)
 
     @staticmethod
     def pct(xs: list[float], q: float) -> float:
@@ -59,10 +74,21 @@ def run_pd(
     pools: int,
     prof: Profile = LARGE,
     slo: tuple[float, float] = (1.0, 0.1),
+    pairing: str = "aware",
+    seed: int = 0,
 ) -> PdOutcome:
     """Replay (arrival s, prompt tokens, output tokens) on ``pools`` prefill
-    and ``pools`` decode instances; every request finishes."""
-    picker = PairPicker(by_node(LINKS["same-node"], cross), prof.prefill_tps, prof.tpot_per_seq_s)
+    and ``pools`` decode instances; every request finishes. pairing:
+    ``aware`` (``PairPicker``) or ``random`` (``RandomPairPicker``, seeded)."""
+    links = by_node(LINKS["same-node"], cross)
+    if pairing == "random":
+        picker: PairPicker = RandomPairPicker(
+            links, prof.prefill_tps, prof.tpot_per_seq_s, random.Random(seed)
+        )
+    elif pairing == "aware":
+        picker = PairPicker(links, prof.prefill_tps, prof.tpot_per_seq_s)
+    else:
+        raise ValueError(f"pairing: aware or random, got {pairing!r}")
     pre = [Engine(prof) for _ in range(pools)]
     dec = [Engine(prof) for _ in range(pools)]
     busy: dict[tuple[str, int], Step | None] = {}
@@ -113,7 +139,9 @@ def run_pd(
             p, d = int(pair.prefill.instance_id[1:]), int(pair.decode.instance_id[1:])
             out.same_node += int(pair.prefill.node_id == pair.decode.node_id)
             req = Request(str(arg), ctx, 1, arrived=t)
-            route[req.id] = (d, gen, pair.link.transfer_s(kv_bytes(ctx, prof.kv_bytes_per_token)))
+            moving = pair.link.transfer_s(kv_bytes(ctx, prof.kv_bytes_per_token))
+            out.transfers.append(moving)
+            route[req.id] = (d, gen, moving)
             pre[p].submit(req)
             kick("p", p)
         elif kind == "step":
@@ -151,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pools", type=int, default=8, help="prefill (and decode) instances")
     ap.add_argument("--minutes", type=float, default=4.0, help="simulated minutes")
     ap.add_argument("--speed", type=float, default=2.0, help="time compression of the trace")
+    ap.add_argument(
+        "--compare-random",
+        action="store_true",
+        help="placement-aware against random pairing, KV transfer time by link",
+    )
     a = ap.parse_args(argv)
     if a.pools < 1 or a.minutes <= 0 or a.speed <= 0:
         ap.error("--pools, --minutes and --speed must be > 0")
@@ -159,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         f"azure llm 2023 code+conv: {len(jobs)} requests, {a.minutes:g} min at {a.speed:g}x, "
         f"{a.pools} prefill + {a.pools} decode instances, {LARGE.name}"
     )
+    if a.compare_random:
+        compare_random(jobs, a.pools)
+        return 0
     print("| cross-node link | same-node pairs | TTFT p50 s | TTFT p99 s | TPOT p99 ms | goodput |")
     print("|---|---|---|---|---|---|")
     for label, link in CROSS.items():
@@ -170,6 +206,40 @@ def main(argv: list[str] | None = None) -> int:
             f"{o.good / o.duration_s:.1f} req/s ({o.good / max(1, o.requests):.0%}) |"
         )
     return 0
+
+
+def compare_random(jobs: list[tuple[float, int, int]], pools: int) -> None:
+    """Print placement-aware against random pairing by cross-node link: the
+    mean KV transfer per request, its ratio, the links' bandwidth ratio (the
+    goal: the transfer ratio at least that), and the ratio's ceiling, random
+    against every cache on the faster link (random pairs land on one node
+    1/pools of the time, so the ceiling is below the links' ratio)."""
+    same, prof = LINKS["same-node"], LARGE
+    print(
+        "| cross-node link | link ratio | aware: same-node pairs, KV ms mean | random: same-node "
+        "pairs, KV ms mean | random / aware | ceiling | TTFT p99 s aware / random | TPOT p99 "
+        "ms aware / random |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    links = {"tcp 1 Gbit/s (shaped here)": SHAPED, **CROSS}
+    for label, link in links.items():
+        fast, slow = sorted((same.bandwidth_bytes_per_s, link.bandwidth_bytes_per_s))
+        aware, rand = run_pd(jobs, link, pools), run_pd(jobs, link, pools, pairing="random")
+        ma, mr = statistics.fmean(aware.transfers), statistics.fmean(rand.transfers)
+        best = min((same, link), key=lambda x: x.transfer_s(1 << 30))
+        cap = prof.kv_capacity_tokens // 4  # as run_pd caps a prompt
+        floor = statistics.fmean(
+            best.transfer_s(kv_bytes(min(ctx, cap), prof.kv_bytes_per_token)) for _, ctx, _ in jobs
+        )
+        n = max(1, len(jobs))
+        print(
+            f"| {label}{' (simulated)' if link.simulated else ''} | {slow / fast:.2f}x | "
+            f"{aware.same_node / n:.0%}, {1000 * ma:.0f} | {rand.same_node / n:.0%}, "
+            f"{1000 * mr:.0f} | **{mr / ma:.2f}x** | {mr / floor:.2f}x | "
+            f"{aware.pct(aware.ttfts, 99):.2f} / "
+            f"{rand.pct(rand.ttfts, 99):.2f} | {1000 * aware.pct(aware.tpots, 99):.0f} / "
+            f"{1000 * rand.pct(rand.tpots, 99):.0f} |"
+        )
 
 
 if __name__ == "__main__":

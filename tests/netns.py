@@ -7,6 +7,9 @@ a random tag and is removed by ``close``: processes still running inside a
 namespace are killed by PID (``ip netns pids``), then the namespaces and the
 bridge are deleted.
 
+``cluster`` starts a control plane on the control host and one node agent
+on each other host, with TLS (each agent's certificate names its host).
+
 Needs root and iproute2. Outside CI a test using it is skipped when either
 is missing; in CI (``CI`` set) that is a failure, so the test never silently
 stops running.
@@ -20,9 +23,15 @@ import random
 import shutil
 import signal
 import subprocess
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+
+from controlplane.launch.up import Supervisor, UpConfig
+from controlplane.runtime import tls
+from controlplane.runtime.host import serve_command
 
 
 def _ip(*args: str) -> str:
@@ -115,3 +124,43 @@ class Hosts:
             with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
                 _ip("link", "del", self.bridge)
             self.bridge = ""
+
+
+@contextlib.asynccontextmanager
+async def cluster(
+    run_dir: Path,
+    n: int,
+    listen: Callable[[Hosts, int], str] = Hosts.ip,
+    agent_args: tuple[str, ...] = (),
+) -> AsyncIterator[tuple[Supervisor, Hosts]]:
+    """A control plane on the control host and a node agent (node prefix
+    ``host<i>``) on each of n hosts, listening on ``listen(hosts, i)`` (its
+    host's address by default) with ``agent_args``; all stopped and removed
+    on exit. Skips (fails in CI) where namespaces cannot be made."""
+    require_netns()
+    hosts = Hosts()
+    sup: Supervisor | None = None
+    try:
+        hosts.create(n)
+        cfg = UpConfig.for_tool(
+            host=hosts.control_ip, nodes=0, gateway_port=0, run_dir=run_dir, tls=True
+        )
+        sup = Supervisor(cfg)
+        endpoints = await sup.start()
+        # Each host's node agent is dialled at its own address: its
+        # certificate must name it (as `galaxy certs issue` would per host).
+        assert sup.tls_dir is not None
+        tls.ensure(sup.tls_dir, ["nodeagent"], [hosts.ip(i) for i in range(n)])
+        for i in range(n):
+            cmd = serve_command(
+                "nodeagent", f"agent-ns{i}", listen(hosts, i), "--tls-dir", str(sup.tls_dir)
+            )
+            cmd += ["--controller", endpoints["controller"], "--node-prefix", f"host{i}"]
+            cmd += ["--log-dir", str(run_dir / "instances"), *agent_args]
+            await sup.spawn(f"agent-ns{i}", hosts.exec_prefix(i) + cmd)
+        assert await sup.wait_nodes_registered(timeout_s=30, count=n) == n
+        yield sup, hosts
+    finally:
+        if sup is not None:
+            await sup.stop()
+        hosts.close()

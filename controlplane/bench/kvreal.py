@@ -117,19 +117,6 @@ def run(model: Path, prompt_tokens: int, rate_mbit: float, trials: int) -> dict[
     return {"rate_mbit": rate_mbit, "trials": trials, "goal_x_floor": GOAL_X, "rows": rows}
 
 
-def render(r: dict[str, Any]) -> str:
-    """The report as a table."""
-    lines = [f"{'path':<38} {'tokens':>6} {'MB':>6} {'seconds':>8} {'floor s':>8} "
-             f"{'x floor':>7} {'path MB/s':>9}"]  # fmt: skip
-    for row in r["rows"]:
-        lines.append(
-            f"{row['path']:<38} {row['prompt_tokens']:>6} {row['bytes'] / 1e6:>6.1f} "
-            f"{row['seconds']:>8.4f} {row['floor_seconds']:>8.4f} {row['x_floor']:>7.2f} "
-            f"{row['path_bytes_per_s'] / 1e6:>9.0f}"
-        )
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command line of ``python -m controlplane.bench.kvreal``."""
     from controlplane.llm import realmodel
@@ -148,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print("kvreal bench: needs root (network namespaces and tc)", file=sys.stderr)
         return 2
     r = run(a.model, a.prompt_tokens, a.rate_mbit, a.trials)
-    print(render(r))
+    print(kt.render(r))
     if a.out:
         write_text(Path(a.out), json.dumps(r, indent=2) + "\n")
     return 0

@@ -1,5 +1,9 @@
 """What a same-node KV move costs in CPU: shared memory (``kvshm``: a memfd
-handed over a Unix socket) against HTTP over a Unix socket (``kvwire``).
+handed over a Unix socket) against HTTP over a Unix socket (``kvwire``),
+and the node's KV relay that a sandboxed sender goes through
+(``nodeagent.entry.kvrelay``): the memfd handed to the relay and passed on
+(the same-node way), or its pages PUT by the relay over TCP (the way to
+another node's entry, here to a receiver on loopback).
 
     python -m controlplane.bench.kvshmcost --sizes-mb 4,16,64,256 --trials 5
 
@@ -18,8 +22,10 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,17 +33,26 @@ from typing import Any
 
 from aiohttp import web
 
-from controlplane.llm import kvshm, kvwire
+from controlplane.llm import kvsend, kvshm, kvwire
+from controlplane.nodeagent.entry.kvrelay import KvRelay
+from controlplane.nodeagent.entry.kvroute import KvRoutes, Member
+from controlplane.runtime import kvmove
 from controlplane.runtime.kvaddr import local_target, shm_target, unix_path
 
 MIB = 1 << 20
+_DECODE = "bench-decode"  # the instance a relayed cache goes to (no lease here)
 
 
-async def _move(target: str, inbox: kvwire.KvInbox, data: bytes) -> tuple[float, float]:
-    """(CPU s, wall s) of one move to target, the cache taken out after."""
+#: a path: the target, and the relay socket the sender goes through ("": none)
+Way = tuple[str, str]
+
+
+async def _move(way: Way, inbox: kvwire.KvInbox, data: bytes) -> tuple[float, float]:
+    """(CPU s, wall s) of one move, the cache taken out after."""
+    target, relay = way
     kv_id = uuid.uuid4().hex[:16]
     c0, w0 = time.process_time(), time.perf_counter()
-    await kvwire.send(target, kv_id, len(data), 1, data=data)
+    await kvsend.send(target, kv_id, len(data), 1, data=data, instance=_DECODE, relay=relay)
     entry = kvwire.claim(inbox, kv_id)
     took = time.process_time() - c0, time.perf_counter() - w0
     if len(entry.data) != len(data) or entry.data[-64:] != data[-64:]:
@@ -54,16 +69,31 @@ async def run(sizes_mb: list[int], trials: int) -> list[dict[str, Any]]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.UnixSite(runner, unix_path(local_target(name))).start()
+    tcp = web.TCPSite(runner, "127.0.0.1", 0)
+    await tcp.start()
+    port = runner.addresses[-1][1]
     sock = await kvshm.listen(inbox, shm_target(name))
-    paths = {"Unix socket (HTTP)": local_target(name), "shared memory": shm_target(name)}
+    work = Path(tempfile.mkdtemp(prefix="galaxy-bench-kvrelay-"))
+    relay = KvRelay(KvRoutes(None, (1024, 65536), lambda: time.time_ns() // 1_000_000))
+    relay.prepare(work / "pre", None)
+    relay.prepare(work / "dec", None)
+    relay.open(Member("pre", "", "pre", "", "127.0.0.1:1"), work / "pre", None)
+    relay.open(Member(name, "", "dec", "pre", "127.0.0.1:2"), work / "dec", kvmove.seqpacket)
+    via = str(work / "pre" / "kv.sock")
+    paths: dict[str, Way] = {
+        "Unix socket (HTTP)": (local_target(name), ""),
+        "shared memory": (shm_target(name), ""),
+        "KV relay, descriptor passed on": (shm_target(name), via),
+        "KV relay, PUT over TCP": (f"http://127.0.0.1:{port}", via),
+    }
     rows: list[dict[str, Any]] = []
     try:
         for mb in sizes_mb:
             got: dict[str, list[tuple[float, float]]] = {p: [] for p in paths}
             for _ in range(trials):
                 data = os.urandom(mb * MIB)
-                for path, target in paths.items():
-                    got[path].append(await _move(target, inbox, data))
+                for path, way in paths.items():
+                    got[path].append(await _move(way, inbox, data))
             for path, runs in got.items():
                 rows.append({
                     "path": path, "mib": mb,
@@ -71,6 +101,8 @@ async def run(sizes_mb: list[int], trials: int) -> list[dict[str, Any]]:
                     "wall_s": statistics.median(w for _, w in runs),
                 })  # fmt: skip
     finally:
+        await relay.close_all()
+        shutil.rmtree(work, ignore_errors=True)
         kvshm.stop(sock)
         await runner.cleanup()
     return rows

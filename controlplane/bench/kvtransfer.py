@@ -8,10 +8,13 @@ Paths: the same node over the decode instance's Unix socket, through shared
 memory (a memfd passed over its Unix socket, ``kvshm``; its floor is the Unix
 socket's raw stream, the copy it saves) and over TCP on loopback; another
 host (a network namespace behind a veth) unshaped and shaped to
-``--rate-mbit`` with ``tc``. The receiver is the emulated LLM
+``--rate-mbit`` with ``tc``, each directly and through the node's KV relay
+(``nodeagent.entry.kvrelay``, in this process: the memfd handed to it over
+its socket, its pages PUT to the other host), the way a prefill instance in
+a bubblewrap sandbox sends. The receiver is the emulated LLM
 server in decode role (``--kv-unix``), a process of its own, so sender and
 receiver do not share an event loop. Each transfer is a real ``PUT
-/v1/kv/ID`` of the given size (``kvwire.send``), deleted after it lands. The
+/v1/kv/ID`` of the given size (``kvsend.send``), deleted after it lands. The
 floor of a path is measured in the same run with a plain socket stream (no
 HTTP) of the largest size into a process that discards it. The RDMA-class
 link exists only in the simulator (``disagg.LINKS['rdma-sim']``) and is not
@@ -35,12 +38,14 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from controlplane.bench.shapedlink import ShapedHost
-from controlplane.llm import kvwire
+from controlplane.llm import kvsend
+from controlplane.nodeagent.entry.kvrelay import KvRelay
+from controlplane.nodeagent.entry.kvroute import KvRoutes, Member
 from controlplane.runtime.kvaddr import shm_target
 
 MIB = 1 << 20
@@ -79,6 +84,9 @@ class Path_:
     sink: tuple[str, str]
     #: the decode instance's HTTP base, where a landed cache is deleted
     http: str
+    #: the node's KV relay socket the sender goes through ("": none), as a
+    #: sender in a bubblewrap sandbox does
+    relay: str = ""
 
 
 def _spawn(prefix: tuple[str, ...], argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
@@ -158,11 +166,16 @@ def _raw_throughput(sink: tuple[str, str], nbytes: int) -> float:
 
 async def _send_once(path: Path_, nbytes: int) -> float:
     kv_id = uuid.uuid4().hex[:16]
-    took = await kvwire.send(path.target, kv_id, nbytes, tokens=1)
+    took = await kvsend.send(path.target, kv_id, nbytes, tokens=1, instance=INSTANCE,
+                             relay=path.relay)  # fmt: skip
     # Give the room back (the inbox holds caches for their decode request).
-    req = urllib.request.Request(f"{path.http}/v1/kv/{kv_id}", method="DELETE")
-    await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=10).close())
+    await asyncio.to_thread(delete, f"{path.http}/v1/kv/{kv_id}")
     return took
+
+
+def delete(url: str) -> None:
+    """DELETE a landed cache (``.../v1/kv/ID``): its room back."""
+    urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=10).close()
 
 
 async def _measure(paths: list[Path_], sizes: list[int], trials: int) -> list[dict[str, Any]]:
@@ -185,6 +198,7 @@ async def run(sizes_mb: list[int], rate_mbit: float, trials: int) -> dict[str, A
     inbox = 2 * max(sizes_mb) + 16
     work = Path(tempfile.mkdtemp(prefix="galaxy-bench-kv-"))
     rows: list[dict[str, Any]] = []
+    relay = KvRelay(KvRoutes(None, (1024, 65536), lambda: time.time_ns() // 1_000_000))
     try:
         unix = str(work / "sink.sock")
         with _host((), "127.0.0.1", inbox, unix):
@@ -196,6 +210,7 @@ async def run(sizes_mb: list[int], rate_mbit: float, trials: int) -> dict[str, A
                 Path_("same node, TCP loopback", http, ("tcp", f"127.0.0.1:{SINK_PORT}"), http),
             ]
             rows += await _measure(local, sizes, trials)
+        via = _relay(relay, work)
         for rate in (None, rate_mbit):
             with (
                 ShapedHost(rate, prefix="galaxy-kv") as host,
@@ -204,19 +219,35 @@ async def run(sizes_mb: list[int], rate_mbit: float, trials: int) -> dict[str, A
                 name = "other host, veth" + ("" if rate is None else f" shaped {rate:g} Mbit/s")
                 http = f"http://{host.host_ip}:{PORT}"
                 far = Path_(name, http, ("tcp", f"{host.host_ip}:{SINK_PORT}"), http)
-                rows += await _measure([far], sizes, trials)
+                rows += await _measure([far, replace(far, name=f"{name}, KV relay", relay=via)],
+                                       sizes, trials)  # fmt: skip
     finally:
+        await relay.close_all()
         shutil.rmtree(work, ignore_errors=True)
     return {"rate_mbit": rate_mbit, "trials": trials, "rows": rows}
 
 
+def _relay(relay: KvRelay, work: Path) -> str:
+    """The relay socket of a sender on this node (the bench process is its
+    node agent): the path a sandboxed prefill instance takes to another node."""
+    relay.prepare(work / "relay", None)
+    relay.open(Member("bench-prefill", "", "pre", "", "127.0.0.1:1"), work / "relay", None)
+    return str(work / "relay" / "kv.sock")
+
+
 def render(r: dict[str, Any]) -> str:
-    """The report as a table."""
-    lines = [f"{'path':<38} {'MiB':>5} {'seconds':>9} {'floor s':>9} {'x floor':>8} "
-             f"{'path MB/s':>10}"]  # fmt: skip
+    """The report as a table (also ``kvreal``'s, whose rows add the
+    prompt's tokens)."""
+    tokens = any("prompt_tokens" in row for row in r["rows"])
+    w = max([38, *(len(row["path"]) for row in r["rows"])])
+    lines = [f"{'path':<{w}} {'tokens':>6} " if tokens else f"{'path':<{w}} "]
+    lines[0] += f"{'MiB':>6} {'seconds':>9} {'floor s':>9} {'x floor':>8} {'path MB/s':>10}"
     for row in r["rows"]:
+        head = f"{row['path']:<{w}} "
+        if tokens:
+            head += f"{row['prompt_tokens']:>6} "
         lines.append(
-            f"{row['path']:<38} {row['bytes'] / MIB:>5.0f} {row['seconds']:>9.4f} "
+            f"{head}{row['bytes'] / MIB:>6.1f} {row['seconds']:>9.4f} "
             f"{row['floor_seconds']:>9.4f} {row['x_floor']:>8.2f} "
             f"{row['path_bytes_per_s'] / 1e6:>10.0f}"
         )

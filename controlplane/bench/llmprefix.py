@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from controlplane.bench import llmclient
 from controlplane.bench import llmmetrics as mt
 from controlplane.bench.llm import _env
 from controlplane.bench.llmtrace import LlmRequest
-from controlplane.bench.llmup import Up
+from controlplane.bench.llmup import Up, write_results
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "experiments" / "llm" / "llama2-13b-emulated.yaml"
@@ -120,15 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results = asyncio.run(run_all(a, out))
-    doc = {
-        "command": " ".join(sys.argv),
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "args": vars(a),
-        "results": results,
-    }
-    (out / "results.json").write_text(json.dumps(doc, indent=1))
     text = table(results)
-    (out / "report.md").write_text(text + "\n")
+    write_results(out, a, results, text)
     print(text)
     return 0
 

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,8 @@ class Up:
     def processes(cls, run_dir: Path, nodes: int) -> Up:
         """A ``--sandbox process`` control plane whose instances run this
         interpreter's ``python3`` (its packages): instances reach each other,
-        as disaggregated serving needs (a bubblewrap sandbox has no egress)."""
+        directly (in the default sandbox a prefill instance's cache goes
+        through its node agent's KV relay instead)."""
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         return cls(run_dir, nodes, {"PATH": path}, ("--sandbox", "process"))
 
@@ -188,3 +190,16 @@ def write_text(path: Path, text: str) -> None:
     """Write a small local file, making its directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def write_results(out: Path, args: object, results: list[dict[str, Any]], report: str) -> None:
+    """A bench run's ``results.json`` (its command, end time, arguments and
+    results: what reproduces and checks it) and ``report.md`` in out."""
+    doc = {
+        "command": " ".join(sys.argv),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "args": vars(args),
+        "results": results,
+    }
+    write_text(out / "results.json", json.dumps(doc, indent=1))
+    write_text(out / "report.md", report + "\n")

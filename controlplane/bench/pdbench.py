@@ -26,7 +26,7 @@ import asyncio
 import json
 import random
 import sys
-import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ import yaml
 from controlplane.bench import llmclient
 from controlplane.bench import llmmetrics as mt
 from controlplane.bench.llmtrace import LlmRequest
-from controlplane.bench.llmup import Up
+from controlplane.bench.llmup import Up, write_results
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACT = str(REPO / "examples" / "llm_emulated.py")
@@ -74,11 +74,12 @@ def poisson(n: int, rate: float, prompt: int, output: int, seed: int) -> list[Ll
     return out
 
 
-async def pd_outcomes(up: Up) -> dict[str, float]:
-    """The gateway's disaggregation outcomes so far."""
+async def pd_outcomes(metrics: str) -> dict[str, float]:
+    """The gateway's disaggregation outcomes so far (metrics: the address of
+    its /metrics)."""
     async with (
         aiohttp.ClientSession() as s,
-        s.get(f"http://{up.gateway_metrics}/metrics") as r,
+        s.get(f"http://{metrics}/metrics") as r,
     ):
         text = await r.text()
     out = {}
@@ -115,10 +116,10 @@ async def run(a: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
             prompt, output, rate = MIXES[mix]
             schedule = poisson(a.requests, a.rate or rate, prompt, output, seed=k + 1)
             for mode, fn in (("aggregated", agg), ("disaggregated", pd)):
-                before = await pd_outcomes(up)
+                before = await pd_outcomes(up.gateway_metrics)
                 target = llmclient.Target(f"http://{up.gateway}/v1", fn, up.token, "tokens")
                 records, wall = await llmclient.run(target, schedule)
-                after = await pd_outcomes(up)
+                after = await pd_outcomes(up.gateway_metrics)
                 s = mt.summarize(records, wall, mt.Limits(None, None))
                 s |= {"mix": mix, "mode": mode, "rate": a.rate or rate,
                       "prompt_tokens": prompt, "output_tokens": output,
@@ -149,35 +150,52 @@ HEADER = (
 )
 
 
+def parser(doc: str, mixes: dict[str, Any]) -> argparse.ArgumentParser:
+    """The command line both P/D benches share (``--out``, ``--mixes`` of
+    mixes' names, checked by ``parse``); doc: the module's docstring."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--mixes", default=",".join(mixes))
+    return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None, mixes: dict[str, Any]) -> Any:
+    """The parsed arguments; an error naming ``--mixes`` for an unknown mix."""
+    a = ap.parse_args(argv)
+    bad = set(a.mixes.split(",")) - set(mixes)
+    if bad:
+        ap.error(f"--mixes: unknown {sorted(bad)} (known: {', '.join(mixes)})")
+    return a
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--mixes", default="prefill-heavy,decode-heavy")
+    ap = parser(__doc__, MIXES)
     ap.add_argument("--requests", type=int, default=60)
     ap.add_argument("--rate", type=float, default=0.0, help="requests/s (0: the mix's)")
     ap.add_argument("--profile", default="llama2-13b-a100")
     ap.add_argument("--kv-scale", type=float, default=256.0,
                     help="the emulated caches' bytes divided by this")  # fmt: skip
-    a = ap.parse_args(argv)
-    bad = set(a.mixes.split(",")) - set(MIXES)
-    if bad:
-        ap.error(f"--mixes: unknown {sorted(bad)} (known: {', '.join(MIXES)})")
+    a = parse(ap, argv, MIXES)
     if not 1 <= a.requests <= 10_000 or a.rate < 0 or a.kv_scale < 1:
         ap.error("--requests 1..10000, --rate >= 0, --kv-scale >= 1")
+    return run_and_write(a, run, HEADER, row)
+
+
+def run_and_write(
+    a: Any,
+    run: Callable[[Any, Path], Coroutine[Any, Any, list[dict[str, Any]]]],
+    header: str,
+    row: Callable[[dict[str, Any]], str],
+) -> int:
+    """Run a P/D bench, printing its table as it goes, and write its
+    results and report to ``--out``; the exit status."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(HEADER, flush=True)
+    print(header, flush=True)
     results = asyncio.run(run(a, out))
-    doc = {
-        "command": " ".join(sys.argv),
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "args": vars(a),
-        "results": results,
-    }
-    (out / "results.json").write_text(json.dumps(doc, indent=1))
     rows = [row(r) for r in results if "mode" in r]
-    (out / "report.md").write_text("\n".join([HEADER, *rows]) + "\n")
+    write_results(out, a, results, "\n".join([header, *rows]))
     return 0
 
 

@@ -11,10 +11,13 @@ sends the request there:
 2. calls it: ``POST /v1/pd/prefill`` with the request's body plus
    ``galaxy_decode``, the decode instance's KV inbox: shared memory passed
    over its abstract Unix socket when both run on one node, else its
-   address (with its lease token for a node's entry). The prefill instance
-   runs the prompt and sends the cache there itself, so the bytes take the
-   path between the two instances and never pass through the gateway; it
-   answers the cache's id;
+   address (with its lease token for a node's entry, and its instance id,
+   ``galaxy_decode_instance``, which a node's KV relay checks the token
+   against). The prefill instance runs the prompt and sends the cache there
+   itself (from a bubblewrap sandbox through its node agent's KV relay,
+   ``controlplane/nodeagent/entry/kvrelay.py``), so the bytes take the path
+   between the two nodes and never pass through the gateway; it answers the
+   cache's id;
 3. releases the prefill slot and sends the decode instance the body with
    ``galaxy_kv_id`` (continue from that cache) and
    ``galaxy_prefill_instance`` (reported back in ``usage``).
@@ -159,7 +162,8 @@ class Disaggregation:
         """Call the prefill instance: ("disaggregated", kv id) or (the
         fallback's outcome, why)."""
         ask = dict(doc, galaxy_decode=kv_target(decode, prefill),
-                   galaxy_decode_lease=decode.lease_token, stream=False)  # fmt: skip
+                   galaxy_decode_lease=decode.lease_token,
+                   galaxy_decode_instance=decode.instance_id, stream=False)  # fmt: skip
         body = json.dumps(ask).encode()
         headers = {"Content-Type": "application/json"}
         try:

@@ -12,7 +12,8 @@ Target ``shm:@name``: the receiver's abstract ``SOCK_SEQPACKET`` socket
 message boundaries kept, so a request is one message: a JSON header
 ``{kv_id, tokens, size}`` and one descriptor). The receiver reserves room
 in the same bounded ``KvInbox`` first and answers ``{status, message}``
-(201, or 400/409/413 as the HTTP path would).
+(201, or 400/409/413 as the HTTP path would). The sender is
+``controlplane.llm.kvsend`` (its ``Descriptor`` transport).
 """
 
 from __future__ import annotations
@@ -22,17 +23,11 @@ import json
 import mmap
 import os
 import socket
-import time
 
-from controlplane.llm.kvwire import CHUNK, InboxFull, KvInbox, pattern
+from controlplane.llm.kvwire import InboxFull, KvInbox
 from controlplane.runtime.kvaddr import unix_path, valid_id
-
-#: a request's header is small; anything longer is refused
-MAX_HEADER = 1024
-
-
-def _answer(status: int, message: str) -> bytes:
-    return json.dumps({"status": status, "message": message[:300]}).encode()
+from controlplane.runtime.kvmove import MAX_HEADER
+from controlplane.runtime.kvmove import answer as _answer
 
 
 def accept_one(inbox: KvInbox, header: bytes, fds: list[int]) -> bytes:
@@ -101,56 +96,3 @@ def stop(sock: socket.socket) -> None:
     """Stop receiving on a socket of ``listen``."""
     asyncio.get_running_loop().remove_reader(sock.fileno())
     sock.close()
-
-
-def _fill(fd: int, nbytes: int, data: bytes | None, fill: bytes) -> None:
-    """Write the cache into the memfd (a worker thread: a copy of its size).
-    ``pwrite`` rather than stores into a mapping: the kernel allocates the
-    file's pages as it copies, without a page fault per page."""
-    if data is not None:
-        view = memoryview(data)
-        for at in range(0, nbytes, CHUNK):
-            os.pwrite(fd, view[at : at + CHUNK], at)
-        return
-    block = pattern(fill)
-    for at in range(0, nbytes, CHUNK):
-        os.pwrite(fd, block[: min(CHUNK, nbytes - at)], at)
-
-
-async def send(
-    target: str,
-    kv_id: str,
-    nbytes: int,
-    tokens: int,
-    *,
-    fill: bytes = b"\x5a",
-    data: bytes | None = None,
-    timeout_s: float = 120.0,
-) -> float:
-    """Put a cache in shared memory and hand it to ``target``; the seconds
-    it took (writing included). RuntimeError with the receiver's message
-    when it refuses."""
-    if data is not None and len(data) != nbytes:
-        raise ValueError(f"nbytes: {nbytes}, but the cache has {len(data)} bytes")
-    loop = asyncio.get_running_loop()
-    t0 = time.perf_counter()
-    fd = os.memfd_create(f"galaxy-kv-{kv_id}", os.MFD_CLOEXEC)
-    try:
-        await asyncio.to_thread(_fill, fd, nbytes, data, fill)
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
-            s.setblocking(False)
-            async with asyncio.timeout(timeout_s):
-                await loop.sock_connect(s, unix_path(target))
-                head = json.dumps({"kv_id": kv_id, "tokens": tokens, "size": nbytes}).encode()
-                socket.send_fds(s, [head], [fd])  # one small message: never blocks
-                reply = await loop.sock_recv(s, 4096)
-    finally:
-        os.close(fd)
-    try:
-        got = json.loads(reply)
-        status, message = int(got["status"]), str(got["message"])
-    except (ValueError, KeyError, TypeError):
-        raise RuntimeError(f"KV transfer to {target}: no answer") from None
-    if status != 201:
-        raise RuntimeError(f"KV transfer to {target} refused: {status} {message}")
-    return time.perf_counter() - t0

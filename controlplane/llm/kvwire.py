@@ -15,7 +15,8 @@ gateway names it as the target when it paired two instances on one node.
 Headers: ``X-Galaxy-KV-Tokens`` (the prompt tokens the cache covers) and
 ``Content-Length`` (required: the receiver reserves room before it reads).
 A cache that does not fit the inbox is refused with 413 before a byte is
-read; an entry not claimed within its TTL is dropped.
+read; an entry not claimed within its TTL is dropped. The sender, over this
+path or the others, is ``controlplane.llm.kvsend``.
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ from __future__ import annotations
 import mmap
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 
 from controlplane.llm.errors import BadRequest
-from controlplane.runtime import leasetoken
 from controlplane.runtime.kvaddr import (
     MAX_ID,
     local_target,
@@ -39,10 +39,9 @@ from controlplane.runtime.kvaddr import (
     valid_id,
     valid_target,
 )
+from controlplane.runtime.kvmove import CHUNK
 
 __all__ = ["MAX_ID", "local_target", "shm_target", "unix_path", "valid_id", "valid_target"]
-
-CHUNK = 1 << 20
 
 
 async def listen_local(
@@ -222,67 +221,3 @@ def _refuse(status: int, message: str) -> web.Response:
 def pattern(fill: bytes) -> bytes:
     """CHUNK bytes of ``fill`` repeated: an emulated cache's contents."""
     return (fill * (CHUNK // len(fill) + 1))[:CHUNK]
-
-
-async def _chunks(nbytes: int, fill: bytes) -> AsyncIterator[bytes]:
-    """nbytes of a repeated pattern, CHUNK at a time (one buffer, sliced)."""
-    block = pattern(fill)
-    view = memoryview(block)
-    left = nbytes
-    while left > 0:
-        n = min(left, CHUNK)
-        yield view[:n].tobytes() if n < CHUNK else block
-        left -= n
-
-
-async def _slices(data: bytes) -> AsyncIterator[memoryview]:
-    """A real cache, CHUNK at a time (views: no copy of the whole)."""
-    view = memoryview(data)
-    for at in range(0, len(data), CHUNK):
-        yield view[at : at + CHUNK]
-
-
-async def send(
-    target: str,
-    kv_id: str,
-    nbytes: int,
-    tokens: int,
-    *,
-    fill: bytes = b"\x5a",
-    data: bytes | None = None,
-    timeout_s: float = 120.0,
-    lease: str = "",
-) -> float:
-    """PUT a cache to target (``http://HOST:PORT``, ``unix:/path`` or
-    ``unix:@name``; ``shm:@name`` hands it over in shared memory): the real
-    bytes ``data`` (then nbytes must be their length), or else an emulated
-    cache of nbytes of ``fill``; the seconds it took. ``lease``: the decode
-    instance's lease token, for a node's entry in front of it. RuntimeError
-    with the receiver's message when it refuses."""
-    if target.startswith("shm:"):  # same node: shared memory, no socket copy
-        from controlplane.llm import kvshm
-
-        return await kvshm.send(target, kv_id, nbytes, tokens, fill=fill, data=data,
-                                timeout_s=timeout_s)  # fmt: skip
-    if data is not None and len(data) != nbytes:
-        raise ValueError(f"nbytes: {nbytes}, but the cache has {len(data)} bytes")
-    if target.startswith("unix:"):
-        connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=unix_path(target))
-        url = f"http://localhost/v1/kv/{kv_id}"
-    else:
-        connector = aiohttp.TCPConnector()
-        url = f"{target.rstrip('/')}/v1/kv/{kv_id}"
-    headers = {"X-Galaxy-KV-Tokens": str(tokens), "Content-Length": str(nbytes),
-               "Content-Type": "application/octet-stream"}  # fmt: skip
-    if lease:
-        headers[leasetoken.HEADER] = lease
-    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5)
-    t0 = time.perf_counter()
-    async with (
-        aiohttp.ClientSession(connector=connector, timeout=timeout) as s,
-        s.put(url, data=_slices(data) if data else _chunks(nbytes, fill), headers=headers) as resp,
-    ):
-        if resp.status != 201:
-            text = (await resp.text())[:300]
-            raise RuntimeError(f"KV transfer to {target} refused: HTTP {resp.status} {text}")
-    return time.perf_counter() - t0

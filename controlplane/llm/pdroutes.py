@@ -3,9 +3,10 @@
 A prefill instance answers ``POST /v1/pd/prefill``: a completion body plus
 ``galaxy_decode`` (the decode instance: ``http://HOST:PORT`` or, on the same
 node, ``unix:/path`` or ``unix:@name``) and optionally
-``galaxy_decode_lease`` (the decode's lease token, for a node's entry). It
+``galaxy_decode_lease`` (the decode's lease token, for a node's entry) and
+``galaxy_decode_instance`` (its id, for a node's KV relay). It
 runs the prompt's prefill (to the first token), sends the KV cache to the
-decode instance (``kvwire``: the bytes really move) and answers ``{kv_id,
+decode instance (``kvsend``: the bytes really move) and answers ``{kv_id,
 kv_bytes, prompt_tokens, prefill_s, transfer_s}``. A decode instance
 receives caches on ``PUT /v1/kv/ID`` and continues a completion whose body
 names ``galaxy_kv_id``: no prefill there (the engine counts the cache's
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from controlplane.llm import kvwire
+from controlplane.llm import kvsend, kvwire
 from controlplane.llm.engine import QueueFull, Request
 from controlplane.llm.errors import BadRequest
 
@@ -77,7 +78,7 @@ class Disaggregation:
             body = json.loads(await request.read())
             if not isinstance(body, dict):
                 raise BadRequest("body: a JSON object")
-            target, lease = decode_target(body)
+            target, lease, instance = decode_target(body)
             req = self.server.parse(dict(body, max_tokens=1), chat="messages" in body)
         except (ValueError, BadRequest) as e:
             return _error(400, str(e)[:300])
@@ -94,7 +95,9 @@ class Disaggregation:
         kv_id = uuid.uuid4().hex[:16]
         size = self.kv_bytes(req.prompt_tokens)
         try:
-            moved_s = await kvwire.send(target, kv_id, size, req.prompt_tokens, lease=lease)
+            moved_s = await kvsend.send(
+                target, kv_id, size, req.prompt_tokens, lease=lease, instance=instance
+            )
         except (RuntimeError, OSError, aiohttp.ClientError) as e:  # timeouts are OSErrors
             return _error(502, f"galaxy_decode: KV transfer failed: {str(e)[:200]}")
         return web.json_response({
@@ -107,10 +110,11 @@ class Disaggregation:
         })  # fmt: skip
 
 
-def decode_target(body: dict[str, Any]) -> tuple[str, str]:
-    """A prefill request's ``galaxy_decode`` (where the cache goes) and
-    ``galaxy_decode_lease`` (its lease token, for a node's entry); BadRequest
-    naming the field."""
+def decode_target(body: dict[str, Any]) -> tuple[str, str, str]:
+    """A prefill request's ``galaxy_decode`` (where the cache goes),
+    ``galaxy_decode_lease`` (its lease token, for a node's entry) and
+    ``galaxy_decode_instance`` (its instance id, which a node's KV relay
+    checks the lease against); BadRequest naming the field."""
     target = body.get("galaxy_decode")
     if not kvwire.valid_target(target):
         raise BadRequest(
@@ -119,7 +123,10 @@ def decode_target(body: dict[str, Any]) -> tuple[str, str]:
     lease = body.get("galaxy_decode_lease", "")
     if not isinstance(lease, str) or len(lease) > 1024:
         raise BadRequest("galaxy_decode_lease: a lease token (a string, at most 1024 characters)")
-    return str(target), lease
+    instance = body.get("galaxy_decode_instance", "")
+    if not isinstance(instance, str) or (instance and not kvwire.valid_id(instance)):
+        raise BadRequest("galaxy_decode_instance: an instance id (1-64 of A-Z, a-z, 0-9, '-', '_')")
+    return str(target), lease, instance
 
 
 def _error(status: int, message: str) -> web.Response:

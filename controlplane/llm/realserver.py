@@ -40,7 +40,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from controlplane.llm import kvwire, realkv
+from controlplane.llm import kvsend, kvwire, realkv
 from controlplane.llm.errors import BadRequest
 from controlplane.llm.pdroutes import decode_target
 from controlplane.llm.realhost import ModelHost
@@ -167,7 +167,7 @@ class RealServer:
         """``POST /v1/pd/prefill`` (see the module docstring)."""
         try:
             body = await self._body(request)
-            target, lease = decode_target(body)
+            target, lease, instance = decode_target(body)
             tokens = self._prompt(body)
         except BadRequest as e:
             return _error(400, str(e)[:300])
@@ -177,9 +177,10 @@ class RealServer:
         kv_id = uuid.uuid4().hex[:16]
         size = len(exported.data)
         try:
-            moved_s = await kvwire.send(
-                target, kv_id, size, exported.tokens, data=exported.data, lease=lease
-            )
+            moved_s = await kvsend.send(
+                target, kv_id, size, exported.tokens, data=exported.data, lease=lease,
+                instance=instance,
+            )  # fmt: skip
         except (RuntimeError, OSError, aiohttp.ClientError) as e:  # timeouts are OSErrors
             return _error(502, f"galaxy_decode: KV transfer failed: {str(e)[:200]}")
         return web.json_response({

@@ -19,8 +19,9 @@ Bandwidths are inputs: measured ones come from
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,29 @@ class PairPicker:
                     best = Pair(p, d, link, moving, est)
         assert best is not None
         return best
+
+
+@dataclass(frozen=True)
+class RandomPairPicker(PairPicker):
+    """The baseline: a prefill and a decode instance drawn at random, with
+    no regard for the link between them (the estimate is still reported,
+    so the two pickers' pairs compare on the same terms). ``rng``: the
+    seeded source of the draws."""
+
+    rng: random.Random = field(default_factory=lambda: random.Random(0), compare=False)
+
+    def pick(
+        self,
+        prefill: Sequence[Candidate],
+        decode: Sequence[Candidate],
+        prompt_tokens: int,
+        kv_bytes_per_token: int,
+        output_tokens: int = 1,
+    ) -> Pair:
+        """A random pair (ValueError when a pool is empty)."""
+        if prefill and decode:
+            prefill, decode = [self.rng.choice(prefill)], [self.rng.choice(decode)]
+        return super().pick(prefill, decode, prompt_tokens, kv_bytes_per_token, output_tokens)
 
 
 def by_node(same: Link, other: Link) -> Callable[[str, str], Link]:

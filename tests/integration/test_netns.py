@@ -19,14 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.launch.up import Supervisor, UpConfig
+from controlplane.launch.up import Supervisor
 from controlplane.runtime import spec as specs
-from controlplane.runtime import tls
-from controlplane.runtime.host import serve_command
 from controlplane.runtime.netaddr import split_host_port
 from controlplane.runtime.revisions import routing_key
 from controlplane.sdk.client import GalaxyClient
-from tests.netns import Hosts, require_netns
+from tests.netns import Hosts
+from tests.netns import cluster as netns_cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 HOSTS = 2
@@ -34,34 +33,12 @@ HOSTS = 2
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, Hosts]]:
-    require_netns()
-    hosts = Hosts()
-    sup: Supervisor | None = None
-    try:
-        hosts.create(HOSTS)
-        cfg = UpConfig.for_tool(
-            host=hosts.control_ip, nodes=0, gateway_port=0, run_dir=tmp_path, tls=True
-        )
-        sup = Supervisor(cfg)
-        endpoints = await sup.start()
-        # Each host's node agent is dialled at its own address: its
-        # certificate must name it (as `galaxy certs issue` would per host).
-        assert sup.tls_dir is not None
-        tls.ensure(sup.tls_dir, ["nodeagent"], [hosts.ip(i) for i in range(HOSTS)])
-        for i in range(HOSTS):
-            listen_host = hosts.ip(i) if i == 0 else "0.0.0.0"
-            cmd = serve_command(
-                "nodeagent", f"agent-ns{i}", listen_host, "--tls-dir", str(sup.tls_dir)
-            )
-            cmd += ["--controller", endpoints["controller"], "--node-prefix", f"host{i}"]
-            cmd += ["--log-dir", str(tmp_path / "instances")]
-            await sup.spawn(f"agent-ns{i}", hosts.exec_prefix(i) + cmd)
-        assert await sup.wait_nodes_registered(timeout_s=30, count=HOSTS) == HOSTS
-        yield sup, hosts
-    finally:
-        if sup is not None:
-            await sup.stop()
-        hosts.close()
+    # Host 1 listens on every interface and must advertise its own address.
+    def listen(hosts: Hosts, i: int) -> str:
+        return hosts.ip(i) if i == 0 else "0.0.0.0"
+
+    async with netns_cluster(tmp_path, HOSTS, listen) as got:
+        yield got
 
 
 @pytest.mark.slow

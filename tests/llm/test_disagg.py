@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from controlplane.llm.kvwire import InboxFull, KvInbox, valid_id
-from controlplane.runtime.disagg import LINKS, Candidate, Link, PairPicker, by_node, kv_bytes
+from controlplane.runtime.disagg import (
+    LINKS,
+    Candidate,
+    Link,
+    PairPicker,
+    RandomPairPicker,
+    by_node,
+    kv_bytes,
+)
 
 SAME = Link("same-node", 10e9, 10e-6)
 SLOW = Link("tcp", 1e9 / 8, 100e-6)  # 1 Gbit/s
@@ -13,6 +23,24 @@ SLOW = Link("tcp", 1e9 / 8, 100e-6)  # 1 Gbit/s
 
 def picker() -> PairPicker:
     return PairPicker(by_node(SAME, SLOW), prefill_tps=8000.0, decode_s_per_seq=0.0002)
+
+
+def test_random_pairing_ignores_the_link_and_is_seeded() -> None:
+    def rand(seed: int) -> RandomPairPicker:
+        return RandomPairPicker(by_node(SAME, SLOW), 8000.0, 0.0002, random.Random(seed))
+
+    pre = [Candidate(f"p{k}", f"n{k}") for k in range(4)]
+    dec = [Candidate(f"d{k}", f"n{k}") for k in range(4)]
+    big = rand(7).pick(pre, dec, 10_000, 819_200)
+    picker_a, picker_b = rand(7), rand(7)
+    a = [picker_a.pick(pre, dec, 100, 1000) for _ in range(40)]
+    b = [picker_b.pick(pre, dec, 100, 1000) for _ in range(40)]
+    assert [(p.prefill, p.decode) for p in a] == [(p.prefill, p.decode) for p in b]
+    links = {p.link.name for p in a}
+    assert links == {"same-node", "tcp"}  # the big cache's link is not a concern
+    assert big.transfer_s == pytest.approx(big.link.transfer_s(8_192_000_000))
+    with pytest.raises(ValueError, match="prefill pool"):
+        rand(1).pick([], dec, 100, 1000)
 
 
 def test_a_big_cache_stays_on_its_node() -> None:

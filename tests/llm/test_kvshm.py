@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from controlplane.llm import kvshm, kvwire
+from controlplane.llm import kvsend, kvshm, kvwire
 from controlplane.runtime.kvaddr import shm_target
 
 
@@ -22,13 +22,13 @@ async def test_a_cache_arrives_mapped_and_intact() -> None:
     sock = await kvshm.listen(inbox, where)
     try:
         data = os.urandom(3 << 20)
-        took = await kvwire.send(where, "kv-a", len(data), 7, data=data)
+        took = await kvsend.send(where, "kv-a", len(data), 7, data=data)
         assert took > 0
         entry = kvwire.claim(inbox, "kv-a")
         assert entry.tokens == 7 and bytes(entry.data) == data
         assert inbox.held == 0  # taken: its room is back
         # An emulated cache: nbytes of the fill pattern.
-        await kvwire.send(where, "kv-b", 5000, 1)
+        await kvsend.send(where, "kv-b", 5000, 1)
         assert bytes(kvwire.claim(inbox, "kv-b").data) == b"\x5a" * 5000
     finally:
         kvshm.stop(sock)
@@ -39,10 +39,10 @@ async def test_the_inbox_bound_and_duplicate_ids_are_refused() -> None:
     sock = await kvshm.listen(inbox, where)
     try:
         with pytest.raises(RuntimeError, match="413 KV inbox full"):
-            await kvwire.send(where, "big", 2 << 20, 1)
-        await kvwire.send(where, "dup", 10, 1)
+            await kvsend.send(where, "big", 2 << 20, 1)
+        await kvsend.send(where, "dup", 10, 1)
         with pytest.raises(RuntimeError, match="409"):
-            await kvwire.send(where, "dup", 10, 1)
+            await kvsend.send(where, "dup", 10, 1)
         assert list(inbox.entries) == ["dup"]
     finally:
         kvshm.stop(sock)
@@ -64,4 +64,4 @@ def test_a_header_without_a_descriptor_or_with_a_short_file_is_refused() -> None
 
 async def test_nothing_listening_is_an_error_the_sender_names() -> None:
     with pytest.raises((OSError, RuntimeError)):
-        await kvwire.send(target(), "x", 10, 1)
+        await kvsend.send(target(), "x", 10, 1)

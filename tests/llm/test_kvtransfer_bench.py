@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.bench import kvtransfer
+from controlplane.bench import kvtransfer, pdpairing
 from tests.netns import require_netns
 
 pytestmark = pytest.mark.slow
@@ -23,8 +23,10 @@ async def test_the_kv_bench_measures_every_path() -> None:
         "same node, TCP loopback",
         "other host, veth",
         "other host, veth shaped 200 Mbit/s",
+        "other host, veth, KV relay",
+        "other host, veth shaped 200 Mbit/s, KV relay",
     }
-    assert len(r["rows"]) == 10
+    assert len(r["rows"]) == 14
     for row in r["rows"]:
         assert row["bytes"] in (kvtransfer.MIB, 2 * kvtransfer.MIB)
         assert row["seconds"] > 0 and row["floor_seconds"] > 0
@@ -32,3 +34,16 @@ async def test_the_kv_bench_measures_every_path() -> None:
     shaped = [row for row in r["rows"] if "shaped" in row["path"]]
     assert all(row["path_bytes_per_s"] * 8 / 1e6 <= 200 * 1.1 for row in shaped)  # tc holds
     assert "x floor" in kvtransfer.render(r)
+
+
+async def test_the_pairing_bench_moves_each_pickers_choices() -> None:
+    require_netns()
+    r = await pdpairing.run(requests=6, size_mb=1, rate_mbit=200, seed=3)
+    assert set(r["times"]) == {"aware", "random"}
+    assert all(len(v) == 6 and min(v) > 0 for v in r["times"].values())
+    # Nothing queues here, so the aware picker takes the faster link (the
+    # node's own path) every time; the seeded random one goes both ways.
+    assert r["same_node_share"]["aware"] == 1.0
+    assert 0 < r["same_node_share"]["random"] < 1
+    assert r["random_over_aware"] == pytest.approx(r["mean_s"]["random"] / r["mean_s"]["aware"])
+    assert "random / aware" in pdpairing.render(r)

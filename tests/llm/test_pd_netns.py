@@ -1,11 +1,13 @@
 """A disaggregated request across two hosts: node agents in two network
 namespaces on a bridge (tests/netns.py), the control plane and the gateway
-in the root namespace. The prefill pool has one instance per host and the
-decode function one instance: its requests are prefilled on the decode's
-own host (the KV cache in shared memory handed over the decode instance's
-abstract Unix socket, which only its host's namespace reaches), and once that prefill instance has a
-queue, on the other host (the cache over TCP across the bridge). The
-`openai` client reads it all through the gateway.
+in the root namespace, every instance in a bubblewrap sandbox (its own
+network namespace, no egress). The prefill pool has one instance per host
+and the decode function one instance: its requests are prefilled on the
+decode's own host (the KV cache in shared memory, its descriptor passed by
+the host's KV relay to the decode instance's socket), and once that prefill
+instance has a queue, on the other host (the relay streams the cache over
+TCP across the bridge to the decode instance's entry). The `openai` client
+reads it all through the gateway, and the gateway counts no fallback.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +25,12 @@ import openai
 import pytest
 import yaml
 
-from controlplane.launch.up import Supervisor, UpConfig
+from controlplane.bench.pdbench import pd_outcomes
+from controlplane.launch.up import Supervisor
+from controlplane.runtime import leasetoken
 from controlplane.runtime import spec as specs
-from controlplane.runtime import tls
-from controlplane.runtime.host import serve_command
 from controlplane.sdk.client import GalaxyClient
-from tests.netns import Hosts, require_netns
+from tests.netns import cluster as netns_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,34 +42,12 @@ PROMPT = " ".join(f"v{i}" for i in range(60))
 
 @pytest.fixture
 async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Supervisor]:
-    require_netns()
     # Instances run `python3`: this interpreter's (aiohttp, prometheus_client).
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    hosts = Hosts()
-    sup: Supervisor | None = None
-    try:
-        hosts.create(HOSTS)
-        cfg = UpConfig.for_tool(
-            host=hosts.control_ip, nodes=0, gateway_port=0, run_dir=tmp_path, tls=True
-        )
-        sup = Supervisor(cfg)
-        endpoints = await sup.start()
-        assert sup.tls_dir is not None  # each agent's certificate names its host
-        tls.ensure(sup.tls_dir, ["nodeagent"], [hosts.ip(i) for i in range(HOSTS)])
-        for i in range(HOSTS):
-            # Process sandboxes: an instance listens on its host's address and
-            # reaches the other host (a bubblewrap sandbox has no egress yet).
-            cmd = serve_command("nodeagent", f"agent-ns{i}", hosts.ip(i), "--sandbox", "process")
-            cmd += ["--tls-dir", str(sup.tls_dir)]
-            cmd += ["--controller", endpoints["controller"], "--node-prefix", f"host{i}"]
-            cmd += ["--log-dir", str(tmp_path / "instances")]
-            await sup.spawn(f"agent-ns{i}", hosts.exec_prefix(i) + cmd)
-        assert await sup.wait_nodes_registered(timeout_s=30, count=HOSTS) == HOSTS
+    # The default sandbox (bubblewrap): instances have no egress, caches go
+    # through each host's node agent (its KV relay).
+    async with netns_cluster(tmp_path, HOSTS) as (sup, _):
         yield sup
-    finally:
-        if sup is not None:
-            await sup.stop()
-        hosts.close()
 
 
 def deploy_doc(tmp_path: Path, name: str, n: int, **extra: object) -> Any:
@@ -104,14 +85,20 @@ async def chat(c: openai.AsyncOpenAI, model: str, user: str) -> tuple[str, dict[
     return raw.headers["X-Galaxy-Instance"], done.usage.model_extra or {}
 
 
-async def busy(session: aiohttp.ClientSession, address: str, n: int) -> list[asyncio.Task[Any]]:
-    """n long completions sent straight to an instance (past Galaxy, so
-    only its scraped /metrics show them), within its batch (16): a request
-    Dispatch sends there before its scrape shows them is not held up."""
+async def busy(
+    session: aiohttp.ClientSession, address: str, lease: str, n: int
+) -> list[asyncio.Task[Any]]:
+    """n long completions sent straight to an instance's entry with a lease
+    token signed here (past Dispatch, so only its scraped /metrics show
+    them), within its batch (16): a request Dispatch sends there before its
+    scrape shows them is not held up."""
     body = {"model": "x", "prompt": "hold", "max_tokens": 4000}
+    headers = {leasetoken.HEADER: lease}
 
     async def one() -> None:
-        async with session.post(f"http://{address}/v1/completions", json=body) as r:
+        url = f"http://{address}/v1/completions"
+        async with session.post(url, json=body, headers=headers) as r:
+            assert r.status == 200, await r.text()
             await r.read()
 
     return [asyncio.create_task(one()) for _ in range(n)]
@@ -142,8 +129,11 @@ async def test_a_request_is_prefilled_on_its_host_or_across_the_bridge_when_that
         # Load on the near prefill instance (8 streams running): once
         # Dispatch has scraped it, the other host's is cheaper, and the cache
         # crosses the bridge over TCP.
+        key = leasetoken.load(cluster.tls_dir)
+        assert key is not None
+        lease = key.sign(near[0], time.time_ns() // 1_000_000 + 120_000)
         session = aiohttp.ClientSession()
-        load = await busy(session, prefills[near[0]][1], 8)
+        load = await busy(session, prefills[near[0]][1], lease, 8)
         try:
             origins = []
             for k in range(40):
@@ -153,6 +143,11 @@ async def test_a_request_is_prefilled_on_its_host_or_across_the_bridge_when_that
                     break
                 await asyncio.sleep(0.25)  # Dispatch scrapes every 0.5 s
             assert origins[-1] == far[0], f"never prefilled across the bridge: {origins}"
+            metrics = next(
+                c["metrics"] for c in endpoints["components"] if c.get("kind") == "gateway"
+            )
+            outcomes = {k: v for k, v in (await pd_outcomes(metrics)).items() if v}
+            assert outcomes == {"disaggregated": len(origins) + 3}, outcomes
         finally:
             for t in load:
                 t.cancel()

@@ -106,7 +106,7 @@ async def test_a_request_is_prefilled_on_a_paired_instance_and_decoded_from_its_
     assert len(texts) == 5
     last = chunks[-1].usage
     assert last is not None and (last.model_extra or {}).get("galaxy_prefill_instance") in prefills
-    assert (await pd_outcomes(up)).get("disaggregated", 0) >= 7
+    assert (await pd_outcomes(up.gateway_metrics)).get("disaggregated", 0) >= 7
     await c.close()
 
 
@@ -124,5 +124,5 @@ async def test_without_a_prefill_pool_the_request_is_decoded_aggregated(
     assert usage.completion_tokens == 4
     assert usage.prompt_tokens_details is not None
     assert usage.prompt_tokens_details.cached_tokens == 0  # prefilled here
-    assert (await pd_outcomes(up)).get("fallback_dispatch", 0) == 1
+    assert (await pd_outcomes(up.gateway_metrics)).get("fallback_dispatch", 0) == 1
     await c.close()

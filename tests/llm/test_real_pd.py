@@ -26,7 +26,7 @@ import openai
 import pytest
 
 from controlplane.bench.kvtransfer import _await_http
-from controlplane.llm import kvwire, realkv
+from controlplane.llm import kvsend, realkv
 from tests.netns import Hosts, require_netns
 
 pytestmark = [pytest.mark.slow, pytest.mark.llm]
@@ -128,14 +128,14 @@ async def test_decoding_from_a_moved_state_equals_decoding_alone(two_hosts, path
 async def test_a_state_is_refused_when_it_is_not_one_or_not_this_prompts(two_hosts) -> None:
     decode = two_hosts["decode"]
     junk = b"GKV1" + b"\x00" * 64
-    await kvwire.send(decode, "junk01", len(junk), 1, data=junk)
+    await kvsend.send(decode, "junk01", len(junk), 1, data=junk)
     status, out = await _post(
         decode + "/v1/completions", {"prompt": "Hi", **ASK, "galaxy_kv_id": "junk01"}
     )
     assert status == 400 and out["error"]["message"].startswith("KV state:"), out
     # A well-formed header before bytes llama.cpp does not take for a state.
     noise = realkv.pack([2, 9259], random.Random(1).randbytes(4096))
-    await kvwire.send(decode, "noise01", len(noise), 2, data=noise)
+    await kvsend.send(decode, "noise01", len(noise), 2, data=noise)
     status, out = await _post(
         decode + "/v1/completions", {"prompt": "Hi", **ASK, "galaxy_kv_id": "noise01"}
     )

@@ -42,13 +42,18 @@ class NetnsDialer:
         shape)."""
         return self.socket()
 
-    def socket(self) -> socket.socket:
-        """A new non-blocking TCP socket in the namespace."""
+    def unix_socket(self) -> socket.socket:
+        """A new non-blocking Unix message socket in the namespace: it
+        reaches the namespace's abstract sockets (the node's KV relay hands
+        caches to a decode instance's this way, ``kvrelay``)."""
+        return self._made(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def _made(self, family: socket.AddressFamily, kind: socket.SocketKind) -> socket.socket:
         home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
             _setns(self._fd)
             try:
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s = socket.socket(family, kind)
             finally:
                 # Back home before anything else runs on this thread; a
                 # failure here leaves the thread elsewhere, so it is fatal.
@@ -56,6 +61,11 @@ class NetnsDialer:
         finally:
             os.close(home)
         s.setblocking(False)
+        return s
+
+    def socket(self) -> socket.socket:
+        """A new non-blocking TCP socket in the namespace."""
+        s = self._made(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return s
 

@@ -36,19 +36,24 @@ import os
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from controlplane.nodeagent.entry import netns, sockfactory
+from controlplane.nodeagent.entry import kvrelay, netns, sockfactory
 from controlplane.nodeagent.entry.door import Door
+from controlplane.nodeagent.entry.kvroute import KvRoutes, Member
 from controlplane.nodeagent.entry.sockclient import FactoryDialer
 from controlplane.nodeagent.sandbox import seccomp
+from controlplane.nodeagent.sandbox.base import ExitCallback
 from controlplane.nodeagent.sandbox.launch import instance_user, pdeathsig_prefix
+from controlplane.nodeagent.sandbox.ports import instance_ports
 from controlplane.nodeagent.sandbox.process import ProcessBackend, ProcessSandbox
 from controlplane.nodeagent.sandbox.uidpool import UidPool, UidPoolExhausted
-from controlplane.runtime import models
+from controlplane.runtime import models, revisions
 from controlplane.runtime.errors import Unavailable
 from controlplane.runtime.leasetoken import LeaseKey
+from controlplane.runtime.netaddr import join_host_port
 from galaxy.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -72,6 +77,14 @@ def _bind(path: str, how: str = "--ro-bind") -> list[str]:
     first with ``--dir`` (mode 0755): the ones a bind would make itself are
     mode 0700, closed to an instance that is not root."""
     return ["--dir", os.path.dirname(path), how, path, path]
+
+
+def _kv_relay_args(directory: Path) -> list[str]:
+    """bwrap arguments that show an instance's KV relay directory (its
+    socket to the node agent's KV relay, ``entry.kvrelay``) read-only at
+    ``kvrelay.DIRECTORY``: a prefill instance's one way to send a cache."""
+    parent = os.path.dirname(kvrelay.DIRECTORY)
+    return ["--dir", parent, "--ro-bind", str(directory), kvrelay.DIRECTORY]
 
 
 def _system_args() -> list[str]:
@@ -174,6 +187,11 @@ class BwrapBackend(ProcessBackend):
                 "no lease key (lease.key in the TLS directory): the node's entry lets "
                 "every request into an instance"
             )
+        #: Carries KV caches between instances (disaggregated LLM serving).
+        self.kv_relay = kvrelay.KvRelay(
+            KvRoutes(lease_key, instance_ports(), lambda: time.time_ns() // 1_000_000)
+        )
+        self._kv_members: dict[str, Member] = {}  # started, not yet attached
         self._info: int | None = None  # read end of the last --info-fd pipe
         self._fixed_uid: int | None = None
         if self.user is not None:
@@ -264,6 +282,7 @@ class BwrapBackend(ProcessBackend):
             # under /dev/shm, a default instance root under /tmp.
             *binds,
             *_bind(str(private_dir), "--bind"),
+            *_kv_relay_args(self._kv_dir(private_dir, uid)),
             "--chdir", cwd,
             "--seccomp", str(fd),
         ]  # fmt: skip
@@ -298,6 +317,56 @@ class BwrapBackend(ProcessBackend):
         ]  # fmt: skip
         return [*argv, *inner, *command], fds
 
+    def _env(
+        self,
+        node_id: str,
+        instance_id: str,
+        spec: common_pb2.FunctionSpec,
+        port: int,
+        private_dir: Path | None = None,
+    ) -> dict[str, str]:
+        env = super()._env(node_id, instance_id, spec, port, private_dir)
+        env[kvrelay.ENV] = kvrelay.SOCKET
+        function, _ = revisions.split(spec.name)
+        address = join_host_port(self.host, port)
+        self._kv_members[instance_id] = Member(
+            instance_id, spec.namespace, function, spec.pd.prefill, address
+        )
+        return env
+
+    @staticmethod
+    def _kv_path(private_dir: Path) -> Path:
+        # "+" is never in an instance directory's name (workdirs' _SAFE).
+        return private_dir.with_name(private_dir.name + "+kv")
+
+    def _kv_dir(self, private_dir: Path, uid: int | None) -> Path:
+        """The instance's KV relay directory, made now, the instance's own."""
+        owner = None
+        if uid is not None:
+            owner = (uid, uid)
+        elif self._fixed_uid is not None and self._root:
+            pw = instance_user(str(self.user))
+            owner = (pw.pw_uid, pw.pw_gid)
+        path = self._kv_path(private_dir)
+        self.kv_relay.prepare(path, owner)
+        return path
+
+    async def _start(
+        self,
+        node_id: str,
+        instance_id: str,
+        spec: common_pb2.FunctionSpec,
+        on_exit: ExitCallback | None,
+        port: int,
+        uid: int | None,
+    ) -> ProcessSandbox:
+        try:
+            return await super()._start(node_id, instance_id, spec, on_exit, port, uid)
+        except BaseException:
+            self._kv_members.pop(instance_id, None)
+            self.kv_relay.close(instance_id)
+            raise
+
     def _factory_prefix(self, private_dir: Path) -> list[str]:
         """A shell that starts the socket factory in the background, bound
         to die with the function (bubblewrap's init waits for every process
@@ -327,6 +396,13 @@ class BwrapBackend(ProcessBackend):
             dialer = netns.NetnsDialer(await _child_pid(info, sb.instance_id))
         sb.dial = dialer.socket if isinstance(dialer, FactoryDialer) else dialer.dial
         sb.entry = Door(sb.instance_id, sb.port, self.lease_key, sb.dial, dialer.close)
+        member = self._kv_members.pop(sb.instance_id, None)
+        if member is not None and sb.private_dir is not None:
+            unix = dialer.unix_socket if isinstance(dialer, netns.NetnsDialer) else None
+            try:
+                self.kv_relay.open(member, self._kv_path(sb.private_dir), unix)
+            except OSError as e:
+                raise Unavailable(f"instance {sb.instance_id}: no KV relay socket: {e}") from None
 
     async def _admit(self, sb: ProcessSandbox) -> None:
         if sb.entry is not None:
@@ -338,10 +414,12 @@ class BwrapBackend(ProcessBackend):
                 ) from None
 
     async def _detach(self, sb: ProcessSandbox) -> None:
+        self.kv_relay.close(sb.instance_id)
         if sb.entry is not None:
             await sb.entry.close()
 
     async def close(self) -> None:
+        await self.kv_relay.close_all()
         await super().close()
         if self.uid_pool is not None:
             self.uid_pool.close()

@@ -49,3 +49,12 @@ def free_port(host: str, avoid: set[int]) -> int:
             port = int(s.getsockname()[1])
         if port not in avoid:
             return port
+
+
+def instance_ports() -> tuple[int, int]:
+    """The range [low, high) instances' ports are drawn from on every node
+    (the whole unprivileged range when the ephemeral range leaves no room
+    below it), which a node's KV relay sends to on other nodes."""
+    if _EPHEMERAL_LOW - _PORT_LOW >= 1000:
+        return _PORT_LOW, _EPHEMERAL_LOW
+    return 1024, 65536
