@@ -6,7 +6,11 @@ concurrency, ``gateway.measure`` runs against one cluster and then the other
 only. The report gives every pair (requests/s, p50, the node's CPU per
 request and the agent's share of it, load averages) and, per concurrency,
 the medians over pairs of the second cluster against the first: the change
-in throughput, the p50 added and the node CPU added per request.
+in throughput, the p50 added, the node CPU added per request, and the
+change in throughput where every core is busy (the inverse of the CPU a
+request costs the node, the gateway and the load generator together; less
+noisy on a shared machine than requests/s, which at concurrency 1 is the
+inverse of the latency).
 
 Needs both `galaxy up` run dirs with examples/echo.yaml deployed (at
 `min_scale` 2, so that no instance starts during a run).
@@ -32,6 +36,13 @@ _PATH = "gateway_cache"
 def order(pair: int, labels: list[str]) -> list[str]:
     """The clusters' order in pair number pair: flipped every other pair."""
     return labels if pair % 2 == 0 else labels[::-1]
+
+
+def _total(path: dict[str, float]) -> float:
+    """CPU (µs) a request costs the node, the gateway and the load generator
+    together: where every core is busy, throughput is its inverse."""
+    parts = ("node", "proxy", "client")
+    return round(sum(path[f"{k}_cpu_us_per_request"] for k in parts), 1)
 
 
 def summarize(runs: list[dict[str, object]], base: str, other: str) -> dict[str, object]:
@@ -65,6 +76,9 @@ def summarize(runs: list[dict[str, object]], base: str, other: str) -> dict[str,
                         b["node_cpu_us_per_request"] - a["node_cpu_us_per_request"], 1
                     ),
                     f"{other}_agent_cpu_us": b["agent_cpu_us_per_request"],
+                    f"{base}_total_cpu_us": _total(a),
+                    f"{other}_total_cpu_us": _total(b),
+                    "cpu_bound_throughput_change_pct": round((_total(a) / _total(b) - 1) * 100, 1),
                 }
             )
         if not rows:
@@ -78,6 +92,7 @@ def summarize(runs: list[dict[str, object]], base: str, other: str) -> dict[str,
             "median_throughput_change_pct": med("throughput_change_pct"),
             "median_added_p50_ms": med("added_p50_ms"),
             "median_added_node_cpu_us": med("added_node_cpu_us"),
+            "median_cpu_bound_throughput_change_pct": med("cpu_bound_throughput_change_pct"),
             f"median_{base}_node_cpu_us": med(f"{base}_node_cpu_us"),
             f"median_{other}_node_cpu_us": med(f"{other}_node_cpu_us"),
         }

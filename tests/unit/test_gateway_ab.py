@@ -15,6 +15,8 @@ def _run(pair: int, c: int, cluster: str, rps: float, p50: float, node: float) -
         "p50_ms": p50,
         "node_cpu_us_per_request": node,
         "agent_cpu_us_per_request": node / 2,
+        "proxy_cpu_us_per_request": 300.0,
+        "client_cpu_us_per_request": 100.0,
     }
     return {"pair": pair, "concurrency": c, "cluster": cluster, "modes": {"gateway_cache": path}}
 
@@ -43,6 +45,9 @@ def test_each_pair_is_compared_and_medians_are_over_pairs() -> None:
     assert c1["median_throughput_change_pct"] == -10.0
     assert c1["median_added_p50_ms"] == 0.1
     assert c1["median_added_node_cpu_us"] == 60
+    # 520 µs against 580: where every core is busy, 520/580 - 1 = -10.3%.
+    assert c1["pairs"][0]["cpu_bound_throughput_change_pct"] == -10.3
+    assert c1["median_cpu_bound_throughput_change_pct"] == -10.3
     assert c1["median_process_node_cpu_us"] == 120
     assert c1["median_bwrap_node_cpu_us"] == 180
     c8 = out["concurrency_8"]
