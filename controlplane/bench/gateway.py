@@ -42,6 +42,8 @@ from controlplane.runtime.host import (
 from controlplane.sdk.client import GalaxyClient
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
+#: The paths measured, in the order each round runs them.
+MODES = ("direct", "bare_proxy", "bare_proxy_inproc", "gateway_nocache", "gateway_cache")
 
 
 async def _bare_proxy(upstream: str) -> tuple[web.AppRunner, str]:
@@ -154,10 +156,12 @@ def _descendants_cpu_ns(roots: list[int]) -> int:
     return total
 
 
-def _cpu_now(agents: list[int], proxy: list[int]) -> tuple[int, int, int]:
-    """CPU so far (ns) of the node (agents and below), the proxy, this process."""
-    node = _cpu_ns(agents) + _descendants_cpu_ns(agents)
-    return node, _cpu_ns(proxy), time.process_time_ns()
+def _cpu_now(agents: list[int], proxy: list[int]) -> tuple[int, int, int, int]:
+    """CPU so far (ns) of the node (agents and below), of the agents alone
+    (where the node's entry runs), the proxy, this process."""
+    agent = _cpu_ns(agents)
+    node = agent + _descendants_cpu_ns(agents)
+    return node, agent, _cpu_ns(proxy), time.process_time_ns()
 
 
 async def _round(
@@ -192,9 +196,13 @@ async def measure(
     concurrency: int,
     slot_idle_ms: float | None = None,
     agent_pids: tuple[int, ...] = (),
+    modes: tuple[str, ...] = MODES,
 ) -> dict[str, object]:
     """Latencies (ms) and requests/s per mode, and the ratios. agent_pids:
-    node agents not started by the `galaxy up` (whose own are counted too)."""
+    node agents not started by the `galaxy up` (whose own are counted too).
+    modes: which of MODES to run (the others' proxies are not started)."""
+    if not modes or set(modes) - set(MODES):
+        raise SystemExit(f"modes: some of {', '.join(MODES)}; got {', '.join(modes) or 'none'}")
     ep = read_endpoints(run_dir)
     if not ep or not ep.get("gateway"):
         raise SystemExit(f"no `galaxy up` with a gateway in {run_dir}")
@@ -212,24 +220,30 @@ async def measure(
     runner, inproc = await _bare_proxy(addr.address)
     idle = ["--slot-idle-ms", str(slot_idle_ms)] if slot_idle_ms else []
     bare = [sys.executable, "-m", "controlplane.bench.gateway", "--serve-bare-proxy", addr.address]
-    procs = {
-        "bare_proxy": await _spawn(*bare),
-        "gateway_nocache": await _gateway(ep, "bench-nocache", "--no-slot-cache"),
-        "gateway_cache": await _gateway(ep, "bench-cache", *idle),
+    starts = {
+        "bare_proxy": lambda: _spawn(*bare),
+        "gateway_nocache": lambda: _gateway(ep, "bench-nocache", "--no-slot-cache"),
+        "gateway_cache": lambda: _gateway(ep, "bench-cache", *idle),
     }
-    gateways = ("gateway_nocache", "gateway_cache")
-    urls = {
-        "direct": f"http://{addr.address}/",
-        "bare_proxy": f"http://{procs['bare_proxy'][1]['address']}/",
-        "bare_proxy_inproc": f"http://{inproc}/",
-        **{m: f"http://{procs[m][1]['address']}/functions/echo" for m in gateways},
+    procs = {m: await start() for m, start in starts.items() if m in modes}
+    gateways = tuple(m for m in ("gateway_nocache", "gateway_cache") if m in procs)
+    paths = {
+        "bare_proxy": "/",
+        "gateway_nocache": "/functions/echo",
+        "gateway_cache": "/functions/echo",
     }
+    at = {"direct": addr.address, "bare_proxy_inproc": inproc}
+    at.update((m, procs[m][1]["address"]) for m in procs)
+    # In MODES' order, which the rounds keep.
+    urls = {m: f"http://{at[m]}{paths.get(m, '/')}" for m in MODES if m in modes}
     lat: dict[str, list[float]] = {k: [] for k in urls}
     rate: dict[str, list[float]] = {k: [] for k in urls}
     agents = [c["pid"] for c in ep.get("components", ()) if c.get("kind") == "nodeagent"]
     agents += agent_pids
-    # CPU per mode (ns): the node, the mode's proxy process, this process.
-    cpu: dict[str, dict[str, int]] = {k: {"node": 0, "proxy": 0, "client": 0} for k in urls}
+    # CPU per mode (ns): the node, its agents alone, the mode's proxy
+    # process, this process.
+    parts = ("node", "agent", "proxy", "client")
+    cpu: dict[str, dict[str, int]] = {k: dict.fromkeys(parts, 0) for k in urls}
     try:
         for url in urls.values():  # warm-up: connections, the instance
             await _round(url, 200, concurrency, auth)
@@ -240,11 +254,15 @@ async def measure(
                 before = _cpu_now(agents, proxy)
                 got, rps = await _round(url, n, concurrency, auth)
                 after = _cpu_now(agents, proxy)
-                for k, t0, t1 in zip(("node", "proxy", "client"), before, after, strict=True):
+                for k, t0, t1 in zip(parts, before, after, strict=True):
                     cpu[mode][k] += t1 - t0
                 lat[mode] += got
                 rate[mode].append(rps)
-        slots = await _slot_counts(procs["gateway_cache"][1]["metrics"])
+        slots = (
+            await _slot_counts(procs["gateway_cache"][1]["metrics"])
+            if "gateway_cache" in procs
+            else {}
+        )
     finally:
         await runner.cleanup()
         for proc, _ in procs.values():
@@ -255,7 +273,7 @@ async def measure(
     def q(v: list[float], p: float) -> float:
         return statistics.quantiles(v, n=1000)[int(p * 1000) - 1] * 1000
 
-    modes = {
+    stats = {
         m: {
             "p50_ms": round(q(lat[m], 0.5), 3),
             "p99_ms": round(q(lat[m], 0.99), 3),
@@ -267,22 +285,30 @@ async def measure(
         }
         for m in urls
     }
-    d, b, bi = modes["direct"], modes["bare_proxy"], modes["bare_proxy_inproc"]
     out: dict[str, object] = {
         "requests_per_mode": n * rounds,
         "concurrency": concurrency,
         "slot_idle_ms": slot_idle_ms or "default",
-        "modes": modes,
+        "modes": stats,
         "slot_cache": slots,
     }
     for m in ("bare_proxy", *gateways):
-        g = modes[m]
-        out[m] = {
-            "added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
-            "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
-            "vs_bare_proxy_throughput": round(g["requests_per_s"] / b["requests_per_s"], 3),
-            "vs_bare_proxy_inproc_throughput": round(g["requests_per_s"] / bi["requests_per_s"], 3),
-        }
+        if m in stats:
+            out[m] = _ratios(stats, m)
+    return out
+
+
+def _ratios(stats: dict[str, dict[str, float]], m: str) -> dict[str, float]:
+    """Mode m against the direct path and the bare proxies, of those run."""
+    g, out = stats[m], {}
+    if "direct" in stats:
+        d = stats["direct"]
+        out["added_p50_ms"] = round(g["p50_ms"] - d["p50_ms"], 3)
+        out["added_p99_ms"] = round(g["p99_ms"] - d["p99_ms"], 3)
+    for base in ("bare_proxy", "bare_proxy_inproc"):
+        if base in stats:
+            rps = g["requests_per_s"] / stats[base]["requests_per_s"]
+            out[f"vs_{base}_throughput"] = round(rps, 3)
     return out
 
 
@@ -343,6 +369,11 @@ def main() -> None:
         default=[],
         help="a node agent not started by the `galaxy up` (its CPU per request is reported)",
     )
+    p.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated, of {','.join(MODES)} (default all)",
+    )
     p.add_argument("--serve-bare-proxy", metavar="UPSTREAM", help=argparse.SUPPRESS)
     a = p.parse_args()
     install_uvloop()  # as `galaxy serve` (the gateways) runs
@@ -357,6 +388,7 @@ def main() -> None:
             a.concurrency,
             a.slot_idle_ms,
             tuple(a.agent_pid),
+            tuple(m for m in a.modes.split(",") if m),
         )
     )
     if a.cold:

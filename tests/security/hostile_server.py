@@ -54,10 +54,30 @@ def try_http(url: str) -> str:
         return type(getattr(e, "reason", e)).__name__
 
 
+#: Inodes of the sockets this server made or accepted.
+OWN: set[int] = set()
+
+
+def foreign_sockets() -> list[str]:
+    """This process's socket descriptors that it neither made nor accepted:
+    what reached the sandbox from outside."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # listdir's own descriptor, closed since
+        if target.startswith("socket:[") and int(target[8:-1]) not in OWN:
+            out.append(f"{fd} -> {target}")
+    return out
+
+
 def probe(req: dict) -> dict:
     st = status_fields()
     pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    foreign = foreign_sockets()  # before the HTTP probes open sockets of their own
     return {
+        "foreign_sockets": foreign,
         "uid": os.getuid(),
         "euid": os.geteuid(),
         "cap_eff": st["CapEff"].strip(),
@@ -103,6 +123,13 @@ def memhog() -> dict:
     return {"allocated_mib": len(hog)}
 
 
+class Server(ThreadingHTTPServer):
+    def get_request(self) -> tuple:
+        conn, addr = super().get_request()
+        OWN.add(os.fstat(conn.fileno()).st_ino)
+        return conn, addr
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._reply({"ok": True})
@@ -126,4 +153,6 @@ class Handler(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    ThreadingHTTPServer((os.environ["HOST"], int(os.environ["PORT"])), Handler).serve_forever()
+    server = Server((os.environ["HOST"], int(os.environ["PORT"])), Handler)
+    OWN.add(os.fstat(server.fileno()).st_ino)
+    server.serve_forever()

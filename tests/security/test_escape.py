@@ -188,6 +188,15 @@ def test_from_the_node_an_instance_without_a_lease_is_refused(up, victim):
     assert out.stdout == "401", (url, out.stdout, out.stderr)
 
 
+def test_holds_no_socket_it_did_not_make(report):
+    """A socket of the node's network namespace let into a sandbox could be
+    disconnected (`connect` with AF_UNSPEC) and connected anywhere the node
+    reaches: no descriptor of one comes in with the instance, and the
+    entry forwards bytes rather than handing its callers' connections over
+    (docs/security.md, "What stands in the way")."""
+    assert report["foreign_sockets"] == [], report["foreign_sockets"]
+
+
 def test_runs_as_its_own_unprivileged_user(report, victim):
     assert report["uid"] != 0 and report["euid"] != 0
     assert report["uid"] != victim["uid"] and victim["uid"] != 0
