@@ -196,6 +196,9 @@ async def test_failed_start_is_unavailable_and_frees(make_agent, process_backend
     assert st.instances == 0 and st.allocated.cpu_millis == 0
 
 
+# A real process sandbox's start and exit: 1-2 s on a quiet machine, past the
+# fast tier's bound under load.
+@pytest.mark.slow
 async def test_delete_process_instance_kills_it(make_agent, process_backend):
     agent = await make_agent([("n-0", CAP)], process_backend)
     before = child_pids()
@@ -241,6 +244,9 @@ async def test_delete_while_starting(make_agent, process_backend):
         await beacon.wait_closed()
 
 
+# A real process sandbox's start and exit: 1-2 s on a quiet machine, past the
+# fast tier's bound under load.
+@pytest.mark.slow
 async def test_exit_frees_and_notifies_dispatch(peers, pool, tmp_path, caplog):
     """An instance cold-started through the real Dispatch and Schedule dies:
     the agent frees its node and tells Dispatch (ModInstance OP_REMOVE at the
