@@ -24,6 +24,9 @@ class EmulatedSleep:
         self.asleep = False
         self.sleeps = 0
         self.wakes = 0
+        #: ``POST /v1/galaxy/wake`` calls that found it asleep (the other
+        #: wakes: a request's)
+        self.wake_calls = 0
         self._waking: asyncio.Task[None] | None = None
 
     def sleep(self) -> bool:
@@ -62,10 +65,12 @@ class EmulatedSleep:
             return web.json_response({"asleep": True, "changed": self.sleep()})
 
         async def wake(_r: web.Request) -> web.Response:
+            self.wake_calls += self.asleep
             return web.json_response({"asleep": False, "woke_s": await self.awake()})
 
         async def state(_r: web.Request) -> web.Response:
-            state = {"asleep": self.asleep, "sleeps": self.sleeps, "wakes": self.wakes}
+            state = {"asleep": self.asleep, "sleeps": self.sleeps, "wakes": self.wakes,
+                     "wake_calls": self.wake_calls}  # fmt: skip
             return web.json_response(state | {"emulated": True})
 
         app.router.add_post("/v1/galaxy/sleep", sleep)

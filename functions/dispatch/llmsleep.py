@@ -10,10 +10,11 @@ up asleep (weights loaded, context released) instead of removing them:
   ``POST /v1/galaxy/sleep`` within ``SLEEP_TIMEOUT_S``; when that fails it
   is removed like any retired instance;
 - scale-out (``wake``, from ``Dispatcher.start``): the most recently asleep
-  go back into the router first, before any cold start, and get ``POST
-  /v1/galaxy/wake`` ahead of their requests (a request wakes an instance by
-  itself too, so it is routed at once); one that does not answer within
-  ``WAKE_TIMEOUT_S`` is removed;
+  go back into the router first, before any cold start; one that a waiting
+  request gets at once is woken by that request (an instance wakes on its
+  next request by itself), the others get ``POST /v1/galaxy/wake`` ahead of
+  their requests, and one that does not answer it within ``WAKE_TIMEOUT_S``
+  is removed;
 - every autoscaler tick (``tick``): instances asleep ``keep_asleep_ms`` are
   removed, and those of a function no longer routed here go to its owner
   (as routed instances) or, the function deleted, are removed.
@@ -61,7 +62,9 @@ KEEP_ASLEEP_S = 300.0
 ASLEEP = Gauge(
     "galaxy_llm_instances_asleep", "LLM instances asleep, of the functions this Dispatch owns"
 )
-SLEEPS = Counter("galaxy_llm_sleeps_total", "LLM instances a scale-in put to sleep")
+SLEEPS = Counter(
+    "galaxy_llm_sleeps_total", "LLM instances a scale-in put to sleep (once they answered)"
+)
 WAKES = Counter("galaxy_llm_wakes_total", "Sleeping LLM instances a scale-out woke")
 REMOVED = Counter(
     "galaxy_llm_asleep_removed_total",
@@ -150,7 +153,6 @@ def retire(d: Dispatcher, router: FunctionRouter, spec: common_pb2.FunctionSpec,
         return False
     router.remove_instance(iid)  # not capacity, no requests; its record stays
     d.sleeping.infos[iid] = inst.meta
-    SLEEPS.inc()
     log.info("putting %s of %s to sleep", iid, spec.name)
     d.spawn(_sleep(d, spec.name, inst.meta))
     return True
@@ -163,6 +165,8 @@ async def _sleep(d: Dispatcher, function: str, info: common_pb2.InstanceInfo) ->
         if d.sleeping.take(function, info.instance_id) is not None:
             log.warning("%s did not sleep (%s): removing it", info.instance_id, _why(e))
             _remove(d, function, info, "sleep_failed")
+        return
+    SLEEPS.inc()  # (counted once the instance says it sleeps)
 
 
 def wake(d: Dispatcher, router: FunctionRouter, spec: common_pb2.FunctionSpec, n: int) -> int:
@@ -178,8 +182,15 @@ def wake(d: Dispatcher, router: FunctionRouter, spec: common_pb2.FunctionSpec, n
             continue
         woken += 1
         WAKES.inc()
-        log.info("waking %s of %s", iid, spec.name)
-        d.add(router, info, cold=False)  # a request to it wakes it too
+        d.add(router, info, cold=False)
+        inst = router.instances.get(iid)
+        if inst is not None and inst.in_flight:
+            # A waiting request got it: that request wakes it (one call to
+            # the instance, not a wake and then the request, both through
+            # its node's entry, on a loaded machine).
+            log.info("%s of %s woken by a request", iid, spec.name)
+            continue
+        log.info("waking %s of %s ahead of its requests", iid, spec.name)
         d.spawn(_wake(d, router, info))
     return woken
 
