@@ -1,6 +1,7 @@
 """WatchedCreates over gRPC: a slow start on an agent that answers its
-probes is never given up; a create to an agent that answers nothing is
-given up (``no_answer``) once a probe goes unanswered, and its call ends."""
+probes is never given up, nor one on an agent that answers them late (a
+starved agent); a create to an agent that answers nothing is given up
+(``no_answer``) once a probe goes unanswered, and its call ends."""
 
 from __future__ import annotations
 
@@ -48,6 +49,17 @@ class SilentAgent(nodeagent_pb2_grpc.NodeAgentServicer):
         await asyncio.Event().wait()
 
 
+class StarvedAgent(NodeAgentServicer):
+    """The real agent, its probes answered late (an emulation of an agent
+    starved of CPU by an engine's minutes of imports on its node)."""
+
+    late_s = 0.6
+
+    async def Probe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await asyncio.sleep(self.late_s)
+        return await super().Probe(request, context)
+
+
 def create_req(iid: str) -> nodeagent_pb2.CreateInstanceRequest:
     fn = common_pb2.FunctionSpec(
         name="f", resources=common_pb2.Resources(cpu_millis=100, memory_mib=64)
@@ -86,12 +98,37 @@ async def test_a_slow_start_on_an_agent_that_answers_probes_is_not_given_up() ->
         await server.stop(None)
 
 
+async def test_a_start_on_an_agent_that_answers_probes_late_is_not_given_up() -> None:
+    backend = EmulatedBackend()
+    backend.start_delay_s = 1.5  # several probes while it starts
+    agent = StarvedAgent([("n0", Res(4000, 4096, 0))], backend)
+    server, address = await serve(agent)
+    pool = rpc.ChannelPool()
+    agent.attach(address, pool)
+    calls = AgentCalls(lambda: pool)
+    # Each probe answers 0.6 s after it was sent: past probe_timeout_s.
+    wc = CountingCreates(calls, lambda: pool, check_s=0.1, probe_timeout_s=0.2)
+    try:
+        reply = await wc.create("n0", address, create_req("late-1"), timeout_s=20.0)
+        assert reply.instance.instance_id == "late-1"
+        assert wc.probes >= 1 and wc.watch.late_answers == wc.probes
+        assert len(wc.watch) == 0
+    finally:
+        await wc.close()
+        await calls.close()
+        await agent.close()
+        await pool.close()
+        await server.stop(None)
+
+
 async def test_a_create_to_an_agent_that_answers_nothing_is_given_up() -> None:
     agent = SilentAgent()
     server, address = await serve(agent)
     pool = rpc.ChannelPool()
     calls = AgentCalls(lambda: pool)
-    wc = CountingCreates(calls, lambda: pool, check_s=0.1, probe_timeout_s=0.3)
+    # Its probe waits for a late answer at most patience_s (the create's own
+    # limit, 30 s, is longer).
+    wc = CountingCreates(calls, lambda: pool, check_s=0.1, probe_timeout_s=0.3, patience_s=0.6)
     try:
         with pytest.raises(NodeLost) as lost:
             await asyncio.wait_for(wc.create("n0", address, create_req("x-1"), 30.0), 10.0)
