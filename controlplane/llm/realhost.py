@@ -73,6 +73,8 @@ class ModelHost:
         )  # fmt: skip
         self.asleep = False
         self.sleeps = 0
+        #: time.monotonic() when it fell asleep (while asleep)
+        self.asleep_since = 0.0
         #: token counts of each eval call since the last completion began
         self._evals: list[int] = []
         plain_eval = self.llm.eval
@@ -83,6 +85,11 @@ class ModelHost:
             plain_eval(tokens)
 
         self.llm.eval = counting_eval  # type: ignore[method-assign]
+
+    @property
+    def asleep_s(self) -> float:
+        """Seconds asleep so far (0 when awake)."""
+        return time.monotonic() - self.asleep_since if self.asleep else 0.0
 
     @property
     def n_ctx(self) -> int:
@@ -101,6 +108,7 @@ class ModelHost:
         self.llm._ctx.close()
         _give_back_freed_memory()
         self.asleep = True
+        self.asleep_since = time.monotonic()
         self.sleeps += 1
         return True
 

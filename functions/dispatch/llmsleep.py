@@ -23,9 +23,9 @@ A sleeping instance keeps its instance record, and ``ListInstances`` lists
 it (``asleep``), so the node agents' orphan checks leave it alone. A
 Dispatch that restarts asks each recorded instance of a sleeping LLM
 function its state (``recovered``, ``GET /v1/galaxy/state``): one asleep
-sleeps on here (its ``keep_asleep_ms`` counted again from the restart),
-listed from the start; one awake, or one that does not answer, is
-recovered as any instance is.
+sleeps on here (its ``keep_asleep_ms`` counted from when it fell asleep,
+which it reports), listed from the start; one awake, or one that does not
+answer, is recovered as any instance is.
 """
 
 from __future__ import annotations
@@ -253,7 +253,9 @@ async def recovered(
     recovered as any instance is."""
     gate = asyncio.Semaphore(STATE_PARALLEL)
 
-    async def asleep(info: common_pb2.InstanceInfo) -> common_pb2.FunctionSpec | None:
+    async def asleep(
+        info: common_pb2.InstanceInfo,
+    ) -> tuple[common_pb2.FunctionSpec, float] | None:
         try:
             spec = await d.spec(info.function)
             if not (spec.llm and spec.autoscaling.max_asleep):
@@ -263,18 +265,29 @@ async def recovered(
         except Exception as e:  # (no answer: recovered as awake, its request wakes it)
             log.info("state of %s unknown (%s): recovered awake", info.instance_id, _why(e))
             return None
-        return spec if state.get("asleep") is True else None
+        return (spec, _asleep_s(state)) if state.get("asleep") is True else None
 
-    specs = await asyncio.gather(*(asleep(i) for i in live))
+    found = await asyncio.gather(*(asleep(i) for i in live))
     out = []
-    for info, spec in zip(live, specs, strict=True):
+    for info, got in zip(live, found, strict=True):
+        spec, asleep_s = got if got is not None else (None, 0.0)
         policy = d.sleeping.policy(spec) if spec is not None else None
-        if policy is None or policy.scale_in(info.instance_id) is Step.REMOVE:
+        # (its keep_asleep_ms counted from when it fell asleep, not from now)
+        if policy is None or policy.scale_in(info.instance_id, asleep_s) is Step.REMOVE:
             out.append(info)  # (more asleep than max_asleep now: routed, woken by use)
             continue
         d.sleeping.infos[info.instance_id] = info
         d.record(f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString())
     return out
+
+
+def _asleep_s(state: dict[str, Any]) -> float:
+    """The seconds an instance says it has slept (0 when it does not say,
+    or says something that is not a duration)."""
+    v = state.get("asleep_s")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 10 * 365 * 86400:
+        return 0.0
+    return float(v)
 
 
 def listed(d: Dispatcher, function: str) -> list[dispatch_pb2.InstanceState]:

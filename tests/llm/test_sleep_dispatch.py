@@ -43,6 +43,7 @@ async def test_idle_instances_sleep_wake_before_cold_starts_and_expire(tmp_path,
         assert su.dispatch_metric(g, "galaxy_llm_instances_asleep") == 2
         for i in asleep:  # still running, and asleep by its own account
             state = await su.engine_state(g, i)
+            assert state.pop("asleep_s") > 0
             assert state == {
                 "asleep": True, "sleeps": 1, "wakes": 0, "wake_calls": 0, "emulated": True
             }  # fmt: skip
