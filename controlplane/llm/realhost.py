@@ -18,11 +18,13 @@ cache page by page (llama.cpp clears the whole buffer it allocates: 36 MiB
 at ``n_ctx`` 2,048). With transparent huge pages in ``madvise`` mode (the
 default of most distributions) and glibc's malloc asked to advise them
 (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which ``realmain`` sets), the KV
-cache is faulted in 2 MiB pages: 3x less CPU for the wake at 2,048, 4.6x at
-8,192 (docs/llm.md, "Sleeping instances"). Huge pages are allowed only while
-a context is built (``prctl(PR_SET_THP_DISABLE)`` around it): the compute
-buffers, touched sparsely by each request, stay in small pages, so an awake
-instance holds no more memory than without them.
+cache is faulted in 2 MiB pages: the CPU a wake adds to a first token is
+2.2x lower at 2,048, 2.8x at 8,192 (docs/llm.md, "Sleeping instances"; not
+inside the default bubblewrap sandbox, which hides the kernel's setting
+from glibc). Huge pages are allowed only while a context is built
+(``prctl(PR_SET_THP_DISABLE)`` around it): the compute buffers, touched
+sparsely by each request, stay in small pages, so an awake instance holds
+no more memory than without them.
 
 Not thread-safe (llama.cpp's context is not): the server runs every call
 through one worker thread.

@@ -8,7 +8,10 @@ command cannot set environment variables, so this module re-executes itself
 once with ``glibc.malloc.hugetlb=1`` added (same pid, same arguments) before
 importing the server: a wake then faults its KV cache in 2 MiB pages
 (``realhost``, "Waking in huge pages"). Kept import-light so the re-exec
-costs an interpreter start and no more.
+costs an interpreter start and no more. glibc learns whether the kernel has
+transparent huge pages from ``THP_CONFIG``; where that is not visible (the
+default bubblewrap sandbox shows nothing of /sys but the CPU topology) the
+tunable would do nothing, and there is no re-exec.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import os
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb=1"
+#: what glibc reads to learn the kernel's huge-page mode and size
+THP_CONFIG = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
 def tunables(current: str) -> str | None:
@@ -29,9 +34,10 @@ def tunables(current: str) -> str | None:
 
 
 def main() -> int:
-    """Re-execute once with the tunable, then run the server."""
+    """Re-execute once with the tunable (where it can work), then run the
+    server."""
     wanted = tunables(os.environ.get("GLIBC_TUNABLES", ""))
-    if wanted is not None:
+    if wanted is not None and os.access(THP_CONFIG, os.R_OK):
         env = dict(os.environ, GLIBC_TUNABLES=wanted)
         argv = [sys.executable, "-m", "controlplane.llm.realmain", *sys.argv[1:]]
         os.execve(sys.executable, argv, env)

@@ -68,7 +68,10 @@ async def test_first_token_from_an_instance_dispatch_woke(tmp_path, monkeypatch)
     model = realmodel.assemble(realmodel.DEFAULT_DEST)
     # The runtime runs `python3`: this interpreter's, which has llama_cpp.
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    g = GalaxyUp(tmp_path / "run", "--nodes", "1")
+    # (GALAXY_SLEEP_UP_ARGS="--sandbox process": the runtime outside bubblewrap)
+    g = GalaxyUp(
+        tmp_path / "run", "--nodes", "1", *os.environ.get("GALAXY_SLEEP_UP_ARGS", "").split()
+    )
     g.start()
     try:
         r = g.cli("deploy", "-f", str(spec_file(tmp_path, model)))
