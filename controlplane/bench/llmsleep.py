@@ -10,9 +10,11 @@ prompt the instance has not seen (so no prefix cache helps), timed from the
 action that starts the way back (exec for a cold start, the request for a
 sleeping instance, ``SIGCONT`` for a stopped one; and a sleeping instance
 woken by ``POST /v1/galaxy/wake`` before the request, timed from the
-request). Also the resident memory (RssAnon: the weights' mapped pages are
-the page cache's) awake, asleep and stopped. The goal: a sleeping
-instance's first token within 0.5 s (p50).
+request). Also the instance's CPU time per first token (the machine's load
+scales wall times; the CPU a wake adds is the wake's own), and the resident
+memory (RssAnon: the weights' mapped pages are the page cache's) awake,
+asleep and stopped. The goal: a sleeping instance's first token within
+0.5 s (p50).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Instance:
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         env = dict(os.environ, HOST="127.0.0.1", PORT=str(port))
-        argv = ["-m", "controlplane.llm.realserver", "--model", str(model),
+        argv = ["-m", "controlplane.llm.realmain", "--model", str(model),
                 "--n_ctx", str(n_ctx), "--n_threads", "1"]  # fmt: skip
         quiet = subprocess.DEVNULL
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env,
@@ -84,6 +86,18 @@ class Instance:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) / 1024
         raise RuntimeError("no RssAnon")
+
+    def cpu_s(self) -> float:
+        """CPU seconds the process's threads ran so far (schedstat, in ns:
+        finer than the clock ticks of /proc/PID/stat): what a first token
+        costs it, whatever else the machine runs."""
+        total = 0
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, IndexError, ValueError):
+                continue  # (a thread that just ended)
+        return total / 1e9
 
     def stop(self) -> None:
         """Kill the process."""
@@ -118,15 +132,21 @@ def one_instance(model: Path, n_ctx: int, trials: int) -> dict[str, Any]:
     try:
         inst.ready()
         inst.first_token()  # the first request pays one-off allocations
-        awake = [_timed(inst.first_token) for _ in range(trials)]
+        awake, awake_cpu = [], []
+        for _ in range(trials):
+            c0 = inst.cpu_s()
+            awake.append(_timed(inst.first_token))
+            awake_cpu.append(inst.cpu_s() - c0)
         rss_awake = inst.rss_mib()
-        wakes, woke_s, rss_asleep = [], [], []
+        wakes, woke_s, rss_asleep, asleep_cpu = [], [], [], []
         for _ in range(trials):
             _call(inst.url + "/v1/galaxy/sleep", {})
             rss_asleep.append(inst.rss_mib())
+            c0 = inst.cpu_s()
             t0 = time.perf_counter()
             out = inst.first_token()
             wakes.append(time.perf_counter() - t0)
+            asleep_cpu.append(inst.cpu_s() - c0)
             woke_s.append(out["usage"]["galaxy_woke_s"])
         ahead = []  # woken by POST /v1/galaxy/wake before the request
         for _ in range(trials):
@@ -143,6 +163,7 @@ def one_instance(model: Path, n_ctx: int, trials: int) -> dict[str, Any]:
             stopped.append(time.perf_counter() - t0)
         return {
             "awake_s": awake, "asleep_s": wakes, "context_rebuild_s": woke_s,
+            "awake_cpu_s": awake_cpu, "asleep_cpu_s": asleep_cpu,
             "woken_ahead_s": ahead,
             "stopped_s": stopped, "rss_mib": {"awake": rss_awake,
             "asleep": statistics.median(rss_asleep), "stopped": statistics.median(rss_stopped)},
@@ -156,7 +177,8 @@ def run(model: Path, n_ctx: int, trials: int) -> dict[str, Any]:
     model.read_bytes()  # the page cache warm, as on a node that ran it before
     r = one_instance(model, n_ctx, trials)
     r["cold_s"] = cold_starts(model, n_ctx, trials)
-    kinds = ("awake_s", "asleep_s", "woken_ahead_s", "stopped_s", "cold_s", "context_rebuild_s")
+    kinds = ("awake_s", "asleep_s", "woken_ahead_s", "stopped_s", "cold_s", "context_rebuild_s",
+             "awake_cpu_s", "asleep_cpu_s")  # fmt: skip
     r["p50_s"] = {k[:-2]: statistics.median(r[k]) for k in kinds}
     r.update(n_ctx=n_ctx, trials=trials, goal_s=GOAL_S, model=model.name)
     r["goal_met"] = r["p50_s"]["asleep"] <= GOAL_S
@@ -168,9 +190,11 @@ def render(r: dict[str, Any]) -> str:
     p, m = r["p50_s"], r["rss_mib"]
     return "\n".join([
         f"first token p50 over {r['trials']} (n_ctx {r['n_ctx']}):",
-        f"  awake            {p['awake']:.3f} s   anon RSS {m['awake']:.0f} MiB",
+        f"  awake            {p['awake']:.3f} s   anon RSS {m['awake']:.0f} MiB"
+        f"   (instance CPU {p['awake_cpu'] * 1000:.0f} ms)",
         f"  asleep (wake)    {p['asleep']:.3f} s   anon RSS {m['asleep']:.0f} MiB"
-        f"   (context rebuilt in {p['context_rebuild']:.3f} s)",
+        f"   (instance CPU {p['asleep_cpu'] * 1000:.0f} ms;"
+        f" context rebuilt in {p['context_rebuild']:.3f} s)",
         f"  woken ahead      {p['woken_ahead']:.3f} s",
         f"  SIGSTOP/SIGCONT  {p['stopped']:.3f} s   anon RSS {m['stopped']:.0f} MiB",
         f"  cold (warm page cache) {p['cold']:.3f} s",

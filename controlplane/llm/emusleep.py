@@ -1,9 +1,10 @@
 """Sleep for the emulated LLM server, with the real server's routes
 (``realserver``): ``POST /v1/galaxy/sleep``, ``POST /v1/galaxy/wake``,
-``GET /v1/galaxy/state``. An emulation: no weights or context exist, so
-sleeping empties the prefix cache (the KV cache goes with the context) and
-waking costs the profile's ``wake_s`` (a timer, no CPU), paid by the
-wake call or by the first request that finds the instance asleep.
+``GET /v1/galaxy/state`` (with how long it has slept, ``asleep_s``). An
+emulation: no weights or context exist, so sleeping empties the prefix
+cache (the KV cache goes with the context) and waking costs the profile's
+``wake_s`` (a timer, no CPU), paid by the wake call or by the first
+request that finds the instance asleep.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ class EmulatedSleep:
         self.asleep = False
         self.sleeps = 0
         self.wakes = 0
+        #: time.monotonic() when it fell asleep (while asleep)
+        self.asleep_since = 0.0
+        #: ``POST /v1/galaxy/wake`` calls that found it asleep (the other
+        #: wakes: a request's)
+        self.wake_calls = 0
         self._waking: asyncio.Task[None] | None = None
 
     def sleep(self) -> bool:
@@ -31,6 +37,7 @@ class EmulatedSleep:
         if self.asleep:
             return False
         self.asleep = True
+        self.asleep_since = time.monotonic()
         self.sleeps += 1
         self.engine.prefix.clear()
         return True
@@ -62,10 +69,13 @@ class EmulatedSleep:
             return web.json_response({"asleep": True, "changed": self.sleep()})
 
         async def wake(_r: web.Request) -> web.Response:
+            self.wake_calls += self.asleep
             return web.json_response({"asleep": False, "woke_s": await self.awake()})
 
         async def state(_r: web.Request) -> web.Response:
-            state = {"asleep": self.asleep, "sleeps": self.sleeps, "wakes": self.wakes}
+            asleep_s = time.monotonic() - self.asleep_since if self.asleep else 0.0
+            state = {"asleep": self.asleep, "sleeps": self.sleeps, "wakes": self.wakes,
+                     "wake_calls": self.wake_calls, "asleep_s": asleep_s}  # fmt: skip
             return web.json_response(state | {"emulated": True})
 
         app.router.add_post("/v1/galaxy/sleep", sleep)

@@ -13,15 +13,30 @@ wake it; releasing the context returns the memory that grows with ``n_ctx``
 and the process wakes itself on its next request (figures: docs/llm.md,
 "Real KV transfer and sleeping instances").
 
+Waking in huge pages: most of a wake is the kernel faulting in the new KV
+cache page by page (llama.cpp clears the whole buffer it allocates: 36 MiB
+at ``n_ctx`` 2,048). With transparent huge pages in ``madvise`` mode (the
+default of most distributions) and glibc's malloc asked to advise them
+(``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which ``realmain`` sets), the KV
+cache is faulted in 2 MiB pages: the CPU a wake adds to a first token is
+2.2x lower at 2,048, 2.8x at 8,192 (docs/llm.md, "Sleeping instances"; not
+inside the default bubblewrap sandbox, which hides the kernel's setting
+from glibc). Huge pages are allowed only while a context is built
+(``prctl(PR_SET_THP_DISABLE)`` around it): the compute buffers, touched
+sparsely by each request, stay in small pages, so an awake instance holds
+no more memory than without them.
+
 Not thread-safe (llama.cpp's context is not): the server runs every call
 through one worker thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,12 +67,16 @@ class ModelHost:
     def __init__(self, model_path: str, *, n_ctx: int, n_threads: int, seed: int = 0) -> None:
         from llama_cpp import Llama
 
+        _mapped_buffers()
+        no_huge_pages()  # (but while a context is built: ``wake``)
         self.llm: Llama = Llama(
             model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
             seed=seed, use_mmap=True, verbose=False,
         )  # fmt: skip
         self.asleep = False
         self.sleeps = 0
+        #: time.monotonic() when it fell asleep (while asleep)
+        self.asleep_since = 0.0
         #: token counts of each eval call since the last completion began
         self._evals: list[int] = []
         plain_eval = self.llm.eval
@@ -68,6 +87,11 @@ class ModelHost:
             plain_eval(tokens)
 
         self.llm.eval = counting_eval  # type: ignore[method-assign]
+
+    @property
+    def asleep_s(self) -> float:
+        """Seconds asleep so far (0 when awake)."""
+        return time.monotonic() - self.asleep_since if self.asleep else 0.0
 
     @property
     def n_ctx(self) -> int:
@@ -86,6 +110,7 @@ class ModelHost:
         self.llm._ctx.close()
         _give_back_freed_memory()
         self.asleep = True
+        self.asleep_since = time.monotonic()
         self.sleeps += 1
         return True
 
@@ -96,9 +121,10 @@ class ModelHost:
         from llama_cpp import _internals
 
         t0 = time.perf_counter()
-        self.llm._ctx = _internals.LlamaContext(
-            model=self.llm._model, params=self.llm.context_params, verbose=False
-        )
+        with huge_pages():
+            self.llm._ctx = _internals.LlamaContext(
+                model=self.llm._model, params=self.llm.context_params, verbose=False
+            )
         self.llm.reset()
         self.asleep = False
         return time.perf_counter() - t0
@@ -137,12 +163,60 @@ class ModelHost:
         return realkv.export(self.llm, tokens), woke
 
 
+#: prctl's option that turns transparent huge pages off for the process
+PR_SET_THP_DISABLE = 41
+
+
+#: mallopt's parameter: blocks this large or larger get a mapping of their own
+M_MMAP_THRESHOLD = -3
+MAPPED_FROM = 4 << 20
+
+
+def _mapped_buffers() -> None:
+    """Give every block of MAPPED_FROM bytes or more (the KV cache and the
+    compute buffers of a context) a mapping of its own, for good: glibc
+    otherwise raises its threshold to a freed block's size, so a context
+    rebuilt after a sleep would live on a heap (whose freed pages stay until
+    trimmed, and which malloc does not advise huge pages for)."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, MAPPED_FROM)
+
+
+def no_huge_pages() -> None:
+    """No transparent huge pages for this process from now on (but within
+    ``huge_pages``): small pages for what is touched sparsely."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def huge_pages() -> Iterator[None]:
+    """Memory faulted in within the block may come in transparent huge pages
+    (where malloc advised them); outside it, none does. Without prctl (not
+    Linux, or a sandbox that refuses it) the kernel's defaults apply."""
+    libc = _libc()
+    if libc is None or libc.prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0) != 0:
+        yield
+        return
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return None
+
+
 def _give_back_freed_memory() -> None:
     """Return the context's freed pages to the system. glibc raises its mmap
     threshold to the size of a freed mapped block, so a context built after
     a sleep lives on the heap, whose freed pages stay resident until trimmed."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: its allocator returns memory its own way
-        return
-    libc.malloc_trim(0)
+    libc = _libc()
+    if libc is not None:  # (else not glibc: its allocator returns memory its own way)
+        libc.malloc_trim(0)

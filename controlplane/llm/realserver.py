@@ -17,7 +17,7 @@ Routes (JSON; errors name the field, OpenAI's error shape):
   prompt_tokens, prefill_s, transfer_s}``.
 - ``POST /v1/galaxy/sleep``: release the context, keep the weights (realhost);
   any request wakes the instance, or ``POST /v1/galaxy/wake`` ahead of one;
-  ``GET /v1/galaxy/state`` tells which.
+  ``GET /v1/galaxy/state`` tells which, and for how long (``asleep_s``).
 
 No streaming and no chat route (llama-cpp-python's own server, runtime
 ``llama-cpp``, has both). One request runs at a time (llama.cpp's context is not shared), so the
@@ -90,8 +90,9 @@ class RealServer:
         )
 
     async def state(self, _r: web.Request) -> web.Response:
-        """Awake or asleep, and how often it has slept."""
-        return web.json_response({"asleep": self.host.asleep, "sleeps": self.host.sleeps})
+        """Awake or asleep (and for how long), and how often it has slept."""
+        h = self.host
+        return web.json_response({"asleep": h.asleep, "sleeps": h.sleeps, "asleep_s": h.asleep_s})
 
     async def sleep(self, _r: web.Request) -> web.Response:
         """Release the context (waits for a running request to finish)."""

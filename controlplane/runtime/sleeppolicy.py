@@ -12,7 +12,9 @@ go; whoever scales the function performs it:
 - scale-out: ``wake(n)`` names up to n sleeping instances to route to (a
   request wakes them) before any cold start;
 - an instance asleep for ``keep_asleep_s`` is removed (``expired``): its
-  memory (weights, process) goes back to the node.
+  memory (weights, process) goes back to the node; the time counts from
+  when the instance fell asleep, also across a restart of its owner (the
+  instance reports how long it has slept).
 """
 
 from __future__ import annotations
@@ -45,14 +47,18 @@ class SleepPolicy:
         if self.keep_asleep_s < 0 or self.max_asleep < 0:
             raise ValueError("keep_asleep_s and max_asleep: not negative")
 
-    def scale_in(self, instance_id: str) -> Step:
+    def scale_in(self, instance_id: str, asleep_s: float = 0.0) -> Step:
         """The autoscaler gives this awake instance up: sleep it, or remove
-        it when ``max_asleep`` already sleep."""
+        it when ``max_asleep`` already sleep. ``asleep_s``: how long it has
+        slept already (an instance a restarted owner finds asleep says so
+        itself), counted toward ``keep_asleep_s``."""
         if instance_id in self.asleep:
             raise ValueError(f"instance {instance_id!r} is already asleep")
+        if asleep_s < 0:
+            raise ValueError("asleep_s: not negative")
         if len(self.asleep) >= self.max_asleep:
             return Step.REMOVE
-        self.asleep[instance_id] = self.clock()
+        self.asleep[instance_id] = self.clock() - asleep_s
         return Step.SLEEP
 
     def wake(self, n: int) -> list[str]:

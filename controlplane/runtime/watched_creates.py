@@ -39,7 +39,7 @@ class WatchedCreates:
     """CreateInstance through ``agents``, given up when its node is lost.
 
     pool: the process's ChannelPool, read at each probe (a component
-    rebinds it). check_s, probe_timeout_s: ``create_watch``'s defaults."""
+    rebinds it). check_s, probe_timeout_s, patience_s: ``create_watch``'s."""
 
     def __init__(
         self,
@@ -48,14 +48,15 @@ class WatchedCreates:
         clock: Clock | None = None,
         check_s: float = create_watch.CHECK_S,
         probe_timeout_s: float = create_watch.PROBE_TIMEOUT_S,
+        patience_s: float | None = None,
     ) -> None:
         self.agents = agents
         self._pool = pool
+        self.clock = clock or MonotonicClock()
         self.watch: create_watch.CreateWatch[int] = create_watch.CreateWatch(
-            clock or MonotonicClock(), check_s
+            self.clock, check_s, probe_timeout_s, patience_s
         )
         self.check_s = check_s
-        self.probe_timeout_s = probe_timeout_s
         self._ids = itertools.count()
         # A future per create in flight: set to NodeLost when it is given up.
         self._lost: dict[int, asyncio.Future[NodeLost]] = {}
@@ -69,11 +70,13 @@ class WatchedCreates:
         timeout_s: float,
     ) -> nodeagent_pb2.CreateInstanceReply:
         """``AgentCalls.create``; raises its ``grpc.aio.AioRpcError``, or
-        ``NodeLost`` when the create is given up (the call is cancelled)."""
+        ``NodeLost`` when the create is given up (the call is cancelled).
+        ``timeout_s`` (the runtime's startup timeout and a margin) is also
+        how long a probe of the node may wait for a late answer."""
         key = next(self._ids)
         lost: asyncio.Future[NodeLost] = asyncio.get_running_loop().create_future()
         self._lost[key] = lost
-        self.watch.begin(key, node_id)
+        self.watch.begin(key, node_id, timeout_s)
         call = asyncio.ensure_future(self.agents.create(address, req, timeout_s))
         either: set[asyncio.Future[Any]] = {call, lost}
         try:
@@ -114,12 +117,12 @@ class WatchedCreates:
         task.add_done_callback(self._probes.discard)
 
     async def _probe(self, node_id: str, address: str) -> None:
+        deadline_s = self.watch.probe_deadline_s(node_id)
+        t0 = self.clock.now()
         answered = False
         try:
             async with self._pool().stub(address, nodeagent_pb2_grpc.NodeAgentStub) as stub:
-                await stub.Probe(
-                    nodeagent_pb2.ProbeRequest(node_id=node_id), timeout=self.probe_timeout_s
-                )
+                await stub.Probe(nodeagent_pb2.ProbeRequest(node_id=node_id), timeout=deadline_s)
             answered = True
         except grpc.aio.AioRpcError as e:
             # NOT_FOUND (the agent no longer serves the node) is an answer
@@ -129,16 +132,22 @@ class WatchedCreates:
                 grpc.StatusCode.UNAVAILABLE,
             )
         except asyncio.CancelledError:
-            self.watch.probed(node_id, True)  # closing: decide nothing
+            self.watch.probed(node_id, 0.0)  # closing: decide nothing
             raise
         except Exception as e:  # e.g. an unusable address: the create fails there too
             log.warning("probe of node %s at %s failed: %r", node_id, address, e)
-        lost = self.watch.probed(node_id, answered)
+        took_s = self.clock.now() - t0 if answered else None
+        if self.watch.verdict(took_s) is create_watch.Verdict.LATE:
+            log.info(
+                "node %s's agent at %s answered a probe late (%.1fs): its creates wait on",
+                node_id, address, took_s,
+            )  # fmt: skip
+        lost = self.watch.probed(node_id, took_s)
         if lost:
             log.warning(
                 "node %s's agent at %s did not answer a probe within %.1fs: "
                 "giving up %d creates there",
-                node_id, address, self.probe_timeout_s, len(lost),
+                node_id, address, deadline_s, len(lost),
             )  # fmt: skip
             self._give_up(node_id, lost, create_watch.NO_ANSWER)
 

@@ -10,10 +10,11 @@ up asleep (weights loaded, context released) instead of removing them:
   ``POST /v1/galaxy/sleep`` within ``SLEEP_TIMEOUT_S``; when that fails it
   is removed like any retired instance;
 - scale-out (``wake``, from ``Dispatcher.start``): the most recently asleep
-  go back into the router first, before any cold start, and get ``POST
-  /v1/galaxy/wake`` ahead of their requests (a request wakes an instance by
-  itself too, so it is routed at once); one that does not answer within
-  ``WAKE_TIMEOUT_S`` is removed;
+  go back into the router first, before any cold start; one that a waiting
+  request gets at once is woken by that request (an instance wakes on its
+  next request by itself), the others get ``POST /v1/galaxy/wake`` ahead of
+  their requests, and one that does not answer it within ``WAKE_TIMEOUT_S``
+  is removed;
 - every autoscaler tick (``tick``): instances asleep ``keep_asleep_ms`` are
   removed, and those of a function no longer routed here go to its owner
   (as routed instances) or, the function deleted, are removed.
@@ -22,9 +23,9 @@ A sleeping instance keeps its instance record, and ``ListInstances`` lists
 it (``asleep``), so the node agents' orphan checks leave it alone. A
 Dispatch that restarts asks each recorded instance of a sleeping LLM
 function its state (``recovered``, ``GET /v1/galaxy/state``): one asleep
-sleeps on here (its ``keep_asleep_ms`` counted again from the restart),
-listed from the start; one awake, or one that does not answer, is
-recovered as any instance is.
+sleeps on here (its ``keep_asleep_ms`` counted from when it fell asleep,
+which it reports), listed from the start; one awake, or one that does not
+answer, is recovered as any instance is.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ KEEP_ASLEEP_S = 300.0
 ASLEEP = Gauge(
     "galaxy_llm_instances_asleep", "LLM instances asleep, of the functions this Dispatch owns"
 )
-SLEEPS = Counter("galaxy_llm_sleeps_total", "LLM instances a scale-in put to sleep")
+SLEEPS = Counter(
+    "galaxy_llm_sleeps_total", "LLM instances a scale-in put to sleep (once they answered)"
+)
 WAKES = Counter("galaxy_llm_wakes_total", "Sleeping LLM instances a scale-out woke")
 REMOVED = Counter(
     "galaxy_llm_asleep_removed_total",
@@ -150,7 +153,6 @@ def retire(d: Dispatcher, router: FunctionRouter, spec: common_pb2.FunctionSpec,
         return False
     router.remove_instance(iid)  # not capacity, no requests; its record stays
     d.sleeping.infos[iid] = inst.meta
-    SLEEPS.inc()
     log.info("putting %s of %s to sleep", iid, spec.name)
     d.spawn(_sleep(d, spec.name, inst.meta))
     return True
@@ -163,6 +165,8 @@ async def _sleep(d: Dispatcher, function: str, info: common_pb2.InstanceInfo) ->
         if d.sleeping.take(function, info.instance_id) is not None:
             log.warning("%s did not sleep (%s): removing it", info.instance_id, _why(e))
             _remove(d, function, info, "sleep_failed")
+        return
+    SLEEPS.inc()  # (counted once the instance says it sleeps)
 
 
 def wake(d: Dispatcher, router: FunctionRouter, spec: common_pb2.FunctionSpec, n: int) -> int:
@@ -178,8 +182,15 @@ def wake(d: Dispatcher, router: FunctionRouter, spec: common_pb2.FunctionSpec, n
             continue
         woken += 1
         WAKES.inc()
-        log.info("waking %s of %s", iid, spec.name)
-        d.add(router, info, cold=False)  # a request to it wakes it too
+        d.add(router, info, cold=False)
+        inst = router.instances.get(iid)
+        if inst is not None and inst.in_flight:
+            # A waiting request got it: that request wakes it (one call to
+            # the instance, not a wake and then the request, both through
+            # its node's entry, on a loaded machine).
+            log.info("%s of %s woken by a request", iid, spec.name)
+            continue
+        log.info("waking %s of %s ahead of its requests", iid, spec.name)
         d.spawn(_wake(d, router, info))
     return woken
 
@@ -242,7 +253,9 @@ async def recovered(
     recovered as any instance is."""
     gate = asyncio.Semaphore(STATE_PARALLEL)
 
-    async def asleep(info: common_pb2.InstanceInfo) -> common_pb2.FunctionSpec | None:
+    async def asleep(
+        info: common_pb2.InstanceInfo,
+    ) -> tuple[common_pb2.FunctionSpec, float] | None:
         try:
             spec = await d.spec(info.function)
             if not (spec.llm and spec.autoscaling.max_asleep):
@@ -252,18 +265,29 @@ async def recovered(
         except Exception as e:  # (no answer: recovered as awake, its request wakes it)
             log.info("state of %s unknown (%s): recovered awake", info.instance_id, _why(e))
             return None
-        return spec if state.get("asleep") is True else None
+        return (spec, _asleep_s(state)) if state.get("asleep") is True else None
 
-    specs = await asyncio.gather(*(asleep(i) for i in live))
+    found = await asyncio.gather(*(asleep(i) for i in live))
     out = []
-    for info, spec in zip(live, specs, strict=True):
+    for info, got in zip(live, found, strict=True):
+        spec, asleep_s = got if got is not None else (None, 0.0)
         policy = d.sleeping.policy(spec) if spec is not None else None
-        if policy is None or policy.scale_in(info.instance_id) is Step.REMOVE:
+        # (its keep_asleep_ms counted from when it fell asleep, not from now)
+        if policy is None or policy.scale_in(info.instance_id, asleep_s) is Step.REMOVE:
             out.append(info)  # (more asleep than max_asleep now: routed, woken by use)
             continue
         d.sleeping.infos[info.instance_id] = info
         d.record(f"/galaxy/instances/{info.function}/{info.instance_id}", info.SerializeToString())
     return out
+
+
+def _asleep_s(state: dict[str, Any]) -> float:
+    """The seconds an instance says it has slept (0 when it does not say,
+    or says something that is not a duration)."""
+    v = state.get("asleep_s")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 10 * 365 * 86400:
+        return 0.0
+    return float(v)
 
 
 def listed(d: Dispatcher, function: str) -> list[dispatch_pb2.InstanceState]:

@@ -43,10 +43,13 @@ async def test_sleep_state_and_a_request_that_wakes_it(llm) -> None:  # noqa: F8
     await complete(url, prompt)
     assert len(server.engine.prefix) == 4
     state = await curl(url + "/v1/galaxy/state")
-    assert state == {"asleep": False, "sleeps": 0, "wakes": 0, "emulated": True}
+    assert state == {
+        "asleep": False, "sleeps": 0, "wakes": 0, "wake_calls": 0, "asleep_s": 0.0, "emulated": True
+    }  # fmt: skip
     assert await curl("-X", "POST", url + "/v1/galaxy/sleep") == {"asleep": True, "changed": True}
     assert await curl("-X", "POST", url + "/v1/galaxy/sleep") == {"asleep": True, "changed": False}
-    assert (await curl(url + "/v1/galaxy/state"))["asleep"] is True
+    state = await curl(url + "/v1/galaxy/state")
+    assert state["asleep"] is True and state["asleep_s"] > 0
     assert not server.engine.prefix  # the KV cache went with the context
     # Two requests find it asleep: one wake, paid by both (in their TTFT).
     (a, a_s), (b, b_s) = await asyncio.gather(complete(url, prompt), complete(url, "x y"))
@@ -57,6 +60,7 @@ async def test_sleep_state_and_a_request_that_wakes_it(llm) -> None:  # noqa: F8
     # Awake again: no wake cost, and nothing to wake.
     woke = await curl("-X", "POST", url + "/v1/galaxy/wake")
     assert woke == {"asleep": False, "woke_s": 0.0}
+    assert server.sleep.wake_calls == 0  # (both wakes were the requests')
 
 
 @pytest.mark.slow
@@ -65,7 +69,7 @@ async def test_wake_ahead_takes_the_wake_off_the_request(llm) -> None:  # noqa: 
     await curl("-X", "POST", url + "/v1/galaxy/sleep")
     woke = await curl("-X", "POST", url + "/v1/galaxy/wake")
     assert woke["asleep"] is False and woke["woke_s"] >= WAKE_S
-    assert not server.sleep.asleep
+    assert not server.sleep.asleep and server.sleep.wake_calls == 1
     got, _ = await complete(url, "a b c")
     assert got["choices"][0]["text"] == "tok1"
     assert (server.sleep.sleeps, server.sleep.wakes) == (1, 1)  # the request woke nothing

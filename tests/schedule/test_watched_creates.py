@@ -1,11 +1,14 @@
 """WatchedCreates over gRPC: a slow start on an agent that answers its
-probes is never given up; a create to an agent that answers nothing is
-given up (``no_answer``) once a probe goes unanswered, and its call ends."""
+probes is never given up, nor one on an agent that answers them late (a
+starved agent); a create to an agent that answers nothing is given up
+(``no_answer``) once a probe goes unanswered, and its call ends."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -48,6 +51,17 @@ class SilentAgent(nodeagent_pb2_grpc.NodeAgentServicer):
         await asyncio.Event().wait()
 
 
+class StarvedAgent(NodeAgentServicer):
+    """The real agent, its probes answered late (an emulation of an agent
+    starved of CPU by an engine's minutes of imports on its node)."""
+
+    late_s = 0.3
+
+    async def Probe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await asyncio.sleep(self.late_s)
+        return await super().Probe(request, context)
+
+
 def create_req(iid: str) -> nodeagent_pb2.CreateInstanceRequest:
     fn = common_pb2.FunctionSpec(
         name="f", resources=common_pb2.Resources(cpu_millis=100, memory_mib=64)
@@ -62,22 +76,22 @@ async def serve(servicer: Any) -> tuple[grpc.aio.Server, str]:
     return server, f"127.0.0.1:{port}"
 
 
-async def test_a_slow_start_on_an_agent_that_answers_probes_is_not_given_up() -> None:
+@contextlib.asynccontextmanager
+async def agent_with(
+    agent_class: type[NodeAgentServicer], start_delay_s: float, **watch: float
+) -> AsyncIterator[tuple[CountingCreates, str]]:
+    """A real agent (of ``agent_class``) whose starts take ``start_delay_s``,
+    served over gRPC, and a WatchedCreates (``watch``: its timings) to it."""
     backend = EmulatedBackend()
-    backend.start_delay_s = 0.5  # ten checks while it starts
-    agent = NodeAgentServicer([("n0", Res(4000, 4096, 0))], backend)
+    backend.start_delay_s = start_delay_s
+    agent = agent_class([("n0", Res(4000, 4096, 0))], backend)
     server, address = await serve(agent)
     pool = rpc.ChannelPool()
     agent.attach(address, pool)
     calls = AgentCalls(lambda: pool)
-    wc = CountingCreates(calls, lambda: pool, check_s=0.05, probe_timeout_s=2.0)
+    wc = CountingCreates(calls, lambda: pool, **watch)
     try:
-        t0 = time.perf_counter()
-        reply = await wc.create("n0", address, create_req("slow-1"), timeout_s=10.0)
-        assert reply.instance.instance_id == "slow-1"
-        assert time.perf_counter() - t0 >= 0.5
-        assert wc.probes >= 1  # checked while it started, and it answered
-        assert len(wc.watch) == 0
+        yield wc, address
     finally:
         await wc.close()
         await calls.close()
@@ -86,12 +100,38 @@ async def test_a_slow_start_on_an_agent_that_answers_probes_is_not_given_up() ->
         await server.stop(None)
 
 
+async def test_a_slow_start_on_an_agent_that_answers_probes_is_not_given_up() -> None:
+    # ten checks while it starts
+    async with agent_with(NodeAgentServicer, 0.5, check_s=0.05, probe_timeout_s=2.0) as (
+        wc,
+        address,
+    ):
+        t0 = time.perf_counter()
+        reply = await wc.create("n0", address, create_req("slow-1"), timeout_s=10.0)
+        assert reply.instance.instance_id == "slow-1"
+        assert time.perf_counter() - t0 >= 0.5
+        assert wc.probes >= 1  # checked while it started, and it answered
+        assert len(wc.watch) == 0
+
+
+async def test_a_start_on_an_agent_that_answers_probes_late_is_not_given_up() -> None:
+    # Probes while it starts, each answered 0.3 s after it was sent: past
+    # probe_timeout_s (the earlier rule gave the start up).
+    async with agent_with(StarvedAgent, 0.8, check_s=0.05, probe_timeout_s=0.1) as (wc, address):
+        reply = await wc.create("n0", address, create_req("late-1"), timeout_s=20.0)
+        assert reply.instance.instance_id == "late-1"
+        assert wc.watch.late_answers >= 1  # (answered late, and it waited on)
+        assert len(wc.watch) == 0
+
+
 async def test_a_create_to_an_agent_that_answers_nothing_is_given_up() -> None:
     agent = SilentAgent()
     server, address = await serve(agent)
     pool = rpc.ChannelPool()
     calls = AgentCalls(lambda: pool)
-    wc = CountingCreates(calls, lambda: pool, check_s=0.1, probe_timeout_s=0.3)
+    # Its probe waits for a late answer at most patience_s (the create's own
+    # limit, 30 s, is longer).
+    wc = CountingCreates(calls, lambda: pool, check_s=0.1, probe_timeout_s=0.3, patience_s=0.6)
     try:
         with pytest.raises(NodeLost) as lost:
             await asyncio.wait_for(wc.create("n0", address, create_req("x-1"), 30.0), 10.0)
