@@ -5,8 +5,10 @@ the same object. A request either gets a slot at once (``acquire``) or waits
 (``enqueue``); ``scale_ups_needed`` says how many instances to start so the
 waiting requests are served, counting starts already under way, so a burst of
 concurrent requests for a function with no instance shares one scale-up
-(coalescing). New instances, releases and removals hand slots to waiters in
-arrival order and return who got what; the caller wakes them.
+(coalescing), and short requests queued behind a slow start count for the
+slot time they need within a start's time (``startneed``). New instances,
+releases and removals hand slots to waiters in arrival order and return who
+got what; the caller wakes them.
 
 Instance choice is indexed (a heap of the instances with a free slot), so a
 request costs O(log n), not a scan of the function's n instances.
@@ -21,34 +23,16 @@ import secrets
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from controlplane.runtime.clock import Clock
 
-
-@dataclass
-class Instance:
-    """A routable function instance and its slots in use. ``in_flight``,
-    ``draining`` and ``concurrency`` belong to the router that routes to it:
-    it indexes instances by them, so change them only through its methods."""
-
-    instance_id: str
-    address: str
-    node_id: str
-    concurrency: int
-    in_flight: int = 0
-    draining: bool = False
-    added_at: float = 0.0
-    #: opaque to the policy: what the caller needs later (e.g. the proto).
-    meta: Any = None
-
-    @property
-    def free(self) -> int:
-        """Slots free for new requests (none while draining)."""
-        # (a conditional expression, not max(0, ...): a tenth of the cost)
-        free = self.concurrency - self.in_flight
-        return 0 if self.draining or free < 0 else free
-
+# (Defined there, imported from here by most callers.)
+from functions.dispatch.slots import Grant as Grant
+from functions.dispatch.slots import Instance as Instance
+from functions.dispatch.slots import QueueFull as QueueFull
+from functions.dispatch.slots import Waiter as Waiter
+from functions.dispatch.startneed import StartPace
 
 #: Request ids remembered per function for idempotent retries.
 REQUEST_IDS_MAX = 10_000
@@ -56,26 +40,6 @@ REQUEST_IDS_MAX = 10_000
 #: may keep starting requests on it. Bounds how long a held slot is kept from
 #: a waiter and how long a change of traffic split waits for old holds.
 HOLD_S = 0.2
-
-
-class Grant(NamedTuple):
-    """A reserved slot: send the request to instance, then release lease_id.
-    (A named tuple: one is made per request, several times faster than a
-    frozen dataclass.)"""
-
-    lease_id: str
-    instance: Instance
-    cold_start: bool
-
-
-@dataclass(eq=False)
-class Waiter:
-    """A queued request. ``token`` is the caller's (e.g. a future)."""
-
-    seq: int
-    enqueued_at: float
-    token: Any = None
-    done: bool = False
 
 
 #: A lease: (instance_id, expires_at). A plain tuple (one per request): a named
@@ -139,6 +103,9 @@ class FunctionRouter:
     hold_s: float = HOLD_S
     _holds_until: float = field(default=0.0, init=False, repr=False, compare=False)
     _holds_closed: int = field(default=0, init=False, repr=False, compare=False)
+    #: request and start times, by which waiting requests count for starts
+    #: (None: each counts as a whole slot, as the simulator's baselines do)
+    pace: StartPace | None = None
 
     def __post_init__(self) -> None:
         # (set here, not only by their field defaults: a dataclass leaves an
@@ -222,12 +189,13 @@ class FunctionRouter:
 
     def scale_ups_needed(self) -> int:
         """Instances to start now for the waiting requests (may be 0): each
-        one running or starting absorbs up to ``concurrency`` waiters; only
-        the remainder triggers starts, never beyond max_scale."""
+        one running or starting absorbs up to ``concurrency`` of the slots
+        they need (``demand``); only the remainder triggers starts, never
+        beyond max_scale. A start that ends gives its share back."""
         if not self.waiters:
             return 0
-        free_now = self._slots_free
-        uncovered = len(self.waiters) - free_now - self.pending * self.concurrency
+        need = len(self.waiters) if self.pace is None else self.pace.slots_for(len(self.waiters))
+        uncovered = need - self._slots_free - self.pending * self.concurrency
         if uncovered <= 0:
             return 0
         want = math.ceil(uncovered / self.concurrency)
@@ -242,7 +210,11 @@ class FunctionRouter:
         if lease is None:
             return False, []
         self._forget_request(lease_id)
-        inst = self.instances.get(lease[0])  # its instance
+        inst, now = self.instances.get(lease[0]), self.clock.now()  # its instance
+        if self.pace is not None:  # (an expired lease's time is no request's)
+            held = now - lease[1] + self.lease_ttl_s
+            if 0.0 <= held < self.lease_ttl_s:
+                self.pace.served(held)
         if inst is not None and inst.in_flight > 0:
             n = inst.in_flight = inst.in_flight - 1
             self._in_flight -= 1
@@ -252,7 +224,7 @@ class FunctionRouter:
                 heapq.heappush(self._free, (n, self._order[iid], iid))
                 if len(self._free) > 2 * len(self.instances) + 16:
                     self._reindex()
-        self.last_active = self.clock.now()
+        self.last_active = now
         return True, self._serve_waiters(cold=False) if self.waiters else []
 
     def expire_leases(self) -> list[tuple[Waiter, Grant]]:
@@ -298,9 +270,13 @@ class FunctionRouter:
     def begin_scale_up(self, n: int = 1) -> None:
         """Record n instance starts under way."""
         self.pending += n
+        if self.pace is not None:
+            self.pace.began(self.clock.now(), n)
 
     def scale_up_done(self, inst: Instance) -> list[tuple[Waiter, Grant]]:
         """A started instance is ready: add it, serve waiters (cold starts)."""
+        if self.pace is not None:
+            self.pace.ended(self.clock.now(), ready=True)
         if self.surplus_starts > 0:
             self.surplus_starts -= 1
             inst.draining = True
@@ -310,7 +286,10 @@ class FunctionRouter:
 
     def scale_up_failed(self) -> list[Waiter]:
         """A start failed. Returns the waiters that can no longer be served:
-        all of them when nothing is running or starting to serve them later."""
+        all of them when nothing is running or starting to serve them later;
+        the others may now need a replacement (``scale_ups_needed``)."""
+        if self.pace is not None:
+            self.pace.ended(self.clock.now(), ready=False)
         if self.surplus_starts > 0:
             self.surplus_starts -= 1  # written off: no waiter counted on it
         else:
@@ -386,6 +365,12 @@ class FunctionRouter:
         """Requests in flight on the instances plus those queued: the
         concurrency an autoscaler observes."""
         return self._in_flight + len(self.waiters)
+
+    def demand(self) -> int:
+        """``load`` with the waiting requests counted as the slots they need
+        within a start's time (``startneed``): what the autoscaler scales on."""
+        w = len(self.waiters)
+        return self._in_flight + (w if self.pace is None else self.pace.slots_for(w))
 
     def live_count(self) -> int:
         """Instances that count toward max_scale (draining ones do not)."""
@@ -492,7 +477,3 @@ class FunctionRouter:
         for w in out:
             w.done = True
         return out
-
-
-class QueueFull(Exception):
-    """The function's wait queue is at its limit."""

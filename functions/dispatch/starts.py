@@ -134,3 +134,8 @@ def start_failed(
         fut: asyncio.Future[Grant] = w.token
         if not fut.done():
             fut.set_exception(err)
+    # The others were counted on this start: when the starts still under way
+    # do not cover them, a replacement starts now, not at the next request
+    # (the start backoff may hold it back).
+    if router.waiters and d.routers.get(router.name) is router:
+        d.trigger_scale_up(router, spec)

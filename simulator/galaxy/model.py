@@ -36,7 +36,8 @@ from controlplane.runtime import loadreport as _REPORT
 from controlplane.runtime.resources import Res
 from functions.clustermgr.config import ClusterMgrConfig
 from functions.dispatch.config import DispatchConfig
-from functions.dispatch.policy import Instance
+from functions.dispatch.policy import FunctionRouter, Instance
+from functions.dispatch.startneed import StartPace
 from functions.dispatch.waits import wait_timeout_s
 from functions.schedule.config import ScheduleConfig
 from simulator.frontend import RoutedModel
@@ -186,6 +187,13 @@ class GalaxyModel(RoutedModel):
     def finish(self) -> None:
         self.control.finish()
         super().finish()
+
+    def make_router(self, fn: int) -> FunctionRouter:
+        """The production router, with Dispatch's start pacing (``startneed``:
+        waiting requests count for the slot time they need within a start)."""
+        router = super().make_router(fn)
+        router.pace = StartPace()
+        return router
 
     def start_instances(self, fn: int, n: int) -> None:
         """Dispatch starts n instances: each a Schedule request."""
