@@ -106,12 +106,15 @@ class FunctionRouter:
     #: request and start times, by which waiting requests count for starts
     #: (None: each counts as a whole slot, as the simulator's baselines do)
     pace: StartPace | None = None
+    #: sum of the grant times of ``leases`` (expiry - lease_ttl_s), for
+    #: how long the requests in flight have held their slots (``_busy_s``)
+    _granted_sum: float = field(default=0.0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # (set here, not only by their field defaults: a dataclass leaves an
         # init=False field with a plain default to the class attribute,
         # which the optional compiled build does not have)
-        self._holds_until, self._holds_closed = 0.0, 0
+        self._holds_until, self._holds_closed, self._granted_sum = 0.0, 0, 0.0
         for iid in self.instances:
             self._order[iid] = next(self._added)
         self._reindex()
@@ -194,7 +197,8 @@ class FunctionRouter:
         beyond max_scale. A start that ends gives its share back."""
         if not self.waiters:
             return 0
-        need = len(self.waiters) if self.pace is None else self.pace.slots_for(len(self.waiters))
+        w = len(self.waiters)
+        need = w if self.pace is None else self.pace.slots_for(w, self._busy_s())
         uncovered = need - self._slots_free - self.pending * self.concurrency
         if uncovered <= 0:
             return 0
@@ -211,10 +215,10 @@ class FunctionRouter:
             return False, []
         self._forget_request(lease_id)
         inst, now = self.instances.get(lease[0]), self.clock.now()  # its instance
-        if self.pace is not None:  # (an expired lease's time is no request's)
-            held = now - lease[1] + self.lease_ttl_s
-            if 0.0 <= held < self.lease_ttl_s:
-                self.pace.served(held)
+        granted = lease[1] - self.lease_ttl_s
+        self._granted_sum = self._granted_sum - granted if self.leases else 0.0
+        if self.pace is not None and granted <= now < lease[1]:  # (expired: no request's time)
+            self.pace.served(now - granted)
         if inst is not None and inst.in_flight > 0:
             n = inst.in_flight = inst.in_flight - 1
             self._in_flight -= 1
@@ -327,6 +331,7 @@ class FunctionRouter:
             for lid in leases:
                 if lid not in self.leases:
                     self.leases[lid] = (inst.instance_id, expires)
+                    self._granted_sum += expires - self.lease_ttl_s
                     inst.in_flight += 1
                     self._in_flight += 1
             self._slots_free += inst.free - free
@@ -342,8 +347,10 @@ class FunctionRouter:
             self._draining -= inst.draining
             self._in_flight -= inst.in_flight
             for lid in [lid for lid, (iid, _) in self.leases.items() if iid == instance_id]:
-                del self.leases[lid]
+                self._granted_sum -= self.leases.pop(lid)[1] - self.lease_ttl_s
                 self._forget_request(lid)
+            if not self.leases:
+                self._granted_sum = 0.0
         return inst
 
     def drain(self, instance_id: str) -> bool:
@@ -370,7 +377,15 @@ class FunctionRouter:
         """``load`` with the waiting requests counted as the slots they need
         within a start's time (``startneed``): what the autoscaler scales on."""
         w = len(self.waiters)
-        return self._in_flight + (w if self.pace is None else self.pace.slots_for(w))
+        return self._in_flight + (
+            w if self.pace is None else self.pace.slots_for(w, self._busy_s())
+        )
+
+    def _busy_s(self) -> float:
+        """How long the requests in flight have held their slots, on average
+        (0 with none): a lower bound on their service time."""
+        n = len(self.leases)
+        return self.clock.now() - self._granted_sum / n if n else 0.0
 
     def live_count(self) -> int:
         """Instances that count toward max_scale (draining ones do not)."""
@@ -454,6 +469,7 @@ class FunctionRouter:
         # other proof, and no one can release a slot they were not given.
         lease_id = f"{self.lease_prefix}{self.name}/{next(self._seq)}.{self.lease_nonce()}"
         self.leases[lease_id] = (inst.instance_id, now + self.lease_ttl_s)
+        self._granted_sum += now
         # tuple.__new__ makes the same named tuple as Grant(...), without its
         # generated Python __new__ (one per request).
         return tuple.__new__(Grant, (lease_id, inst, cold))

@@ -69,11 +69,15 @@ class StartPace:
         """A lease was released after ``held_s`` seconds."""
         self.service_s = _avg(self.service_s, held_s)
 
-    def slots_for(self, waiting: int) -> int:
+    def slots_for(self, waiting: int, busy_s: float = 0.0) -> int:
         """Slots ``waiting`` requests need within the time a start takes
         (see the module docstring): ``waiting`` when a request holds a slot
-        as long as a start takes or either time is unknown."""
-        s, t = self.start_s, self.service_s
+        as long as a start takes or either time is unknown. ``busy_s``, how
+        long the requests in flight have held their slots so far, bounds
+        the service time from below: requests far longer than the last
+        ones (held, say, until their caller lets go) are not taken for
+        short ones while they fill every slot."""
+        s, t = self.start_s, self.service_s if self.service_s > busy_s else busy_s
         if waiting <= 0 or not s > t > 0.0:
             return waiting
         return math.ceil(waiting * t / s)

@@ -209,6 +209,11 @@ class GalaxyModel(RoutedModel):
         assert node is not None
         inst = Instance(su.iid, node.address, node.id, self.fns[su.fn].concurrency, meta=node)
         self.handovers.instance_ready(su.df, su.fn, inst, su.router)
+        router = su.router
+        if router is not None and router.waiters and router is self.front.routers[su.fn]:
+            n = router.scale_ups_needed()  # waiters it could not take (``starts.ask_again``)
+            if n:
+                self.start_instances(su.fn, n)
 
     def scale_up_failed(self, su: ScaleUp) -> None:
         """No Schedule instance could place it."""

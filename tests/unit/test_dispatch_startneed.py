@@ -74,6 +74,19 @@ def test_short_requests_queued_behind_a_slow_start_ask_for_no_second_start() -> 
     assert queue_one_by_one(whole, 100, every_s=0.1) == 4
 
 
+def test_requests_in_flight_longer_than_a_start_count_whole_slots() -> None:
+    # The history says 5 ms, but the requests now in flight have held every
+    # slot for 3 s (their callers keep them): the waiters are no short
+    # requests; counted as such they would wait for slots that do not free.
+    r = router(concurrency=1, max_scale=20)
+    with_history(r, start_s=2.0, service_s=0.005)
+    r.add_instance(Instance("busy", "a", "n", 1))
+    assert r.acquire() is not None
+    assert isinstance(r.clock, ManualClock)
+    r.clock.advance(3.0)
+    assert queue_one_by_one(r, 10, every_s=0.0) == 10
+
+
 def test_requests_longer_than_a_start_count_whole_slots() -> None:
     r = router(concurrency=4, max_scale=10)
     with_history(r, start_s=1.0, service_s=5.0)
