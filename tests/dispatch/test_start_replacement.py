@@ -13,10 +13,9 @@ import asyncio
 
 import grpc
 
-from controlplane.runtime import rpc
 from functions.dispatch.policy import Grant
-from functions.dispatch.service import DispatchServicer
 from galaxy.v1 import common_pb2, schedule_pb2, schedule_pb2_grpc
+from tests.dispatch.schedstub import dispatch_with_schedule, placed
 
 
 class FirstRefused(schedule_pb2_grpc.ScheduleServicer):
@@ -39,29 +38,12 @@ class FirstRefused(schedule_pb2_grpc.ScheduleServicer):
         if first:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no room on any node")
         await self.go.wait()
-        info = common_pb2.InstanceInfo(
-            instance_id=request.instance_id,
-            function=request.function.name,
-            node_id="n0",
-            address="127.0.0.1:1",
-            node_address="127.0.0.1:2",
-        )
-        return schedule_pb2.ScheduleReply(instance=info, schedule_id="s0")
+        return placed(request)
 
 
 async def test_a_failed_start_is_replaced_for_the_waiters_it_covered() -> None:
     sched = FirstRefused(want=3)
-    server, port, _ = rpc.create_server(
-        "127.0.0.1:0", [(schedule_pb2_grpc.add_ScheduleServicer_to_server, sched, "x")]
-    )
-    await server.start()
-    pool = rpc.ChannelPool()
-    svc = DispatchServicer(instance_id="d0", pool=pool, controller="")
-    try:
-        s0 = common_pb2.ControlInstance(
-            id="s0", kind=common_pb2.CONTROL_KIND_SCHEDULE, address=f"127.0.0.1:{port}"
-        )
-        svc.dispatcher.membership.update(common_pb2.Membership(epoch=1, instances=[s0]))
+    async with dispatch_with_schedule(sched) as svc:
         spec = common_pb2.FunctionSpec(
             name="f", concurrency=1, max_scale=3, startup_timeout_ms=30_000
         )
@@ -78,7 +60,3 @@ async def test_a_failed_start_is_replaced_for_the_waiters_it_covered() -> None:
         grants = await asyncio.wait_for(asyncio.gather(*futs), 10.0)
         assert {g.instance.instance_id for g in grants} == set(sched.ids[1:])
         assert len(set(sched.ids)) == 3
-    finally:
-        await svc.dispatcher.close()
-        await pool.close()
-        await server.stop(None)
