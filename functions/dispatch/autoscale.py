@@ -75,10 +75,11 @@ def autoscale_step(
 ) -> Iterator[Decision[K]]:
     """One autoscaling round: each function's autoscaler (``scaler_of``;
     None skips the function this round) observes its router's concurrency
-    (in flight plus queued) and last activity, decides against the live and
-    starting instances, and names the idle instances to retire (with any
-    idle one the router added draining, ``retirable``). A decision
-    is yielded for every function ticked, changes or not. ``observed_of``
+    (in flight plus queued, ``FunctionRouter.demand``) and last activity,
+    decides against the live and starting instances, and names the idle
+    instances to retire (with any idle one the router added draining,
+    ``retirable``). A decision is yielded for every function ticked,
+    changes or not. ``observed_of``
     gives (metric, value) for a function scaling on another metric than
     concurrency (None: concurrency)."""
     for key, router in routers:
@@ -86,7 +87,8 @@ def autoscale_step(
         if scaler is None:
             continue
         other = observed_of(key, router) if observed_of is not None else None
-        value = float(router.load()) if other is None else other[1]
+        # (waiting requests as the slots they need within a start's time)
+        value = float(router.demand()) if other is None else other[1]
         scaler.observe(now, value, last_active=router.last_active or None)
         d = scaler.decide(now, router.live_count(), router.pending)
         retire = scaler.instances_to_remove(d, router.instances.values()) if d.to_remove else []

@@ -43,6 +43,7 @@ from functions.dispatch.ownership import Ownership, lease_revision
 from functions.dispatch.peers import Peers
 from functions.dispatch.policy import FunctionRouter, Grant, Instance, QueueFull, Waiter
 from functions.dispatch.specs import SpecCache
+from functions.dispatch.startneed import StartPace
 from galaxy.v1 import common_pb2, dispatch_pb2
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,7 @@ class Dispatcher:
                 lease_ttl_s=self.request_timeout_s(spec),
                 max_queue=self.max_queue,
                 lease_prefix=f"{self.instance_id}:",
+                pace=StartPace(),
             )
             self.routers[spec.name] = r
             for info in self.ownership.take_recovered(spec.name):

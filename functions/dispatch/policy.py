@@ -5,8 +5,10 @@ the same object. A request either gets a slot at once (``acquire``) or waits
 (``enqueue``); ``scale_ups_needed`` says how many instances to start so the
 waiting requests are served, counting starts already under way, so a burst of
 concurrent requests for a function with no instance shares one scale-up
-(coalescing). New instances, releases and removals hand slots to waiters in
-arrival order and return who got what; the caller wakes them.
+(coalescing), and short requests queued behind a slow start count for the
+slot time they need within a start's time (``startneed``). New instances,
+releases and removals hand slots to waiters in arrival order and return who
+got what; the caller wakes them.
 
 Instance choice is indexed (a heap of the instances with a free slot), so a
 request costs O(log n), not a scan of the function's n instances.
@@ -21,34 +23,16 @@ import secrets
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from controlplane.runtime.clock import Clock
 
-
-@dataclass
-class Instance:
-    """A routable function instance and its slots in use. ``in_flight``,
-    ``draining`` and ``concurrency`` belong to the router that routes to it:
-    it indexes instances by them, so change them only through its methods."""
-
-    instance_id: str
-    address: str
-    node_id: str
-    concurrency: int
-    in_flight: int = 0
-    draining: bool = False
-    added_at: float = 0.0
-    #: opaque to the policy: what the caller needs later (e.g. the proto).
-    meta: Any = None
-
-    @property
-    def free(self) -> int:
-        """Slots free for new requests (none while draining)."""
-        # (a conditional expression, not max(0, ...): a tenth of the cost)
-        free = self.concurrency - self.in_flight
-        return 0 if self.draining or free < 0 else free
-
+# (Defined there, imported from here by most callers.)
+from functions.dispatch.slots import Grant as Grant
+from functions.dispatch.slots import Instance as Instance
+from functions.dispatch.slots import QueueFull as QueueFull
+from functions.dispatch.slots import Waiter as Waiter
+from functions.dispatch.startneed import StartPace
 
 #: Request ids remembered per function for idempotent retries.
 REQUEST_IDS_MAX = 10_000
@@ -56,26 +40,6 @@ REQUEST_IDS_MAX = 10_000
 #: may keep starting requests on it. Bounds how long a held slot is kept from
 #: a waiter and how long a change of traffic split waits for old holds.
 HOLD_S = 0.2
-
-
-class Grant(NamedTuple):
-    """A reserved slot: send the request to instance, then release lease_id.
-    (A named tuple: one is made per request, several times faster than a
-    frozen dataclass.)"""
-
-    lease_id: str
-    instance: Instance
-    cold_start: bool
-
-
-@dataclass(eq=False)
-class Waiter:
-    """A queued request. ``token`` is the caller's (e.g. a future)."""
-
-    seq: int
-    enqueued_at: float
-    token: Any = None
-    done: bool = False
 
 
 #: A lease: (instance_id, expires_at). A plain tuple (one per request): a named
@@ -139,12 +103,18 @@ class FunctionRouter:
     hold_s: float = HOLD_S
     _holds_until: float = field(default=0.0, init=False, repr=False, compare=False)
     _holds_closed: int = field(default=0, init=False, repr=False, compare=False)
+    #: request and start times, by which waiting requests count for starts
+    #: (None: each counts as a whole slot, as the simulator's baselines do)
+    pace: StartPace | None = None
+    #: sum of the grant times of ``leases`` (expiry - lease_ttl_s), for
+    #: how long the requests in flight have held their slots (``_busy_s``)
+    _granted_sum: float = field(default=0.0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # (set here, not only by their field defaults: a dataclass leaves an
         # init=False field with a plain default to the class attribute,
         # which the optional compiled build does not have)
-        self._holds_until, self._holds_closed = 0.0, 0
+        self._holds_until, self._holds_closed, self._granted_sum = 0.0, 0, 0.0
         for iid in self.instances:
             self._order[iid] = next(self._added)
         self._reindex()
@@ -222,12 +192,14 @@ class FunctionRouter:
 
     def scale_ups_needed(self) -> int:
         """Instances to start now for the waiting requests (may be 0): each
-        one running or starting absorbs up to ``concurrency`` waiters; only
-        the remainder triggers starts, never beyond max_scale."""
+        one running or starting absorbs up to ``concurrency`` of the slots
+        they need (``demand``); only the remainder triggers starts, never
+        beyond max_scale. A start that ends gives its share back."""
         if not self.waiters:
             return 0
-        free_now = self._slots_free
-        uncovered = len(self.waiters) - free_now - self.pending * self.concurrency
+        w = len(self.waiters)
+        need = w if self.pace is None else self.pace.slots_for(w, self._busy_s())
+        uncovered = need - self._slots_free - self.pending * self.concurrency
         if uncovered <= 0:
             return 0
         want = math.ceil(uncovered / self.concurrency)
@@ -242,7 +214,11 @@ class FunctionRouter:
         if lease is None:
             return False, []
         self._forget_request(lease_id)
-        inst = self.instances.get(lease[0])  # its instance
+        inst, now = self.instances.get(lease[0]), self.clock.now()  # its instance
+        granted = lease[1] - self.lease_ttl_s
+        self._granted_sum = self._granted_sum - granted if self.leases else 0.0
+        if self.pace is not None and granted <= now < lease[1]:  # (expired: no request's time)
+            self.pace.served(now - granted)
         if inst is not None and inst.in_flight > 0:
             n = inst.in_flight = inst.in_flight - 1
             self._in_flight -= 1
@@ -252,7 +228,7 @@ class FunctionRouter:
                 heapq.heappush(self._free, (n, self._order[iid], iid))
                 if len(self._free) > 2 * len(self.instances) + 16:
                     self._reindex()
-        self.last_active = self.clock.now()
+        self.last_active = now
         return True, self._serve_waiters(cold=False) if self.waiters else []
 
     def expire_leases(self) -> list[tuple[Waiter, Grant]]:
@@ -298,9 +274,13 @@ class FunctionRouter:
     def begin_scale_up(self, n: int = 1) -> None:
         """Record n instance starts under way."""
         self.pending += n
+        if self.pace is not None:
+            self.pace.began(self.clock.now(), n)
 
     def scale_up_done(self, inst: Instance) -> list[tuple[Waiter, Grant]]:
         """A started instance is ready: add it, serve waiters (cold starts)."""
+        if self.pace is not None:
+            self.pace.ended(self.clock.now(), ready=True)
         if self.surplus_starts > 0:
             self.surplus_starts -= 1
             inst.draining = True
@@ -310,7 +290,10 @@ class FunctionRouter:
 
     def scale_up_failed(self) -> list[Waiter]:
         """A start failed. Returns the waiters that can no longer be served:
-        all of them when nothing is running or starting to serve them later."""
+        all of them when nothing is running or starting to serve them later;
+        the others may now need a replacement (``scale_ups_needed``)."""
+        if self.pace is not None:
+            self.pace.ended(self.clock.now(), ready=False)
         if self.surplus_starts > 0:
             self.surplus_starts -= 1  # written off: no waiter counted on it
         else:
@@ -348,6 +331,7 @@ class FunctionRouter:
             for lid in leases:
                 if lid not in self.leases:
                     self.leases[lid] = (inst.instance_id, expires)
+                    self._granted_sum += expires - self.lease_ttl_s
                     inst.in_flight += 1
                     self._in_flight += 1
             self._slots_free += inst.free - free
@@ -363,8 +347,10 @@ class FunctionRouter:
             self._draining -= inst.draining
             self._in_flight -= inst.in_flight
             for lid in [lid for lid, (iid, _) in self.leases.items() if iid == instance_id]:
-                del self.leases[lid]
+                self._granted_sum -= self.leases.pop(lid)[1] - self.lease_ttl_s
                 self._forget_request(lid)
+            if not self.leases:
+                self._granted_sum = 0.0
         return inst
 
     def drain(self, instance_id: str) -> bool:
@@ -386,6 +372,20 @@ class FunctionRouter:
         """Requests in flight on the instances plus those queued: the
         concurrency an autoscaler observes."""
         return self._in_flight + len(self.waiters)
+
+    def demand(self) -> int:
+        """``load`` with the waiting requests counted as the slots they need
+        within a start's time (``startneed``): what the autoscaler scales on."""
+        w = len(self.waiters)
+        return self._in_flight + (
+            w if self.pace is None else self.pace.slots_for(w, self._busy_s())
+        )
+
+    def _busy_s(self) -> float:
+        """How long the requests in flight have held their slots, on average
+        (0 with none): a lower bound on their service time."""
+        n = len(self.leases)
+        return self.clock.now() - self._granted_sum / n if n else 0.0
 
     def live_count(self) -> int:
         """Instances that count toward max_scale (draining ones do not)."""
@@ -469,6 +469,7 @@ class FunctionRouter:
         # other proof, and no one can release a slot they were not given.
         lease_id = f"{self.lease_prefix}{self.name}/{next(self._seq)}.{self.lease_nonce()}"
         self.leases[lease_id] = (inst.instance_id, now + self.lease_ttl_s)
+        self._granted_sum += now
         # tuple.__new__ makes the same named tuple as Grant(...), without its
         # generated Python __new__ (one per request).
         return tuple.__new__(Grant, (lease_id, inst, cold))
@@ -492,7 +493,3 @@ class FunctionRouter:
         for w in out:
             w.done = True
         return out
-
-
-class QueueFull(Exception):
-    """The function's wait queue is at its limit."""

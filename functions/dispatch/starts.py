@@ -112,6 +112,7 @@ async def scale_up(d: Dispatcher, router: FunctionRouter, spec: common_pb2.Funct
             fnstats.cold_start_ready(spec, time.perf_counter() - t0)
             d.add(router, info, cold=True)
             d.backoff.succeeded(spec.name)  # start backoff: a start served
+            ask_again(d, router, spec)  # waiters it could not take
             return
 
 
@@ -134,3 +135,17 @@ def start_failed(
         fut: asyncio.Future[Grant] = w.token
         if not fut.done():
             fut.set_exception(err)
+    # The others were counted on this start: when the starts still under way
+    # do not cover them, a replacement starts now, not at the next request
+    # (the start backoff may hold it back).
+    ask_again(d, router, spec)
+
+
+def ask_again(d: Dispatcher, router: FunctionRouter, spec: common_pb2.FunctionSpec) -> None:
+    """A start of ``router``'s ended: the starts its waiters still need (its
+    share when it failed; those the new instance and the starts under way
+    do not cover, when it is ready: the count of a waiter may have changed
+    with what the requests in flight take) begin now, not at the next
+    request or autoscaler round."""
+    if router.waiters and d.routers.get(router.name) is router:
+        d.trigger_scale_up(router, spec)

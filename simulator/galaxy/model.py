@@ -36,7 +36,8 @@ from controlplane.runtime import loadreport as _REPORT
 from controlplane.runtime.resources import Res
 from functions.clustermgr.config import ClusterMgrConfig
 from functions.dispatch.config import DispatchConfig
-from functions.dispatch.policy import Instance
+from functions.dispatch.policy import FunctionRouter, Instance
+from functions.dispatch.startneed import StartPace
 from functions.dispatch.waits import wait_timeout_s
 from functions.schedule.config import ScheduleConfig
 from simulator.frontend import RoutedModel
@@ -187,6 +188,13 @@ class GalaxyModel(RoutedModel):
         self.control.finish()
         super().finish()
 
+    def make_router(self, fn: int) -> FunctionRouter:
+        """The production router, with Dispatch's start pacing (``startneed``:
+        waiting requests count for the slot time they need within a start)."""
+        router = super().make_router(fn)
+        router.pace = StartPace()
+        return router
+
     def start_instances(self, fn: int, n: int) -> None:
         """Dispatch starts n instances: each a Schedule request."""
         router = self.front.router(fn)
@@ -201,6 +209,11 @@ class GalaxyModel(RoutedModel):
         assert node is not None
         inst = Instance(su.iid, node.address, node.id, self.fns[su.fn].concurrency, meta=node)
         self.handovers.instance_ready(su.df, su.fn, inst, su.router)
+        router = su.router
+        if router is not None and router.waiters and router is self.front.routers[su.fn]:
+            n = router.scale_ups_needed()  # waiters it could not take (``starts.ask_again``)
+            if n:
+                self.start_instances(su.fn, n)
 
     def scale_up_failed(self, su: ScaleUp) -> None:
         """No Schedule instance could place it."""

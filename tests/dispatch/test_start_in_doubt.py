@@ -23,7 +23,6 @@ from controlplane.runtime.resources import Res
 from functions.dispatch import peers, starts
 from functions.dispatch.credits import CreditWallet
 from functions.dispatch.policy import Grant
-from functions.dispatch.service import DispatchServicer
 from galaxy.v1 import (
     common_pb2,
     nodeagent_pb2,
@@ -31,6 +30,7 @@ from galaxy.v1 import (
     schedule_pb2,
     schedule_pb2_grpc,
 )
+from tests.dispatch.schedstub import dispatch_with_schedule, placed
 
 
 class LateSchedule(schedule_pb2_grpc.ScheduleServicer):
@@ -48,14 +48,7 @@ class LateSchedule(schedule_pb2_grpc.ScheduleServicer):
         if len(self.calls) == 1:
             context.add_done_callback(lambda _: self.first_gone.set())
             await asyncio.Event().wait()  # answered after the deadline: never, here
-        info = common_pb2.InstanceInfo(
-            instance_id=request.instance_id,
-            function=request.function.name,
-            node_id="n0",
-            address="127.0.0.1:1",
-            node_address="127.0.0.1:2",
-        )
-        return schedule_pb2.ScheduleReply(instance=info, schedule_id="s0")
+        return placed(request)
 
 
 async def test_a_start_past_its_deadline_is_retried_under_the_same_id(
@@ -64,17 +57,7 @@ async def test_a_start_past_its_deadline_is_retried_under_the_same_id(
     monkeypatch.setattr(peers, "SCHEDULE_SLACK_S", 0.3)  # the Schedule call's deadline
     monkeypatch.setattr(starts, "START_RETRY_S", 0.01)
     sched = LateSchedule()
-    server, port, _ = rpc.create_server(
-        "127.0.0.1:0", [(schedule_pb2_grpc.add_ScheduleServicer_to_server, sched, "x")]
-    )
-    await server.start()
-    pool = rpc.ChannelPool()
-    svc = DispatchServicer(instance_id="d0", pool=pool, controller="")
-    try:
-        s0 = common_pb2.ControlInstance(
-            id="s0", kind=common_pb2.CONTROL_KIND_SCHEDULE, address=f"127.0.0.1:{port}"
-        )
-        svc.dispatcher.membership.update(common_pb2.Membership(epoch=1, instances=[s0]))
+    async with dispatch_with_schedule(sched) as svc:
         spec = common_pb2.FunctionSpec(name="f", concurrency=1, max_scale=1, startup_timeout_ms=1)
         router = svc.dispatcher.router(spec)
         loop = asyncio.get_running_loop()
@@ -93,10 +76,6 @@ async def test_a_start_past_its_deadline_is_retried_under_the_same_id(
         assert len(set(sched.calls)) == 1 and len(sched.calls) == 2
         assert grant is not None and grant.instance.instance_id == sched.calls[0]
         assert router.live_count() + router.pending == 1
-    finally:
-        await svc.dispatcher.close()
-        await pool.close()
-        await server.stop(None)
 
 
 class HangingAgent(nodeagent_pb2_grpc.NodeAgentServicer):
