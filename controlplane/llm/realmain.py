@@ -9,9 +9,9 @@ once with ``glibc.malloc.hugetlb=1`` added (same pid, same arguments) before
 importing the server: a wake then faults its KV cache in 2 MiB pages
 (``realhost``, "Waking in huge pages"). Kept import-light so the re-exec
 costs an interpreter start and no more. glibc learns whether the kernel has
-transparent huge pages from ``THP_CONFIG``; where that is not visible (the
-default bubblewrap sandbox shows nothing of /sys but the CPU topology) the
-tunable would do nothing, and there is no re-exec.
+transparent huge pages from ``THP_CONFIG`` (the bubblewrap sandbox shows it
+read-only); where that is not visible the tunable would do nothing, and
+there is no re-exec.
 """
 
 from __future__ import annotations

@@ -42,9 +42,12 @@ REPORTER = (
     "               'root': sorted(os.listdir('/')), 'cwd': os.getcwd(),\n"
     "               'unshare': tried(['unshare', '--user', 'true']),\n"
     "               'tmp': os.listdir('/tmp'),\n"
-    "               'sys': [d for d in ('/sys/class', '/sys/kernel', '/sys/fs', '/sys/block',"
+    "               'sys': [d for d in ('/sys/class', '/sys/kernel/mm/transparent_hugepage',"
+    " '/sys/kernel/security', '/sys/kernel/debug', '/sys/fs', '/sys/block',"
     " '/sys/devices/virtual', '/sys/devices/system/cpu', '/sys/devices/system/node')"
-    " if os.path.exists(d)]}\n"
+    " if os.path.exists(d)],\n"
+    "               'kernel': sorted(os.listdir('/sys/kernel')) if os.path.isdir('/sys/kernel')"
+    " else []}\n"
     "        body = json.dumps(doc).encode()\n"
     "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
     "http.server.HTTPServer((os.environ['HOST'], int(os.environ['PORT'])), H).serve_forever()\n"
@@ -99,9 +102,12 @@ async def test_an_instance_sees_only_itself(bwrap_backend, tmp_path):
         # interpreter's prefixes (here perhaps /root, for a pyenv Python).
         shown = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin"}
         shown |= {"tmp", "usr", *(Path(r).parts[1] for r in runtime_roots(sys.executable))}
-        shown.add("sys")  # only the CPU and NUMA topology:
+        shown.add("sys")  # only the CPU and NUMA topology and the huge page settings:
         assert set(doc["root"]) <= shown, doc["root"]
-        assert set(doc["sys"]) <= {"/sys/devices/system/cpu", "/sys/devices/system/node"}
+        thp = "/sys/kernel/mm/transparent_hugepage"
+        assert set(doc["sys"]) <= {"/sys/devices/system/cpu", "/sys/devices/system/node", thp}
+        assert set(doc["kernel"]) <= {"mm"}
+        assert (thp in doc["sys"]) == HOST_THP  # read by glibc's hugetlb tunable
         assert "var" not in doc["root"] and "home" not in doc["root"]
     finally:
         await a.stop()
@@ -131,6 +137,7 @@ SHM = (
 
 #: the host's online CPUs, as the sandbox must show them
 ONLINE = Path("/sys/devices/system/cpu/online").read_text().strip()
+HOST_THP = Path("/sys/kernel/mm/transparent_hugepage").is_dir()
 
 
 async def test_shared_memory_is_private_and_cpu_topology_shown(bwrap_backend):
