@@ -74,6 +74,12 @@ class GalaxyConfig:
     #: "changes": a node heartbeats only when its status changed (an
     #: unchanged heartbeat changes no decision); "all": every period.
     heartbeats: str = "changes"
+    #: how long a status the owner already counts (a start) may wait for
+    #: company in ClusterMgr's outbox (None: two heartbeat periods, as
+    #: ``ClusterMgrConfig.covered_linger_ms``)
+    covered_linger_s: float | None = (
+        None if _CLUSTERMGR.covered_linger_ms is None else _CLUSTERMGR.covered_linger_ms / 1000.0
+    )
     #: the controller scales control functions on SRPS (needs the scaling module)
     controller_scaling: bool = True
     report_s: float = 1.0
