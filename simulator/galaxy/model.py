@@ -101,6 +101,8 @@ class GalaxyConfig:
     credit_ttl_s: float = _SCHEDULE.credit_ttl_ms / 1000.0
     credit_grace_s: float = _SCHEDULE.credit_grace_ms / 1000.0
     credit_target: int = _DISPATCH.credit_target
+    credit_floor: int = _DISPATCH.credit_floor
+    credit_shrink_s: float = _DISPATCH.credit_shrink_ms / 1000.0
     credit_renew_s: float = _DISPATCH.credit_renew_ms / 1000.0
     credit_idle_s: float = _DISPATCH.credit_idle_ms / 1000.0
     credit_max_starting: int = _DISPATCH.credit_max_starting
