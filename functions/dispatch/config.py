@@ -43,7 +43,7 @@ class DispatchConfig(RecordsConfig):
         ge=0, le=64,
     )  # fmt: skip
     credit_floor: int = setting(
-        1,
+        2,
         "credits held while scale-ups happen at all; between this and --credit-target the "
         "count follows demand: up at once when a start found no credit, down one per "
         "--credit-shrink-ms without (functions/dispatch/credit_demand.py)",

@@ -108,7 +108,7 @@ class CreditWallet:
         self,
         *,
         target: int = 4,
-        floor: int = 1,
+        floor: int = 2,
         shrink_s: float = 10.0,
         renew_s: float = 1.0,
         idle_s: float = 60.0,
