@@ -11,15 +11,17 @@ exchanges buy nothing. So the count follows demand:
 - **floor** credits are held while scale-ups happen at all (the wallet's
   ``idle_s`` still returns them all when none comes), so the first starts
   of a burst find one and skip the Schedule hop. Two by default: on the
-  Azure 2019 sample's hour one credit (four starts) missed 107 of 33k
-  starts, two 76, four (the old fixed count) 79;
+  Azure 2019 sample's hour one credit (four starts) missed 117 of 33.1k
+  starts, two 88, four (the old fixed count) 79;
 - a take that found **no credit** (a miss: the start goes through Schedule)
   means demand outran what is held: the count goes to ``ceiling`` at once,
   as the wallet held before;
-- a take that **used up the room** of every credit held (another start of
-  that size would miss until the refill arrives) asks one credit more at
-  once: the refill brings two where one was spent, so at a steady low rate
-  an exchange fetches credits two at a time and returns the spent ones;
+- a take after which **no credit held could serve another start at once**
+  (each has used up its room or has a start in flight) asks one credit
+  more at once: a start rate the held credits barely keep up with, or a
+  burst that would queue behind as many sandbox creators as credits held.
+  At a steady low rate this is the take that spends the last credit with
+  room, and the refill then brings two in one exchange;
 - after ``shrink_s`` without either, one credit fewer is asked for. Credits
   already held are kept until they are spent or expire, so what is held
   comes down no faster than credits are used up or expire (a credit's
@@ -60,8 +62,8 @@ class CreditDemand:
 
     def took(self, *, hit: bool, room_left: bool) -> None:
         """A scale-up asked the wallet: ``hit`` whether a credit served it,
-        ``room_left`` whether a credit held can still serve another start
-        of the same size."""
+        ``room_left`` whether a credit held could serve another start of
+        the same size at once (room for it, no start in flight there)."""
         now = self.clock.now()
         self._decay(now)
         if not hit:

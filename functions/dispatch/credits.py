@@ -193,8 +193,14 @@ class CreditWallet:
         if not need.fits_in(best.left):
             best.retired = True  # spent: returned once its start is settled
         self.stats["hits"] += 1
-        room = any(not c.retired and need.fits_in(c.left) for c in self._credits.values())
-        self.demand.took(hit=True, room_left=room)
+        # Another start like this one could go at once: to a credit with
+        # room and no start in flight (a burst spreads over as many
+        # sandbox creators as credits held).
+        spare = any(
+            not c.retired and c.creating == 0 and need.fits_in(c.left)
+            for c in self._credits.values()
+        )
+        self.demand.took(hit=True, room_left=spare)
         return CreditUse(best, need)
 
     def _score(self, c: Credit, need: Res, function: str) -> float:

@@ -98,33 +98,23 @@ def _run(w: CreditWallet, g: _Grantor, clock: ManualClock, seconds: int, start_e
             g.sync(w, grantor)
 
 
-def test_at_a_low_start_rate_the_wallet_holds_one_credit_not_the_target() -> None:
-    clock = ManualClock()
-    w = _wallet(clock, target=4, floor=1)
-    g = _Grantor()
-    _run(w, g, clock, 300, start_every=5)  # 0.2 starts/s, four to a credit
-    assert g.wants[0] == 4  # the first start found none: the target at once
-    assert w.stats["misses"] == 1 and w.stats["hits"] == 59
-    # Then one at a time (or two when the last one was used up): the
-    # target's four credits would be renewed every 30 s, used ~1.5 times each.
-    assert len([c for c in w.credits() if not c.retired]) <= 2
-    assert g.n <= 30 and g.exchanges <= 25
-
-
-def test_using_up_the_last_credit_refills_two_in_one_exchange() -> None:
-    clock = ManualClock()
-    w = _wallet(clock)
-    g = _Grantor()
-    _run(w, g, clock, 60, start_every=5)  # down to the floor by now
-    held = [c for c in w.credits() if not c.retired]
-    assert len(held) == 1
-    while START.fits_in(held[0].left):
-        use = w.take(START)
-        assert use is not None and use.credit is held[0]
-        w.settled(use, node_seq=1)
-    assert w.due("s1", upkeep=False) == ["s1"]
-    req = w.begin_sync("s1")
-    assert req.want == 2 and req.returned == [(held[0].credit_id, False)]
+def test_at_a_low_start_rate_the_wallet_holds_the_floor_not_the_target() -> None:
+    runs = {}
+    for floor in (2, 4):  # 4: a fixed count, as before the demand rule
+        clock = ManualClock()
+        w = _wallet(clock, target=4, floor=floor)
+        g = _Grantor()
+        _run(w, g, clock, 300, start_every=5)  # 0.2 starts/s, four to a credit
+        assert g.wants[0] == 4  # the first start found none: the target at once
+        assert w.stats["misses"] == 1 and w.stats["hits"] == 59
+        runs[floor] = (len([c for c in w.credits() if not c.retired]), g.n, g.exchanges)
+    held, granted, exchanges = runs[2]
+    assert held == 2
+    # Four credits are renewed every 30 s whether used or not (~1.5 starts
+    # each here); two are spent about as often as they expire. (Here the
+    # four were granted together and so renewed in one exchange each time;
+    # in a run they come and go at different times.)
+    assert granted < 0.6 * runs[4][1] and exchanges <= runs[4][2], runs
 
 
 def test_a_spent_credit_goes_back_with_the_next_exchange_not_one_of_its_own() -> None:
@@ -185,3 +175,24 @@ def test_a_refused_credit_goes_back_at_the_next_upkeep() -> None:
     w.settled(use, None, refused=True)  # the agent said full: the grantor's view is off
     assert w.due(upkeep=True) == ["s1"]
     assert w.begin_sync("s1").returned == [("a", True)]
+
+
+def test_a_burst_asks_for_more_credits_as_every_held_one_gets_a_start_in_flight() -> None:
+    """Small starts never use up a slice, but a burst queues behind as many
+    sandbox creators as credits held: once each held credit has a start in
+    flight, one more is asked, up to the target."""
+    clock = ManualClock()
+    w = _wallet(clock, target=4, floor=2)
+    g = _Grantor()
+    _run(w, g, clock, 60, start_every=5)  # at the floor by now
+    assert w.demand.target() == 2
+    tiny = Res(10, 16)  # a hundred to a slice
+    first = w.take(tiny)
+    assert w.demand.target() == 2  # the other credit is free: it can take the next
+    second = w.take(tiny)
+    assert first is not None and second is not None and first.node_id != second.node_id
+    assert w.demand.target() == 3  # both creating: the next would queue
+    for grantor in w.due("s1", upkeep=False):
+        g.sync(w, grantor)
+    third = w.take(tiny)
+    assert third is not None and third.node_id not in (first.node_id, second.node_id)
