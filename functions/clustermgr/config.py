@@ -6,6 +6,7 @@ from pydantic import model_validator
 
 from controlplane.runtime.config import setting
 from controlplane.runtime.membership import NODE_HEARTBEAT_MS
+from functions.clustermgr.forwarding import COVERED_BEATS
 from statestore.records import RecordsConfig
 
 #: Heartbeat periods a node may miss before it is declared dead (unless
@@ -18,6 +19,14 @@ class ClusterMgrConfig(RecordsConfig):
 
     heartbeat_ms: float = setting(
         float(NODE_HEARTBEAT_MS), "heartbeat interval told to node agents, milliseconds", gt=0
+    )
+    covered_linger_ms: float | None = setting(
+        None,
+        "how long a node status may wait for company before it goes to Schedule when its "
+        "change is work that Schedule instance placed itself (an instance starting or "
+        "becoming ready: functions/clustermgr/forwarding.py), milliseconds (default "
+        f"{COVERED_BEATS} x --heartbeat-ms; 0: at once)",
+        ge=0,
     )
     dead_after_ms: float | None = setting(
         None,

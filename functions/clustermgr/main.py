@@ -28,12 +28,19 @@ class ClusterMgrComponent:
     kind = common_pb2.CONTROL_KIND_CLUSTERMGR
 
     def __init__(
-        self, registry: NodeRegistry, *, heartbeat_s: float, record: Recorder | None = None
+        self,
+        registry: NodeRegistry,
+        *,
+        heartbeat_s: float,
+        record: Recorder | None = None,
+        covered_linger_s: float | None = None,
     ) -> None:
         self.registry = registry
         self.recorder = record
         # The id and the host's pool are bound in start().
-        self.servicer = ClusterMgrServicer(registry, heartbeat_s=heartbeat_s, record=record)
+        self.servicer = ClusterMgrServicer(
+            registry, heartbeat_s=heartbeat_s, record=record, covered_linger_s=covered_linger_s
+        )
 
     def services(self) -> list[tuple[Any, Any, str]]:
         """The ClusterMgr service."""
@@ -77,4 +84,5 @@ def from_config(cfg: ClusterMgrConfig) -> ClusterMgrComponent:
         registry,
         heartbeat_s=cfg.heartbeat_ms / 1000.0,
         record=Recorder(cfg.state, cfg.record_ttl_s),
+        covered_linger_s=None if cfg.covered_linger_ms is None else cfg.covered_linger_ms / 1000.0,
     )

@@ -1,8 +1,8 @@
 """ClusterMgr's outbox of ModNode messages to Schedule instances: one queue
 per Schedule address, drained by one task per address (ModNodes RPCs of up
 to ``batch`` messages). What is sent when (newest message per node wins,
-changes go at once, refreshes may linger ``linger_s`` for company, retries
-with backoff) is decided by ``OutboxQueue``
+news goes at once, a message that may wait for company waits up to its
+``wait_s``, retries with backoff) is decided by ``OutboxQueue``
 (``functions/clustermgr/outbox_queue.py``, pure; the simulator drives the
 same object); this module performs it: the waits, the RPCs, the counters.
 """
@@ -35,12 +35,13 @@ class Outbox:
     wins. A failed message is retried (up to ``tries`` sends, with backoff)
     unless a newer one for the node was queued meanwhile.
 
-    linger_s: how long a queue holding only refreshes (``put(...,
-    urgent=False)``: an unchanged status Schedule already has) waits for
-    more before it is sent; an urgent message sends the queue at once.
-    Heartbeats arrive spread over the period, so without it each refresh
-    found an empty queue and went alone: a ModNodes RPC per ~2 messages,
-    each costing Schedule far more in gRPC wake-ups than the upserts.
+    A message may wait for company (``put(..., wait_s=...)``: a refresh of
+    an unchanged status, or a status the owner's view already counts;
+    ``functions.clustermgr.forwarding`` says how long); news sends the
+    queue at once. Heartbeats arrive spread over the period, so without the
+    wait each refresh found an empty queue and went alone: a ModNodes RPC
+    per ~2 messages, each costing Schedule far more in gRPC wake-ups than
+    the upserts.
     """
 
     def __init__(
@@ -51,16 +52,12 @@ class Outbox:
         batch: int = BATCH,
         tries: int = 3,
         backoff_s: float = 0.1,
-        linger_s: float = 0.0,
     ) -> None:
-        if linger_s < 0:
-            raise ValueError("linger_s must be >= 0")
         self.pool = pool
         self.timeout_s = timeout_s
         self.batch = batch
         self.tries = tries
         self.backoff_s = backoff_s
-        self.linger_s = linger_s
         #: messages sent, given up, and ModNodes RPCs made (batches)
         self.sent = 0
         self.failed = 0
@@ -72,17 +69,17 @@ class Outbox:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def put(self, address: str, req: schedule_pb2.ModNodeRequest, *, urgent: bool = True) -> None:
-        """Queue req for the Schedule instance at address. urgent=False: a
-        refresh that may linger (see the class docstring)."""
+    def put(self, address: str, req: schedule_pb2.ModNodeRequest, *, wait_s: float = 0.0) -> None:
+        """Queue req for the Schedule instance at address; it may wait up to
+        wait_s for company (see the class docstring)."""
         q = self._queues.get(address)
         if q is None:
             q = self._queues[address] = OutboxQueue(
-                batch=self.batch, tries=self.tries, backoff_s=self.backoff_s, linger_s=self.linger_s
+                batch=self.batch, tries=self.tries, backoff_s=self.backoff_s
             )
         loop = asyncio.get_running_loop()
         sooner = q.put(
-            req.node.node_id, req, now=loop.time(), urgent=urgent, remove=req.op == REMOVE
+            req.node.node_id, req, now=loop.time(), wait_s=wait_s, remove=req.op == REMOVE
         )
         if address not in self._tasks:
             self._idle.clear()
@@ -111,8 +108,8 @@ class Outbox:
                 if r is None:
                     break  # idle
                 if not isinstance(r, list):
-                    # Wait until r: a linger (an urgent put wakes us
-                    # sooner) or a backoff (put never wakes us then).
+                    # Wait until r: a linger (a put due sooner wakes us)
+                    # or a backoff (put never wakes us then).
                     wake.clear()
                     try:
                         await asyncio.wait_for(wake.wait(), r - now)

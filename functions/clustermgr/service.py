@@ -5,10 +5,12 @@ Heartbeats are answered at once; telling the owning Schedule instance
 address in which the newest message per node replaces an unsent older one,
 drained by one task per address. So messages for a node reach its owner in
 order, and a slow Schedule instance costs coalescing, not memory or latency
-of heartbeats. Changes go at once; refreshes of unchanged statuses wait up
+of heartbeats. News goes at once; refreshes of unchanged statuses wait up
 to a heartbeat period for company, so that they cost Schedule one RPC per
 period rather than one per beat (docs/results/benchmarks-2026-11.md, 2026-11-26,
-"Schedule per heartbeat", commit 5538adf).
+"Schedule per heartbeat", commit 5538adf), and so do statuses whose change
+the owner's view already counts (an instance it placed starting or ready:
+``functions/clustermgr/forwarding.py``).
 """
 
 from __future__ import annotations
@@ -80,17 +82,12 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         record: Record | None = None,
         modnode_timeout_s: float = 2.0,
         refresh_linger_s: float | None = None,
+        covered_linger_s: float | None = None,
     ) -> None:
         self.registry = registry
         self.heartbeat_s = heartbeat_s
         self._record_fn = record
-        # Refreshes wait up to a heartbeat period (None): at most one
-        # ModNodes RPC of refreshes per period and Schedule instance, and a
-        # refresh (itself due every REFRESH_BEATS periods) at most one late.
-        linger = heartbeat_s if refresh_linger_s is None else refresh_linger_s
-        self.outbox = Outbox(
-            pool or rpc.ChannelPool(), timeout_s=modnode_timeout_s, linger_s=linger
-        )
+        self.outbox = Outbox(pool or rpc.ChannelPool(), timeout_s=modnode_timeout_s)
         self.clustermgr_id = clustermgr_id
         self.modnode_timeout_s = modnode_timeout_s
         #: RegisterNode calls and heartbeat statuses (Update, one on
@@ -98,8 +95,15 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         self.node_updates = 0
         #: Limits of Heartbeats streams (max age; tests shorten it).
         self.stream = heartbeats.StreamLimits()
-        #: Which heartbeats go on to Schedule (shared with the simulator).
-        self.forwarding = HeartbeatForwarding(heartbeat_s)
+        #: Which heartbeats go on to Schedule, and how long each may wait
+        #: for company (shared with the simulator). Refreshes wait up to a
+        #: heartbeat period (None): at most one ModNodes RPC of them per
+        #: period and Schedule instance, and a refresh (itself due every
+        #: REFRESH_BEATS periods) at most one late; covered statuses (None)
+        #: up to COVERED_BEATS periods.
+        self.forwarding = HeartbeatForwarding(
+            heartbeat_s, refresh_linger_s=refresh_linger_s, covered_linger_s=covered_linger_s
+        )
         #: The liveness timer: armed for the registry's next deadline (None:
         #: not started, or no alive node to wait for).
         self._timer: asyncio.TimerHandle | None = None
@@ -221,6 +225,8 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         self.node_updates += 1
         if not self._owns(status.node_id):
             return _WRONG_OWNER
+        known = self.registry.get(status.node_id)
+        old = known.status if known is not None else None  # (update replaces it)
         outcome = self.registry.update(status)
         if outcome is Updated.UNKNOWN:
             return _REREGISTER
@@ -228,9 +234,9 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
             return _OK
         rec = self.registry.get(status.node_id)
         assert rec is not None
-        if self.forwarding.should_forward(rec.status.node_id, outcome, self.registry.clock.now()):
-            # An unchanged status is a refresh: it may wait for company.
-            self._tell_owner(rec, UPSERT, urgent=outcome is not Updated.SAME)
+        wait = self.forwarding.wait_s(outcome, old, rec.status, self.registry.clock.now())
+        if wait is not None:
+            self._tell_owner(rec, UPSERT, wait_s=wait)
         if outcome is not Updated.SAME:
             self._record(rec.status.node_id, rec.status)
         return _REVIVED if outcome is Updated.REVIVED else _OK
@@ -411,13 +417,13 @@ class ClusterMgrServicer(clustermgr_pb2_grpc.ClusterMgrServicer):
         )
 
     def _tell_owner(
-        self, rec: NodeRecord, op: schedule_pb2.ModNodeRequest.Op, *, urgent: bool = True
+        self, rec: NodeRecord, op: schedule_pb2.ModNodeRequest.Op, *, wait_s: float = 0.0
     ) -> None:
         owner = self.registry.membership.get(SCHEDULE, rec.owner) if rec.owner else None
         if owner is None:
             return  # no Schedule instance yet: Coordinate will send it
         req = schedule_pb2.ModNodeRequest(op=op, node=rec.status)
-        self.outbox.put(owner.address, req, urgent=urgent)
+        self.outbox.put(owner.address, req, wait_s=wait_s)
 
     def _record(self, node_id: str, status: common_pb2.NodeStatus | None) -> None:
         if self._record_fn is None:

@@ -39,8 +39,22 @@ class DispatchConfig(RecordsConfig):
         "Off (--no-credits): every start goes through Schedule",
     )
     credit_target: int = setting(
-        4, "credits held while scale-ups happen (the bound on what is delegated)", ge=0, le=64
+        4, "credits held at most while scale-ups happen (the bound on what is delegated)",
+        ge=0, le=64,
+    )  # fmt: skip
+    credit_floor: int = setting(
+        2,
+        "credits held while scale-ups happen at all; between this and --credit-target the "
+        "count follows demand: up at once when a start found no credit, down one per "
+        "--credit-shrink-ms without (functions/dispatch/credit_demand.py)",
+        ge=0,
+        le=64,
     )
+    credit_shrink_ms: float = setting(
+        10_000.0,
+        "one credit fewer is asked for after this long without a start short of one, ms",
+        gt=0,
+    )  # fmt: skip
     credit_renew_ms: float = setting(
         1_000.0, "a credit this close to its expiry is returned and replaced, ms", ge=0
     )

@@ -19,7 +19,9 @@ simulator) performs the calls:
 Refills are asked right after a credit is used (and after a miss), never
 awaited by a scale-up; credits near their expiry and credits of an idle
 holder go back; a membership change drops credits whose grantor no longer
-owns their node.
+owns their node. How many credits are held follows demand
+(``functions.dispatch.credit_demand``): a floor while starts are rare, up
+to ``target`` at once when a start found none.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from controlplane.runtime.clock import Clock, MonotonicClock
 from controlplane.runtime.credits import Grant, Use
 from controlplane.runtime.resources import Res
 from controlplane.runtime.scoring import NodeInfo, Score, least_loaded
+from functions.dispatch.credit_demand import CreditDemand
 
 
 @dataclass
@@ -51,6 +54,9 @@ class Credit:
     refused: bool = False
     #: the slice as granted (what ``left`` started from)
     granted: Res = field(default_factory=Res)
+    #: goes back with the next upkeep (refused, failed, or an idle holder's),
+    #: not only with the next exchange with its grantor
+    prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,12 +90,14 @@ class SyncRequest:
 class CreditWallet:
     """The credits of one Dispatch instance (see the module docstring).
 
-    target: credits to hold while scale-ups happen (the bound on what this
-    instance holds). renew_s: a credit this close to its expiry is not used
-    and goes back (the next sync asks for a fresh one); the periodic upkeep
-    (``due`` with ``upkeep``) replaces credits already within twice that, so
-    with an upkeep period <= renew_s a busy holder never finds all of its
-    credits expired at once. idle_s: with no scale-up for this long,
+    target: credits to hold at most (the bound on what this instance holds);
+    floor: credits held while scale-ups happen at all; how many between the
+    two follows demand (``CreditDemand``: up at once when a start found no
+    credit, down one per ``shrink_s`` without). renew_s: a credit this close
+    to its expiry is not used and goes back (the next sync asks for a fresh
+    one); the periodic upkeep (``due`` with ``upkeep``) replaces credits
+    already within twice that, so with an upkeep period <= renew_s a busy
+    holder never finds all of its credits expired at once. idle_s: with no scale-up for this long,
     credits go back and none are asked for. max_starting: instances being
     created from one credit at once (0: no bound); a burst beyond that goes
     to other credits or to Schedule, so it does not queue behind one node's
@@ -100,6 +108,8 @@ class CreditWallet:
         self,
         *,
         target: int = 4,
+        floor: int = 2,
+        shrink_s: float = 10.0,
         renew_s: float = 1.0,
         idle_s: float = 60.0,
         max_starting: int = 0,
@@ -114,15 +124,19 @@ class CreditWallet:
         if room_retries < 0:
             raise ValueError("room_retries must be >= 0")
         self.target = target
+        self.clock = clock or MonotonicClock()
+        #: how many credits to ask for (within [floor, target])
+        self.demand = CreditDemand(floor=floor, ceiling=target, shrink_s=shrink_s, clock=self.clock)
         #: ranks the nodes this wallet holds credit on (Schedule's terms)
         self.score = score
         self.max_starting = max_starting
         self.renew_s = renew_s
         self.idle_s = idle_s
-        self.clock = clock or MonotonicClock()
         self._credits: dict[str, Credit] = {}
         self._used: dict[str, list[Use]] = {}
         self._returns: dict[str, list[tuple[str, bool]]] = {}
+        #: grantor -> when its pending returns are due by themselves
+        self._return_by: dict[str, float] = {}
         #: grantors with an exchange in flight, and credits asked in them
         self._syncing: dict[str, int] = {}
         #: grantors with returns in the exchange in flight
@@ -171,6 +185,7 @@ class CreditWallet:
                     best, best_score = c, s
         if best is None:
             self.stats["misses"] += 1
+            self.demand.took(hit=False, room_left=False)  # before the refill asks
             return None
         best.left = best.left - need
         best.creating += 1
@@ -178,6 +193,14 @@ class CreditWallet:
         if not need.fits_in(best.left):
             best.retired = True  # spent: returned once its start is settled
         self.stats["hits"] += 1
+        # Another start like this one could go at once: to a credit with
+        # room and no start in flight (a burst spreads over as many
+        # sandbox creators as credits held).
+        spare = any(
+            not c.retired and c.creating == 0 and need.fits_in(c.left)
+            for c in self._credits.values()
+        )
+        self.demand.took(hit=True, room_left=spare)
         return CreditUse(best, need)
 
     def _score(self, c: Credit, need: Res, function: str) -> float:
@@ -200,6 +223,9 @@ class CreditWallet:
             self.stats["refused" if refused else "failed"] += 1
             c.retired = True
             c.refused = c.refused or refused
+            # The grantor hears of it soon: a refusal puts its view of the
+            # node in doubt, a failure may mean the node is down.
+            c.prompt = True
         self._finish(c)
 
     # ----- exchanges with grantors --------------------------------------------------
@@ -208,15 +234,24 @@ class CreditWallet:
         """Grantors to sync with now (none with an exchange in flight):
         ``home`` (where new credits are asked; default: the last one named)
         when more are wanted, and with ``upkeep`` (the periodic call) those
-        with returns pending. Use reports go with the next exchange with
-        their grantor, at the latest with the credit's return: until then
-        the hold still counts the instance (an over-estimate of what is
-        used, never an under-estimate), so they need not cost a message."""
+        with returns due. Use reports go with the next exchange with their
+        grantor, at the latest with the credit's return: until then the
+        hold still counts the instance (an over-estimate of what is used,
+        never an under-estimate), so they need not cost a message. Returns
+        go with the next exchange with their grantor too; one is due by
+        itself only when the credit would have gone back unspent (within
+        ``2 * renew_s`` of its expiry: its remainder is held no longer than
+        an unused slice is), or at once when refused, failed or idle (and
+        after ``return_all``). A spent credit so costs no exchange of its
+        own: its return rides the refill that replaces the next one."""
         home = self.home = home or self.home
-        self._retire_old(self.clock.now(), 2 * self.renew_s if upkeep else self.renew_s)
+        now = self.clock.now()
+        self._retire_old(now, 2 * self.renew_s if upkeep else self.renew_s)
         out = []
         if upkeep:
-            out = sorted(g for g in self._returns if g not in self._syncing)
+            out = sorted(
+                g for g, by in self._return_by.items() if by <= now and g not in self._syncing
+            )
         if home and home not in self._syncing and home not in out and self._want() > 0:
             out.append(home)
         return out
@@ -225,6 +260,7 @@ class CreditWallet:
         """The request for one exchange (reports and returns leave the
         wallet; new credits are asked when ``grantor`` is ``home``)."""
         req = SyncRequest(grantor, self._used.pop(grantor, []), self._returns.pop(grantor, []), 0)
+        self._return_by.pop(grantor, None)
         if req.returned:
             self._returning.add(grantor)
         if grantor == self.home:
@@ -248,6 +284,11 @@ class CreditWallet:
             )  # fmt: skip
         self.stats["granted"] += len(grants)
 
+    def return_all(self) -> None:
+        """Make every pending return due now (the room they hold is wanted:
+        ``room_retry``); the next ``due(upkeep=True)`` names their grantors."""
+        self._return_by = dict.fromkeys(self._return_by, float("-inf"))
+
     def returns_pending(self) -> bool:
         """Credits retired and not yet in an exchange."""
         return any(self._returns.values())
@@ -261,8 +302,8 @@ class CreditWallet:
     def room_retry(self, tries: int) -> bool:
         """A start Schedule refused for room: try it again once the
         remainders this wallet still holds are back with their grantors?
-        (The caller returns them at once: ``due(upkeep=True)`` and the
-        exchanges, until ``returns_outstanding`` is false.) Yes while some
+        (The caller returns them at once: ``return_all``, ``due(upkeep=True)``
+        and the exchanges, until ``returns_outstanding`` is false.) Yes while some
         are outstanding, at most ``room_retries`` times per start: in a
         burst, slices granted and spent strand remainders too small for a
         start, and without this the start's waiters sit out the next
@@ -287,7 +328,7 @@ class CreditWallet:
         if self.clock.now() - self._last_scale_up > self.idle_s:
             return 0  # idle: hold nothing
         live = sum(1 for c in self._credits.values() if not c.retired)
-        return max(0, self.target - live - sum(self._syncing.values()))
+        return max(0, self.demand.target() - live - sum(self._syncing.values()))
 
     def _retire_old(self, now: float, ahead: float) -> None:
         """Retire credits within ``ahead`` of expiry, and all of an idle holder's."""
@@ -295,9 +336,13 @@ class CreditWallet:
         for c in list(self._credits.values()):
             if not c.retired and (idle or c.expires_at - now <= ahead):
                 c.retired = True
+                c.prompt = c.prompt or idle
                 self._finish(c)
 
     def _finish(self, c: Credit) -> None:
         if c.retired and c.creating == 0 and self._credits.pop(c.credit_id, None) is not None:
-            self._returns.setdefault(c.grantor, []).append((c.credit_id, c.refused))
+            g = c.grantor
+            self._returns.setdefault(g, []).append((c.credit_id, c.refused))
+            by = self.clock.now() if c.prompt else c.expires_at - 2 * self.renew_s
+            self._return_by[g] = min(by, self._return_by.get(g, by))
             self.stats["returned"] += 1

@@ -66,6 +66,8 @@ class DispatchComponent:
             peers = self.dispatcher.peers
             peers.credits = CreditWallet(
                 target=cfg.credit_target,
+                floor=cfg.credit_floor,
+                shrink_s=cfg.credit_shrink_ms / 1000.0,
                 renew_s=cfg.credit_renew_ms / 1000.0,
                 idle_s=cfg.credit_idle_ms / 1000.0,
                 max_starting=cfg.credit_max_starting,

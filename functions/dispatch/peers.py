@@ -331,6 +331,7 @@ class Peers:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
+        wallet.return_all()
         while True:
             self._sync("", upkeep=True)
             left = deadline - loop.time()

@@ -96,11 +96,16 @@ class ClusterMgrInst(ControlInst):
     kind = "clustermgr"
 
     def __init__(
-        self, iid: str, station: Station, registry: NodeRegistry, heartbeat_s: float
+        self,
+        iid: str,
+        station: Station,
+        registry: NodeRegistry,
+        heartbeat_s: float,
+        covered_linger_s: float | None = None,
     ) -> None:
         super().__init__(iid, station)
         self.registry = registry
-        self.forwarding = HeartbeatForwarding(heartbeat_s)
+        self.forwarding = HeartbeatForwarding(heartbeat_s, covered_linger_s=covered_linger_s)
 
 
 class ControlPlane:
@@ -145,9 +150,9 @@ class ControlPlane:
         self._rng = random.Random(env.rng.random())
         # Bound once (heartbeats schedule them by the hundred thousand).
         self._on_update = self._update
-        # ClusterMgr's ModNodes calls; refreshes linger a heartbeat period,
-        # the servicer's default (``ClusterMgrServicer(refresh_linger_s=None)``).
-        self.modnodes = ModNodes(self, linger_s=self.cfg.heartbeat_s)
+        # ClusterMgr's ModNodes calls (how long each status may wait for
+        # company: each ClusterMgr instance's ``HeartbeatForwarding``).
+        self.modnodes = ModNodes(self)
         #: membership changes after the first one are charged (the first
         #: builds the tables "as registration leaves them", before the run)
         self._live = False
@@ -177,7 +182,7 @@ class ControlPlane:
         if kind == "clustermgr":
             dead_after_s = DEAD_AFTER_BEATS * self.cfg.heartbeat_s
             reg = NodeRegistry(dead_after_s=dead_after_s, clock=self.sim.clock)
-            return ClusterMgrInst(iid, st, reg, self.cfg.heartbeat_s)
+            return ClusterMgrInst(iid, st, reg, self.cfg.heartbeat_s, self.cfg.covered_linger_s)
         df = DispatchInst(iid, st)
         df.wallet = credits.make_wallet(self)
         return df
@@ -420,6 +425,8 @@ class ControlPlane:
 
     def _update(self, a: tuple[ClusterMgrInst, common_pb2.NodeStatus, NodeInfo]) -> None:
         cmf, status, info = a
+        known = cmf.registry.get(status.node_id)
+        old = known.status if known is not None else None  # (update replaces it)
         out = cmf.registry.update(status)
         if out is Updated.UNKNOWN:
             cmf.registry.register(status)
@@ -428,11 +435,14 @@ class ControlPlane:
             return
         rec = cmf.registry.get(status.node_id)
         sf = self.sfs.get(rec.owner) if rec is not None else None
-        # Production's rule (``HeartbeatForwarding``): changes at once, an
-        # unchanged status once per refresh period.
-        if sf is not None and cmf.forwarding.should_forward(status.node_id, out, self.sim.now):
-            # An unchanged status is a refresh: it may linger (as the servicer).
-            self.modnodes.put(cmf, sf, status, info, urgent=out is not Updated.SAME)
+        # Production's rule (``HeartbeatForwarding``): news at once, a start
+        # the owner counts and an unchanged status (once per refresh
+        # period) may wait for company.
+        if sf is None:
+            return
+        wait = cmf.forwarding.wait_s(out, old, status, self.sim.now)
+        if wait is not None:
+            self.modnodes.put(cmf, sf, status, info, wait_s=wait)
 
     def apply_modnode(self, a: tuple[ScheduleInst, common_pb2.NodeStatus, NodeInfo | None]) -> None:
         sf, status, info = a

@@ -45,7 +45,8 @@ def make_wallet(cp: ControlPlane) -> CreditWallet | None:
     if not c.credits:
         return None
     return CreditWallet(
-        target=c.credit_target, renew_s=c.credit_renew_s, idle_s=c.credit_idle_s,
+        target=c.credit_target, floor=c.credit_floor, shrink_s=c.credit_shrink_s,
+        renew_s=c.credit_renew_s, idle_s=c.credit_idle_s,
         max_starting=c.credit_max_starting, clock=cp.sim.clock,
     )  # fmt: skip
 
@@ -206,6 +207,8 @@ class CreditPath:
         queued behind an exchange in flight as soon as it ends (as
         ``Peers.return_credits``)."""
         self._after_returns.setdefault(su.df.id, []).append(su)
+        assert su.df.wallet is not None
+        su.df.wallet.return_all()
         self._returned(su.df)
 
     def _returned(self, df: DispatchInst) -> None:
@@ -219,5 +222,6 @@ class CreditPath:
     def tick(self) -> None:
         """Periodic upkeep: return credits of idle or soon-expiring holders."""
         for df in list(self.m.control.dfs.values()):
-            if df.wallet is not None and df.wallet.credits():
+            w = df.wallet
+            if w is not None and (w.credits() or w.returns_pending()):
                 self.sync(df, "", self.sim.now)

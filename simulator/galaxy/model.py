@@ -75,6 +75,12 @@ class GalaxyConfig:
     #: "changes": a node heartbeats only when its status changed (an
     #: unchanged heartbeat changes no decision); "all": every period.
     heartbeats: str = "changes"
+    #: how long a status the owner already counts (a start) may wait for
+    #: company in ClusterMgr's outbox (None: two heartbeat periods, as
+    #: ``ClusterMgrConfig.covered_linger_ms``)
+    covered_linger_s: float | None = (
+        None if _CLUSTERMGR.covered_linger_ms is None else _CLUSTERMGR.covered_linger_ms / 1000.0
+    )
     #: the controller scales control functions on SRPS (needs the scaling module)
     controller_scaling: bool = True
     report_s: float = 1.0
@@ -96,6 +102,8 @@ class GalaxyConfig:
     credit_ttl_s: float = _SCHEDULE.credit_ttl_ms / 1000.0
     credit_grace_s: float = _SCHEDULE.credit_grace_ms / 1000.0
     credit_target: int = _DISPATCH.credit_target
+    credit_floor: int = _DISPATCH.credit_floor
+    credit_shrink_s: float = _DISPATCH.credit_shrink_ms / 1000.0
     credit_renew_s: float = _DISPATCH.credit_renew_ms / 1000.0
     credit_idle_s: float = _DISPATCH.credit_idle_ms / 1000.0
     credit_max_starting: int = _DISPATCH.credit_max_starting

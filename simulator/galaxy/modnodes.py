@@ -6,12 +6,15 @@ only times it on the simulated clock: the wake-ups the queue asks for, the
 calls through the stations, their charges.
 
 The queue's rules, in short: the newest status per node replaces an unsent
-one; a change sends the queue at once, a queue of refreshes only (unchanged
-statuses) lingers up to a heartbeat period (the servicer's default) for
-company; while a call is in flight what arrives waits and goes with the
-next call, up to ``BATCH`` statuses per call, and the round goes on until
-the queue is empty. So a lone change costs a whole call, and a burst (a
-repartition's re-sends, many changes while Schedule is busy) shares calls.
+one; news sends the queue at once, a status that may wait (a refresh of an
+unchanged status, or a start the owner's view already counts: how long is
+production's ``HeartbeatForwarding.wait_s``, a heartbeat period by
+default) waits up to that for company; while a call is in flight what
+arrives waits and goes with the next call, up to ``BATCH`` statuses per
+call, and the round goes on until the queue is empty. So a lone free costs
+a whole call, a start mostly rides with the next call to its Schedule
+instance, and a burst (a repartition's re-sends, many changes while
+Schedule is busy) shares calls.
 Calls do not fail in the model, so the queue's retries never happen, and
 the model sends no REMOVE, so no REMOVE + UPSERT reset either.
 
@@ -52,10 +55,9 @@ class _Queue:
 class ModNodes:
     """Every ClusterMgr instance's outbox: queues, calls and their costs."""
 
-    def __init__(self, cp: ControlPlane, linger_s: float, batch: int = BATCH) -> None:
+    def __init__(self, cp: ControlPlane, batch: int = BATCH) -> None:
         self.cp = cp
         self.sim, self.net = cp.sim, cp.net
-        self.linger_s = linger_s
         self.batch = batch
         env = cp.env
         self.s_client = env.op("clustermgr.modnodes")
@@ -73,16 +75,16 @@ class ModNodes:
         status: common_pb2.NodeStatus,
         info: NodeInfo | None = None,
         *,
-        urgent: bool = True,
+        wait_s: float = 0.0,
     ) -> None:
-        """Queue a status from cmf for sf, now (``Outbox.put``): urgent=False
-        for a refresh of an unchanged status, which may linger."""
+        """Queue a status from cmf for sf, now (``Outbox.put``): it may wait
+        up to wait_s for company."""
         key = (cmf.id, sf.id)
         s = self._queues.get(key)
         if s is None:
-            q: OutboxQueue[Item] = OutboxQueue(batch=self.batch, linger_s=self.linger_s)
+            q: OutboxQueue[Item] = OutboxQueue(batch=self.batch)
             s = self._queues[key] = _Queue(cmf, sf, q)
-        t = s.q.put(status.node_id, (status, info), now=self.sim.now, urgent=urgent)
+        t = s.q.put(status.node_id, (status, info), now=self.sim.now, wait_s=wait_s)
         if t is not None:
             self._arm(s, t)
 
@@ -93,7 +95,7 @@ class ModNodes:
     def _send(self, a: tuple[_Queue, int]) -> None:
         s, token = a
         if token != s.token:
-            return  # voided: an urgent status sent the queue earlier
+            return  # voided: a status due sooner sent the queue earlier
         r = s.q.poll(self.sim.now)
         if r is None:
             return  # idle

@@ -5,7 +5,8 @@ Unchanged heartbeats are refreshes (every REFRESH_BEATS periods per node);
 arriving spread over the period, each used to find the outbox empty and go
 in a ModNodes RPC of its own (about one call per two refreshes at 210
 nodes), and a call costs Schedule far more in gRPC wake-ups than the
-upserts in it. They now wait for company up to the linger; changes do not.
+upserts in it. They now wait for company up to the linger, and so do the
+statuses of starts the owner placed itself; news (a free) does not.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ async def _pair(linger_s: float) -> AsyncIterator[Pair]:
         pool=pool,
         heartbeat_s=HEARTBEAT_S,
         refresh_linger_s=linger_s,
+        covered_linger_s=linger_s,
     )
     c_server, c_port, _ = create_server(
         "127.0.0.1:0", [(clustermgr_pb2_grpc.add_ClusterMgrServicer_to_server, cm, CM_SERVICE)]
@@ -117,9 +119,9 @@ async def pair() -> AsyncIterator[Pair]:
         yield p
 
 
-async def _register_all(p: Pair) -> None:
+async def _register_all(p: Pair, allocated_mib: int = 0) -> None:
     for nid in NODES:
-        await p.stub.RegisterNode(status(nid, 1), timeout=5)
+        await p.stub.RegisterNode(status(nid, 1, allocated_mib), timeout=5)
     # Registrations are news: they go without waiting for the linger.
     await asyncio.wait_for(p.cm.outbox.flush(), 10)
     assert p.seqs() == dict.fromkeys(NODES, 1)
@@ -130,7 +132,7 @@ async def test_unchanged_heartbeats_cost_schedule_one_call_per_refresh_round(
     pair: Pair,
 ) -> None:
     p = pair
-    await _register_all(p)
+    await _register_all(p, allocated_mib=256)
     calls = p.sched.calls
     beats = 0
     # REFRESH_BEATS periods of unchanged beats: each node is due for one
@@ -138,16 +140,16 @@ async def test_unchanged_heartbeats_cost_schedule_one_call_per_refresh_round(
     for period in range(1, REFRESH_BEATS + 1):
         p.clock.advance(HEARTBEAT_S)
         for nid in NODES:
-            await p.stub.Update(status(nid, 1 + period), timeout=5)
+            await p.stub.Update(status(nid, 1 + period, 256), timeout=5)
             beats += 1
             # Beats come spread over the period, not in one burst: give the
             # outbox its chance to send each one alone (pacing, not a sync).
             await asyncio.sleep(0.002)
         if period < REFRESH_BEATS:
             assert p.sched.calls == calls  # nothing to tell Schedule yet
-    # A change ends the wait and carries the waiting refreshes along.
+    # News (a free) ends the wait and carries the waiting refreshes along.
     p.clock.advance(HEARTBEAT_S)
-    await p.stub.Update(status(NODES[0], 100, allocated_mib=512), timeout=5)
+    await p.stub.Update(status(NODES[0], 100, allocated_mib=0), timeout=5)
     beats += 1
     await asyncio.wait_for(p.cm.outbox.flush(), 10)
     assert p.seqs() == {**dict.fromkeys(NODES, 1 + REFRESH_BEATS), NODES[0]: 100}
@@ -157,17 +159,33 @@ async def test_unchanged_heartbeats_cost_schedule_one_call_per_refresh_round(
     assert p.cm.outbox.calls == p.sched.calls and p.cm.outbox.failed == 0
 
 
-async def test_a_change_goes_at_once_despite_the_linger(pair: Pair) -> None:
+async def test_a_free_goes_at_once_despite_the_linger(pair: Pair) -> None:
     p = pair
-    await _register_all(p)
+    await _register_all(p, allocated_mib=256)
     calls = p.sched.calls
     p.clock.advance(HEARTBEAT_S)
-    await p.stub.Update(status(NODES[3], 2, allocated_mib=256), timeout=5)
-    # Well inside the 30 s linger: a change does not wait for company.
+    await p.stub.Update(status(NODES[3], 2, allocated_mib=0), timeout=5)
+    # Well inside the 30 s lingers: news does not wait for company.
     await asyncio.wait_for(p.cm.outbox.flush(), 5)
     assert p.seqs()[NODES[3]] == 2 and p.sched.calls == calls + 1
     info = next(n for n in p.sched.policy.nodes() if n.node_id == NODES[3])
-    assert info.allocated.memory_mib == 256
+    assert info.allocated.memory_mib == 0
+
+
+async def test_a_start_waits_for_company_and_goes_with_the_next_free(pair: Pair) -> None:
+    """An allocation that grew is work the owner placed (its view counts it
+    already): its status waits for company, and the next news takes it
+    along in the same call."""
+    p = pair
+    await _register_all(p, allocated_mib=256)
+    calls = p.sched.calls
+    p.clock.advance(HEARTBEAT_S)
+    await p.stub.Update(status(NODES[1], 2, allocated_mib=512), timeout=5)  # a start
+    await p.stub.Update(status(NODES[2], 2, allocated_mib=0), timeout=5)  # a free
+    await asyncio.wait_for(p.cm.outbox.flush(), 5)
+    assert p.sched.calls == calls + 1  # one call: the start rode with the free
+    assert p.seqs()[NODES[1]] == 2 and p.seqs()[NODES[2]] == 2
+    assert p.cm.outbox.sent == p.sched.messages
 
 
 async def test_refreshes_go_by_themselves_after_the_linger() -> None:

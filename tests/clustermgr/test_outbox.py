@@ -74,7 +74,7 @@ async def test_a_failed_call_is_retried_with_a_reset_kept(
 async def test_a_message_is_given_up_after_its_tries() -> None:
     sched = FlakySchedule(fail=10)
     async for outbox, addr in _serve(sched):
-        outbox.put(addr, _req(UPSERT, "n1"), urgent=False)
+        outbox.put(addr, _req(UPSERT, "n1"), wait_s=0.01)
         await outbox.flush()
         assert sched.calls == [[(UPSERT, "n1")]] * 3
         assert (outbox.calls, outbox.sent, outbox.failed) == (3, 0, 1)

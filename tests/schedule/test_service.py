@@ -150,9 +150,10 @@ async def test_nodes_flow_from_clustermgr_to_schedule(make_stack) -> None:
     assert {k: v.node_id for k, v in stored.items()} == {f"/galaxy/nodes/{n}": n for n in NODES}
     # A heartbeat with a higher seq that changed the node reaches Schedule
     # (an unchanged one right after registering is no news: it waits for
-    # the refresh period); an old one does not.
+    # the refresh period; nor is a start Schedule placed itself: it waits
+    # for company); an old one does not.
     beat = st.agent.heartbeat_status("big")
-    beat.allocated.memory_mib += 256
+    beat.capacity.memory_mib += 256  # news: the node grew
     await st.cmf.Update(beat, timeout=5)
     await st.cm.outbox.flush()
     old = common_pb2.NodeStatus()

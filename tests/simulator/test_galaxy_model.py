@@ -9,6 +9,7 @@ from controlplane.controller import scaling
 from controlplane.nodeagent.capacity import NodeCapacity
 from controlplane.runtime import rendezvous
 from controlplane.runtime.compiled import is_compiled
+from functions.clustermgr.forwarding import HeartbeatForwarding
 from functions.clustermgr.policy import NodeRegistry
 from functions.dispatch import credits, policy
 from functions.dispatch.autoscaling import kpa
@@ -29,6 +30,7 @@ CALLED = [
     (PlacementPolicy, "confirm"),
     (PlacementPolicy, "upsert"),
     (NodeRegistry, "update"),
+    (HeartbeatForwarding, "wait_s"),
     (NodeCapacity, "allocate"),
     (kpa.KpaAutoscaler, "decide"),
 ]
@@ -86,6 +88,8 @@ def test_galaxy_model_calls_the_production_policies(counts, cal):
     assert n.get("probes", 0) <= 2 * n.get("rejections", 0)
     assert counts["NodeCapacity.allocate"] == n["instances_started"]
     assert counts["NodeRegistry.update"] > 0 and counts["PlacementPolicy.upsert"] >= 40
+    # Every recorded beat asks production's rule what goes on, and how soon.
+    assert 0 < counts["HeartbeatForwarding.wait_s"] <= counts["NodeRegistry.update"]
     assert counts["KpaAutoscaler.decide"] > 0
     assert counts["controlplane.controller.scaling.decide"] >= 19  # one per report period
     assert counts["controlplane.runtime.rendezvous.owner"] > 0
@@ -109,15 +113,22 @@ def test_credit_path_drives_the_production_wallet_and_ledger(monkeypatch, cal):
     """Full Galaxy: every scale-up asks the Dispatch instance's
     ``CreditWallet``; hits skip Schedule; the Schedule instances'
     ``CreditLedger`` grants and takes reports; a node never over-commits."""
+    from functions.dispatch.credit_demand import CreditDemand
     from functions.dispatch.credits import CreditWallet
     from functions.schedule.credits import CreditLedger
 
     seen: dict[str, int] = {}
-    count_calls(monkeypatch, seen, ((CreditWallet, "take"), (CreditLedger, "sync")))
+    count_calls(
+        monkeypatch,
+        seen,
+        ((CreditWallet, "take"), (CreditLedger, "sync"), (CreditDemand, "took")),
+    )
     w = wl.poisson(100.0, 20.0, n_functions=8, mean_duration_s=0.5, seed=2)
     r = run_one("galaxy", w, SimConfig(nodes=40, seed=2), cal)
     n = r["counts"]
     assert seen["CreditWallet.take"] == n["scale_ups"] == n["credit_hits"] + n["credit_misses"]
+    # How many credits to hold is production's demand rule, told of every take.
+    assert seen["CreditDemand.took"] == n["scale_ups"]
     assert n["credit_hits"] > 0.8 * n["scale_ups"]  # credits serve most starts
     # Every exchange sent reaches a ledger (but those in flight at the end).
     assert seen["CreditLedger.sync"] > 0

@@ -31,24 +31,56 @@ def _model(flat: Calibration, nodes: int):
     return env, model
 
 
-def test_a_lone_change_costs_schedule_a_whole_call(flat):
-    """Changes spread over the heartbeat period each find the outbox idle:
-    one ModNodes call per status, and Schedule pays a unary call for each
-    (the old model charged the per-heartbeat ``schedule.modnode``, 55 us)."""
+def _allocate_all(env: Env) -> None:
+    for i, node in enumerate(env.cluster.nodes):
+        env.cluster.allocate(node, f"i{i}", Res(10, 16))
+
+
+def test_a_lone_free_costs_schedule_a_whole_call(flat):
+    """Frees spread over time each find the outbox idle: one ModNodes call
+    per status, and Schedule pays a unary call for each (the old model
+    charged the per-heartbeat ``schedule.modnode``, 55 us)."""
     env, model = _model(flat, 20)
     cp = model.control
     sf = next(iter(cp.sfs.values()))
-
-    def change(_: object) -> None:
-        for i, node in enumerate(env.cluster.nodes):
-            env.cluster.allocate(node, f"i{i}", Res(10, 16))
-
-    env.sim.at(0.01, change)
-    env.sim.run(2.0)
-    assert cp.modnodes.sent == 20 == cp.modnodes.calls  # one beat each, spread
+    env.sim.at(0.01, lambda _: _allocate_all(env))
+    env.sim.run(5.0)  # the starts' statuses, however they were sent
+    calls, busy = cp.modnodes.calls, sf.station.busy
+    for i, node in enumerate(env.cluster.nodes):
+        env.sim.at(5.0 + 0.1 * i, lambda _, n=node, i=i: env.cluster.free(n, f"i{i}"))
+    env.sim.run(8.0)
+    assert cp.modnodes.calls - calls == 20  # one each: a free goes at once
     want = 20 * (flat.mean("schedule.modnodes") + flat.mean("schedule.upsert"))
-    assert sf.station.busy == pytest.approx(want)
-    assert sf.station.busy > 5 * 20 * flat.mean("schedule.modnode")
+    assert sf.station.busy - busy == pytest.approx(want)
+    assert sf.station.busy - busy > 5 * 20 * flat.mean("schedule.modnode")
+
+
+def test_starts_wait_for_company_and_ride_with_the_next_free(flat):
+    """A start's status (the owner placed it: ``Send.COVERED``) waits up to
+    two heartbeat periods for company: the first free to the same Schedule
+    instance takes them all along, in one call."""
+    env, model = _model(flat, 20)
+    cp = model.control
+    sf = next(iter(cp.sfs.values()))
+    env.sim.at(0.01, lambda _: _allocate_all(env))
+    env.sim.run(1.5)  # every node beat once (spread over the period)
+    assert cp.modnodes.calls == 0
+    env.sim.at(1.5, lambda _: env.cluster.free(env.cluster.nodes[0], "i0"))
+    env.sim.run(1.6)
+    assert cp.modnodes.calls == 1 and cp.modnodes.sent == 20
+    free = {n.node_id: n.allocated.memory_mib for n in sf.policy.nodes()}
+    assert free[env.cluster.nodes[0].id] == 0
+    assert all(free[n.id] == 16 for n in env.cluster.nodes[1:])
+
+
+def test_starts_alone_go_within_two_heartbeat_periods(flat):
+    env, model = _model(flat, 20)
+    cp = model.control
+    env.sim.at(0.01, lambda _: _allocate_all(env))
+    env.sim.run(2.0)
+    assert cp.modnodes.calls == 0  # waiting for company
+    env.sim.run(3.1)  # the first beat (within 1.01 s) + 2 s; the rest go with it
+    assert cp.modnodes.calls == 1 and cp.modnodes.sent == 20
 
 
 def test_statuses_queued_while_a_call_is_in_flight_share_the_next_call(flat):
@@ -82,13 +114,13 @@ def test_a_refresh_lingers_for_company_and_a_change_sends_it_at_once(flat):
     sf = next(iter(cp.sfs.values()))
     cmf = next(iter(cp.cmfs.values()))
     nodes = env.cluster.nodes
-    env.sim.at(0.1, lambda _: cp.modnodes.put(cmf, sf, nodes[0].status(), urgent=False))
-    env.sim.at(0.5, lambda _: cp.modnodes.put(cmf, sf, nodes[1].status(), urgent=False))
+    env.sim.at(0.1, lambda _: cp.modnodes.put(cmf, sf, nodes[0].status(), wait_s=1.0))
+    env.sim.at(0.5, lambda _: cp.modnodes.put(cmf, sf, nodes[1].status(), wait_s=1.0))
     env.sim.run(1.0)
     assert cp.modnodes.calls == 0  # lingering (a heartbeat period)
     env.sim.run(1.2)
     assert cp.modnodes.calls == 1 and cp.modnodes.sent == 2
-    env.sim.at(2.0, lambda _: cp.modnodes.put(cmf, sf, nodes[2].status(), urgent=False))
+    env.sim.at(2.0, lambda _: cp.modnodes.put(cmf, sf, nodes[2].status(), wait_s=1.0))
     env.sim.at(2.1, lambda _: cp.modnodes.put(cmf, sf, nodes[3].status()))
     env.sim.run(2.2)
     assert cp.modnodes.calls == 2 and cp.modnodes.sent == 4
