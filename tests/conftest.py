@@ -75,6 +75,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.runtime.metrics import register_all
+from tests import durations
 
 pytest_plugins = ["tests.etcd_server"]
 
@@ -110,7 +111,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.numprocesses = DEFAULT_WORKERS
         if config.option.dist == "no":
             config.option.dist = "loadfile"
-            # Hand files out in collection order (slow files first, below),
+            # Hand files out in collection order (longest first, below),
             # not xdist's default of most tests first, which left the long
             # files of one or two tests (a bench plan run, mypy) for the end.
             config.option.loadscopereorder = False
@@ -138,7 +139,7 @@ def deploy_changed() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A ``checkov`` test is ``slow`` unless ``deploy/`` changed: the fast tier
     runs checkov only when the manifests it checks moved; the full suite always.
-    Then the files with a ``slow`` test run first (see ``_slow_files_first``)."""
+    Then the longest files run first (see ``_longest_files_first``)."""
     checkov = [i for i in items if i.get_closest_marker("checkov") is not None]
     if checkov and not deploy_changed():
         for item in checkov:
@@ -151,22 +152,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("vllm") is not None:
                 item.add_marker(asked)
-    _slow_files_first(items)
+    _longest_files_first(items)
 
 
-def _slow_files_first(items: list[pytest.Item]) -> None:
-    """Order the files that hold a ``slow`` test before the others, keeping
-    the order of files within each group and of tests within a file.
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Order the files longest first: those of the committed duration table
+    (tests/durations.json, :mod:`tests.durations`) by their seconds, then
+    the files it does not list, those with a ``slow`` test first; the order
+    of tests within a file is kept.
 
-    ``--dist loadfile`` hands files to workers in this order (with xdist's
-    reordering by test count turned off, ``pytest_cmdline_main``). Ordered by
-    test count, the files of one or two long tests (a bench plan run, mypy
-    in tests/test_lint.py, a `galaxy simulate-fidelity` run) came last and
-    kept one worker busy while the others had nothing left: cores idle at
-    the end of a CPU-bound run. Long files first, the short ones fill in
-    around them."""
+    ``--dist loadfile`` hands files to workers in this order, the next file
+    to the first worker with (almost) nothing left (with xdist's reordering
+    by test count turned off, ``pytest_cmdline_main``): longest first is the
+    greedy schedule that ends the workers closest together. In collection
+    order the long files came in clumps (the LLM and chaos directories) and
+    the last one to start kept one worker busy while the others idled: ~30 s
+    of the run (2026-11-29, main 5891d0a, the per-worker busy time that
+    ``python -m tests.cpureport`` prints). A file new since the table was
+    made goes after the listed ones, so a file that is missing does no
+    worse than collection order."""
+    table = durations.load()
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow)  # stable: order kept
+
+    def key(item: pytest.Item) -> tuple[float, bool]:
+        return (-table.get(item.location[0], 0.0), item.path not in slow)
+
+    items.sort(key=key)  # stable: the order within a file is kept
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -206,6 +217,9 @@ def _cpu_s() -> float:
 #: Per test file: [CPU seconds, wall seconds], when ``GALAXY_CPU_REPORT`` names
 #: a directory to write them to (one JSON file per worker process).
 _FILE_COST: dict[str, list[float]] = {}
+#: When this process's first test started and its last one ended (epoch
+#: seconds): how early a worker ran out of files (``GALAXY_CPU_REPORT``).
+_SPAN: list[float] = []
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -216,10 +230,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     cpu, wall = _cpu_s(), time.monotonic()
+    _SPAN[:] = [_SPAN[0] if _SPAN else time.time(), 0.0]
     yield
     cost = _FILE_COST.setdefault(item.location[0], [0.0, 0.0])
     cost[0] += _cpu_s() - cpu
     cost[1] += time.monotonic() - wall
+    _SPAN[1] = time.time()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -228,3 +244,4 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if out and _FILE_COST:
         name = os.environ.get("PYTEST_XDIST_WORKER", "main")
         Path(out, f"{name}-{os.getpid()}.json").write_text(json.dumps(_FILE_COST))
+        Path(out, f"{name}-{os.getpid()}.span").write_text(json.dumps(_SPAN))

@@ -2,7 +2,10 @@
 files a run wrote with ``GALAXY_CPU_REPORT=DIR python -m pytest`` (one per
 worker, tests/conftest.py) and prints the N files (default 15) that used the
 most CPU: user+system seconds of the worker and of the processes it started and
-reaped (a `galaxy up`, a bench or chaos run), with the wall time beside them."""
+reaped (a `galaxy up`, a bench or chaos run), with the wall time beside them.
+Then each worker's busy time (the wall seconds of its tests, summed) and how
+long before the last worker it ran out of files: the time an uneven split of
+the files cost the run."""
 
 from __future__ import annotations
 
@@ -21,6 +24,29 @@ def totals(folder: Path) -> dict[str, tuple[float, float]]:
     return out
 
 
+def busy(folder: Path) -> dict[str, float]:
+    """Per worker (gw0, gw1, ...; "main" without xdist): the wall seconds its
+    tests took, summed (setup, call and teardown)."""
+    out: dict[str, float] = {}
+    for f in sorted(folder.glob("*.json")):
+        worker = f.stem.rsplit("-", 1)[0]
+        walls = [wall for _, wall in json.loads(f.read_text()).values()]
+        out[worker] = out.get(worker, 0.0) + sum(walls)
+    return out
+
+
+def ends(folder: Path) -> dict[str, float]:
+    """Per worker: the seconds between its last test's end and the last
+    test's end on any worker (what an uneven split of the files costs)."""
+    last: dict[str, float] = {}
+    for f in folder.glob("*.span"):
+        span = json.loads(f.read_text())
+        if len(span) == 2:
+            last[f.stem.rsplit("-", 1)[0]] = span[1]
+    end = max(last.values(), default=0.0)
+    return {w: end - t for w, t in last.items()}
+
+
 def main(argv: list[str]) -> int:
     """Print the table; 2 with a usage line when no DIR is given."""
     if not argv:
@@ -32,6 +58,11 @@ def main(argv: list[str]) -> int:
     print(f"{'CPU s':>8} {'wall s':>8}  file")
     for name, (cpu, wall) in sorted(cost.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"{cpu:8.1f} {wall:8.1f}  {name}")
+    per_worker = busy(Path(argv[0]))
+    spans = ends(Path(argv[0]))
+    for w, s in sorted(per_worker.items()):
+        idle = f", idle at the end {spans[w]:5.1f} s" if w in spans else ""
+        print(f"{w:>6}: tests {s:6.1f} s{idle}")
     return 0
 
 
