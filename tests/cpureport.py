@@ -3,9 +3,9 @@ files a run wrote with ``GALAXY_CPU_REPORT=DIR python -m pytest`` (one per
 worker, tests/conftest.py) and prints the N files (default 15) that used the
 most CPU: user+system seconds of the worker and of the processes it started and
 reaped (a `galaxy up`, a bench or chaos run), with the wall time beside them.
-Then each worker's busy time (the wall seconds of its tests, summed) and how
-long before the last worker it ran out of files: the time an uneven split of
-the files cost the run."""
+Then each worker's busy time (the wall seconds of its tests, summed) and its
+idle time between the first test's start and the last test's end on any
+worker: what an uneven split of the files cost the run."""
 
 from __future__ import annotations
 
@@ -35,16 +35,12 @@ def busy(folder: Path) -> dict[str, float]:
     return out
 
 
-def ends(folder: Path) -> dict[str, float]:
-    """Per worker: the seconds between its last test's end and the last
-    test's end on any worker (what an uneven split of the files costs)."""
-    last: dict[str, float] = {}
-    for f in folder.glob("*.span"):
-        span = json.loads(f.read_text())
-        if len(span) == 2:
-            last[f.stem.rsplit("-", 1)[0]] = span[1]
-    end = max(last.values(), default=0.0)
-    return {w: end - t for w, t in last.items()}
+def run_span(folder: Path) -> float:
+    """Seconds from the first test's start on any worker to the last test's
+    end on any worker."""
+    spans = [json.loads(f.read_text()) for f in folder.glob("*.span")]
+    spans = [x for x in spans if len(x) == 2 and x[1]]
+    return max(x[1] for x in spans) - min(x[0] for x in spans) if spans else 0.0
 
 
 def main(argv: list[str]) -> int:
@@ -59,9 +55,9 @@ def main(argv: list[str]) -> int:
     for name, (cpu, wall) in sorted(cost.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"{cpu:8.1f} {wall:8.1f}  {name}")
     per_worker = busy(Path(argv[0]))
-    spans = ends(Path(argv[0]))
+    span = run_span(Path(argv[0]))
     for w, s in sorted(per_worker.items()):
-        idle = f", idle at the end {spans[w]:5.1f} s" if w in spans else ""
+        idle = f", idle {span - s:5.1f} s of the {span:.1f} s the tests ran" if span else ""
         print(f"{w:>6}: tests {s:6.1f} s{idle}")
     return 0
 

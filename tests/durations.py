@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import xml.etree.ElementTree as ET
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,12 +38,13 @@ def _file_of(classname: str) -> str | None:
 def from_junit(xml: Path) -> dict[str, float]:
     """Per existing test file, the seconds its tests took (all phases), for
     the files of at least ``MIN_S``; longest first."""
-    per: Counter[str] = Counter()
+    per: defaultdict[str, float] = defaultdict(float)
     for case in ET.parse(xml).getroot().iter("testcase"):
         name = _file_of(case.get("classname") or case.get("name") or "")
         if name is not None:
             per[name] += float(case.get("time") or 0)
-    return {f: round(s, 1) for f, s in per.most_common() if s >= MIN_S}
+    longest = sorted(per.items(), key=lambda kv: -kv[1])
+    return {f: round(s, 1) for f, s in longest if s >= MIN_S}
 
 
 def load() -> dict[str, float]:

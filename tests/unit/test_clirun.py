@@ -6,9 +6,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from tests.clirun import run_cli
 
 
+# The first CLI call imports every command's modules: ~2 s quiet, over the
+# fast bound on a loaded machine.
+@pytest.mark.slow
 def test_the_event_loop_policy_is_put_back(tmp_path: Path) -> None:
     before = asyncio.get_event_loop_policy()
     # No control plane there: the command fails fast, after installing uvloop.
