@@ -29,6 +29,10 @@ With pytest-xdist installed (the dev extra), a run without ``-n`` uses
 module- or session-scoped fixture (a shared ``galaxy up``, an etcd) is started
 once per worker that needs it, never shared across processes. The suite mostly
 waits on process starts, not CPU, which is why more workers than cores pay.
+Files go out longest first (``tests/durations.json``, refreshed with
+``python -m tests.durations RUN.xml``) and a worker gets its next file only
+when it has nothing else to run (``pytest_xdist_make_scheduler``), so the
+workers end together.
 
 Every test must be safe next to other test processes: ports are bound to 0,
 names of network namespaces, cgroups and run dirs carry a random tag or the
@@ -124,7 +128,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     the next one), instead of while it still runs one (xdist's own rule:
     two tests or fewer left). A worker running a long file of one or two
     tests took the next file too, and the files it hoarded waited behind it
-    while other workers ran out of work: in a full run (2026-11-29, 082c6a4
+    while other workers ran out of work: in a full run (2026-11-29, 482b7e1
     at load 7-31) three workers ended 57 s before the fourth."""
     if config.getvalue("dist") != "loadfile":
         return None
