@@ -56,8 +56,12 @@ DEFAULT_TIMEOUT_S = 5.0
 _CHANNEL_OPTIONS: dict[str, Any] = {
     # Reconnect quickly after an etcd restart instead of backing off for minutes.
     "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,
+    # Not a backoff: the least time a connection attempt gets to complete
+    # (gRPC's default, 20 s). At 100 ms an etcd a moment late with its
+    # HTTP/2 SETTINGS failed the call with UNAVAILABLE (controlplane/runtime/
+    # rpc.py says more); each call's deadline still bounds the wait.
+    "grpc.min_reconnect_backoff_ms": 20_000,
     # Detect a dead peer under an idle watch stream. etcd's default
     # --grpc-keepalive-min-time is 5 s; pinging more often gets the connection
     # closed with "too_many_pings", and pings without an active call are refused.

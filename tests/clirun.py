@@ -10,11 +10,13 @@ The command runs on a thread of its own: ``asyncio.run`` needs a thread without
 a running event loop, and an async test may call it from its loop. While it
 runs, ``sys.stdin``/``stdout``/``stderr`` are swapped for buffers, and the root
 logger (which the CLI reconfigures) is put back afterwards, so the next test
-logs as before.
+logs as before, and the process's event loop policy (the CLI installs
+uvloop's) is put back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import subprocess
@@ -47,6 +49,10 @@ def run_cli(
     def command() -> None:
         root = logging.getLogger()
         handlers, level, saved_stdin = root.handlers[:], root.level, sys.stdin
+        # The CLI installs uvloop's policy for the whole process: put the
+        # test's back, or every later test of this worker would run on
+        # uvloop, depending on which files ran here before it.
+        policy = asyncio.get_event_loop_policy()
         sys.stdin = stdin
         try:
             with redirect_stdout(out), redirect_stderr(err):
@@ -58,6 +64,7 @@ def run_cli(
                     err.write(traceback.format_exc())
                     status.append(1)
         finally:
+            asyncio.set_event_loop_policy(policy)
             sys.stdin = saved_stdin
             for h in root.handlers[:]:
                 root.removeHandler(h)

@@ -29,6 +29,10 @@ With pytest-xdist installed (the dev extra), a run without ``-n`` uses
 module- or session-scoped fixture (a shared ``galaxy up``, an etcd) is started
 once per worker that needs it, never shared across processes. The suite mostly
 waits on process starts, not CPU, which is why more workers than cores pay.
+Files go out longest first (``tests/durations.json``, refreshed with
+``python -m tests.durations RUN.xml``) and a worker gets its next file only
+when it has nothing else to run (``pytest_xdist_make_scheduler``), so the
+workers end together.
 
 Every test must be safe next to other test processes: ports are bound to 0,
 names of network namespaces, cgroups and run dirs carry a random tag or the
@@ -71,10 +75,12 @@ import subprocess
 import time
 from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from controlplane.runtime.metrics import register_all
+from tests import durations
 
 pytest_plugins = ["tests.etcd_server"]
 
@@ -110,10 +116,35 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.numprocesses = DEFAULT_WORKERS
         if config.option.dist == "no":
             config.option.dist = "loadfile"
-            # Hand files out in collection order (slow files first, below),
+            # Hand files out in collection order (longest first, below),
             # not xdist's default of most tests first, which left the long
             # files of one or two tests (a bench plan run, mypy) for the end.
             config.option.loadscopereorder = False
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` that hands a worker its next file only once it has
+    nothing left but the test it holds back (xdist runs a test when it knows
+    the next one), instead of while it still runs one (xdist's own rule:
+    two tests or fewer left). A worker running a long file of one or two
+    tests took the next file too, and the files it hoarded waited behind it
+    while other workers ran out of work: in a full run (2026-11-29, 482b7e1
+    at load 7-31) three workers ended 57 s before the fourth."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OneFileAhead(LoadFileScheduling):
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return OneFileAhead(config, log)
 
 
 def deploy_changed() -> bool:
@@ -138,7 +169,7 @@ def deploy_changed() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A ``checkov`` test is ``slow`` unless ``deploy/`` changed: the fast tier
     runs checkov only when the manifests it checks moved; the full suite always.
-    Then the files with a ``slow`` test run first (see ``_slow_files_first``)."""
+    Then the longest files run first (see ``_longest_files_first``)."""
     checkov = [i for i in items if i.get_closest_marker("checkov") is not None]
     if checkov and not deploy_changed():
         for item in checkov:
@@ -151,22 +182,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("vllm") is not None:
                 item.add_marker(asked)
-    _slow_files_first(items)
+    _longest_files_first(items)
 
 
-def _slow_files_first(items: list[pytest.Item]) -> None:
-    """Order the files that hold a ``slow`` test before the others, keeping
-    the order of files within each group and of tests within a file.
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Order the files longest first: those of the committed duration table
+    (tests/durations.json, :mod:`tests.durations`) by their seconds, then
+    the files it does not list, those with a ``slow`` test first; the order
+    of tests within a file is kept.
 
-    ``--dist loadfile`` hands files to workers in this order (with xdist's
-    reordering by test count turned off, ``pytest_cmdline_main``). Ordered by
-    test count, the files of one or two long tests (a bench plan run, mypy
-    in tests/test_lint.py, a `galaxy simulate-fidelity` run) came last and
-    kept one worker busy while the others had nothing left: cores idle at
-    the end of a CPU-bound run. Long files first, the short ones fill in
-    around them."""
+    ``--dist loadfile`` hands files to workers in this order, the next file
+    to the first worker with (almost) nothing left (with xdist's reordering
+    by test count turned off, ``pytest_cmdline_main``): longest first is the
+    greedy schedule that ends the workers closest together. In collection
+    order the long files came in clumps (the LLM and chaos directories) and
+    the last one to start kept one worker busy while the others idled: ~30 s
+    of the run (2026-11-29, main 5891d0a, the per-worker busy time that
+    ``python -m tests.cpureport`` prints). A file new since the table was
+    made goes after the listed ones, so a file that is missing does no
+    worse than collection order."""
+    table = durations.load()
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow)  # stable: order kept
+
+    def key(item: pytest.Item) -> tuple[float, bool]:
+        return (-table.get(item.location[0], 0.0), item.path not in slow)
+
+    items.sort(key=key)  # stable: the order within a file is kept
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -206,6 +247,9 @@ def _cpu_s() -> float:
 #: Per test file: [CPU seconds, wall seconds], when ``GALAXY_CPU_REPORT`` names
 #: a directory to write them to (one JSON file per worker process).
 _FILE_COST: dict[str, list[float]] = {}
+#: When this process's first test started and its last one ended (epoch
+#: seconds): with the busy time, a worker's idle time (``GALAXY_CPU_REPORT``).
+_SPAN: list[float] = []
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -216,10 +260,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     cpu, wall = _cpu_s(), time.monotonic()
+    _SPAN[:] = [_SPAN[0] if _SPAN else time.time(), 0.0]
     yield
     cost = _FILE_COST.setdefault(item.location[0], [0.0, 0.0])
     cost[0] += _cpu_s() - cpu
     cost[1] += time.monotonic() - wall
+    _SPAN[1] = time.time()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -228,3 +274,4 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if out and _FILE_COST:
         name = os.environ.get("PYTEST_XDIST_WORKER", "main")
         Path(out, f"{name}-{os.getpid()}.json").write_text(json.dumps(_FILE_COST))
+        Path(out, f"{name}-{os.getpid()}.span").write_text(json.dumps(_SPAN))

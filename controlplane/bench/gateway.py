@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ from controlplane.runtime.host import (
     serve_command,
     watch_lifeline,
 )
+from controlplane.runtime.procs import Spawned, spawn
 from controlplane.sdk.client import GalaxyClient
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "echo.yaml"
@@ -83,11 +85,9 @@ async def _serve_bare_proxy(upstream: str) -> None:
     await runner.cleanup()
 
 
-async def _spawn(*cmd: str) -> tuple[asyncio.subprocess.Process, dict[str, str]]:
+async def _spawn(*cmd: str) -> tuple[Spawned, dict[str, str]]:
     """A server process (stdin: its lifeline); returns it and its ready line."""
-    proc = await asyncio.create_subprocess_exec(
-        *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
-    )
+    proc = await spawn(*cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     while True:
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
@@ -97,9 +97,7 @@ async def _spawn(*cmd: str) -> tuple[asyncio.subprocess.Process, dict[str, str]]
             return proc, json.loads(line[len(READY_PREFIX) :])
 
 
-async def _gateway(
-    ep: dict[str, str], name: str, *flags: str
-) -> tuple[asyncio.subprocess.Process, dict[str, str]]:
+async def _gateway(ep: dict[str, str], name: str, *flags: str) -> tuple[Spawned, dict[str, str]]:
     """A gateway process on the `galaxy up` cluster, as `galaxy up` starts one."""
     cmd = serve_command("gateway", name, "127.0.0.1", *tlsfiles.flags(ep.get("tls_dir")))
     return await _spawn(*cmd, "--controller", ep["controller"], *flags)

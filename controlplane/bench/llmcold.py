@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from controlplane.bench.llm import REPO, _env
 from controlplane.bench.llmmetrics import Record
 from controlplane.bench.llmtrace import LlmRequest
 from controlplane.bench.llmup import Up, write_text
+from controlplane.runtime import procs
 
 SPEC = REPO / "examples" / "gemma.yaml"
 ASK = LlmRequest(0.0, 16, 8)
@@ -60,10 +62,10 @@ async def standalone(model: Path) -> dict[str, float]:
     port = _free_port()
     env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port)}
     t0 = time.monotonic()
-    p = await asyncio.create_subprocess_exec(
+    p = await procs.spawn(
         sys.executable, "-m", "llama_cpp.server", "--model", str(model),
         "--n_threads=1", "--n_threads_batch=1", "--chat_format=gemma",
-        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         async with aiohttp.ClientSession() as s, asyncio.timeout(300):

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -41,6 +42,7 @@ from controlplane.bench.emuserver import EmulatedServer, free_port, wait_ok
 from controlplane.bench.llmmetrics import Limits, summarize
 from controlplane.bench.llmtrace import LlmRequest
 from controlplane.bench.llmup import Up
+from controlplane.runtime import procs
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO.parent / "shared" / "data" / "mooncake-2025" / "conversation_trace.jsonl"
@@ -92,9 +94,7 @@ async def run_router(
         cmd = [str(exe), *args, "--host", "127.0.0.1", "--port", str(port),
                "--prometheus-port", str(free_port()),
                "--worker-urls", *(s.url for s in servers)]  # fmt: skip
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
-        )
+        proc = await procs.spawn(*cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         # /v1/models answers once the router reaches a worker.
         await wait_ok(url + "/v1/models", lambda: proc.returncode, "router", READY_TIMEOUT_S)

@@ -13,12 +13,15 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from controlplane.runtime import procs
 
 READY_LINE = "Press Ctrl-C to stop."
 START_TIMEOUT_S = 120.0
@@ -42,7 +45,7 @@ class Up:
         self.args = args
         self.run_dir, self.nodes = run_dir, nodes
         self.env = {**os.environ, **(env or {})}
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: procs.Spawned | None = None
         self.gateway = self.gateway_metrics = ""
         self.token = ""
 
@@ -70,10 +73,10 @@ class Up:
         """Start and wait for the ready line (bounded)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         args = self._cli("up", "--gateway-port", "0", "--nodes", str(self.nodes), *self.args)
-        self.proc = await asyncio.create_subprocess_exec(
+        self.proc = await procs.spawn(
             *args,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             env=self.env,
             start_new_session=True,
         )
@@ -104,22 +107,18 @@ class Up:
 
     async def cli(self, *args: str, limit_s: float = 60.0) -> str:
         """Run a CLI command against this control plane; its stdout."""
-        p = await asyncio.create_subprocess_exec(
-            *self._cli(*args),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self.env,
-        )
+        # subprocess.run on a thread: Popen, not the loop's subprocess
+        # support (controlplane.runtime.procs says why).
         try:
-            async with asyncio.timeout(limit_s):
-                out, err = await p.communicate()
-        except TimeoutError:
-            p.kill()
-            await p.wait()
+            p = await asyncio.to_thread(
+                subprocess.run, self._cli(*args), capture_output=True, env=self.env,
+                timeout=limit_s,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
             raise UpError(f"galaxy {args[0]}: no answer within {limit_s:.0f}s") from None
         if p.returncode:
-            raise UpError(f"galaxy {args[0]}: {err.decode().strip()[-500:]}")
-        return out.decode()
+            raise UpError(f"galaxy {args[0]}: {p.stderr.decode().strip()[-500:]}")
+        return str(p.stdout.decode())
 
     async def deploy(
         self, spec_file: Path, instances: int, out_dir: Path, *, cold: bool = False

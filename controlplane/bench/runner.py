@@ -30,8 +30,8 @@ from controlplane.bench import promscrape as ps
 from controlplane.bench import slo
 from controlplane.bench import summary as sm
 from controlplane.bench.echo import EchoProcess
-from controlplane.bench.etcd import LocalEtcd
 from controlplane.bench.loadgen import MEASURED, MEASURING
+from controlplane.bench.planes import ControlPlane, ControlPlanes, start_control_plane
 from controlplane.launch.up import Supervisor
 from controlplane.runtime import procs, servingruntime
 
@@ -60,6 +60,11 @@ class RunOptions:
     #: (for trustworthy ratios; the short form, which checks no figure, skips it).
     settle: bool = True
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
+    #: Control planes and the echo server kept up across bench files (the
+    #: short runs of many plans); None: this run starts and stops its own.
+    planes: ControlPlanes | None = None
+    #: Prefix of this run's function names: unique among runs sharing planes.
+    tag: str = ""
 
 
 def machine_info() -> dict[str, Any]:
@@ -96,8 +101,9 @@ async def run_bench(bf: pl.BenchFile, opts: RunOptions) -> dict[str, Any]:
         "failures": [],
         "pids": [],  # every process the run started (for leak checks)
     }
-    echo = EchoProcess()
-    await echo.start()
+    echo = await opts.planes.echo() if opts.planes is not None else EchoProcess()
+    if opts.planes is None:
+        await echo.start()
     results["pids"].append(echo.pid)
     try:
         plans = list(bf.experiment.plans())
@@ -108,7 +114,8 @@ async def run_bench(bf: pl.BenchFile, opts: RunOptions) -> dict[str, Any]:
             results["plans"] += res
             results["failures"] += fails
     finally:
-        await echo.stop()
+        if opts.planes is None:
+            await echo.stop()
     results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results["machine"]["loadavg_end"] = list(os.getloadavg())
     return results
@@ -134,29 +141,23 @@ async def _run_config(
     pids: list[int],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     cp = pl.control_plane_config(bf, plans[0].params)
-    run_dir = opts.out / "run" / f"config-{ci}"
-    etcd: LocalEtcd | None = None
-    state_url = "memory://"
-    if cp["state"] == "etcd":
-        etcd = LocalEtcd(run_dir / "etcd-data")
-        state_url = await etcd.start()
-    elif str(cp["state"]).startswith(("etcd://", "etcds://")):
-        state_url = str(cp["state"])
-    sup = Supervisor(pl.up_config(cp, run_dir, state_url))
     done: list[dict[str, Any]] = []
     fails: list[dict[str, Any]] = []
     by_name: dict[str, dict[str, Any]] = {}
+    deployed: list[str] = []
+    plane: ControlPlane | None = None
     try:
         t0 = time.monotonic()
-        await sup.start()
-        pids += [int(c["pid"]) for c in sup.endpoints()["components"]]
-        alive = await sup.wait_nodes_registered()
-        if alive < cp["nodes"]:
-            raise RuntimeError(f"only {alive} of {cp['nodes']} nodes registered")
+        if opts.planes is not None:
+            plane = await opts.planes.get(cp)
+        else:
+            plane = await start_control_plane(cp, opts.out / "run" / f"config-{ci}", opts.log)
+        pids += plane.pids
         opts.log(f"config {ci}: control plane up in {time.monotonic() - t0:.1f}s ({cp})")
         for si, plan in enumerate(plans):
+            prefix = f"{opts.tag}p{ci}-{si}"
             try:
-                r = await _run_plan(bf, opts, plan, cp, sup, echo, f"p{ci}-{si}", by_name)
+                r = await _run_plan(bf, opts, plan, cp, plane.sup, echo, prefix, by_name, deployed)
             except Exception as e:  # one bad plan must not lose the others' results
                 opts.log(f"plan {plan.label!r} failed: {e}")
                 fails.append({"label": plan.label, "params": plan.params, "error": str(e)})
@@ -169,14 +170,21 @@ async def _run_config(
             done.append(r)
             by_name[plan.scenario.name] = r
             opts.log(_one_line(r))
+        if opts.planes is not None:
+            # Shared: the next run finds the function limit and the nodes'
+            # capacity as a fresh control plane has them.
+            try:
+                await _delete(plane.sup.endpoints()["controller"], deployed)
+            except Exception as e:
+                error = f"deleting its functions from the shared control plane: {e}"
+                fails.append({"label": f"config {ci}", "params": cp, "error": error})
     except Exception as e:
         for plan in plans[len(done) + len(fails) :]:
             fails.append({"label": plan.label, "params": plan.params, "error": str(e)})
         opts.log(f"config {ci} failed: {e}")
     finally:
-        await sup.stop()
-        if etcd is not None:
-            await etcd.stop()
+        if opts.planes is None and plane is not None:
+            await plane.stop()
     return done, fails
 
 
@@ -199,6 +207,7 @@ async def _run_plan(
     echo: EchoProcess,
     prefix: str,
     by_name: dict[str, dict[str, Any]],
+    deployed: list[str],
 ) -> dict[str, Any]:
     s = pl.load_settings(bf, plan)
     if s.rate_of is not None:
@@ -209,6 +218,7 @@ async def _run_plan(
         s = s.replace(arrival_rate=max(1.0, frac * ref["throughput"]["requests_per_s"]))
     wl = pl.build_workload(bf, plan, s, prefix, opts.data_dir)
     endpoints = sup.endpoints()
+    deployed += [f.name for f in wl.functions]
     await _deploy(endpoints["controller"], wl)
     work = sup.cfg.run_dir / "load"
     echo_a = await _echo(bf, echo, s.concurrency, work, f"{prefix}-echo-before")
@@ -364,6 +374,19 @@ async def _deploy(controller: str, wl: pl.Workload) -> None:
                 await c.deploy(spec)
 
         await asyncio.gather(*(one(f) for f in wl.functions))
+
+
+async def _delete(controller: str, names: list[str]) -> None:
+    from controlplane.sdk.client import GalaxyClient
+
+    sem = asyncio.Semaphore(_DEPLOY_CONCURRENCY)
+    async with GalaxyClient(controller) as c:
+
+        async def one(name: str) -> None:
+            async with sem:
+                await c.delete_function(name)
+
+        await asyncio.gather(*(one(n) for n in names))
 
 
 async def run_loadgen(

@@ -36,6 +36,9 @@ _SIZE_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
+#: The least time a new connection gets to finish its handshake, ms
+#: (gRPC's default).
+CONNECT_TIMEOUT_MS = 20_000
 # Keepalive so a dead peer is noticed.
 _CHANNEL_OPTIONS = [
     *_SIZE_OPTIONS,
@@ -45,8 +48,15 @@ _CHANNEL_OPTIONS = [
     # Peers start in any order; gRPC's default reconnect backoff (1 s, growing
     # to 120 s) would leave a component waiting long after its peer is up.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    # Not a backoff: gRPC reads this as the least time a connection attempt
+    # gets to complete (TCP, then the peer's HTTP/2 SETTINGS). It was 100 ms:
+    # a peer a moment late with its SETTINGS (a loaded machine, a process
+    # busy for 0.1 s) failed the call at once with UNAVAILABLE "connection
+    # attempt timed out before receiving SETTINGS frame" or "Handshake read
+    # failed" (a test stops a server for 0.5 s: tests/unit/test_rpc_connect.py).
+    # The call's own deadline still bounds the wait.
+    ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
 ]
 _SERVER_OPTIONS = [
     *_SIZE_OPTIONS,

@@ -129,6 +129,9 @@ async def test_unreachable_server_is_counted_by_status(tmp_path):
     assert r["ok"] == 0 and r["errors"] == {"UNAVAILABLE": 5} and r["measured"] == 5
 
 
+# Starts its own echo process and makes a CA and certificates: 1-2 s quiet,
+# 5.3 s in a full run at load 25-31 (2026-11-29), over the fast bound.
+@pytest.mark.slow
 async def test_echo_yardstick_over_mutual_tls(tmp_path):
     """`--tls-dir`: the yardstick answers a client certificate of the same
     CA and refuses a plaintext caller (so it measures a TLS round trip)."""

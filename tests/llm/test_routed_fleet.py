@@ -23,12 +23,13 @@ from pathlib import Path
 
 import openai
 import pytest
+import pytest_asyncio
 import yaml
 
 from controlplane.bench.llmup import Up
 from controlplane.runtime import leasetoken
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACT = str(REPO / "examples" / "llm_emulated.py")
@@ -51,16 +52,29 @@ def write_spec(path: Path, name: str, n: int, top: int, **extra: object) -> Path
     return path
 
 
-@pytest.fixture
-async def up(tmp_path: Path) -> AsyncIterator[Up]:
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def shared_up(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Up]:
+    """One `galaxy up` for the module: its tests deploy functions of their
+    own names, and a start is most of a test's cost."""
     # Instances run `python3`: this interpreter's (aiohttp, prometheus_client).
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    g = Up(tmp_path / "run", nodes=1, env=env)
+    g = Up(tmp_path_factory.mktemp("llmup") / "run", nodes=1, env=env)
     await g.start()
     try:
         yield g
     finally:
         await g.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def up(shared_up: Up) -> AsyncIterator[Up]:
+    """The module's control plane; the functions a test deployed are deleted
+    after it, so the next test finds the node's capacity free and no other
+    function's instances busy (a test's long streams end with them)."""
+    yield shared_up
+    listed = json.loads(await shared_up.cli("functions", "-o", "json"))
+    for f in listed:
+        await shared_up.cli("delete", f["name"])
 
 
 def client(g: Up) -> openai.AsyncOpenAI:

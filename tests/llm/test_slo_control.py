@@ -26,11 +26,11 @@ import openai
 import pytest
 
 from controlplane.bench.llmup import Up
-from tests.llm.test_routed_fleet import client, dispatch_log_line, up, write_spec
+from tests.llm.test_routed_fleet import client, dispatch_log_line, shared_up, up, write_spec
 
-__all__ = ["up"]  # (the fixture, shared with test_routed_fleet)
+__all__ = ["shared_up", "up"]  # (the fixtures, shared with test_routed_fleet)
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 ONE_AT_A_TIME = ["--profile=smollm2-135m-cpu", "--max-running=1"]
 

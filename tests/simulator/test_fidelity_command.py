@@ -96,7 +96,9 @@ def test_a_failed_real_run_is_one_clear_line(
     from simulator.cliconfig import FidelityConfig
 
     monkeypatch.setattr(fidelity, "max_functions", lambda: 300)
-    args = FidelityConfig(out=str(tmp_path), quick=True)
+    # NODES, not the default 210: the refusal comes from the controller's
+    # function limit, which the node count does not change.
+    args = FidelityConfig(out=str(tmp_path), quick=True, nodes=NODES)
     assert asyncio.run(fidelity.main(args)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "Traceback" not in "\n".join(err)
