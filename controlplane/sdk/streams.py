@@ -11,7 +11,10 @@ where they are (``GalaxyClient.dispatch``).
 Falls back to the unary call, per request, when streams are off (or the
 connection cache is: the ablation opens a channel per call), when the
 server does not know the method (an older Dispatch: remembered per
-address), when a stream already has ``MAX_IN_FLIGHT`` requests out, or
+address; also when a new stream breaks before its first reply, which is
+how a server whose servicer has only the generated stub ends it now and
+then, INTERNAL rather than UNIMPLEMENTED: unary for ``RETRY_STREAM_S``,
+then a stream is tried again), when a stream already has ``MAX_IN_FLIGHT`` requests out, or
 when ``MAX_STREAMS`` streams are open for other (address, token) pairs.
 A request that times out is withdrawn on the stream (``cancel``); an answer
 that arrives for a request no one waits for any more is released.
@@ -44,6 +47,9 @@ STREAM_DEADLINE_S = 120.0
 
 #: How long close() lets the streams finish what they carry.
 CLOSE_WAIT_S = 2.0
+#: After a stream to an address broke before any reply, that address gets
+#: unary calls this long.
+RETRY_STREAM_S = 30.0
 
 #: How a stream ends that Dispatch did not end on purpose: a dead peer
 #: (INTERNAL, UNKNOWN), or a server stopping, whose grace ran out on the
@@ -70,6 +76,9 @@ class _Stream(
         self._on_orphan = on_orphan
         self._on_closed = on_closed
         self._cancelled = False  # by this side (cancel)
+        #: a reply came; broke_unanswered: the stream broke before one did
+        self.answered = False
+        self.broke_unanswered = False
         self.call = stub.DispatchStream(
             self.outgoing(),
             timeout=STREAM_DEADLINE_S,
@@ -82,6 +91,7 @@ class _Stream(
         try:
             await self.learn_batching(self.call)
             async for msg in self.call:
+                self.answered = True
                 for r in batches.items(msg):
                     if self.control(r.seq, r.goaway):
                         continue
@@ -94,6 +104,7 @@ class _Stream(
         except grpc.aio.AioRpcError as e:
             err = e
             if e.code() in _BROKEN and not self._cancelled:
+                self.broke_unanswered = not self.answered
                 # A stream cut off by a dead peer ends INTERNAL ("Internal
                 # error from Core") where a unary call says UNAVAILABLE;
                 # Dispatch itself never ends a stream so (its errors travel
@@ -173,6 +184,9 @@ class DispatchStreams:
         self._streams: dict[tuple[str, Metadata], _Stream] = {}
         self._live: set[_Stream] = set()
         self._unary_only: set[str] = set()
+        # Address -> loop time until which it gets unary calls (a stream
+        # there broke before any reply).
+        self._unary_until: dict[str, float] = {}
         # The newest stream to each address: where releases go.
         self._by_address: dict[str, _Stream] = {}
         #: Requests sent as stream messages and as unary calls.
@@ -188,16 +202,23 @@ class DispatchStreams:
         metadata: Metadata,
     ) -> dispatch_pb2.InstanceAddr:
         """One Dispatch request to address; raises grpc.aio.AioRpcError."""
-        if self.enabled and self.pool.enabled and address not in self._unary_only:
+        if self.enabled and self.pool.enabled and self._streams_ok(address):
             stream = await self._stream(address, metadata)
             if stream is not None and len(stream.pending) < MAX_IN_FLIGHT:
                 self.sent["stream"] += 1
                 try:
                     r = await stream.request(req, timeout_s)
                 except grpc.aio.AioRpcError as e:
-                    if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        self._unary_only.add(address)  # an older Dispatch
+                    elif stream.broke_unanswered:
+                        # Streams may not work with this peer: the request
+                        # goes unary now (its request id makes the retry
+                        # safe), and the address for a while.
+                        until = asyncio.get_running_loop().time() + RETRY_STREAM_S
+                        self._unary_until[address] = until
+                    else:
                         raise
-                    self._unary_only.add(address)  # an older Dispatch
                 else:
                     if r.code:
                         raise reply_error(r.code, r.message)
@@ -205,6 +226,17 @@ class DispatchStreams:
         self.sent["unary"] += 1
         async with self.pool.stub(address, dispatch_pb2_grpc.DispatchStub) as s:
             return await s.Dispatch(req, timeout=timeout_s, metadata=metadata)  # type: ignore[no-any-return]
+
+    def _streams_ok(self, address: str) -> bool:
+        if address in self._unary_only:
+            return False
+        until = self._unary_until.get(address)
+        if until is None:
+            return True
+        if asyncio.get_running_loop().time() < until:
+            return False
+        del self._unary_until[address]
+        return True
 
     def release(self, address: str, rels: list[dispatch_pb2.ReleaseRequest]) -> bool:
         """Send rels on a stream open to address (any token's: a lease id is

