@@ -93,7 +93,11 @@ def same_as(cls: type[Config], name: str, **changes: Any) -> Any:
 
 
 def _annotation(cls: type[Config], name: str) -> Any:
-    return typing.get_type_hints(cls, include_extras=True)[name]
+    # pydantic resolved the annotation when it built the class (its rules
+    # moved to ``metadata``); ``typing.get_type_hints`` would compile every
+    # string annotation of the class again on each call, which was a third of
+    # a component's start-up CPU.
+    return cls.model_fields[name].annotation
 
 
 def flag_of(cls: type[Config], name: str) -> str:
@@ -116,16 +120,18 @@ def _validator(cls: type[Config], name: str, item_type: Any) -> Any:
     """An argparse ``type`` applying the field's rules to one value."""
     info = cls.model_fields[name]
     rules = [m for m in info.metadata]
-    adapter: TypeAdapter[Any] = TypeAdapter(
-        typing.Annotated[item_type, *rules] if rules else item_type
-    )
     choices = _extra(info).get("choices")
+    # Built on the flag's first use: a process is given a few of its
+    # hundred flags, and each adapter costs pydantic a schema build.
+    adapter: list[TypeAdapter[Any]] = []
 
     def parse(text: str) -> Any:
         if choices and text not in choices:
             raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}")
+        if not adapter:
+            adapter.append(TypeAdapter(typing.Annotated[item_type, *rules] if rules else item_type))
         try:
-            return adapter.validate_python(text)
+            return adapter[0].validate_python(text)
         except ValidationError as e:
             msg = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
             raise argparse.ArgumentTypeError(msg) from None
