@@ -198,7 +198,8 @@ async def test_a_sleeping_instance_gives_back_its_context_and_wakes_on_a_request
     assert woken["usage"]["galaxy_woke_s"] > 0
     assert woken["choices"][0]["text"] == awake["choices"][0]["text"]
     async with aiohttp.ClientSession() as s, s.get(decode + "/v1/galaxy/state") as r:
-        assert await r.json() == {"asleep": False, "sleeps": 1}
+        # Awake again: no time asleep is counted.
+        assert await r.json() == {"asleep": False, "sleeps": 1, "asleep_s": 0.0}
 
     # Woken ahead of a request: the request finds the context built.
     await _post(decode + "/v1/galaxy/sleep", {})
