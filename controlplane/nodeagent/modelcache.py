@@ -28,7 +28,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 from prometheus_client import Counter, Gauge, Histogram
 
 from controlplane.nodeagent import s3fetch
@@ -284,6 +283,8 @@ class ModelCache:
         return await asyncio.to_thread(_copy_file, models.local_path(uri), tmp)
 
     async def _download_http(self, uri: str, tmp: Path) -> tuple[int, str]:
+        import aiohttp  # here, not at every agent's start: most fetch no model over HTTP
+
         h, size = hashlib.sha256(), 0
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=30)
         try:

@@ -22,10 +22,12 @@ import mmap
 import os
 import socket
 from collections.abc import AsyncIterator
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from controlplane.runtime import leasetoken
+
+if TYPE_CHECKING:
+    import aiohttp
 
 #: a header is small; anything longer is refused
 MAX_HEADER = 2048

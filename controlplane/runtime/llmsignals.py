@@ -42,9 +42,15 @@ import math
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    # Imported where a scrape runs: Dispatch loads this module for every
+    # function, and aiohttp's import (~90 ms of CPU, its TLS context
+    # included) is paid only by a Dispatch that routes an LLM.
+    import aiohttp
 
 #: a /metrics page larger than this is refused (vLLM's is ~30 kB)
 MAX_BYTES = 1 << 20
@@ -243,6 +249,8 @@ async def scrape(
 ) -> Sample:
     """GET ``url`` (an instance's /metrics) within ``timeout_s`` and parse it.
     SignalError on a refused, slow, oversized or malformed answer."""
+    import aiohttp
+
     try:
         async with asyncio.timeout(timeout_s):
             async with session.get(url, headers=headers) as resp:

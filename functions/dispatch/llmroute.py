@@ -32,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
-import aiohttp
 from prometheus_client import Counter
 
 from controlplane.runtime import leasetoken
@@ -47,6 +47,9 @@ from functions.dispatch.autoscaling.llmsignal import observed as pressured
 from functions.dispatch.pdpair import PrefillPairing
 from functions.dispatch.policy import FunctionRouter, Grant
 from galaxy.v1 import common_pb2, dispatch_pb2
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +225,8 @@ class LlmRouting:
         each within ``SCRAPE_TIMEOUT_S``); returns how many answered.
         ``sign`` makes the lease token a node's entry asks for."""
         if self._session is None or self._session.closed:
+            import aiohttp  # here: only a Dispatch that routes an LLM pays its import
+
             self._session = aiohttp.ClientSession()
         session, gate = self._session, asyncio.Semaphore(SCRAPE_PARALLEL)
 

@@ -35,7 +35,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from prometheus_client import Counter, Gauge
 
 from controlplane.runtime import leasetoken
@@ -45,6 +44,10 @@ from functions.dispatch.policy import FunctionRouter
 from galaxy.v1 import common_pb2, dispatch_pb2
 
 if TYPE_CHECKING:
+    # Imported on the first sleep or wake (as in llmroute): a Dispatch that
+    # serves no LLM never pays aiohttp's import.
+    import aiohttp
+
     from functions.dispatch.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -123,6 +126,8 @@ class Sleeping:
         an emulated sandbox's instance has nothing to call: ``{}``)."""
         if info.address.startswith("emulated://"):
             return {}
+        import aiohttp
+
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession()
         headers = {leasetoken.HEADER: self.sign(info.instance_id)} if self.sign else None

@@ -35,8 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-
 from controlplane.nodeagent.entry.kvroute import KvRoutes, Member, Refused, Transfer
 from controlplane.runtime import kvaddr, kvmove
 
@@ -153,6 +151,10 @@ class KvRelay:
             listener.open_connections -= 1
 
     async def _carry(self, sender: str, header: bytes, fds: list[int]) -> tuple[int, str]:
+        # aiohttp is imported by the first transfer, not by every agent's start
+        # (~90 ms of CPU, its TLS context included; most nodes move no KV).
+        import aiohttp
+
         if len(fds) != 1:
             return 400, "KV relay: one header and one descriptor"
         try:
@@ -180,6 +182,8 @@ class KvRelay:
                 path = kvaddr.unix_path(kvaddr.shm_target(t.local.instance_id))
                 return await kvmove.hand_over(got.dial(), path, t.header(), fd, t.timeout_s)
             url = f"http://{t.local.address}/v1/kv/{t.kv_id}"
+        import aiohttp
+
         data = kvmove.mapped(fd, t.size)
         try:
             timeout = aiohttp.ClientTimeout(total=t.timeout_s, sock_connect=5)
