@@ -17,6 +17,8 @@ import pytest
 from controlplane.nodeagent.entry.door import Door, _Client
 from controlplane.runtime.leasetoken import LeaseKey
 
+from .conftest import host_dial
+
 NOW = 1_800_000_000_000
 TIMEOUT = 5
 
@@ -60,12 +62,6 @@ class Entry:
         return c
 
 
-async def _dial() -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setblocking(False)
-    return s
-
-
 @pytest.fixture
 async def entry() -> AsyncIterator[Entry]:
     key = LeaseKey(os.urandom(32))
@@ -76,7 +72,7 @@ async def entry() -> AsyncIterator[Entry]:
 
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    door = Door("inst-a", port, key, _dial, clock_ms=lambda: NOW)
+    door = Door("inst-a", port, key, host_dial, clock_ms=lambda: NOW)
     box.append(Entry(key, door))
     await door.open("127.0.0.1", 0)
     yield box[0]
