@@ -1,20 +1,25 @@
 """The door's answers over real sockets: a scripted server stands for the
 instance (in the host's namespace, so no root is needed; the way into a
 namespace is tested in test_entry.py) and writes each answer the way the
-test says, piece by piece, waiting for the caller where it matters. A small
-answer written in two pieces reaches the caller in one write; anything
-streamed reaches it before the instance sends more."""
+test says, piece by piece, waiting for the caller where it matters. Each
+piece reaches the caller before the instance sends the next: a streamed
+answer (chunked, until close, long), an answer with no body (204, 304, 1xx,
+the answer to HEAD), pipelined answers, an answer cut short by the
+instance, and the bytes after an upgrade. (A door that held small answers
+until complete, to write each once, was measured and not kept:
+docs/security.md, "The node's entry"; these are what such a door must not
+break.)"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
-from controlplane.nodeagent.entry.door import Door, _Client
+from controlplane.nodeagent.entry.door import Door
 from controlplane.runtime.leasetoken import LeaseKey
 
 from .conftest import host_dial
@@ -57,10 +62,6 @@ class Entry:
         assert await asyncio.wait_for(r.readexactly(len(data)), TIMEOUT) == data
         return caller, r, w
 
-    def client(self) -> _Client:
-        (c,) = self.door.clients
-        return c
-
 
 @pytest.fixture
 async def entry() -> AsyncIterator[Entry]:
@@ -80,16 +81,6 @@ async def entry() -> AsyncIterator[Entry]:
     server.close()
 
 
-async def until(cond: Callable[[], bool]) -> None:
-    """Until cond holds (what the door did with bytes it read has no event
-    to await), at most TIMEOUT s."""
-    for _ in range(TIMEOUT * 1000):
-        if cond():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("never happened")
-
-
 async def recv(caller: socket.socket) -> bytes:
     """What one read of the caller's socket gets."""
     return await asyncio.wait_for(asyncio.get_running_loop().sock_recv(caller, 1 << 20), TIMEOUT)
@@ -105,22 +96,6 @@ async def recv_exactly(caller: socket.socket, n: int) -> bytes:
 
 
 HEAD = b"HTTP/1.1 200 OK\r\nServer: test\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\n"
-
-
-async def test_a_small_answer_written_in_two_pieces_reaches_the_caller_in_one(
-    entry: Entry,
-) -> None:
-    caller, r, w = await entry.open(entry.request())
-    with caller:
-        for i in range(2):  # and the next answer on the kept connection
-            w.write(HEAD)
-            await until(lambda: entry.client().answers.held == len(HEAD))
-            w.write(b"hello")
-            assert await recv(caller) == HEAD + b"hello"
-            if i == 0:
-                request = entry.request()
-                await asyncio.get_running_loop().sock_sendall(caller, request)
-                assert await asyncio.wait_for(r.readexactly(len(request)), TIMEOUT) == request
 
 
 @pytest.mark.parametrize("framing", ["chunked", "until-close", "longer"])
@@ -162,15 +137,11 @@ async def test_an_answer_without_a_body_is_not_held(entry: Entry, answer: bytes)
     with caller:
         w.write(answer)
         assert await recv_exactly(caller, len(answer)) == answer
-        w.write(HEAD)  # the connection's next answer is held as usual
-        await until(lambda: entry.client().answers.held == len(HEAD))
-        w.write(b"hello")
-        assert await recv(caller) == HEAD + b"hello"
 
 
 async def test_the_answer_to_a_head_request_is_not_held(entry: Entry) -> None:
-    """It declares a length and has no body: the door stops following the
-    framing on that connection, and what comes after passes as it comes."""
+    """It declares a length and has no body; what comes after on the
+    connection passes as it comes."""
     caller, r, w = await entry.open(entry.request("HEAD"))
     with caller:
         w.write(HEAD)
@@ -203,7 +174,6 @@ async def test_an_instance_that_closes_mid_answer_hands_on_what_it_sent(entry: E
     with caller:
         cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b"
         w.write(cut)
-        await until(lambda: entry.client().answers.held == len(cut))
         w.close()
         assert await recv_exactly(caller, len(cut)) == cut
         assert await recv(caller) == b""

@@ -8,9 +8,7 @@ reaches the instance. An accepted connection is connected into the
 instance's network namespace and its bytes flow both ways unchanged: the
 door parses requests (to check each one's header; on a kept connection a
 token already admitted costs no new HMAC until its lease ends, ``admission``)
-but never rewrites them. Answers are not rewritten either; their framing is
-followed so that a small answer the instance wrote in pieces leaves in one
-write (``answers``: streamed answers are never held). After a protocol
+but never rewrites them, and does not parse answers. After a protocol
 upgrade (WebSocket) the rest of the connection is raw bytes, its opening
 request having been checked.
 
@@ -33,7 +31,6 @@ from typing import cast
 import httptools  # type: ignore[import-not-found,unused-ignore]
 
 from controlplane.nodeagent.entry.admission import Admission
-from controlplane.nodeagent.entry.answers import Coalescer
 from controlplane.runtime.leasetoken import LeaseKey, Verdict
 
 log = logging.getLogger(__name__)
@@ -43,8 +40,6 @@ Dial = Callable[[], Awaitable[socket.socket]]
 
 _LEASE = b"galaxy-lease"
 _LEASE_LEN = len(_LEASE)
-#: Requests whose answers' framing the door cannot follow (``answers``).
-_UNFRAMED = frozenset({b"HEAD", b"CONNECT"})
 _REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway"}
 
 
@@ -59,32 +54,21 @@ def _answer(status: int, message: str) -> bytes:
 
 
 class _Upstream(asyncio.Protocol):
-    """The door's connection into the instance: answers go back as they come,
-    a small one in one write once complete (``answers.Coalescer``)."""
+    """The door's connection into the instance: answers go back as they come."""
 
     def __init__(self, client: _Client) -> None:
         self.client = client
-        self.answers = client.answers
 
     def data_received(self, data: bytes) -> None:
-        out = self.answers.feed(data)
-        if out:
-            self.client.transport.write(out)
+        self.client.transport.write(data)
 
     def eof_received(self) -> bool:
-        self._flush()  # an answer cut short: what came of it, then the end
         if self.client.transport.can_write_eof():
             self.client.transport.write_eof()
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._flush()
         self.client.transport.close()
-
-    def _flush(self) -> None:
-        out = self.answers.drain()
-        if out and not self.client.transport.is_closing():
-            self.client.transport.write(out)
 
     def pause_writing(self) -> None:
         self.client.transport.pause_reading()
@@ -105,7 +89,6 @@ class _Client(asyncio.Protocol):
         self.lease: bytes | None = None
         self.refused: Verdict | None = None
         self.raw = False  # after an upgrade: no more requests to check
-        self.answers = Coalescer()
         self.up: asyncio.Transport | None = None
         self.pending: list[bytes] | None = None  # while connecting upstream
         self.connecting: asyncio.Task[None] | None = None
@@ -128,15 +111,6 @@ class _Client(asyncio.Protocol):
         self.lease = None  # the next request shows its own
         if verdict is not Verdict.OK and self.refused is None:
             self.refused = verdict
-        elif self.parser.get_method() in _UNFRAMED and not self.answers.plain:
-            # Its answer declares a length but has no body (HEAD), or turns
-            # into a tunnel (CONNECT): the answers' framing cannot follow.
-            self._stop_coalescing()
-
-    def _stop_coalescing(self) -> None:
-        out = self.answers.stop()
-        if out:
-            self.transport.write(out)
 
     def data_received(self, data: bytes) -> None:
         if not self.raw:
@@ -144,7 +118,6 @@ class _Client(asyncio.Protocol):
                 self.parser.feed_data(data)
             except httptools.HttpParserUpgrade:
                 self.raw = True  # the upgrading request's headers were checked
-                self._stop_coalescing()
             except httptools.HttpParserError:
                 self._refuse(400, "not an HTTP/1.1 request")
                 return
