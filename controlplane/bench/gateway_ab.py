@@ -2,7 +2,8 @@
 machine's drift cannot decide (`python -m controlplane.bench.gateway_ab
 --cluster process=RUN_DIR --cluster bwrap=RUN_DIR`): for each pair and each
 concurrency, ``gateway.measure`` runs against one cluster and then the other
-(the order flips every pair), on the direct path and the caching gateway
+(the order flips every pair; a third ``--cluster``, e.g. another tree's
+code, joins each pair and the order rotates), on the direct path and the caching gateway
 only. The report gives every pair (requests/s, p50, the node's CPU per
 request and the agent's share of it, load averages) and, per concurrency,
 the medians over pairs of the second cluster against the first: the change
@@ -34,8 +35,11 @@ _PATH = "gateway_cache"
 
 
 def order(pair: int, labels: list[str]) -> list[str]:
-    """The clusters' order in pair number pair: flipped every other pair."""
-    return labels if pair % 2 == 0 else labels[::-1]
+    """The clusters' order in pair number pair: rotated by one every pair
+    (two clusters: flipped every other pair), so that each runs first, and
+    after each other, as often as the others."""
+    k = pair % len(labels)
+    return labels[k:] + labels[:k]
 
 
 def _total(path: dict[str, float]) -> float:
@@ -131,6 +135,9 @@ async def run(
         "requests_per_run": n * rounds,
         "runs": runs,
         "summary": summarize(runs, labels[0], labels[1]),
+        # With more than two clusters, each against the first (the second's
+        # is "summary").
+        "summaries": {other: summarize(runs, labels[0], other) for other in labels[1:]},
     }
 
 
@@ -147,7 +154,7 @@ def main() -> None:
         "--cluster",
         action="append",
         required=True,
-        help="LABEL=RUN_DIR, twice: the baseline first",
+        help="LABEL=RUN_DIR, two or more times: the baseline first",
     )
     p.add_argument("--pairs", type=int, default=4)
     p.add_argument("--concurrency", type=int, action="append", help="repeatable (default 1, 8)")
@@ -161,8 +168,8 @@ def main() -> None:
     )
     a = p.parse_args()
     clusters = dict(_label_value(c, "--cluster") for c in a.cluster)
-    if len(clusters) != 2:
-        raise SystemExit(f"--cluster: two labels, got {len(clusters)}")
+    if len(clusters) < 2:
+        raise SystemExit(f"--cluster: two labels or more, got {len(clusters)}")
     pids: dict[str, tuple[int, ...]] = {}
     for text in a.agent_pid:
         label, pid = _label_value(text, "--agent-pid")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -93,6 +94,14 @@ def echo_spec(name: str = "echo", **kw) -> common_pb2.FunctionSpec:
 def py_spec(code: str, name: str = "py", **kw) -> common_pb2.FunctionSpec:
     """A function whose instance runs `python -c code`."""
     return common_pb2.FunctionSpec(name=name, command=[sys.executable, "-c", code], **kw)
+
+
+async def host_dial() -> socket.socket:
+    """A door's dial for an instance that stands in the host's namespace (a
+    test server): a non-blocking TCP socket of this namespace."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setblocking(False)
+    return s
 
 
 async def http(address: str, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,6 +16,8 @@ from aiohttp import web
 
 from controlplane.nodeagent.entry.door import Door
 from controlplane.runtime.leasetoken import SKEW_MS, LeaseKey
+
+from .conftest import host_dial
 
 NOW = 1_800_000_000_000
 END = NOW + 60_000
@@ -37,12 +38,6 @@ class Entry:
         return await asyncio.open_connection("127.0.0.1", port)
 
 
-async def _dial() -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setblocking(False)
-    return s
-
-
 @pytest.fixture
 async def entry() -> AsyncIterator[Entry]:
     key = LeaseKey(os.urandom(32))
@@ -59,7 +54,7 @@ async def entry() -> AsyncIterator[Entry]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    door = Door("inst-a", port, key, _dial, clock_ms=lambda: box[0].now)
+    door = Door("inst-a", port, key, host_dial, clock_ms=lambda: box[0].now)
     box.append(Entry(key, door))
     await door.open("127.0.0.1", 0)
     yield box[0]

@@ -25,6 +25,11 @@ def test_the_order_flips_every_pair() -> None:
     assert [order(i, ["a", "b"]) for i in range(4)] == [["a", "b"], ["b", "a"]] * 2
 
 
+def test_three_clusters_take_turns_first() -> None:
+    got = [order(i, ["a", "b", "c"]) for i in range(3)]
+    assert got == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+
+
 def test_each_pair_is_compared_and_medians_are_over_pairs() -> None:
     runs = [
         _run(0, 1, "process", 1000, 0.60, 120),

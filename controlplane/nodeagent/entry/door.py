@@ -151,8 +151,9 @@ class _Client(asyncio.Protocol):
             up.close()
             return
         self.up = cast(asyncio.Transport, up)
-        for chunk in self.pending or ():
-            self.up.write(chunk)
+        if self.pending:
+            # What came while connecting, in one write.
+            self.up.write(b"".join(self.pending))
         self.pending = None
 
     def _refuse(self, status: int, message: str) -> None:
