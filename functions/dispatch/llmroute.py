@@ -206,11 +206,13 @@ class LlmRouting:
         for name in set(self._shed) - set(routers):
             del self._shed[name]
 
-    def observe(self, iid: str, sample: Sample) -> None:
+    def observe(self, iid: str, sample: Sample, sent_at: float | None = None) -> None:
         """Record one scrape of an instance: its load, and its latency
-        histograms into its function's window."""
+        histograms into its function's window. ``sent_at``: when the scrape
+        left (the load is as of then: a slot returned after it makes the
+        sample stale; default now)."""
         now = self.clock.now()
-        self.book.observe(iid, sample, now)
+        self.book.observe(iid, sample, now if sent_at is None else sent_at)
         fn = self._function_of.get(iid)
         if fn is not None and (sample.ttft is not None or sample.tpot is not None):
             w = self._latency.get(fn)
@@ -233,6 +235,7 @@ class LlmRouting:
         async def one(iid: str, address: str) -> bool:
             headers = {leasetoken.HEADER: sign(iid)} if sign is not None else None
             async with gate:
+                sent_at = self.clock.now()
                 try:
                     sample = await scrape(
                         session, f"http://{address}/metrics", SCRAPE_TIMEOUT_S, headers=headers
@@ -240,7 +243,7 @@ class LlmRouting:
                 except SignalError as e:
                     log.debug("no signals from %s: %s", iid, e)
                     return False
-            self.observe(iid, sample)
+            self.observe(iid, sample, sent_at)
             return True
 
         got = await asyncio.gather(*(one(i, a) for i, a in targets))

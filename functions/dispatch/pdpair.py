@@ -56,12 +56,17 @@ class PrefillPairing:
         are its scraped waiting and running ones, or the requests in flight
         there when more (those sent since the scrape), each counted as a
         prompt as long as this one (the signals carry requests, not tokens);
-        running ones count because every engine iteration decodes them too."""
+        running ones count because every engine iteration decodes them too.
+        A scrape sent before a slot of the instance came back is not used:
+        it counts a request that has ended (sequential requests found the
+        same-node instance "busy" with the previous one and crossed nodes)."""
         tokens = max(1, hint.prompt_tokens)
         cands = []
         for inst in free:
             load = loads(inst.instance_id)
-            scraped = load.sample.waiting + load.sample.running if load is not None else 0
+            scraped = 0
+            if load is not None and load.at >= inst.released_at:
+                scraped = load.sample.waiting + load.sample.running
             ahead = max(inst.in_flight, scraped)
             cands.append(Candidate(inst.instance_id, inst.node_id, ahead * tokens))
         if not cands:

@@ -220,6 +220,7 @@ class FunctionRouter:
         if self.pace is not None and granted <= now < lease[1]:  # (expired: no request's time)
             self.pace.served(now - granted)
         if inst is not None and inst.in_flight > 0:
+            inst.released_at = now
             n = inst.in_flight = inst.in_flight - 1
             self._in_flight -= 1
             if not inst.draining and n < inst.concurrency:

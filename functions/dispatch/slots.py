@@ -22,6 +22,9 @@ class Instance:
     in_flight: int = 0
     draining: bool = False
     added_at: float = 0.0
+    #: when a slot of it last came back (the router's clock): a load scraped
+    #: before then still counts a request that has ended
+    released_at: float = 0.0
     #: opaque to the policy: what the caller needs later (e.g. the proto).
     meta: Any = None
 

@@ -56,6 +56,28 @@ def test_a_queue_on_the_same_node_costs_more_than_the_network() -> None:
     assert g is not None and g.instance.instance_id == "p0"
 
 
+def test_a_scrape_older_than_a_returned_slot_does_not_count_it() -> None:
+    # Requests one after another: the scrape caught the previous one running
+    # on the decode's node; its slot came back since, so that instance is
+    # idle and wins again (it crossed nodes before, in a real run).
+    clock = ManualClock()
+    r, llm = prefill_pool(clock, ["n0", "n1"]), LlmRouting(clock)
+    first = llm.acquire(r, SPEC, pd_hint("n1"))
+    assert first is not None and first.instance.instance_id == "p1"
+    clock.advance(0.01)
+    llm.observe("p1", Sample(waiting=0, running=1), sent_at=clock.now())
+    clock.advance(0.01)
+    r.release(first.lease_id)
+    g = llm.acquire(r, SPEC, pd_hint("n1"))
+    assert g is not None and g.instance.instance_id == "p1"
+    # A scrape sent after the return counts again.
+    r.release(g.lease_id)
+    clock.advance(0.01)
+    llm.observe("p1", Sample(waiting=1, running=1), sent_at=clock.now())
+    g = llm.acquire(r, SPEC, pd_hint("n1"))
+    assert g is not None and g.instance.instance_id == "p0"
+
+
 def test_a_large_cache_stays_on_its_node_despite_a_queue() -> None:
     # LLaMA-2-13B's 819,200 bytes a token: 8 GB for 10k tokens takes 66 s
     # over a 1 Gbit/s link, more than one queued prompt (5 s at 2,000
