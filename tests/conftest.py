@@ -47,7 +47,8 @@ core, not a looser bound. A serial run (``-n 0``) keeps the plain bound.
 
 Where the CPU goes
 ------------------
-The suite is CPU-bound on 2 cores, so its wall time follows its CPU time.
+The suite keeps 2 cores ~160-175% busy: it waits on process starts and real
+timers as much as on the CPU, so less CPU and more overlap both shorten it.
 ``GALAXY_CPU_REPORT=DIR python -m pytest`` writes each test file's CPU seconds
 (the worker's and those of the processes it started and reaped) and wall
 seconds under DIR; ``python -m tests.cpureport DIR`` lists the costliest files.
