@@ -42,7 +42,7 @@ The fast-test bound under parallel load
 ---------------------------------------
 Workers compete for the cores, so a test's wall time stretches with the ratio
 of workers to CPUs. The bound is ``GALAXY_FAST_TEST_S`` times
-``max(1, workers / CPUs)`` (5 s for 5 workers on 2 cores): the same work per
+``max(1, workers / CPUs)`` (4 s for 4 workers on 2 cores): the same work per
 core, not a looser bound. A serial run (``-n 0``) keeps the plain bound.
 
 Where the CPU goes
@@ -92,7 +92,7 @@ register_all()
 REPO = Path(__file__).resolve().parents[1]
 
 #: Worker processes for a run that does not say ``-n`` (measured: README, Tests).
-DEFAULT_WORKERS = 5
+DEFAULT_WORKERS = 4
 
 
 def _load_factor() -> float:
