@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from controlplane.nodeagent.sandbox import BwrapBackend, ProcessBackend
-from controlplane.nodeagent.sandbox.bwrap import resolve
 from controlplane.nodeagent.sandbox.cgroups import open_cgroups
+from controlplane.nodeagent.sandbox.launch import resolve
 from galaxy.v1 import common_pb2
 
 ECHO = Path(__file__).resolve().parents[2] / "examples" / "echo_server.py"

@@ -112,6 +112,27 @@ async def test_env_is_port_spec_env_and_agent_facts_only(process_backend, monkey
     assert home.endswith("/env-1")
 
 
+async def test_a_version_managers_shim_is_skipped_for_the_interpreter_behind_it(
+    process_backend, monkeypatch, tmp_path
+):
+    # A shim first on PATH that fails if run, then the real interpreter: the
+    # instance runs the second, as a bwrap sandbox's would (one runtime, one
+    # interpreter, whatever the sandbox).
+    shims, real = tmp_path / "shims", tmp_path / "pfx" / "bin"
+    shims.mkdir()
+    real.mkdir(parents=True)
+    (shims / "py").write_text("#!/bin/sh\necho shim ran >&2\nexit 9\n")
+    (shims / "py").chmod(0o755)
+    (real / "py").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{shims}:{real}:{os.environ.get('PATH', '')}")
+    spec = py_spec("import sys; sys.stderr.write(sys.executable); sys.exit(4)", name="shim")
+    spec.command[0] = "py"
+    with pytest.raises(Unavailable, match="exited with code 4") as e:
+        await process_backend.start("n-0", "shim-1", spec)
+    assert "shim ran" not in e.value.message
+    assert (process_backend.log_dir / "n-0" / "shim-1.err").read_text() == str(real / "py")
+
+
 async def test_stop_escalates_to_sigkill(tmp_path):
     backend = ProcessBackend(log_dir=tmp_path, stop_grace_s=0.2)
     try:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.nodeagent.sandbox import BwrapBackend, make_sandbox_backend
-from controlplane.nodeagent.sandbox.bwrap import resolve, runtime_roots
+from controlplane.nodeagent.sandbox.bwrap import runtime_roots
+from controlplane.nodeagent.sandbox.launch import resolve
 from controlplane.nodeagent.sandbox.uidpool import UidPool, UidPoolExhausted
 from controlplane.runtime.errors import Unavailable
 

@@ -46,7 +46,7 @@ from controlplane.nodeagent.entry.kvroute import KvRoutes, Member
 from controlplane.nodeagent.entry.sockclient import FactoryDialer
 from controlplane.nodeagent.sandbox import seccomp
 from controlplane.nodeagent.sandbox.base import ExitCallback
-from controlplane.nodeagent.sandbox.launch import instance_user, pdeathsig_prefix
+from controlplane.nodeagent.sandbox.launch import instance_user, pdeathsig_prefix, resolve
 from controlplane.nodeagent.sandbox.ports import instance_ports
 from controlplane.nodeagent.sandbox.process import ProcessBackend, ProcessSandbox
 from controlplane.nodeagent.sandbox.uidpool import UidPool, UidPoolExhausted
@@ -113,24 +113,6 @@ _SYS_DIRS = ("/sys", "/sys/devices", "/sys/devices/system", "/sys/kernel", "/sys
 def _shown(path: str) -> bool:
     """Already visible through the system paths."""
     return any(path == s or path.startswith(s + "/") for s in _SYSTEM)
-
-
-def resolve(command: str, path: str) -> str:
-    """command's absolute path on path (a PATH string), skipping version
-    managers' shims (pyenv, rbenv, asdf put scripts in a ``shims``
-    directory): a shim picks the real interpreter from the caller's home and
-    working directory, which a sandbox does not show, so the next match (the
-    interpreter itself) is what can run there. command itself when nothing
-    is found (the start then fails naming it)."""
-    if "/" in command:
-        return command
-    for entry in path.split(os.pathsep):
-        if not entry or os.path.basename(os.path.normpath(entry)) == "shims":
-            continue
-        found = shutil.which(command, path=entry)
-        if found is not None:
-            return os.path.abspath(found)
-    return command
 
 
 def runtime_roots(executable: str) -> list[str]:

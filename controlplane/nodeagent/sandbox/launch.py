@@ -65,6 +65,26 @@ def run_as_prefix(user: str) -> list[str]:
     ]  # fmt: skip
 
 
+def resolve(command: str, path: str) -> str:
+    """command's absolute path on path (a PATH string), skipping version
+    managers' shims (pyenv, rbenv, asdf put scripts in a ``shims``
+    directory). A shim picks the real interpreter from the caller's home,
+    environment and working directory: a sandbox does not show the home, and
+    an instance's working directory is its own, so through a shim the same
+    runtime could run another interpreter per sandbox kind, or per workdir.
+    Every backend runs the next match (the interpreter itself) instead.
+    command itself when nothing is found (the start then fails naming it)."""
+    if "/" in command:
+        return command
+    for entry in path.split(os.pathsep):
+        if not entry or os.path.basename(os.path.normpath(entry)) == "shims":
+            continue
+        found = shutil.which(command, path=entry)
+        if found is not None:
+            return os.path.abspath(found)
+    return command
+
+
 def cannot_run(command: str, env: dict[str, str], cwd: str | None) -> str | None:
     """Why command cannot be run (None when it can).
 

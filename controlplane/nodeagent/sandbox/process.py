@@ -25,6 +25,7 @@ from controlplane.nodeagent.sandbox.launch import (
     cannot_run,
     instance_user,
     pdeathsig_prefix,
+    resolve,
     run_as_prefix,
 )
 from controlplane.nodeagent.sandbox.ports import free_port
@@ -363,7 +364,8 @@ class ProcessBackend(SandboxBackend):
         """The command line that runs spec's command, and the fds it needs
         (closed by the caller once the child has them); a sandboxing backend
         wraps the command here."""
-        return [*self._prefix, *spec.command], ()
+        command = resolve(spec.command[0], os.environ.get("PATH", os.defpath))
+        return [*self._prefix, command, *spec.command[1:]], ()
 
     def _open_logs(self, node_id: str, instance_id: str) -> tuple[BinaryIO, BinaryIO]:
         # Synchronous on purpose: creating two local files takes microseconds,
