@@ -46,16 +46,17 @@ spawning a controller process until it is ready.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from controlplane.runtime import procs
 from simulator.calibrate_decisions import decide_cost, take_cost, take_ops
 from simulator.calibration import OPS, Calibration, OpCost
 from simulator.galaxy.streams import stream_costs
@@ -310,18 +311,20 @@ async def echo_round_trip(n: int = 2000, batches: int = 10) -> dict[str, float]:
 async def loop_steps() -> dict[str, float]:
     """Event-loop iterations of a grpc.aio call (``controlplane.bench.loopsteps``,
     in a process of its own: it patches the loop class)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "controlplane.bench.loopsteps",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    # subprocess.run in a thread, not the loop's subprocess support (banned
+    # where gRPC threads run: controlplane/runtime/procs.py says why).
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), 120)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+        r = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "controlplane.bench.loopsteps"],
+            capture_output=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
         raise RuntimeError("counting event-loop iterations took over 120 s") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"counting event-loop iterations failed: {err.decode()[-500:]}")
+    out = r.stdout
+    if r.returncode != 0:
+        raise RuntimeError(f"counting event-loop iterations failed: {r.stderr.decode()[-500:]}")
     doc = json.loads(out)
     return {"loop_request_steps": doc["request_steps"], "loop_reply_steps": doc["reply_steps"]}
 
@@ -337,26 +340,28 @@ async def control_start(tries: int = 3) -> float:
     times = []
     for _ in range(tries):
         t0 = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "controlplane.tools.cli", "serve", "controller", "--listen",
-            "127.0.0.1:0", "--metrics-listen", "", "--lifeline", "--insecure",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert proc.stdout is not None and proc.stderr is not None
-        try:
-            while True:
-                line = await asyncio.wait_for(proc.stdout.readline(), 60)
-                if not line:
-                    err = (await proc.stderr.read()).decode(errors="replace")
-                    raise RuntimeError(f"the controller exited before it was ready: {err[-500:]}")
-                if line.decode().startswith(READY_PREFIX):
-                    break
-            times.append(time.perf_counter() - t0)
-        finally:
-            with contextlib.suppress(ProcessLookupError):  # (it may have exited)
-                proc.terminate()
-            await proc.wait()
+        with tempfile.TemporaryFile() as errors:
+            proc = await procs.spawn(
+                sys.executable, "-m", "controlplane.tools.cli", "serve", "controller", "--listen",
+                "127.0.0.1:0", "--metrics-listen", "", "--lifeline", "--insecure",
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+            )  # fmt: skip
+            assert proc.stdout is not None
+            try:
+                while True:
+                    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+                    if not line:
+                        await proc.wait()
+                        errors.seek(0)
+                        err = errors.read().decode(errors="replace")
+                        raise RuntimeError(
+                            f"the controller exited before it was ready: {err[-500:]}"
+                        )
+                    if line.decode().startswith(READY_PREFIX):
+                        break
+                times.append(time.perf_counter() - t0)
+            finally:
+                await procs.terminate(proc, 10.0)
     return statistics.median(times)
 
 

@@ -67,7 +67,7 @@ def test_no_launcher_starts_children_through_the_event_loop() -> None:
     # servers from a process with gRPC channels open, under uvloop (the CLI
     # installs it; in a test worker, any in-process CLI call before did).
     offenders = []
-    for root in ("controlplane", "functions"):
+    for root in ("controlplane", "functions", "simulator"):
         for path in (REPO / root).rglob("*.py"):
             if re.search(r"create_subprocess_(exec|shell)\(", path.read_text()):
                 offenders.append(str(path.relative_to(REPO)))
