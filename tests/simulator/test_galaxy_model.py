@@ -201,10 +201,12 @@ def test_waiters_past_the_dispatch_bound_fail_as_production_refuses_them(cal):
     from simulator.system import Env
     from simulator.workload import Workload, functions
 
-    assert GalaxyModel.max_queue == DispatchConfig().max_queue
     fns = functions(1, "cold", cpu_millis=10, memory_mib=16, cold_start_s=5.0)
     env = Env(SimConfig(nodes=4), cal, Workload("t", fns, 10.0, lambda: iter(())), 1)
     model = GalaxyModel(env, instances=1, controller_scaling=False)
+    # On the instance: a class of the compiled build shows its attributes'
+    # descriptors, not their defaults.
+    assert model.max_queue == DispatchConfig().max_queue
     model.max_queue = 3  # a small bound, so a handful of requests pass it
     model.start()
     for i in range(10):  # once the nodes are known, within the first start
@@ -225,10 +227,10 @@ def test_a_wait_past_the_dispatch_timeout_fails_as_production_refuses_it(cal):
     from simulator.system import Env
     from simulator.workload import Workload, functions
 
-    assert GalaxyModel.wait_s == wait_timeout_s(None, DispatchConfig().lease_ttl_ms / 1000.0)
     fns = functions(1, "cold", cpu_millis=10, memory_mib=16, cold_start_s=5.0)
     env = Env(SimConfig(nodes=4), cal, Workload("t", fns, 10.0, lambda: iter(())), 1)
     model = GalaxyModel(env, instances=1, controller_scaling=False)
+    assert model.wait_s == wait_timeout_s(None, DispatchConfig().lease_ttl_ms / 1000.0)
     model.front.wait_s = 1.0  # shorter than the cold start
     model.start()
     for i in range(4):  # once the nodes are known
