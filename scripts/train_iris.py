@@ -15,14 +15,10 @@ on a held-out quarter of the data.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 from pathlib import Path
-
-import joblib
-from sklearn.datasets import load_iris
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import train_test_split
-from sklearn.tree import DecisionTreeClassifier
+from typing import Any
 
 #: Fixed so that a test's model, and its predictions, are the same every run.
 RANDOM_STATE = 0
@@ -32,9 +28,25 @@ RANDOM_STATE = 0
 ESTIMATORS = ("logistic", "tree")
 
 
+@functools.cache
+def iris() -> Any:
+    """scikit-learn's iris data set (a ``Bunch``: ``data``, ``target``, the
+    names), loaded once per process."""
+    from sklearn.datasets import load_iris
+
+    return load_iris()
+
+
 def train(path: Path, estimator: str = "logistic") -> tuple[str, float]:
     """Train, write ``path``; return its sha256 and the held-out accuracy."""
-    x, y = load_iris(return_X_y=True)
+    # Imported here: scikit-learn takes ~1 s to import, and the test modules
+    # that import this one should not pay it at collection.
+    import joblib
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import train_test_split
+    from sklearn.tree import DecisionTreeClassifier
+
+    x, y = iris().data, iris().target
     x_train, x_test, y_train, y_test = train_test_split(
         x, y, test_size=0.25, random_state=RANDOM_STATE, stratify=y
     )

@@ -16,10 +16,10 @@ import joblib
 import numpy as np
 import pytest
 import pytest_asyncio
-from sklearn.datasets import load_iris
 
 from controlplane.gateway.batcher import BATCH_HEADER
 from controlplane.gateway.config import GatewayConfig
+from scripts.train_iris import iris
 from tests.models.irisgw import example, serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -43,7 +43,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
 
 def rows_of(i: int) -> list[list[float]]:
     """Caller i's rows: 1 to 3 rows of the data set, different per caller."""
-    data = load_iris().data
+    data = iris().data
     return [data[(7 * i + k) % len(data)].tolist() for k in range(1 + i % 3)]
 
 

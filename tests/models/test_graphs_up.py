@@ -18,9 +18,9 @@ import joblib
 import numpy as np
 import pytest
 import yaml
-from sklearn.datasets import load_iris
 
 from controlplane.gateway.graphs import source
+from scripts.train_iris import iris
 from tests.integration.upctl import REPO, GalaxyUp
 from tests.models.irisgw import example
 
@@ -45,7 +45,7 @@ def test_iris_ensemble_graph_under_galaxy_up(tmp_path: Path, monkeypatch) -> Non
         assert r.stdout.startswith("graph iris-ensemble stored in namespace default"), r.stdout
         listed = json.loads(g.cli("graphs", "list", "-o", "json").stdout)
         assert [(x["name"], x["namespace"]) for x in listed] == [("iris-ensemble", "default")]
-        rows = load_iris().data[[0, 50, 100]].tolist()
+        rows = iris().data[[0, 50, 100]].tolist()
         body = {"instances": [dict(zip(NAMES, r, strict=True)) for r in rows]}
         token = (tmp_path / "run" / "token").read_text().strip()
         code, text = _post(g, token, body)

@@ -14,9 +14,9 @@ import joblib
 import numpy as np
 import pytest
 import pytest_asyncio
-from sklearn.datasets import load_iris
 
 from controlplane.gateway.config import GatewayConfig
+from scripts.train_iris import iris
 from tests.gateway.test_gateway import curl
 from tests.models.irisgw import EXAMPLES, example, serving
 
@@ -48,7 +48,7 @@ def named(rows: list[list[float]]) -> list[dict[str, float]]:
 
 def disagreeing(env: Env) -> list[list[float]]:
     """Rows of the data set the two classifiers label differently."""
-    x = load_iris().data
+    x = iris().data
     rows = x[env.logistic.predict(x) != env.tree.predict(x)].tolist()
     assert rows, "the two classifiers agree everywhere: the test could not tell them apart"
     return rows[:1]
@@ -63,7 +63,7 @@ async def call(env: Env, graph: str, body: Any) -> tuple[int, Any]:
 
 
 async def test_ensemble_of_two_classifiers_after_preprocessing(env: Env) -> None:
-    rows = load_iris().data[[0, 50, 100]].tolist() + disagreeing(env)
+    rows = iris().data[[0, 50, 100]].tolist() + disagreeing(env)
     code, out = await call(env, "iris-ensemble", {"instances": named(rows)})
     assert code == 200, out
     x = np.asarray(rows)
@@ -102,7 +102,7 @@ async def test_splitter_sends_a_tenth_to_the_tree(env: Env) -> None:
 
 
 async def test_a_refusing_step_names_itself(env: Env) -> None:
-    bad = named(load_iris().data[:1].tolist())
+    bad = named(iris().data[:1].tolist())
     del bad[0]["petal_width"]
     code, out = await call(env, "iris-ensemble", {"instances": bad})
     assert code == 400, out

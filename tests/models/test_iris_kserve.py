@@ -18,9 +18,8 @@ import pytest
 import requests
 import tritonclient.http as triton
 import yaml
-from sklearn.datasets import load_iris
 
-from scripts.train_iris import train
+from scripts.train_iris import iris, train
 from tests.integration.upctl import REPO, GalaxyUp
 from tests.models.store import CountingStore
 
@@ -37,7 +36,7 @@ def test_iris_on_kserve_v1_and_v2_through_the_gateway(tmp_path: Path, monkeypatc
     root = tmp_path / "store"
     sha, _ = train(root / "iris.joblib")
     expected = joblib.load(root / "iris.joblib")
-    data = load_iris()
+    data = iris()
     rows = data.data[_ROWS].tolist() + _NEW
     want = expected.predict(np.asarray(rows)).tolist()
     assert want[:3] == data.target[_ROWS].tolist()  # the model classifies the classes apart

@@ -17,9 +17,8 @@ import joblib
 import numpy as np
 import pytest
 import requests
-from sklearn.datasets import load_iris
 
-from scripts.train_iris import train
+from scripts.train_iris import iris, train
 from tests.integration.upctl import REPO
 
 _ROW = [6.8, 2.8, 4.8, 1.4]
@@ -67,7 +66,7 @@ def server(model_path: Path) -> Iterator[str]:
 
 
 def test_v1_and_v2_answer_what_the_model_predicts(server: str, model_path: Path) -> None:
-    rows = load_iris().data
+    rows = iris().data
     want = joblib.load(model_path).predict(rows).tolist()
     assert len(set(want)) == 3  # all three classes: a constant answer would fail
     r = requests.post(
