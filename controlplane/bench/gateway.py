@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -114,17 +115,55 @@ async def _slot_counts(metrics: str) -> dict[str, float]:
     return out
 
 
-def _cpu_ns(pids: list[int]) -> int:
-    """CPU time (ns, every thread) of pids so far: the scheduler's account
-    (/proc/PID/task/TID/schedstat), finer than the 10 ms ticks of stat."""
-    total = 0
+def _threads_cpu_ns(pids: list[int]) -> dict[tuple[int, int], int]:
+    """CPU time (ns) so far of every thread of pids, by (pid, tid): the
+    scheduler's account (/proc/PID/task/TID/schedstat), finer than the
+    10 ms ticks of stat."""
+    out: dict[tuple[int, int], int] = {}
     for pid in pids:
         for task in Path(f"/proc/{pid}/task").glob("*"):
             try:
-                total += int((task / "schedstat").read_text().split()[0])
+                out[(pid, int(task.name))] = int((task / "schedstat").read_text().split()[0])
             except (OSError, ValueError, IndexError):
                 pass  # a thread that ended meanwhile
-    return total
+    return out
+
+
+def _process_cpu_ns(pid: int) -> int:
+    """CPU time (ns) so far of a whole process, threads that ended included
+    (/proc/PID/stat, in clock ticks)."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) * _TICK_NS
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@dataclass(frozen=True)
+class _Cpu:
+    """One reading of pids' CPU: per thread, and per process."""
+
+    threads: dict[tuple[int, int], int]
+    processes: dict[int, int]
+
+    @classmethod
+    def now(cls, pids: list[int]) -> _Cpu:
+        return cls(_threads_cpu_ns(pids), {p: _process_cpu_ns(p) for p in pids})
+
+    def since(self, before: _Cpu) -> int:
+        """CPU (ns) used between before and this reading. Per thread, so
+        that it is exact; but a thread that ended in between took its time
+        with it (the sum of the threads alive would go down: a negative
+        figure once), so a process that lost one counts its ticks instead."""
+        total = 0
+        for pid in self.processes:
+            mine = {k: v for k, v in self.threads.items() if k[0] == pid}
+            was = {k: v for k, v in before.threads.items() if k[0] == pid}
+            exact = sum(v - was.get(k, 0) for k, v in mine.items())
+            if was.keys() - mine.keys():
+                exact = max(exact, self.processes[pid] - before.processes.get(pid, 0))
+            total += exact
+        return total
 
 
 _TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
@@ -154,12 +193,20 @@ def _descendants_cpu_ns(roots: list[int]) -> int:
     return total
 
 
-def _cpu_now(agents: list[int], proxy: list[int]) -> tuple[int, int, int, int]:
-    """CPU so far (ns) of the node (agents and below), of the agents alone
-    (where the node's entry runs), the proxy, this process."""
-    agent = _cpu_ns(agents)
-    node = agent + _descendants_cpu_ns(agents)
-    return node, agent, _cpu_ns(proxy), time.process_time_ns()
+def _cpu_now(agents: list[int], proxy: list[int]) -> tuple[_Cpu, int, _Cpu, int]:
+    """A reading of the CPU so far of the agents (where the node's entry
+    runs), of every process below them (ns), of the proxy, of this process
+    (ns); ``_used`` turns two into the node's, the agents', the proxy's and
+    this process's CPU in between."""
+    return _Cpu.now(agents), _descendants_cpu_ns(agents), _Cpu.now(proxy), time.process_time_ns()
+
+
+def _used(
+    before: tuple[_Cpu, int, _Cpu, int], after: tuple[_Cpu, int, _Cpu, int]
+) -> tuple[int, int, int, int]:
+    """(node, agent, proxy, client) CPU (ns) between two ``_cpu_now``."""
+    agent = after[0].since(before[0])
+    return agent + after[1] - before[1], agent, after[2].since(before[2]), after[3] - before[3]
 
 
 async def _round(
@@ -252,8 +299,8 @@ async def measure(
                 before = _cpu_now(agents, proxy)
                 got, rps = await _round(url, n, concurrency, auth)
                 after = _cpu_now(agents, proxy)
-                for k, t0, t1 in zip(parts, before, after, strict=True):
-                    cpu[mode][k] += t1 - t0
+                for k, used in zip(parts, _used(before, after), strict=True):
+                    cpu[mode][k] += used
                 lat[mode] += got
                 rate[mode].append(rps)
         slots = (
