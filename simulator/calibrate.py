@@ -313,19 +313,14 @@ async def loop_steps() -> dict[str, float]:
     in a process of its own: it patches the loop class)."""
     # subprocess.run in a thread, not the loop's subprocess support (banned
     # where gRPC threads run: controlplane/runtime/procs.py says why).
+    argv = [sys.executable, "-m", "controlplane.bench.loopsteps"]
     try:
-        r = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "controlplane.bench.loopsteps"],
-            capture_output=True,
-            timeout=120,
-        )
+        r = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=120)
     except subprocess.TimeoutExpired:
         raise RuntimeError("counting event-loop iterations took over 120 s") from None
-    out = r.stdout
     if r.returncode != 0:
         raise RuntimeError(f"counting event-loop iterations failed: {r.stderr.decode()[-500:]}")
-    doc = json.loads(out)
+    doc = json.loads(r.stdout)
     return {"loop_request_steps": doc["request_steps"], "loop_reply_steps": doc["reply_steps"]}
 
 
@@ -353,10 +348,8 @@ async def control_start(tries: int = 3) -> float:
                     if not line:
                         await proc.wait()
                         errors.seek(0)
-                        err = errors.read().decode(errors="replace")
-                        raise RuntimeError(
-                            f"the controller exited before it was ready: {err[-500:]}"
-                        )
+                        err = errors.read().decode(errors="replace")[-500:]
+                        raise RuntimeError(f"the controller exited before it was ready: {err}")
                     if line.decode().startswith(READY_PREFIX):
                         break
                 times.append(time.perf_counter() - t0)

@@ -34,7 +34,10 @@ def test_a_real_thread_that_ends_between_readings_does_not_make_the_figure_negat
     pid = os.getpid()
     worked, read = threading.Event(), threading.Event()
 
+    tid: list[int] = []
+
     def work() -> None:
+        tid.append(threading.get_native_id())
         end = time.thread_time() + 0.05
         while time.thread_time() < end:
             pass
@@ -47,7 +50,13 @@ def test_a_real_thread_that_ends_between_readings_does_not_make_the_figure_negat
     before = _Cpu.now([pid])
     read.set()
     t.join()
+    # join() returns before the kernel's task has gone, and nothing can be
+    # awaited for that (Python's threads are detached): look until it has.
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/self/task/{tid[0]}") and time.monotonic() < deadline:
+        time.sleep(0.001)
     after = _Cpu.now([pid])
+    assert (pid, tid[0]) in before.threads and (pid, tid[0]) not in after.threads
     # The sum over the threads alive goes down by the ended thread's time:
     by_threads = sum(v - before.threads.get(k, 0) for k, v in after.threads.items())
     by_threads -= sum(v for k, v in before.threads.items() if k not in after.threads)
