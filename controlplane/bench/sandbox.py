@@ -29,20 +29,20 @@ from galaxy.v1 import common_pb2
 ECHO = Path(__file__).resolve().parents[2] / "examples" / "echo_server.py"
 
 
-def _spec() -> common_pb2.FunctionSpec:
+def _spec(egress: bool = False) -> common_pb2.FunctionSpec:
     # The same interpreter for both: the one the sandbox resolves (past a
     # version manager's shim, which alone costs tens of milliseconds).
     python = resolve("python3", os.environ.get("PATH", os.defpath))
     spec = common_pb2.FunctionSpec(
-        name="echo", command=[python, "-u", str(ECHO)], readiness_path="/healthz"
+        name="echo", command=[python, "-u", str(ECHO)], readiness_path="/healthz", egress=egress
     )
     spec.resources.memory_mib = 64
     return spec
 
 
-async def _one(backend: ProcessBackend, n: int) -> float:
+async def _one(backend: ProcessBackend, n: int, egress: bool) -> float:
     t0 = time.perf_counter()
-    sb = await backend.start("bench-0", f"i-{n}", _spec())
+    sb = await backend.start("bench-0", f"i-{n}", _spec(egress))
     took = time.perf_counter() - t0
     await sb.stop()
     return took * 1000
@@ -50,21 +50,25 @@ async def _one(backend: ProcessBackend, n: int) -> float:
 
 async def run(rounds: int) -> dict[str, object]:
     """Start-to-ready times (ms) of the backends over rounds rounds:
-    process, bwrap (a root agent's: the entry enters by setns) and
-    bwrap-factory (the socket factory an agent that is not root needs)."""
+    process, bwrap (a root agent's: the entry enters by setns),
+    bwrap-factory (the socket factory an agent that is not root needs) and
+    bwrap-egress (bwrap with the spec's ``egress``: slirp4netns beside it)."""
+    bwrap = BwrapBackend(cgroups=open_cgroups("auto", 1024))
     backends: dict[str, ProcessBackend] = {
         "process": ProcessBackend(cgroups=open_cgroups("auto", 1024)),
-        "bwrap": BwrapBackend(cgroups=open_cgroups("auto", 1024)),
+        "bwrap": bwrap,
         "bwrap-factory": BwrapBackend(cgroups=open_cgroups("auto", 1024), entry="factory"),
+        "bwrap-egress": bwrap,
     }
     times: dict[str, list[float]] = {k: [] for k in backends}
     try:
         for n in range(rounds):
-            order = list(backends)[n % 3 :] + list(backends)[: n % 3]  # rotate
+            k = n % len(backends)
+            order = list(backends)[k:] + list(backends)[:k]  # rotate
             for kind in order:
-                times[kind].append(await _one(backends[kind], n))
+                times[kind].append(await _one(backends[kind], n, kind == "bwrap-egress"))
     finally:
-        for b in backends.values():
+        for b in set(backends.values()):
             await b.close()
     out: dict[str, object] = {}
     for kind, xs in times.items():
@@ -73,6 +77,7 @@ async def run(rounds: int) -> dict[str, object]:
     base = statistics.median(times["process"])
     out["p50_added_ms"] = statistics.median(times["bwrap"]) - base
     out["p50_added_factory_ms"] = statistics.median(times["bwrap-factory"]) - base
+    out["p50_added_egress_ms"] = statistics.median(times["bwrap-egress"]) - base
     out["rounds"] = rounds
     return out
 

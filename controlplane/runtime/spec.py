@@ -34,6 +34,7 @@ _TOP_FIELDS = {
     "name",
     "namespace",
     "public",
+    "egress",
     "runtime",
     "artifact",
     "args",
@@ -112,6 +113,10 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.FunctionSpec
     if not isinstance(public, bool):
         raise InvalidArgument("public: must be true or false")
     spec.public = public
+    egress = doc.get("egress", False)
+    if not isinstance(egress, bool):
+        raise InvalidArgument("egress: must be true or false")
+    spec.egress = egress
     runtime = doc.get("runtime")
     if not isinstance(runtime, str):
         raise InvalidArgument("runtime: required string, the name of a serving runtime")

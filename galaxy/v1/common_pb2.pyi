@@ -31,7 +31,7 @@ class Resources(_message.Message):
     def __init__(self, cpu_millis: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class FunctionSpec(_message.Message):
-    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "runtime", "artifact", "args", "namespace", "public", "model", "batching", "llm", "pd")
+    __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "runtime", "artifact", "args", "namespace", "public", "model", "batching", "llm", "pd", "egress")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class FunctionSpec(_message.Message):
     BATCHING_FIELD_NUMBER: _ClassVar[int]
     LLM_FIELD_NUMBER: _ClassVar[int]
     PD_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
     name: str
     command: _containers.RepeatedScalarFieldContainer[str]
     workdir: str
@@ -87,7 +88,8 @@ class FunctionSpec(_message.Message):
     batching: BatchingSpec
     llm: bool
     pd: PdSpec
-    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ..., revision: _Optional[int] = ..., traffic: _Optional[_Iterable[_Union[TrafficTarget, _Mapping]]] = ..., runtime: _Optional[str] = ..., artifact: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., public: _Optional[bool] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., llm: _Optional[bool] = ..., pd: _Optional[_Union[PdSpec, _Mapping]] = ...) -> None: ...
+    egress: bool
+    def __init__(self, name: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ..., min_scale: _Optional[int] = ..., max_scale: _Optional[int] = ..., readiness_path: _Optional[str] = ..., startup_timeout_ms: _Optional[int] = ..., version: _Optional[int] = ..., request_timeout_ms: _Optional[int] = ..., autoscaling: _Optional[_Union[AutoscalingSpec, _Mapping]] = ..., revision: _Optional[int] = ..., traffic: _Optional[_Iterable[_Union[TrafficTarget, _Mapping]]] = ..., runtime: _Optional[str] = ..., artifact: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., public: _Optional[bool] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., batching: _Optional[_Union[BatchingSpec, _Mapping]] = ..., llm: _Optional[bool] = ..., pd: _Optional[_Union[PdSpec, _Mapping]] = ..., egress: _Optional[bool] = ...) -> None: ...
 
 class PdSpec(_message.Message):
     __slots__ = ("prefill", "kv_bytes_per_token", "prefill_tps")

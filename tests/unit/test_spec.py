@@ -58,6 +58,7 @@ def test_a_relative_artifact_is_made_absolute_but_not_a_uri(tmp_path):
         ({"min_scale": 5, "max_scale": 2}, "min_scale"),
         ({"readiness_path": "healthz"}, "readiness_path"),
         ({"replicas": 3}, "replicas"),
+        ({"egress": "yes"}, "egress: must be true or false"),
         ({"request_timeout_ms": -5}, "request_timeout_ms"),
         ({"request_timeout_ms": 10**9}, "request_timeout_ms"),
         ({"autoscaling": [1]}, "autoscaling"),
@@ -141,3 +142,8 @@ def test_namespace_from_yaml(tmp_path):
     path.write_text("name: f\nnamespace: [x]\nruntime: python\n")
     with pytest.raises(InvalidArgument, match=r"^namespace: must be a string"):
         specs.load_file(path)
+
+
+def test_egress_from_yaml_and_off_by_default():
+    assert spec.from_dict(GOOD).egress is False
+    assert spec.from_dict({**GOOD, "egress": True}).egress is True

@@ -30,11 +30,13 @@ no capabilities; every instance then shares that uid.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import shlex
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -44,7 +46,7 @@ from controlplane.nodeagent.entry import kvrelay, netns, sockfactory
 from controlplane.nodeagent.entry.door import Door
 from controlplane.nodeagent.entry.kvroute import KvRoutes, Member
 from controlplane.nodeagent.entry.sockclient import FactoryDialer
-from controlplane.nodeagent.sandbox import seccomp
+from controlplane.nodeagent.sandbox import egress, seccomp
 from controlplane.nodeagent.sandbox.base import ExitCallback
 from controlplane.nodeagent.sandbox.launch import instance_user, pdeathsig_prefix, resolve
 from controlplane.nodeagent.sandbox.ports import instance_ports
@@ -180,6 +182,11 @@ class BwrapBackend(ProcessBackend):
         )
         self._kv_members: dict[str, Member] = {}  # started, not yet attached
         self._info: int | None = None  # read end of the last --info-fd pipe
+        # Egress (spec.egress): slirp4netns, the write end of the last start's
+        # --block-fd pipe (the function waits on it), the stacks by instance.
+        self._slirp = egress.find()
+        self._block: int | None = None
+        self._egress: dict[str, egress.Egress] = {}
         self._fixed_uid: int | None = None
         if self.user is not None:
             self._fixed_uid = instance_user(self.user).pw_uid
@@ -227,6 +234,9 @@ class BwrapBackend(ProcessBackend):
     def _argv(
         self, spec: common_pb2.FunctionSpec, private_dir: Path, cwd: str, uid: int | None
     ) -> tuple[list[str], tuple[int, ...]]:
+        why = egress.unusable(self._slirp) if spec.egress else None
+        if why is not None:
+            raise Unavailable(f"egress: this node cannot give an instance a way out: {why}")
         command = list(spec.command)
         command[0] = resolve(command[0], os.environ.get("PATH", os.defpath))
         binds: list[str] = []
@@ -277,17 +287,26 @@ class BwrapBackend(ProcessBackend):
         fds: tuple[int, ...] = (fd,)
         argv.append("--unshare-net")
         inner = self._inner
-        if self.entry == "setns":
+        if self.entry == "setns" or spec.egress:
             # bwrap reports the sandbox's pid (whose namespace the entry
-            # enters) on this pipe; read in _attach.
+            # enters, and egress configures) on this pipe; read in _attach.
             r, w = os.pipe2(os.O_CLOEXEC)
             os.set_inheritable(w, True)
             if self._info is not None:  # a start that failed before its process ran
                 os.close(self._info)
             self._info = r
-            fds = (fd, w)
+            fds = (*fds, w)
             argv += ["--info-fd", str(w)]
-        else:
+        if spec.egress:
+            # The function waits until its network is up (_attach writes).
+            r, w = os.pipe2(os.O_CLOEXEC)
+            os.set_inheritable(r, True)
+            if self._block is not None:
+                os.close(self._block)
+            self._block = w
+            fds = (*fds, r)
+            argv += ["--block-fd", str(r)]
+        if self.entry != "setns":
             argv += self._factory_binds
             inner = [*self._factory_prefix(private_dir), *inner]
         if not self._root:
@@ -373,15 +392,19 @@ class BwrapBackend(ProcessBackend):
         return "127.0.0.1"
 
     async def _attach(self, sb: ProcessSandbox) -> None:
+        info, self._info = self._info, None
+        block, self._block = self._block, None
+        pid = None if info is None else await _child_pid(info, sb.instance_id)
+        if block is not None:
+            await self._start_egress(sb, pid, block)
         dialer: netns.NetnsDialer | FactoryDialer
         if self.entry == "factory":
             assert sb.private_dir is not None  # every bwrap instance has one
             dialer = FactoryDialer(str(sb.private_dir))
         else:
-            info, self._info = self._info, None
-            if info is None:
+            if pid is None:
                 return
-            dialer = netns.NetnsDialer(await _child_pid(info, sb.instance_id))
+            dialer = netns.NetnsDialer(pid)
         sb.dial = dialer.socket if isinstance(dialer, FactoryDialer) else dialer.dial
         sb.entry = Door(sb.instance_id, sb.port, self.lease_key, sb.dial, dialer.close)
         member = self._kv_members.pop(sb.instance_id, None)
@@ -391,6 +414,25 @@ class BwrapBackend(ProcessBackend):
                 self.kv_relay.open(member, self._kv_path(sb.private_dir), unix)
             except OSError as e:
                 raise Unavailable(f"instance {sb.instance_id}: no KV relay socket: {e}") from None
+
+    async def _start_egress(self, sb: ProcessSandbox, pid: int | None, block: int) -> None:
+        """Give the sandbox its outbound network, then let the function run
+        (it waits on block). On failure the function never runs: the
+        sandbox is killed before its wait ends."""
+        try:
+            assert pid is not None and self._slirp is not None  # (_argv saw to both)
+            prefix = [*(sb.group.launcher() if sb.group is not None else []), *self._prefix]
+            log = sb.stderr_path.with_name(sb.stderr_path.stem + ".egress")
+            self._egress[sb.instance_id] = await egress.Egress.start(
+                self._slirp, pid, sb.instance_id, prefix, not self._root, log
+            )
+            os.write(block, b"1")
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(sb.pid or 0, signal.SIGKILL)
+            raise
+        finally:
+            os.close(block)
 
     async def _admit(self, sb: ProcessSandbox) -> None:
         if sb.entry is not None:
@@ -403,6 +445,9 @@ class BwrapBackend(ProcessBackend):
 
     async def _detach(self, sb: ProcessSandbox) -> None:
         self.kv_relay.close(sb.instance_id)
+        stack = self._egress.pop(sb.instance_id, None)
+        if stack is not None:
+            await stack.stop()
         if sb.entry is not None:
             await sb.entry.close()
 

@@ -1,0 +1,186 @@
+"""Egress for an instance in a network namespace of its own.
+
+A sandboxed instance's namespace has only its loopback: it reaches nothing
+but itself. A function whose spec asks for ``egress`` gets an outbound path
+through slirp4netns (the user-mode network stack rootless Podman uses, from
+Debian's ``slirp4netns``): it makes a tap device in the instance's namespace
+and turns the instance's connections into ordinary sockets of the node, made
+by the slirp4netns process itself. So the instance reaches what any process
+of the node reaches, except the node's own loopback (``--disable-host-
+loopback``: the control plane, etcd and the agents' local ports stay out of
+reach), and it is never reachable from outside through it: slirp4netns
+forwards no port in, so the door stays the only way in.
+
+slirp4netns runs as the agent's user (an agent that is not root enters the
+sandbox's user namespace first, ``--userns-path``), in the instance's cgroup
+(its CPU and memory are the instance's), and dies with the agent
+(parent-death signal) or when the instance ends (``stop``). The sandbox
+waits for it: bubblewrap holds the function back (``--block-fd``) until the
+tap is configured, so the function's first connection finds the network up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from controlplane.runtime.errors import Unavailable
+from controlplane.runtime.procs import wait_exit
+
+#: The tap device's name in the instance's namespace.
+TAP = "tap0"
+#: slirp4netns's own default; the instance's loopback-sized segments pass whole.
+MTU = 65520
+#: How long the stack may take to come up (it takes ~5 ms).
+READY_TIMEOUT_S = 10.0
+
+
+#: The device slirp4netns opens (as the agent's user) to make the tap.
+TUN = "/dev/net/tun"
+
+
+def find() -> str | None:
+    """slirp4netns's path on this node (None: not installed)."""
+    return shutil.which("slirp4netns")
+
+
+def unusable(slirp: str | None) -> str | None:
+    """Why this node cannot give an instance egress (None: it can)."""
+    if slirp is None:
+        return "slirp4netns is not installed (Debian: apt-get install slirp4netns)"
+    if not os.access(TUN, os.R_OK | os.W_OK):
+        return (
+            f"{TUN} is not usable by the node agent's user (uid {os.geteuid()}): grant it "
+            "(mode 0666, as distributions ship it; on Kubernetes a device plugin gives it "
+            "to the agent's pod)"
+        )
+    return None
+
+
+class Egress:
+    """The outbound network of one instance: its slirp4netns process."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], instance_id: str) -> None:
+        self.proc = proc
+        self.instance_id = instance_id
+        self._exited = asyncio.ensure_future(wait_exit(proc))
+
+    @classmethod
+    async def start(
+        cls,
+        slirp: str,
+        pid: int,
+        instance_id: str,
+        prefix: list[str],
+        userns: bool,
+        log: Path,
+    ) -> Egress:
+        """Give the network namespace of pid (the sandbox's) a tap device
+        and an outbound path; returns once it is configured. prefix: the
+        command prefix (cgroup join, parent-death signal). userns: enter
+        pid's user namespace first (an agent that is not root). log:
+        slirp4netns's output, quoted when it fails."""
+        owner = _netns_owner(pid, instance_id) if userns else None
+        r, w = os.pipe2(os.O_CLOEXEC)
+        os.set_inheritable(w, True)
+        argv = [
+            *prefix, slirp, "--configure", f"--mtu={MTU}", "--disable-host-loopback",
+            "--ready-fd", str(w),
+            *(["--userns-path", f"/proc/self/fd/{owner}"] if owner is not None else []),
+            str(pid), TAP,
+        ]  # fmt: skip
+        try:
+            # A local file: microseconds, less than a hop to a worker thread.
+            with open(log, "ab") as out:  # noqa: ASYNC230
+                # CPython's Popen (fork+exec in C), as for the instance itself.
+                proc = subprocess.Popen(  # noqa: ASYNC220 (~1 ms)
+                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                    close_fds=True, start_new_session=True,
+                    pass_fds=(w,) if owner is None else (w, owner),
+                )  # fmt: skip
+        except OSError as e:
+            os.close(r)
+            raise Unavailable(f"instance {instance_id}: cannot start slirp4netns: {e}") from None
+        finally:
+            os.close(w)
+            if owner is not None:
+                os.close(owner)
+        egress = cls(proc, instance_id)
+        try:
+            ready = await asyncio.wait_for(_read_byte(r), READY_TIMEOUT_S)
+        except TimeoutError:
+            ready = b""
+        finally:
+            os.close(r)
+        if ready != b"1":
+            await egress.stop()
+            tail = _tail(log)
+            raise Unavailable(
+                f"instance {instance_id}: its outbound network (egress) did not come up"
+                f"{': ' + tail if tail else ''} (log: {log})"
+            )
+        return egress
+
+    async def stop(self) -> None:
+        """End the stack (the instance's connections out end with it)."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        await asyncio.shield(self._exited)
+
+
+#: ioctl(2) on a namespace's fd: the user namespace that owns it (linux/nsfs.h).
+_NS_GET_USERNS = 0xB701
+
+
+def _netns_owner(pid: int, instance_id: str) -> int:
+    """An fd of the user namespace that owns pid's network namespace: the
+    one slirp4netns must enter to configure it. Not pid's own user
+    namespace: bubblewrap's ``--disable-userns`` runs the sandbox in a
+    second one nested in it, which holds no right over the network."""
+    try:
+        net = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise Unavailable(f"instance {instance_id}: its network namespace is gone: {e}") from None
+    try:
+        owner = fcntl.ioctl(net, _NS_GET_USERNS)
+    except OSError as e:
+        raise Unavailable(
+            f"instance {instance_id}: cannot find the owner of its network namespace: {e}"
+        ) from None
+    finally:
+        os.close(net)
+    os.set_inheritable(owner, True)
+    return owner
+
+
+async def _read_byte(fd: int) -> bytes:
+    """One byte from fd once readable (b"" at end of file)."""
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[bytes] = loop.create_future()
+
+    def on_readable() -> None:
+        if not got.done():
+            try:
+                got.set_result(os.read(fd, 1))
+            except OSError:
+                got.set_result(b"")
+
+    loop.add_reader(fd, on_readable)
+    try:
+        return await got
+    finally:
+        loop.remove_reader(fd)
+
+
+def _tail(path: Path, limit: int = 300) -> str:
+    try:
+        text = path.read_bytes()[-limit:].decode(errors="replace").strip()
+    except OSError:
+        return ""
+    return " ".join(text.split())

@@ -1,0 +1,200 @@
+"""Egress (spec ``egress``) with real sandboxes, a real slirp4netns and a
+real other host (a network namespace on a bridge): an instance that asks
+for it reaches the other host but not the node's loopback; one that does
+not reaches nothing; the stack ends with the instance; a node without
+slirp4netns refuses the start naming the field."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from controlplane.nodeagent.sandbox import BwrapBackend
+from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups
+from controlplane.nodeagent.sandbox.uidpool import UidPool
+from controlplane.runtime.errors import Unavailable
+from tests.netns import Hosts, require_netns
+
+from .conftest import http, py_spec
+from .egress_probe import PROBE, greeter, require_slirp
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+@pytest.fixture
+def targets() -> Iterator[dict[str, str]]:
+    """A greeter on another host, and one on this node's loopback."""
+    require_netns()
+    require_slirp()
+    hosts = Hosts().create(1)
+    procs = []
+    try:
+        far, far_at = greeter(hosts.exec_prefix(0), hosts.ip(0))
+        procs.append(far)
+        near, near_at = greeter([], "127.0.0.1")
+        procs.append(near)
+        # slirp4netns's name for the node's loopback (refused by
+        # --disable-host-loopback), and the instance's own loopback.
+        port = near_at.rsplit(":", 1)[1]
+        yield {
+            "other_host": far_at,
+            "node_loopback": f"10.0.2.2:{port}",
+            "own": f"127.0.0.1:{port}",
+        }
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        hosts.close()
+
+
+@pytest.fixture
+async def backend(tmp_path) -> AsyncIterator[BwrapBackend]:
+    try:
+        groups = Cgroups()
+    except CgroupError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"cgroups unavailable in CI: {e}")
+        pytest.skip(str(e))
+    b = BwrapBackend(
+        log_dir=tmp_path / "logs",
+        instance_dir=tmp_path / "inst",
+        uid_pool=UidPool(lock_dir=tmp_path / "uids") if os.geteuid() == 0 else None,
+        cgroups=groups,
+    )
+    yield b
+    await b.close()
+    assert not any(p.exists() for p in groups.parents), "agent cgroups left behind"
+
+
+def _probe(targets: dict[str, str], egress: bool):  # type: ignore[no-untyped-def]
+    spec = py_spec(PROBE, readiness_path="", egress=egress)
+    spec.env["PROBE_TARGETS"] = ",".join(targets.values())
+    return spec
+
+
+def _cgroup(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text()
+
+
+def _stacks() -> set[int]:
+    """pids of this process's slirp4netns children."""
+    out = set()
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if "(slirp4netns)" in stat and int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+            out.add(int(pid))
+    return out
+
+
+async def test_an_instance_with_egress_reaches_another_host_but_not_the_nodes_loopback(
+    backend, targets
+) -> None:
+    sb = await backend.start("n-0", "out-1", _probe(targets, egress=True))
+    try:
+        (stack,) = _stacks()
+        # In the instance's cgroup: its CPU and memory are the instance's.
+        assert _cgroup(stack) == _cgroup(sb.pid)
+        status, body = await http(sb.address, "GET", "/")
+        assert status == 200
+        got = json.loads(body)
+        far = targets["other_host"]
+        assert got[far] == f"ok:hello from {far.rsplit(':', 1)[0]}"
+        assert not got[targets["node_loopback"]].startswith("ok:")
+        assert got[targets["own"]] == "ConnectionRefusedError"  # its own loopback
+    finally:
+        await sb.stop()
+    assert _stacks() == set()  # the stack ended with the instance
+
+
+async def test_an_instance_without_egress_reaches_nothing(backend, targets) -> None:
+    sb = await backend.start("n-0", "in-1", _probe(targets, egress=False))
+    try:
+        assert _stacks() == set()
+        got = json.loads((await http(sb.address, "GET", "/"))[1])
+        assert got[targets["other_host"]] == "OSError"  # ENETUNREACH: no route
+        assert got[targets["node_loopback"]] == "OSError"
+    finally:
+        await sb.stop()
+
+
+async def test_a_node_without_slirp4netns_refuses_egress_naming_the_field(backend) -> None:
+    backend._slirp = None  # as on a node where it is not installed
+    with pytest.raises(Unavailable, match=r"^egress: .*slirp4netns is not installed \(Debian"):
+        await backend.start("n-0", "out-2", py_spec("pass", egress=True))
+    assert not list((backend.log_dir).glob("*/out-2.*"))  # nothing was started
+
+
+def _nobody_reason() -> str | None:
+    from .delegation import SYSTEM_PYTHON, unprivileged
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return "running an agent as another user needs root and setpriv"
+    if unprivileged() is None:
+        return "no user `nobody`"
+    ver = subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if ver != str(tuple(sys.version_info[:2])):
+        return f"the system's python3 is not Python {sys.version_info[:2]}"
+    return None
+
+
+@pytest.mark.slow  # an agent process as another user
+def test_an_agent_that_is_not_root_gives_egress_through_the_sandboxs_user_namespace(
+    targets, request
+) -> None:
+    from .delegation import SYSTEM_PYTHON, agent_env, as_nobody, unprivileged
+
+    why = _nobody_reason()
+    if why is not None:
+        pytest.skip(why)
+    user = unprivileged()
+    assert user is not None
+    # Not under tmp_path: its parents are root's, 0700.
+    work = Path(tempfile.mkdtemp(prefix="galaxy-egress-agent-"))
+    request.addfinalizer(lambda: shutil.rmtree(work, ignore_errors=True))
+    tun = "/dev/net/tun"
+    mode = os.stat(tun).st_mode & 0o777
+    # slirp4netns opens the tun device as the agent's user: distributions
+    # ship it 0666; where it is root's alone (0600 here), the test grants it
+    # for its run and gives the mode back.
+    os.chmod(tun, mode | 0o666)
+    request.addfinalizer(lambda: os.chmod(tun, mode))
+    os.chown(work, user.pw_uid, user.pw_gid)
+    here = os.path.dirname(__file__)
+    r = subprocess.run(
+        [*as_nobody(user), SYSTEM_PYTHON, os.path.join(here, "egress_agent.py"), str(work),
+         ",".join(targets.values())],
+        capture_output=True, text=True, env=agent_env(work), cwd=work, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout.splitlines()[-1])
+    assert doc["euid"] == user.pw_uid != 0 and doc["entry"] == "factory"
+    far = targets["other_host"]
+    assert doc["reached"][far] == f"ok:hello from {far.rsplit(':', 1)[0]}", doc
+    assert not doc["reached"][targets["node_loopback"]].startswith("ok:"), doc
+    assert (doc["stacks"], doc["stacks_after"]) == (1, 0)
+
+
+def test_what_a_node_lacks_for_egress_is_named(monkeypatch, tmp_path) -> None:
+    from controlplane.nodeagent.sandbox import egress
+
+    assert "slirp4netns is not installed" in (egress.unusable(None) or "")
+    monkeypatch.setattr(egress, "TUN", str(tmp_path / "no-tun"))
+    why = egress.unusable("/usr/bin/slirp4netns") or ""
+    assert "no-tun is not usable by the node agent's user" in why and "0666" in why
