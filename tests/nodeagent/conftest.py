@@ -21,6 +21,7 @@ import pytest
 
 from controlplane.nodeagent.registration import Registrar
 from controlplane.nodeagent.sandbox import EmulatedBackend, ProcessBackend, SandboxBackend
+from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
 from controlplane.runtime import rpc
 from controlplane.runtime.config import RpcConfig
@@ -117,6 +118,22 @@ async def http(address: str, method: str, path: str, body: bytes = b"") -> tuple
         await writer.wait_closed()
     header, _, payload = data.partition(b"\r\n\r\n")
     return int(header.split()[1]), payload
+
+
+def cgroups_or_skip() -> Cgroups:
+    """This host's instance cgroups; the test is skipped where they cannot
+    be made (in CI: failed, so that it never silently stops running)."""
+    try:
+        return Cgroups()
+    except CgroupError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"cgroups unavailable in CI: {e}")
+        pytest.skip(str(e))
+
+
+def no_groups_left(groups: Cgroups) -> None:
+    """Asserts the agent's cgroups were all removed."""
+    assert not any(p.exists() for p in groups.parents), "agent cgroups left behind"
 
 
 @pytest.fixture

@@ -13,16 +13,8 @@ from pathlib import Path
 
 from controlplane.nodeagent.sandbox.bwrap import BwrapBackend
 from galaxy.v1 import common_pb2
+from tests.nodeagent.delegated_agent import get
 from tests.nodeagent.egress_probe import PROBE
-
-
-async def get(address: str) -> str:
-    host, port = address.rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"GET / HTTP/1.0\r\n\r\n")
-    data = await asyncio.wait_for(reader.read(), 20)
-    writer.close()
-    return data.partition(b"\r\n\r\n")[2].decode()
 
 
 async def main(work: Path, targets: str) -> dict[str, object]:

@@ -14,7 +14,7 @@ import pytest
 
 from controlplane.nodeagent.sandbox import ProcessBackend
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, open_cgroups
-from tests.nodeagent.conftest import echo_spec
+from tests.nodeagent.conftest import cgroups_or_skip, echo_spec, no_groups_left
 
 # Binds $PORT (ready), then allocates far beyond its limit.
 HOG = (
@@ -28,16 +28,11 @@ HOG = (
 
 @pytest.fixture
 async def backend(tmp_path: Path):
-    try:
-        groups = Cgroups()
-    except CgroupError as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"cgroups unavailable in CI: {e}")
-        pytest.skip(str(e))
+    groups = cgroups_or_skip()
     b = ProcessBackend(log_dir=tmp_path, cgroups=groups)
     yield b
     await b.close()
-    assert not any(p.exists() for p in groups.parents), "agent cgroups left behind"
+    no_groups_left(groups)
 
 
 def _cgroup_of(pid: int) -> str:

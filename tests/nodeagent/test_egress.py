@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 
 from controlplane.nodeagent.sandbox import BwrapBackend
-from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups
 from controlplane.nodeagent.sandbox.uidpool import UidPool
 from controlplane.runtime.errors import Unavailable
 from tests.netns import Hosts, require_netns
 
-from .conftest import http, py_spec
+from .conftest import cgroups_or_skip, http, no_groups_left, py_spec
 from .egress_probe import PROBE, greeter, require_slirp
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -58,12 +57,7 @@ def targets() -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 async def backend(tmp_path) -> AsyncIterator[BwrapBackend]:
-    try:
-        groups = Cgroups()
-    except CgroupError as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"cgroups unavailable in CI: {e}")
-        pytest.skip(str(e))
+    groups = cgroups_or_skip()
     b = BwrapBackend(
         log_dir=tmp_path / "logs",
         instance_dir=tmp_path / "inst",
@@ -72,7 +66,7 @@ async def backend(tmp_path) -> AsyncIterator[BwrapBackend]:
     )
     yield b
     await b.close()
-    assert not any(p.exists() for p in groups.parents), "agent cgroups left behind"
+    no_groups_left(groups)
 
 
 def _probe(targets: dict[str, str], egress: bool):  # type: ignore[no-untyped-def]
