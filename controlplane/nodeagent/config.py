@@ -50,6 +50,13 @@ class NodeAgentConfig(Config):
         "and util-linux setpriv), never as the agent's own (often root) user",
         group=GROUP,
     )
+    instance_egress: bool = setting(
+        True,
+        "bwrap sandbox: give an instance whose spec sets egress an outbound network "
+        "(slirp4netns; never the node's loopback); off: --no-instance-egress refuses "
+        "such starts, naming the flag (docs/security.md, Egress)",
+        group=GROUP,
+    )
     # 2.5 s: an orphan (two unknown checks in a row) lives at most ~5 s.
     # The price is one Dispatch.ListInstances per owning Dispatch per
     # period from each agent; raise it on clusters of many agents.

@@ -134,7 +134,9 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
         backend = make_sandbox_backend("emulated", start_delay_ms=cfg.start_delay_ms)
     else:
         # The bwrap sandbox's entry checks leases with the cluster's key.
-        entry = {"lease_key": leasetoken.from_args(args)} if cfg.sandbox == "bwrap" else {}
+        entry: dict[str, object] = {}
+        if cfg.sandbox == "bwrap":
+            entry = {"lease_key": leasetoken.from_args(args), "allow_egress": cfg.instance_egress}
         backend = make_sandbox_backend(
             cfg.sandbox,
             log_dir=cfg.log_dir,

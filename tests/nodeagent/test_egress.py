@@ -192,3 +192,17 @@ def test_what_a_node_lacks_for_egress_is_named(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(egress, "TUN", str(tmp_path / "no-tun"))
     why = egress.unusable("/usr/bin/slirp4netns") or ""
     assert "no-tun is not usable by the node agent's user" in why and "0666" in why
+
+
+async def test_an_operator_can_turn_egress_off_and_the_refusal_names_the_flag(tmp_path) -> None:
+    from controlplane.nodeagent.main import build
+
+    from .test_main import parse
+
+    assert parse().instance_egress is True
+    comp = build(parse("--no-instance-egress", "--cgroups", "off", "--log-dir", str(tmp_path)))
+    try:
+        with pytest.raises(Unavailable, match=r"^egress: .*--no-instance-egress"):
+            await comp.servicer.backend.start("n-0", "off-1", py_spec("pass", egress=True))
+    finally:
+        await comp.stop()

@@ -139,7 +139,9 @@ class BwrapBackend(ProcessBackend):
     root). lease_key: what the entry checks callers' leases with (None:
     it admits every request). entry: how the entry reaches into an instance's
     network namespace, ``setns`` (root only) or ``factory`` (default: setns
-    for a root agent). Other options are ``ProcessBackend``'s.
+    for a root agent). allow_egress: whether an instance whose spec asks for an
+    outbound network gets one (``sandbox/egress.py``; False refuses such
+    starts). Other options are ``ProcessBackend``'s.
     """
 
     kind = "bwrap"
@@ -149,6 +151,7 @@ class BwrapBackend(ProcessBackend):
         uid_pool: UidPool | None = None,
         lease_key: LeaseKey | None = None,
         entry: str | None = None,
+        allow_egress: bool = True,
         **opts: Any,
     ) -> None:
         bwrap = shutil.which("bwrap")
@@ -185,6 +188,7 @@ class BwrapBackend(ProcessBackend):
         # Egress (spec.egress): slirp4netns, the write end of the last start's
         # --block-fd pipe (the function waits on it), the stacks by instance.
         self._slirp = egress.find()
+        self._egress_on = allow_egress
         self._block: int | None = None
         self._egress: dict[str, egress.Egress] = {}
         self._fixed_uid: int | None = None
@@ -235,6 +239,8 @@ class BwrapBackend(ProcessBackend):
         self, spec: common_pb2.FunctionSpec, private_dir: Path, cwd: str, uid: int | None
     ) -> tuple[list[str], tuple[int, ...]]:
         why = egress.unusable(self._slirp) if spec.egress else None
+        if spec.egress and not self._egress_on:
+            why = "the node's operator turned it off (--no-instance-egress)"
         if why is not None:
             raise Unavailable(f"egress: this node cannot give an instance a way out: {why}")
         command = list(spec.command)
