@@ -61,9 +61,24 @@ def _kind_count(text: str) -> str:
     return text
 
 
+def namespace_set(text: str) -> frozenset[str]:
+    """Comma-separated namespace names (or ``*``) as a set."""
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    for n in names - {"*"}:
+        if not validation.NAME_RE.fullmatch(n):
+            raise ValueError(f"{n[:40]!r} is not a namespace name (a DNS-1123 label) or '*'")
+    return names
+
+
+def _namespaces(text: str) -> str:
+    namespace_set(text)
+    return text
+
+
 KindValue = Annotated[str, AfterValidator(_kind_value)]
 KindCount = Annotated[str, AfterValidator(_kind_count)]
 QuotaText = Annotated[str, AfterValidator(_quota)]
+NamespaceList = Annotated[str, AfterValidator(_namespaces)]
 
 
 def pairs(items: list[str]) -> dict[str, str]:
@@ -97,6 +112,13 @@ class ControllerConfig(Config):
         "functions, instances, cpu_millis, memory_mib, gpus; NS '*' = every namespace "
         "without its own (repeatable; docs/security.md, Quotas)",
         metavar="NS=KEY:N[,KEY:N]",
+    )
+    egress_namespaces: NamespaceList = setting(
+        "*",
+        "comma-separated namespaces whose functions may set egress: true (an outbound "
+        "network from their sandboxes); '*' = every namespace, '' = none "
+        "(docs/security.md, Egress)",
+        metavar="NS[,NS]",
     )
     default_quota_fraction: float = setting(
         DEFAULT_FRACTION,
@@ -211,6 +233,10 @@ class ControllerConfig(Config):
             scale_in_cooldown_s=self.scale_in_cooldown_s,
             max_step_out=self.max_step_out,
         )
+
+    def egress_allowed(self) -> frozenset[str]:
+        """``--egress-namespaces`` as a set (``*``: every namespace)."""
+        return namespace_set(self.egress_namespaces)
 
     def quotas(self) -> dict[str, Quota]:
         """``--namespace-quota`` items by namespace."""

@@ -24,7 +24,7 @@ from controlplane.controller import placeable
 from controlplane.runtime import revisions, validation
 from controlplane.runtime import spec as specs
 from controlplane.runtime.access import DEFAULT_NAMESPACE
-from controlplane.runtime.errors import InvalidArgument, NotFound, Unavailable
+from controlplane.runtime.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 from controlplane.runtime.quotas import NamespaceQuotas
 from controlplane.runtime.validation import short
 from galaxy.v1 import common_pb2
@@ -54,9 +54,12 @@ class FunctionStore:
         max_instances_per_function: int = validation.MAX_INSTANCES_PER_FUNCTION_DEFAULT,
         max_reserved_instances: int = validation.MAX_RESERVED_INSTANCES_DEFAULT,
         quotas: NamespaceQuotas | None = None,
+        egress_namespaces: frozenset[str] = frozenset({"*"}),
     ) -> None:
         self.store = store
         self.quotas = quotas or NamespaceQuotas()
+        #: namespaces whose functions may set ``egress`` ("*": every one)
+        self.egress_namespaces = egress_namespaces
         self.max_functions = max_functions
         self.max_instances_per_function = max_instances_per_function
         self.max_reserved_instances = max_reserved_instances
@@ -90,11 +93,16 @@ class FunctionStore:
                 validation.check_function_count(len(self._cache), self.max_functions)
             elif current.revision and _content(current) == _content(stored):
                 return _copy(current)  # unchanged: no new revision
+            ns = stored.namespace or DEFAULT_NAMESPACE
+            if stored.egress and not ({"*", ns} & self.egress_namespaces):
+                raise PermissionDenied(
+                    f"egress: functions of namespace {ns} may not open connections "
+                    "out of their sandbox (controller --egress-namespaces)"
+                )
             elsewhere = sum(f.min_scale for n, f in self._cache.items() if n != stored.name)
             validation.check_instance_quota(
                 stored, self.max_instances_per_function, elsewhere, self.max_reserved_instances
             )
-            ns = stored.namespace or DEFAULT_NAMESPACE
             self.quotas.check(
                 ns,
                 (

@@ -194,6 +194,7 @@ class ControllerComponent:
                 max_instances_per_function=c.max_instances_per_function,
                 max_reserved_instances=c.max_reserved_instances,
                 quotas=NamespaceQuotas(c.quotas(), c.default_quota_fraction),
+                egress_namespaces=c.egress_allowed(),
             ),
             pool,
             coordinator=coordinator,
