@@ -6,6 +6,7 @@ slirp4netns refuses the start naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -206,3 +207,54 @@ async def test_an_operator_can_turn_egress_off_and_the_refusal_names_the_flag(tm
             await comp.servicer.backend.start("n-0", "off-1", py_spec("pass", egress=True))
     finally:
         await comp.stop()
+
+
+@pytest.fixture
+def netns_pid() -> Iterator[int]:
+    """A process in a network namespace of its own (what a sandbox is to
+    slirp4netns)."""
+    require_slirp()
+    if os.geteuid() != 0:
+        pytest.skip("a network namespace of its own needs root here")
+    proc = subprocess.Popen(["unshare", "--net", "sleep", "60"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def gone_pid() -> int:
+    """A pid that no longer exists."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
+async def test_a_stack_that_cannot_come_up_is_reported_with_its_words(gone_pid, tmp_path) -> None:
+    from controlplane.nodeagent.sandbox import egress
+
+    require_slirp()
+    slirp = egress.find()
+    assert slirp is not None
+    with pytest.raises(Unavailable) as e:
+        await egress.Egress.start(slirp, gone_pid, "x-1", [], False, tmp_path / "x-1.egress")
+    msg = e.value.message
+    assert msg.startswith("instance x-1: its outbound network (egress) did not come up: ")
+    assert str(gone_pid) in msg and "x-1.egress" in msg  # slirp4netns's own words, its log
+    assert _stacks() == set()
+
+
+async def test_a_cancelled_start_leaves_no_stack(netns_pid, tmp_path) -> None:
+    from controlplane.nodeagent.sandbox import egress
+
+    slirp = egress.find()
+    assert slirp is not None
+    task = asyncio.create_task(
+        egress.Egress.start(slirp, netns_pid, "x-2", [], False, tmp_path / "x-2.egress")
+    )
+    await asyncio.sleep(0)  # it has started slirp4netns and waits for it
+    assert len(_stacks()) == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert _stacks() == set()

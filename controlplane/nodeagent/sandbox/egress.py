@@ -112,9 +112,15 @@ class Egress:
                 os.close(owner)
         egress = cls(proc, instance_id)
         try:
-            ready = await asyncio.wait_for(_read_byte(r), READY_TIMEOUT_S)
-        except TimeoutError:
-            ready = b""
+            try:
+                ready = await asyncio.wait_for(_read_byte(r), READY_TIMEOUT_S)
+            except TimeoutError:
+                ready = b""
+        except BaseException:
+            # A cancelled start: the stack is not the sandbox's (a session
+            # of its own), so nothing else would end it.
+            await asyncio.shield(egress.stop())
+            raise
         finally:
             os.close(r)
         if ready != b"1":
