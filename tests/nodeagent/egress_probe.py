@@ -1,9 +1,12 @@
 """What an instance can reach: a function (run as ``python -c PROBE``) that
-answers any GET with, for each ``host:port`` in ``$PROBE_TARGETS`` (comma-
-separated), what a TCP connection there read (``ok:<first bytes>``) or the
-error's name; and a TCP server that greets whoever connects, to be reached.
-Shared by the egress tests as the root agent (tests/nodeagent/test_egress.py)
-and as an agent that is not root (tests/nodeagent/egress_agent.py)."""
+answers any GET with, for each target in ``$PROBE_TARGETS`` (comma-
+separated), what it found: for ``host:port`` what a TCP connection there
+read (``ok:<first bytes>``), for ``dns:host:port`` whether a DNS query for
+``localhost`` there was answered (``ok:answered``), for ``file:PATH`` the
+file (``ok:<text>``), or the error's name; and a TCP server that greets
+whoever connects, to be reached. Shared by the egress tests as the root
+agent (tests/nodeagent/test_egress.py) and as an agent that is not root
+(tests/nodeagent/egress_agent.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +18,20 @@ import sys
 import pytest
 
 PROBE = (
-    "import http.server, json, os, socket\n"
+    "import http.server, json, os, socket, struct\n"
+    "QUERY = struct.pack('>HHHHHH', 0x4761, 0x0100, 1, 0, 0, 0) + b'\\x09localhost\\x00'"
+    " + struct.pack('>HH', 1, 1)\n"
     "def reach(target):\n"
-    "    host, port = target.rsplit(':', 1)\n"
+    "    if target.startswith('file:'):\n"
+    "        return 'ok:' + open(target[5:]).read()\n"
+    "    dns = target.startswith('dns:')\n"
+    "    host, port = target.removeprefix('dns:').rsplit(':', 1)\n"
     "    try:\n"
+    "        if dns:\n"
+    "            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:\n"
+    "                s.settimeout(3); s.sendto(QUERY, (host, int(port)))\n"
+    "                got = s.recv(512)\n"
+    "            return 'ok:answered' if got[:2] == QUERY[:2] else 'ok:other'\n"
     "        with socket.create_connection((host, int(port)), timeout=3) as s:\n"
     "            return 'ok:' + s.recv(64).decode()\n"
     "    except OSError as e:\n"

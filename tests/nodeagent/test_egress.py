@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,8 @@ def targets() -> Iterator[dict[str, str]]:
             "other_host": far_at,
             "node_loopback": f"10.0.2.2:{port}",
             "own": f"127.0.0.1:{port}",
+            "resolv": "file:/etc/resolv.conf",
+            "dns": "dns:10.0.2.3:53",
         }
     finally:
         for p in procs:
@@ -74,6 +77,27 @@ def _probe(targets: dict[str, str], egress: bool):  # type: ignore[no-untyped-de
     spec = py_spec(PROBE, readiness_path="", egress=egress)
     spec.env["PROBE_TARGETS"] = ",".join(targets.values())
     return spec
+
+
+def _node_resolver_answers() -> bool:
+    """Whether the node's first resolver answers a query from the node
+    itself (where none does, forwarding to it cannot be checked)."""
+    import struct
+
+    try:
+        conf = Path("/etc/resolv.conf").read_text().split()
+        server = conf[conf.index("nameserver") + 1]
+    except (OSError, ValueError, IndexError):
+        return False
+    query = struct.pack(">HHHHHH", 0x4762, 0x0100, 1, 0, 0, 0) + b"\x09localhost\x00"
+    family = socket.AF_INET6 if ":" in server else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.settimeout(2)
+        try:
+            s.sendto(query + struct.pack(">HH", 1, 1), (server, 53))
+            return s.recv(512)[:2] == query[:2]
+        except OSError:
+            return False
 
 
 def _cgroup(pid: int) -> str:
@@ -109,6 +133,10 @@ async def test_an_instance_with_egress_reaches_another_host_but_not_the_nodes_lo
         assert got[far] == f"ok:hello from {far.rsplit(':', 1)[0]}"
         assert not got[targets["node_loopback"]].startswith("ok:")
         assert got[targets["own"]] == "ConnectionRefusedError"  # its own loopback
+        # Names go to slirp4netns's forwarder, which asks the node's resolver.
+        assert got[targets["resolv"]].startswith("ok:nameserver 10.0.2.3\n")
+        if _node_resolver_answers():
+            assert got[targets["dns"]] == "ok:answered", got
     finally:
         await sb.stop()
     assert _stacks() == set()  # the stack ended with the instance

@@ -191,6 +191,7 @@ class BwrapBackend(ProcessBackend):
         self._egress_on = allow_egress
         self._block: int | None = None
         self._egress: dict[str, egress.Egress] = {}
+        self._resolv = self.log_dir / "egress-resolv.conf"
         self._fixed_uid: int | None = None
         if self.user is not None:
             self._fixed_uid = instance_user(self.user).pw_uid
@@ -215,6 +216,7 @@ class BwrapBackend(ProcessBackend):
         self._inner = [env, "--default-signal=TERM", "--"]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._bpf = seccomp.write_bpf(self.log_dir)
+        self._resolv.write_text(egress.resolv_conf())
         # The socket factory runs on the agent's own interpreter, shown
         # read-only in the sandbox like a function's.
         self._factory_binds: list[str] = []
@@ -312,6 +314,8 @@ class BwrapBackend(ProcessBackend):
             self._block = w
             fds = (*fds, r)
             argv += ["--block-fd", str(r)]
+            # Names through slirp4netns's forwarder (over the node's file).
+            argv += ["--dir", "/etc", "--ro-bind", str(self._resolv), "/etc/resolv.conf"]
         if self.entry != "setns":
             argv += self._factory_binds
             inner = [*self._factory_prefix(private_dir), *inner]
@@ -463,6 +467,7 @@ class BwrapBackend(ProcessBackend):
         if self.uid_pool is not None:
             self.uid_pool.close()
         self._bpf.unlink(missing_ok=True)
+        self._resolv.unlink(missing_ok=True)
 
 
 async def _child_pid(info: int, instance_id: str) -> int:

@@ -17,6 +17,7 @@ sandbox's user namespace first, ``--userns-path``), in the instance's cgroup
 (parent-death signal) or when the instance ends (``stop``). The sandbox
 waits for it: bubblewrap holds the function back (``--block-fd``) until the
 tap is configured, so the function's first connection finds the network up.
+Its /etc/resolv.conf names slirp4netns's DNS forwarder (``resolv_conf``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ MTU = 65520
 READY_TIMEOUT_S = 10.0
 
 
+#: slirp4netns's DNS forwarder: it sends a query on to the node's own
+#: resolver, one on the node's loopback included (systemd-resolved's
+#: 127.0.0.53), which the instance could not reach itself.
+DNS = "10.0.2.3"
 #: The device slirp4netns opens (as the agent's user) to make the tap.
 TUN = "/dev/net/tun"
 
@@ -60,6 +65,18 @@ def unusable(slirp: str | None) -> str | None:
             "to the agent's pod)"
         )
     return None
+
+
+def resolv_conf(node: str = "/etc/resolv.conf") -> str:
+    """An instance's /etc/resolv.conf: slirp4netns's forwarder, and the
+    node's ``search``, ``domain`` and ``options`` lines (short names resolve
+    as on the node)."""
+    try:
+        lines = Path(node).read_text().splitlines()
+    except OSError:
+        lines = []
+    keep = [x for x in lines if x.split()[:1] in (["search"], ["domain"], ["options"])]
+    return "\n".join([f"nameserver {DNS}", *keep]) + "\n"
 
 
 class Egress:
