@@ -265,7 +265,9 @@ async def test_a_stack_that_cannot_come_up_is_reported_with_its_words(gone_pid, 
     slirp = egress.find()
     assert slirp is not None
     with pytest.raises(Unavailable) as e:
-        await egress.Egress.start(slirp, gone_pid, "x-1", [], False, tmp_path / "x-1.egress")
+        await egress.Egress.start(
+            egress.Stack(slirp, gone_pid, "x-1", [], False, tmp_path / "x-1.egress")
+        )
     msg = e.value.message
     assert msg.startswith("instance x-1: its outbound network (egress) did not come up: ")
     assert str(gone_pid) in msg and "x-1.egress" in msg  # slirp4netns's own words, its log
@@ -278,7 +280,9 @@ async def test_a_cancelled_start_leaves_no_stack(netns_pid, tmp_path) -> None:
     slirp = egress.find()
     assert slirp is not None
     task = asyncio.create_task(
-        egress.Egress.start(slirp, netns_pid, "x-2", [], False, tmp_path / "x-2.egress")
+        egress.Egress.start(
+            egress.Stack(slirp, netns_pid, "x-2", [], False, tmp_path / "x-2.egress")
+        )
     )
     await asyncio.sleep(0)  # it has started slirp4netns and waits for it
     assert len(_stacks()) == 1

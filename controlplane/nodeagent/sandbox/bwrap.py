@@ -30,13 +30,11 @@ no capabilities; every instance then shares that uid.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import shlex
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -404,7 +402,12 @@ class BwrapBackend(ProcessBackend):
     async def _attach(self, sb: ProcessSandbox) -> None:
         info, self._info = self._info, None
         block, self._block = self._block, None
-        pid = None if info is None else await _child_pid(info, sb.instance_id)
+        try:
+            pid = None if info is None else await _child_pid(info, sb.instance_id)
+        except BaseException:
+            if block is not None:
+                os.close(block)  # (the sandbox is killed: nothing waits on it)
+            raise
         if block is not None:
             await self._start_egress(sb, pid, block)
         dialer: netns.NetnsDialer | FactoryDialer
@@ -426,23 +429,14 @@ class BwrapBackend(ProcessBackend):
                 raise Unavailable(f"instance {sb.instance_id}: no KV relay socket: {e}") from None
 
     async def _start_egress(self, sb: ProcessSandbox, pid: int | None, block: int) -> None:
-        """Give the sandbox its outbound network, then let the function run
-        (it waits on block). On failure the function never runs: the
-        sandbox is killed before its wait ends."""
-        try:
-            assert pid is not None and self._slirp is not None  # (_argv saw to both)
-            prefix = [*(sb.group.launcher() if sb.group is not None else []), *self._prefix]
-            log = sb.stderr_path.with_name(sb.stderr_path.stem + ".egress")
-            self._egress[sb.instance_id] = await egress.Egress.start(
-                self._slirp, pid, sb.instance_id, prefix, not self._root, log
-            )
-            os.write(block, b"1")
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(sb.pid or 0, signal.SIGKILL)
-            raise
-        finally:
-            os.close(block)
+        assert pid is not None and self._slirp is not None  # (_argv saw to both)
+        prefix = [*(sb.group.launcher() if sb.group is not None else []), *self._prefix]
+        log = sb.stderr_path.with_name(sb.stderr_path.stem + ".egress")
+        self._egress[sb.instance_id] = await egress.start_then_release(
+            egress.Stack(self._slirp, pid, sb.instance_id, prefix, not self._root, log),
+            block,
+            sb.pid or 0,
+        )
 
     async def _admit(self, sb: ProcessSandbox) -> None:
         if sb.entry is not None:

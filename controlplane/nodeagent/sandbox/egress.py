@@ -11,8 +11,9 @@ loopback``: the control plane, etcd and the agents' local ports stay out of
 reach), and it is never reachable from outside through it: slirp4netns
 forwards no port in, so the door stays the only way in.
 
-slirp4netns runs as the agent's user (an agent that is not root enters the
-sandbox's user namespace first, ``--userns-path``), in the instance's cgroup
+slirp4netns runs as the agent's user (an agent that is not root has it
+enter the user namespace that owns the sandbox's network namespace first,
+``--userns-path``), in the instance's cgroup
 (its CPU and memory are the instance's), and dies with the agent
 (parent-death signal) or when the instance ends (``stop``). The sandbox
 waits for it: bubblewrap holds the function back (``--block-fd``) until the
@@ -27,7 +28,9 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.runtime.errors import Unavailable
@@ -79,6 +82,39 @@ def resolv_conf(node: str = "/etc/resolv.conf") -> str:
     return "\n".join([f"nameserver {DNS}", *keep]) + "\n"
 
 
+@dataclass(frozen=True)
+class Stack:
+    """What starting one instance's slirp4netns takes."""
+
+    #: slirp4netns's path
+    slirp: str
+    #: a process in the sandbox's network namespace (bubblewrap's child)
+    pid: int
+    instance_id: str
+    #: the command prefix: cgroup join, parent-death signal
+    prefix: list[str]
+    #: enter the namespace's owning user namespace first (an agent that is not root)
+    userns: bool
+    #: slirp4netns's output, quoted when it fails
+    log: Path
+
+
+async def start_then_release(stack: Stack, block: int, sandbox: int) -> Egress:
+    """Start the stack, then let the function run: bubblewrap holds it until
+    a byte comes on block (closed here). On failure the function never runs:
+    the sandbox's process group is killed before its wait ends."""
+    try:
+        started = await Egress.start(stack)
+        os.write(block, b"1")
+        return started
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sandbox, signal.SIGKILL)
+        raise
+    finally:
+        os.close(block)
+
+
 class Egress:
     """The outbound network of one instance: its slirp4netns process."""
 
@@ -88,25 +124,15 @@ class Egress:
         self._exited = asyncio.ensure_future(wait_exit(proc))
 
     @classmethod
-    async def start(
-        cls,
-        slirp: str,
-        pid: int,
-        instance_id: str,
-        prefix: list[str],
-        userns: bool,
-        log: Path,
-    ) -> Egress:
-        """Give the network namespace of pid (the sandbox's) a tap device
-        and an outbound path; returns once it is configured. prefix: the
-        command prefix (cgroup join, parent-death signal). userns: enter
-        pid's user namespace first (an agent that is not root). log:
-        slirp4netns's output, quoted when it fails."""
-        owner = _netns_owner(pid, instance_id) if userns else None
+    async def start(cls, stack: Stack) -> Egress:
+        """Give the sandbox's network namespace a tap device and an outbound
+        path; returns once it is configured."""
+        pid, instance_id, log = stack.pid, stack.instance_id, stack.log
+        owner = _netns_owner(pid, instance_id) if stack.userns else None
         r, w = os.pipe2(os.O_CLOEXEC)
         os.set_inheritable(w, True)
         argv = [
-            *prefix, slirp, "--configure", f"--mtu={MTU}", "--disable-host-loopback",
+            *stack.prefix, stack.slirp, "--configure", f"--mtu={MTU}", "--disable-host-loopback",
             "--ready-fd", str(w),
             *(["--userns-path", f"/proc/self/fd/{owner}"] if owner is not None else []),
             str(pid), TAP,
