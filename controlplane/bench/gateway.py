@@ -173,22 +173,28 @@ def _descendants_cpu_ns(roots: list[int]) -> int:
     """CPU time (ns) so far of every process below roots (an agent's
     sandboxes and instances), from /proc/PID/stat in clock ticks: it keeps
     the time of threads that ended (an instance's thread per connection),
-    which the per-thread schedstat loses."""
+    which the per-thread schedstat loses, and of processes that ended (in
+    their reaper's account of its children, the roots' included), so that
+    an instance that ends between two readings does not take its time
+    with it."""
     children: dict[int, list[int]] = {}
     times: dict[int, int] = {}
+    reaped: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             # The command name (field 2) may hold spaces: split after it.
             f = stat.read_text().rsplit(")", 1)[1].split()
             pid, ppid = int(stat.parent.name), int(f[1])
             times[pid] = (int(f[11]) + int(f[12])) * _TICK_NS  # utime, stime
+            reaped[pid] = (int(f[13]) + int(f[14])) * _TICK_NS  # cutime, cstime
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [c for r in roots for c in children.get(r, [])]
+    total = sum(reaped.get(r, 0) for r in roots)
+    todo = [c for r in roots for c in children.get(r, [])]
     while todo:
         pid = todo.pop()
-        total += times.get(pid, 0)
+        total += times.get(pid, 0) + reaped.get(pid, 0)
         todo += children.get(pid, [])
     return total
 

@@ -62,3 +62,22 @@ def test_a_real_thread_that_ends_between_readings_does_not_make_the_figure_negat
     by_threads -= sum(v for k, v in before.threads.items() if k not in after.threads)
     assert by_threads < 0
     assert after.since(before) >= 0
+
+
+def test_a_process_that_ends_between_readings_keeps_its_time_below_its_root() -> None:
+    import subprocess
+    import sys
+
+    from controlplane.bench.gateway import _descendants_cpu_ns
+
+    me = os.getpid()
+    burn = "import time\nend = time.process_time() + 0.05\nwhile time.process_time() < end: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", burn + "input()"], stdin=subprocess.PIPE)
+    # Until it has burnt its 50 ms (a tick-counted figure) it is still running.
+    deadline = time.monotonic() + 10
+    while _descendants_cpu_ns([me]) < 40_000_000 and time.monotonic() < deadline:
+        time.sleep(0.01)  # its CPU time has no event to await
+    before = _descendants_cpu_ns([me])
+    assert before >= 40_000_000
+    child.communicate(b"\n")  # it ends, and is reaped by this process
+    assert _descendants_cpu_ns([me]) >= before
