@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.nodeagent.sandbox.bwrap import runtime_roots
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, open_cgroups
+from controlplane.nodeagent.sandbox.launch import resolve
 from tests.instances import descends_from
 from tests.integration.upctl import REPO, GalaxyUp, pid_alive
 
@@ -205,12 +207,33 @@ def test_runs_as_its_own_unprivileged_user(report, victim):
     assert report["seccomp"] == "2"  # a filter is installed
 
 
+def _interpreter_ways() -> dict[str, set[str]]:
+    """The directories the sandbox shows on the way to the runtime's
+    interpreter when its prefix lies under /root or /home (a version
+    manager's Python, or a virtualenv of one, first on the agent's PATH),
+    and the one entry each may hold: {"/root": {".pyenv"}}. Empty for a
+    system interpreter, as on a node."""
+    ways: dict[str, set[str]] = {}
+    for r in runtime_roots(resolve("python3", os.environ.get("PATH", os.defpath))):
+        parts = Path(r).parts
+        if len(parts) > 2 and parts[1] in ("root", "home"):
+            ways.setdefault(f"/{parts[1]}", set()).add(parts[2])
+    return ways
+
+
 def test_control_plane_secrets_and_neighbours_files_are_not_there(report, up, victim):
     # Sanity of the question: the run dir holds the keys and the token.
     names = {Path(p).name for p in report["paths"]}
     assert {"ca-key.pem", "admin-key.pem"} <= names, names
-    reached = {p: how for p, how in report["paths"].items() if how in ("read", "listed")}
+    ways = _interpreter_ways()
+    reached = {
+        p: how
+        for p, how in report["paths"].items()
+        if how in ("read", "listed") and not (p in ways and how == "listed")
+    }
     assert not reached, reached
+    # A home shown on the way to the interpreter holds that way alone.
+    assert {d: set(names) for d, names in report["homes"].items()} == ways
 
 
 def test_proc_shows_only_its_own_processes(report, up, victim):
@@ -231,8 +254,10 @@ def test_no_signal_reaches_another_process(report, up, victim):
 
 
 def test_the_filesystem_shows_only_what_it_needs(report):
-    assert not {"root", "home", "var", "run", "srv", "opt"} & set(report["root"]), report["root"]
-    assert report["paths"]["/root"] == "FileNotFoundError"
+    ways = {d.lstrip("/") for d in _interpreter_ways()}
+    shown = {"root", "home", "var", "run", "srv", "opt"} & set(report["root"])
+    assert shown == ways, report["root"]
+    assert report["paths"]["/root"] == ("listed" if "root" in ways else "FileNotFoundError")
     assert report["paths"]["/etc/shadow"] == "FileNotFoundError"
 
 
