@@ -207,14 +207,27 @@ def test_runs_as_its_own_unprivileged_user(report, victim):
     assert report["seccomp"] == "2"  # a filter is installed
 
 
-def _interpreter_ways() -> dict[str, set[str]]:
+def _agent_path(up: GalaxyUp) -> str:
+    """The node agent's PATH, where it finds the runtime's interpreter
+    (this process's may differ: tests before this one may have changed it)."""
+    for pid in up.pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"nodeagent" in cmdline:
+            return _environ(pid)["PATH"]
+    raise AssertionError("no node agent among the control plane's processes")
+
+
+def _interpreter_ways(up: GalaxyUp) -> dict[str, set[str]]:
     """The directories the sandbox shows on the way to the runtime's
     interpreter when its prefix lies under /root or /home (a version
     manager's Python, or a virtualenv of one, first on the agent's PATH),
     and the one entry each may hold: {"/root": {".pyenv"}}. Empty for a
     system interpreter, as on a node."""
     ways: dict[str, set[str]] = {}
-    for r in runtime_roots(resolve("python3", os.environ.get("PATH", os.defpath))):
+    for r in runtime_roots(resolve("python3", _agent_path(up))):
         parts = Path(r).parts
         if len(parts) > 2 and parts[1] in ("root", "home"):
             ways.setdefault(f"/{parts[1]}", set()).add(parts[2])
@@ -225,7 +238,7 @@ def test_control_plane_secrets_and_neighbours_files_are_not_there(report, up, vi
     # Sanity of the question: the run dir holds the keys and the token.
     names = {Path(p).name for p in report["paths"]}
     assert {"ca-key.pem", "admin-key.pem"} <= names, names
-    ways = _interpreter_ways()
+    ways = _interpreter_ways(up)
     reached = {
         p: how
         for p, how in report["paths"].items()
@@ -253,8 +266,8 @@ def test_no_signal_reaches_another_process(report, up, victim):
     assert invoke(up, "victim").returncode == 0
 
 
-def test_the_filesystem_shows_only_what_it_needs(report):
-    ways = {d.lstrip("/") for d in _interpreter_ways()}
+def test_the_filesystem_shows_only_what_it_needs(report, up):
+    ways = {d.lstrip("/") for d in _interpreter_ways(up)}
     shown = {"root", "home", "var", "run", "srv", "opt"} & set(report["root"])
     assert shown == ways, report["root"]
     assert report["paths"]["/root"] == ("listed" if "root" in ways else "FileNotFoundError")
