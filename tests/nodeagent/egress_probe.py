@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import sys
 
 import pytest
 
+#: A DNS query for localhost's address (id 0x4761, recursion desired).
+DNS_QUERY = (
+    struct.pack(">HHHHHH", 0x4761, 0x0100, 1, 0, 0, 0)
+    + b"\x09localhost\x00"
+    + struct.pack(">HH", 1, 1)
+)
+
 PROBE = (
-    "import http.server, json, os, socket, struct\n"
-    "QUERY = struct.pack('>HHHHHH', 0x4761, 0x0100, 1, 0, 0, 0) + b'\\x09localhost\\x00'"
-    " + struct.pack('>HH', 1, 1)\n"
+    "import http.server, json, os, socket\n"
+    f"QUERY = {DNS_QUERY!r}\n"
     "def reach(target):\n"
     "    if target.startswith('file:'):\n"
     "        return 'ok:' + open(target[5:]).read()\n"

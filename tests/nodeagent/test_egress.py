@@ -25,7 +25,7 @@ from controlplane.runtime.errors import Unavailable
 from tests.netns import Hosts, require_netns
 
 from .conftest import cgroups_or_skip, http, no_groups_left, py_spec
-from .egress_probe import PROBE, greeter, require_slirp
+from .egress_probe import DNS_QUERY, PROBE, greeter, require_slirp
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
@@ -82,20 +82,17 @@ def _probe(targets: dict[str, str], egress: bool):  # type: ignore[no-untyped-de
 def _node_resolver_answers() -> bool:
     """Whether the node's first resolver answers a query from the node
     itself (where none does, forwarding to it cannot be checked)."""
-    import struct
-
     try:
         conf = Path("/etc/resolv.conf").read_text().split()
         server = conf[conf.index("nameserver") + 1]
     except (OSError, ValueError, IndexError):
         return False
-    query = struct.pack(">HHHHHH", 0x4762, 0x0100, 1, 0, 0, 0) + b"\x09localhost\x00"
     family = socket.AF_INET6 if ":" in server else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.settimeout(2)
         try:
-            s.sendto(query + struct.pack(">HH", 1, 1), (server, 53))
-            return s.recv(512)[:2] == query[:2]
+            s.sendto(DNS_QUERY, (server, 53))
+            return s.recv(512)[:2] == DNS_QUERY[:2]
         except OSError:
             return False
 

@@ -33,6 +33,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from controlplane.nodeagent.sandbox.process import log_tail
 from controlplane.runtime.errors import Unavailable
 from controlplane.runtime.procs import wait_exit
 
@@ -118,9 +119,8 @@ async def start_then_release(stack: Stack, block: int, sandbox: int) -> Egress:
 class Egress:
     """The outbound network of one instance: its slirp4netns process."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], instance_id: str) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
-        self.instance_id = instance_id
         self._exited = asyncio.ensure_future(wait_exit(proc))
 
     @classmethod
@@ -153,7 +153,7 @@ class Egress:
             os.close(w)
             if owner is not None:
                 os.close(owner)
-        egress = cls(proc, instance_id)
+        egress = cls(proc)
         try:
             try:
                 ready = await asyncio.wait_for(_read_byte(r), READY_TIMEOUT_S)
@@ -168,7 +168,7 @@ class Egress:
             os.close(r)
         if ready != b"1":
             await egress.stop()
-            tail = _tail(log)
+            tail = " ".join(log_tail(log, max_lines=5, max_bytes=300).split())
             raise Unavailable(
                 f"instance {instance_id}: its outbound network (egress) did not come up"
                 f"{': ' + tail if tail else ''} (log: {log})"
@@ -225,11 +225,3 @@ async def _read_byte(fd: int) -> bytes:
         return await got
     finally:
         loop.remove_reader(fd)
-
-
-def _tail(path: Path, limit: int = 300) -> str:
-    try:
-        text = path.read_bytes()[-limit:].decode(errors="replace").strip()
-    except OSError:
-        return ""
-    return " ".join(text.split())

@@ -52,7 +52,9 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _tail(path: Path, max_lines: int = 10, max_bytes: int = 4096) -> str:
+def log_tail(path: Path, max_lines: int = 10, max_bytes: int = 4096) -> str:
+    """The last lines of a log (at most max_lines, from its last max_bytes);
+    "" when it cannot be read."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -214,7 +216,7 @@ class ProcessSandbox(Sandbox):
         return text
 
     async def _failure(self, what: str) -> Unavailable:
-        tail = await asyncio.to_thread(_tail, self.stderr_path)
+        tail = await asyncio.to_thread(log_tail, self.stderr_path)
         detail = f"; last stderr lines:\n{tail}" if tail else "; stderr was empty"
         return Unavailable(
             f"instance {self.instance_id} on node {self.node_id} {what}{detail}"
