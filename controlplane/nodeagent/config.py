@@ -4,15 +4,25 @@ test cluster read them from here)."""
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, field_validator
 
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS
-from controlplane.nodeagent.sandbox import BACKENDS, DEFAULT_STARTUP_TIMEOUT_MS
+from controlplane.nodeagent.sandbox import BACKENDS, DEFAULT_STARTUP_TIMEOUT_MS, egressdeny
 from controlplane.nodeagent.sandbox.cgroups import DEFAULT_MAX_PIDS
 from controlplane.nodeagent.service import DEFAULT_MAX_STARTING
 from controlplane.runtime.config import Config, setting
 
 GROUP = "node agent"
+
+
+def _networks(text: str) -> str:
+    egressdeny.parse(text)
+    return text
+
+
+NetworkList = Annotated[str, AfterValidator(_networks)]
 
 
 class NodeAgentConfig(Config):
@@ -55,6 +65,15 @@ class NodeAgentConfig(Config):
         "bwrap sandbox: give an instance whose spec sets egress an outbound network "
         "(slirp4netns; never the node's loopback); off: --no-instance-egress refuses "
         "such starts, naming the flag (docs/security.md, Egress)",
+        group=GROUP,
+    )
+    instance_egress_deny: NetworkList = setting(
+        egressdeny.DEFAULT,
+        "bwrap sandbox: comma-separated networks an instance with egress may not reach "
+        "(nftables in its network namespace; '' = none). The default is link-local "
+        "IPv4 and AWS's IPv6 metadata address: clouds' metadata services, which hand "
+        "out the node's credentials (docs/security.md, Egress)",
+        metavar="CIDR[,CIDR]",
         group=GROUP,
     )
     # 2.5 s: an orphan (two unknown checks in a row) lives at most ~5 s.

@@ -16,7 +16,7 @@ from controlplane.nodeagent.config import NodeAgentConfig
 from controlplane.nodeagent.modelcache import ModelCache, Tier
 from controlplane.nodeagent.orphans import OrphanReaper
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS, Registrar
-from controlplane.nodeagent.sandbox import SandboxBackend, make_sandbox_backend
+from controlplane.nodeagent.sandbox import SandboxBackend, egressdeny, make_sandbox_backend
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, open_cgroups
 from controlplane.nodeagent.service import SERVICE_NAME, NodeAgentServicer
 from controlplane.runtime import config, leasetoken
@@ -136,7 +136,11 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
         # The bwrap sandbox's entry checks leases with the cluster's key.
         entry: dict[str, object] = {}
         if cfg.sandbox == "bwrap":
-            entry = {"lease_key": leasetoken.from_args(args), "allow_egress": cfg.instance_egress}
+            entry = {
+                "lease_key": leasetoken.from_args(args),
+                "allow_egress": cfg.instance_egress,
+                "egress_deny": egressdeny.parse(cfg.instance_egress_deny),
+            }
         backend = make_sandbox_backend(
             cfg.sandbox,
             log_dir=cfg.log_dir,

@@ -2,7 +2,9 @@
 answers any GET with, for each target in ``$PROBE_TARGETS`` (comma-
 separated), what it found: for ``host:port`` what a TCP connection there
 read (``ok:<first bytes>``), for ``dns:host:port`` whether a DNS query for
-``localhost`` there was answered (``ok:answered``), for ``file:PATH`` the
+``localhost`` there was answered (``ok:answered``), for ``dev:host:port``
+the same as ``host:port`` from a socket bound to the tap device
+(``SO_BINDTODEVICE``, which passes routes by), for ``file:PATH`` the
 file (``ok:<text>``), or the error's name; and a TCP server that greets
 whoever connects, to be reached. Shared by the egress tests as the root
 agent (tests/nodeagent/test_egress.py) and as an agent that is not root
@@ -31,15 +33,19 @@ PROBE = (
     "def reach(target):\n"
     "    if target.startswith('file:'):\n"
     "        return 'ok:' + open(target[5:]).read()\n"
-    "    dns = target.startswith('dns:')\n"
-    "    host, port = target.removeprefix('dns:').rsplit(':', 1)\n"
+    "    kind = target[:3] if target[:4] in ('dns:', 'dev:') else ''\n"
+    "    host, port = target[len(kind) + bool(kind):].rsplit(':', 1)\n"
     "    try:\n"
-    "        if dns:\n"
+    "        if kind == 'dns':\n"
     "            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:\n"
     "                s.settimeout(3); s.sendto(QUERY, (host, int(port)))\n"
     "                got = s.recv(512)\n"
     "            return 'ok:answered' if got[:2] == QUERY[:2] else 'ok:other'\n"
-    "        with socket.create_connection((host, int(port)), timeout=3) as s:\n"
+    "        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:\n"
+    "            s.settimeout(3)\n"
+    "            if kind == 'dev':  # past the routing table, as if on the link\n"
+    "                s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'tap0')\n"
+    "            s.connect((host, int(port)))\n"
     "            return 'ok:' + s.recv(64).decode()\n"
     "    except OSError as e:\n"
     "        return type(e).__name__\n"

@@ -1,12 +1,15 @@
 """Egress (spec ``egress``) with real sandboxes, a real slirp4netns and a
 real other host (a network namespace on a bridge): an instance that asks
-for it reaches the other host but not the node's loopback; one that does
-not reaches nothing; the stack ends with the instance; a node without
-slirp4netns refuses the start naming the field."""
+for it reaches the other host but not the node's loopback nor a network of
+its deny list (the default: clouds' metadata services), even from a socket
+bound to its tap device; one that does not reaches nothing; the stack ends
+with the instance; a node without slirp4netns refuses the start naming the
+field."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -42,11 +45,17 @@ def targets() -> Iterator[dict[str, str]]:
         procs.append(far)
         near, near_at = greeter([], "127.0.0.1")
         procs.append(near)
+        # The node's own address on the bridge: not its loopback.
+        node, node_at = greeter([], hosts.control_ip)
+        procs.append(node)
         # slirp4netns's name for the node's loopback (refused by
         # --disable-host-loopback), and the instance's own loopback.
         port = near_at.rsplit(":", 1)[1]
         yield {
             "other_host": far_at,
+            "other_host_bound": f"dev:{far_at}",
+            "node_address": node_at,
+            "metadata": "169.254.169.254:80",
             "node_loopback": f"10.0.2.2:{port}",
             "own": f"127.0.0.1:{port}",
             "resolv": "file:/etc/resolv.conf",
@@ -61,15 +70,24 @@ def targets() -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 async def backend(tmp_path) -> AsyncIterator[BwrapBackend]:
+    async with _backend(tmp_path) as b:
+        yield b
+
+
+@contextlib.asynccontextmanager
+async def _backend(tmp_path: Path, **opts: object) -> AsyncIterator[BwrapBackend]:
     groups = cgroups_or_skip()
     b = BwrapBackend(
         log_dir=tmp_path / "logs",
         instance_dir=tmp_path / "inst",
         uid_pool=UidPool(lock_dir=tmp_path / "uids") if os.geteuid() == 0 else None,
         cgroups=groups,
+        **opts,  # type: ignore[arg-type]
     )
-    yield b
-    await b.close()
+    try:
+        yield b
+    finally:
+        await b.close()
     no_groups_left(groups)
 
 
@@ -128,7 +146,11 @@ async def test_an_instance_with_egress_reaches_another_host_but_not_the_nodes_lo
         got = json.loads(body)
         far = targets["other_host"]
         assert got[far] == f"ok:hello from {far.rsplit(':', 1)[0]}"
+        assert got[targets["other_host_bound"]] == got[far]
+        assert got[targets["node_address"]].startswith("ok:hello from ")
         assert not got[targets["node_loopback"]].startswith("ok:")
+        # The default deny list: refused at once (EHOSTUNREACH), not timed out.
+        assert got[targets["metadata"]] == "OSError", got
         assert got[targets["own"]] == "ConnectionRefusedError"  # its own loopback
         # Names go to slirp4netns's forwarder, which asks the node's resolver.
         assert got[targets["resolv"]].startswith("ok:nameserver 10.0.2.3\n")
@@ -137,6 +159,26 @@ async def test_an_instance_with_egress_reaches_another_host_but_not_the_nodes_lo
     finally:
         await sb.stop()
     assert _stacks() == set()  # the stack ended with the instance
+
+
+async def test_a_denied_network_is_refused_even_from_a_socket_bound_to_the_tap(
+    targets, tmp_path
+) -> None:
+    far_ip = targets["other_host"].rsplit(":", 1)[0]
+    async with _backend(tmp_path, egress_deny=(f"{far_ip}/32",)) as backend:
+        # (the metadata service is not denied here: not asked, it would time out)
+        asked = {k: v for k, v in targets.items() if k != "metadata"}
+        sb = await backend.start("n-0", "deny-1", _probe(asked, egress=True))
+        try:
+            got = json.loads((await http(sb.address, "GET", "/"))[1])
+        finally:
+            await sb.stop()
+    # A prohibit route would let the bound socket by; the namespace's
+    # nftables rule does not.
+    assert got[targets["other_host"]] == "OSError", got
+    assert got[targets["other_host_bound"]] == "OSError", got
+    assert got[targets["node_address"]].startswith("ok:hello from "), got  # not denied
+    assert _stacks() == set()
 
 
 async def test_an_instance_without_egress_reaches_nothing(backend, targets) -> None:
@@ -208,6 +250,9 @@ def test_an_agent_that_is_not_root_gives_egress_through_the_sandboxs_user_namesp
     far = targets["other_host"]
     assert doc["reached"][far] == f"ok:hello from {far.rsplit(':', 1)[0]}", doc
     assert not doc["reached"][targets["node_loopback"]].startswith("ok:"), doc
+    # The deny list loaded from the sandbox's user namespace too.
+    assert doc["reached"][targets["metadata"]] == "OSError", doc
+    assert doc["reached"][targets["other_host_bound"]].startswith("ok:"), doc
     assert (doc["stacks"], doc["stacks_after"]) == (1, 0)
 
 
@@ -218,6 +263,50 @@ def test_what_a_node_lacks_for_egress_is_named(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(egress, "TUN", str(tmp_path / "no-tun"))
     why = egress.unusable("/usr/bin/slirp4netns") or ""
     assert "no-tun is not usable by the node agent's user" in why and "0666" in why
+
+
+def test_a_node_without_nftables_refuses_egress_unless_the_deny_list_is_empty(
+    monkeypatch, tmp_path
+) -> None:
+    from controlplane.nodeagent.sandbox import egressdeny
+
+    monkeypatch.setattr(egressdeny, "LIBRARY", "libnftables-missing.so.0")
+    why = egressdeny.unusable() or ""
+    assert "libnftables-missing.so.0) is not installed" in why and "nftables" in why
+    assert "--instance-egress-deny ''" in why
+    kept = BwrapBackend(log_dir=tmp_path / "a")
+    assert kept._no_deny == why  # every egress start is refused with it
+    none = BwrapBackend(log_dir=tmp_path / "b", egress_deny=())
+    assert none._no_deny is None
+
+
+@pytest.mark.parametrize(
+    ("helper", "words"),
+    [
+        # a root agent loads from its own thread: nft's own words
+        (False, "syntax error"),
+        # the helper process of an agent that is not root: here the
+        # namespace's owner is this process's own user namespace, which
+        # cannot be entered again
+        (True, "setns: Invalid argument"),
+    ],
+)
+async def test_a_deny_list_that_cannot_load_fails_the_start_in_its_words(
+    netns_pid, tmp_path, monkeypatch, helper, words
+) -> None:
+    from controlplane.nodeagent.sandbox import egress, egressdeny
+
+    slirp = egress.find()
+    assert slirp is not None
+    monkeypatch.setattr(egressdeny, "ruleset", lambda nets: "table inet t { nonsense }\n")
+    log = tmp_path / "x-3.egress"
+    stack = egress.Stack(slirp, netns_pid, "x-3", [], helper, log, ("10.0.0.0/8",))
+    with pytest.raises(Unavailable) as e:
+        await egress.Egress.start(stack)
+    msg = e.value.message
+    assert msg.startswith("instance x-3: its outbound network (egress) could not deny its networks")
+    assert words in msg, msg
+    assert _stacks() == set()
 
 
 async def test_an_operator_can_turn_egress_off_and_the_refusal_names_the_flag(tmp_path) -> None:

@@ -44,7 +44,7 @@ from controlplane.nodeagent.entry import kvrelay, netns, sockfactory
 from controlplane.nodeagent.entry.door import Door
 from controlplane.nodeagent.entry.kvroute import KvRoutes, Member
 from controlplane.nodeagent.entry.sockclient import FactoryDialer
-from controlplane.nodeagent.sandbox import egress, seccomp
+from controlplane.nodeagent.sandbox import egress, egressdeny, seccomp
 from controlplane.nodeagent.sandbox.base import ExitCallback
 from controlplane.nodeagent.sandbox.launch import instance_user, pdeathsig_prefix, resolve
 from controlplane.nodeagent.sandbox.ports import instance_ports
@@ -139,7 +139,8 @@ class BwrapBackend(ProcessBackend):
     network namespace, ``setns`` (root only) or ``factory`` (default: setns
     for a root agent). allow_egress: whether an instance whose spec asks for an
     outbound network gets one (``sandbox/egress.py``; False refuses such
-    starts). Other options are ``ProcessBackend``'s.
+    starts); egress_deny: the networks such an instance may not reach
+    (``egressdeny.parse``; default ``egressdeny.DEFAULT``). Other options are ``ProcessBackend``'s.
     """
 
     kind = "bwrap"
@@ -150,6 +151,7 @@ class BwrapBackend(ProcessBackend):
         lease_key: LeaseKey | None = None,
         entry: str | None = None,
         allow_egress: bool = True,
+        egress_deny: tuple[str, ...] | None = None,
         **opts: Any,
     ) -> None:
         bwrap = shutil.which("bwrap")
@@ -187,6 +189,9 @@ class BwrapBackend(ProcessBackend):
         # --block-fd pipe (the function waits on it), the stacks by instance.
         self._slirp = egress.find()
         self._egress_on = allow_egress
+        self._deny = egressdeny.parse(egressdeny.DEFAULT) if egress_deny is None else egress_deny
+        # (a dlopen: checked once, where the list is not empty)
+        self._no_deny = egressdeny.unusable() if self._deny else None
         self._block: int | None = None
         self._egress: dict[str, egress.Egress] = {}
         self._resolv = self.log_dir / "egress-resolv.conf"
@@ -238,7 +243,7 @@ class BwrapBackend(ProcessBackend):
     def _argv(
         self, spec: common_pb2.FunctionSpec, private_dir: Path, cwd: str, uid: int | None
     ) -> tuple[list[str], tuple[int, ...]]:
-        why = egress.unusable(self._slirp) if spec.egress else None
+        why = (egress.unusable(self._slirp) or self._no_deny) if spec.egress else None
         if spec.egress and not self._egress_on:
             why = "the node's operator turned it off (--no-instance-egress)"
         if why is not None:
@@ -433,7 +438,7 @@ class BwrapBackend(ProcessBackend):
         prefix = [*(sb.group.launcher() if sb.group is not None else []), *self._prefix]
         log = sb.stderr_path.with_name(sb.stderr_path.stem + ".egress")
         self._egress[sb.instance_id] = await egress.start_then_release(
-            egress.Stack(self._slirp, pid, sb.instance_id, prefix, not self._root, log),
+            egress.Stack(self._slirp, pid, sb.instance_id, prefix, not self._root, log, self._deny),
             block,
             sb.pid or 0,
         )

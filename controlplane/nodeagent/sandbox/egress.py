@@ -30,9 +30,11 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from controlplane.nodeagent.sandbox import egressdeny
 from controlplane.nodeagent.sandbox.process import log_tail
 from controlplane.runtime.errors import Unavailable
 from controlplane.runtime.procs import wait_exit
@@ -98,6 +100,8 @@ class Stack:
     userns: bool
     #: slirp4netns's output, quoted when it fails
     log: Path
+    #: networks the instance may not reach (``egressdeny.parse``)
+    deny: tuple[str, ...] = ()
 
 
 async def start_then_release(stack: Stack, block: int, sandbox: int) -> Egress:
@@ -129,6 +133,15 @@ class Egress:
         path; returns once it is configured."""
         pid, instance_id, log = stack.pid, stack.instance_id, stack.log
         owner = _netns_owner(pid, instance_id) if stack.userns else None
+        try:
+            # The deny list is in place before the tap exists. An agent that
+            # must use a helper process (~15 ms) starts it beside the stack
+            # (~5 ms); the function runs once both are done.
+            deny = _deny(stack, owner) if stack.deny else None
+        except BaseException:
+            if owner is not None:
+                os.close(owner)
+            raise
         r, w = os.pipe2(os.O_CLOEXEC)
         os.set_inheritable(w, True)
         argv = [
@@ -148,17 +161,23 @@ class Egress:
                 )  # fmt: skip
         except OSError as e:
             os.close(r)
+            if deny is not None:
+                await _ended(deny)
             raise Unavailable(f"instance {instance_id}: cannot start slirp4netns: {e}") from None
         finally:
             os.close(w)
             if owner is not None:
                 os.close(owner)
         egress = cls(proc)
+        ready, denied = b"", deny is None
         try:
             try:
-                ready = await asyncio.wait_for(_read_byte(r), READY_TIMEOUT_S)
+                async with asyncio.timeout(READY_TIMEOUT_S):
+                    ready = await _read_byte(r)
+                    if deny is not None:
+                        denied = await wait_exit(deny) == 0
             except TimeoutError:
-                ready = b""
+                pass
         except BaseException:
             # A cancelled start: the stack is not the sandbox's (a session
             # of its own), so nothing else would end it.
@@ -166,11 +185,14 @@ class Egress:
             raise
         finally:
             os.close(r)
-        if ready != b"1":
+            if deny is not None:
+                await asyncio.shield(_ended(deny))
+        if ready != b"1" or not denied:
             await egress.stop()
             tail = " ".join(log_tail(log, max_lines=5, max_bytes=300).split())
+            what = "did not come up" if ready != b"1" else "could not deny its networks"
             raise Unavailable(
-                f"instance {instance_id}: its outbound network (egress) did not come up"
+                f"instance {instance_id}: its outbound network (egress) {what}"
                 f"{': ' + tail if tail else ''} (log: {log})"
             )
         return egress
@@ -181,6 +203,56 @@ class Egress:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
         await asyncio.shield(self._exited)
+
+
+def _deny(stack: Stack, owner: int | None) -> subprocess.Popen[bytes] | None:
+    """Load the deny list into the sandbox's network namespace
+    (``egressdeny``): at once from this thread (a root agent, owner None), or
+    by a helper process entering owner first, returned running (its errors
+    go to the stack's log)."""
+    try:
+        net = os.open(f"/proc/{stack.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise Unavailable(
+            f"instance {stack.instance_id}: its network namespace is gone: {e}"
+        ) from None
+    script = egressdeny.ruleset(stack.deny)
+    try:
+        if owner is None:
+            error = egressdeny.load(net, script)
+            if error is not None:
+                raise Unavailable(
+                    f"instance {stack.instance_id}: its outbound network (egress) could not "
+                    f"deny its networks: {' '.join(error.split())[:300]}"
+                )
+            return None
+        fds = (net, owner)
+        argv = [sys.executable, "-I", "-S", egressdeny.__file__, *map(str, fds)]
+        try:
+            with open(stack.log, "ab") as out:
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.PIPE, stdout=out, stderr=out, close_fds=True,
+                    pass_fds=fds,
+                )  # fmt: skip
+        except OSError as e:
+            raise Unavailable(
+                f"instance {stack.instance_id}: cannot deny its networks: {e}"
+            ) from None
+    finally:
+        os.close(net)
+    assert proc.stdin is not None
+    # At most MAX_ENTRIES short lines: within a pipe's buffer, so no wait.
+    with proc.stdin:
+        proc.stdin.write(script.encode())
+    return proc
+
+
+async def _ended(proc: subprocess.Popen[bytes]) -> None:
+    """Kill proc if it still runs, and reap it."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await wait_exit(proc)
 
 
 #: ioctl(2) on a namespace's fd: the user namespace that owns it (linux/nsfs.h).
