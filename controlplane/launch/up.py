@@ -272,7 +272,7 @@ class Supervisor:
                 log_dir=str(self.log_dir / "instances"),
                 **agentcache.model_cache_settings(cfg, f"agent-{a}"),
             )
-            flags = ["--controller", caddr, *config.to_flags(agent)]
+            flags = ["--controller", caddr, *config.to_flags(agent), *cfg.agent_args]
             jobs.append(
                 self.spawn(f"agent-{a}", self._serve_cmd("nodeagent", f"agent-{a}", *flags))
             )

@@ -190,6 +190,13 @@ class UpConfig(Config):
     node_memory_mib: int = _agent("memory_mib", flag="--node-memory-mib")
     node_gpus: int = _agent("gpus", flag="--node-gpus")
     start_delay_ms: float = _agent("start_delay_ms")
+    #: More `galaxy serve nodeagent` flags, for every agent, after the rest.
+    agent_args: list[str] = setting(
+        [],
+        "any other `galaxy serve nodeagent` flag, for every agent, e.g. "
+        "--agent-arg=--instance-egress-deny=169.254.0.0/16,10.0.0.0/8",
+        flag="--agent-arg",
+    )
     #: The controller scales the control functions, starting extra instances
     #: as its own children (local actuator); see docs/controller.md.
     autoscale_control: bool = same_as(

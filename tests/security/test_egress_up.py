@@ -1,8 +1,10 @@
-"""Egress under a real `galaxy up` with default settings (bwrap sandboxes):
-a spec with `egress: true`, deployed by the CLI and called through the
-gateway with curl, reaches a server on another host (a network namespace on
-a bridge) but not the controller on the node's loopback; the same function
-deployed without it reaches neither."""
+"""Egress under a real `galaxy up` (bwrap sandboxes, the default): a spec
+with `egress: true`, deployed by the CLI and called through the gateway with
+curl, reaches a server on another host (a network namespace on a bridge) but
+not the controller on the node's loopback, a cloud's metadata address (the
+agents' default deny list) nor a third host the agents were told to deny
+(`--agent-arg=--instance-egress-deny=...`); the same function deployed
+without it reaches none."""
 
 from __future__ import annotations
 
@@ -18,28 +20,46 @@ from tests.nodeagent.egress_probe import PROBE, greeter, require_slirp
 pytestmark = pytest.mark.slow  # a whole `galaxy up`
 
 
+METADATA = "169.254.169.254:80"
+
+
 @pytest.fixture(scope="module")
-def far():
-    """A greeter on another host: its host:port."""
+def hosts():
+    """Greeters on two other hosts: their host:port (the second is denied)."""
     require_netns()
     require_slirp()
-    hosts = Hosts().create(1)
+    made = Hosts().create(2)
+    procs = []
     try:
-        proc, at = greeter(hosts.exec_prefix(0), hosts.ip(0))
-        try:
-            yield at
-        finally:
+        at = []
+        for i in range(2):
+            proc, where = greeter(made.exec_prefix(i), made.ip(i))
+            procs.append(proc)
+            at.append(where)
+        yield at
+    finally:
+        for proc in procs:
             proc.kill()
             proc.wait()
-    finally:
-        hosts.close()
+        made.close()
 
 
 @pytest.fixture(scope="module")
-def up(tmp_path_factory, far):
+def far(hosts):
+    return hosts[0]
+
+
+@pytest.fixture(scope="module")
+def denied(hosts):
+    return hosts[1]
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory, far, denied):
     run = tmp_path_factory.mktemp("run")
     specs = tmp_path_factory.mktemp("specs")
-    g = GalaxyUp(run, "--nodes", "1")
+    deny = f"169.254.0.0/16,{denied.rsplit(':', 1)[0]}/32"
+    g = GalaxyUp(run, "--nodes", "1", f"--agent-arg=--instance-egress-deny={deny}")
     g.start()
     try:
         artifact = specs / "probe.py"
@@ -53,7 +73,7 @@ def up(tmp_path_factory, far):
         # The controller listens on the node's loopback: 10.0.2.2 is that
         # loopback as slirp4netns names it.
         port = g.endpoints["controller"].rsplit(":", 1)[1]
-        targets = f"{far},10.0.2.2:{port}"
+        targets = f"{far},10.0.2.2:{port},{denied},{METADATA}"
         for name, egress in (("reach-out", "true"), ("stay-in", "false")):
             (specs / f"{name}.yaml").write_text(
                 f"name: {name}\nruntime: egress-probe\nartifact: {artifact}\npublic: true\n"
@@ -75,14 +95,19 @@ def curl(up: GalaxyUp, name: str) -> dict[str, str]:
     return json.loads(r.stdout)
 
 
-def test_a_function_with_egress_reaches_another_host_and_not_the_control_plane(up, far) -> None:
+def test_a_function_with_egress_reaches_another_host_and_not_the_control_plane(
+    up, far, denied
+) -> None:
     got = curl(up, "reach-out")
     assert got[far] == f"ok:hello from {far.rsplit(':', 1)[0]}", got
     loopback = next(t for t in got if t.startswith("10.0.2.2:"))
     assert not got[loopback].startswith("ok:"), got
+    # Denied (EHOSTUNREACH at once): by default, and by the agents' flag.
+    assert got[METADATA] == "OSError", got
+    assert got[denied] == "OSError", got
 
 
 def test_a_function_without_egress_reaches_nothing(up, far) -> None:
     got = curl(up, "stay-in")
-    assert far in got and len(got) == 2, got  # both targets were tried
+    assert far in got and len(got) == 4, got  # every target was tried
     assert all(not v.startswith("ok:") for v in got.values()), got
