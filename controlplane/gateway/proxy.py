@@ -178,7 +178,12 @@ async def _read_exactly(request: web.Request, length: int) -> bytearray:
 #: The access log: one line per request (``--no-access-log`` turns it off).
 ACCESS = logging.getLogger("galaxy.access")
 #: Request key: (namespace, function, revision) of the slot that served it.
-_SERVED = "galaxy_served"
+#: A typed key where aiohttp has them (3.14+; a plain string key warns there).
+_SERVED: Any = (
+    web.RequestKey("galaxy_served", tuple)
+    if hasattr(web, "RequestKey")
+    else "galaxy_served"  # (aiohttp before 3.14)
+)
 
 
 class Proxy:
