@@ -115,6 +115,14 @@ def _node_resolver_answers() -> bool:
             return False
 
 
+def _starts(outcome: str) -> float:
+    """galaxy_instance_egress_starts_total{outcome} so far."""
+    from prometheus_client import REGISTRY
+
+    got = REGISTRY.get_sample_value("galaxy_instance_egress_starts_total", {"outcome": outcome})
+    return got or 0.0
+
+
 def _cgroup(pid: int) -> str:
     return Path(f"/proc/{pid}/cgroup").read_text()
 
@@ -136,7 +144,9 @@ def _stacks() -> set[int]:
 async def test_an_instance_with_egress_reaches_another_host_but_not_the_nodes_loopback(
     backend, targets
 ) -> None:
+    started = _starts("started")
     sb = await backend.start("n-0", "out-1", _probe(targets, egress=True))
+    assert _starts("started") == started + 1  # counted for the operator
     try:
         (stack,) = _stacks()
         # In the instance's cgroup: its CPU and memory are the instance's.
@@ -181,6 +191,22 @@ async def test_a_denied_network_is_refused_even_from_a_socket_bound_to_the_tap(
     assert _stacks() == set()
 
 
+async def test_a_start_whose_deny_list_fails_is_counted_and_leaves_nothing(
+    backend, monkeypatch
+) -> None:
+    from controlplane.nodeagent.sandbox import egressdeny
+
+    require_slirp()
+    bad = "table inet t { nonsense }\n"
+    monkeypatch.setattr(egressdeny, "ruleset", lambda nets, ipv6=True: bad)
+    failed = _starts("failed")
+    with pytest.raises(Unavailable, match=r"could not deny its networks: .*syntax error"):
+        await backend.start("n-0", "bad-1", py_spec("pass", egress=True))
+    assert _starts("failed") == failed + 1
+    assert _stacks() == set()
+    assert backend._egress == {}
+
+
 async def test_an_instance_without_egress_reaches_nothing(backend, targets) -> None:
     sb = await backend.start("n-0", "in-1", _probe(targets, egress=False))
     try:
@@ -194,8 +220,10 @@ async def test_an_instance_without_egress_reaches_nothing(backend, targets) -> N
 
 async def test_a_node_without_slirp4netns_refuses_egress_naming_the_field(backend) -> None:
     backend._slirp = None  # as on a node where it is not installed
+    refused = _starts("refused")
     with pytest.raises(Unavailable, match=r"^egress: .*slirp4netns is not installed \(Debian"):
         await backend.start("n-0", "out-2", py_spec("pass", egress=True))
+    assert _starts("refused") == refused + 1
     assert not list((backend.log_dir).glob("*/out-2.*"))  # nothing was started
 
 
@@ -298,7 +326,9 @@ async def test_a_deny_list_that_cannot_load_fails_the_start_in_its_words(
 
     slirp = egress.find()
     assert slirp is not None
-    monkeypatch.setattr(egressdeny, "ruleset", lambda nets: "table inet t { nonsense }\n")
+    monkeypatch.setattr(
+        egressdeny, "ruleset", lambda nets, ipv6=True: "table inet t { nonsense }\n"
+    )
     log = tmp_path / "x-3.egress"
     stack = egress.Stack(slirp, netns_pid, "x-3", [], helper, log, ("10.0.0.0/8",))
     with pytest.raises(Unavailable) as e:
@@ -330,10 +360,18 @@ def netns_pid() -> Iterator[int]:
     require_slirp()
     if os.geteuid() != 0:
         pytest.skip("a network namespace of its own needs root here")
-    proc = subprocess.Popen(["unshare", "--net", "sleep", "60"])
-    yield proc.pid
-    proc.kill()
-    proc.wait()
+    # It says so once in its namespace: until then /proc/PID/ns/net is this
+    # process's own, and what the test sets up there would land on the host.
+    proc = subprocess.Popen(
+        ["unshare", "--net", "sh", "-c", "echo in; exec sleep 60"], stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"in\n"
+        assert os.readlink(f"/proc/{proc.pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture
@@ -376,3 +414,26 @@ async def test_a_cancelled_start_leaves_no_stack(netns_pid, tmp_path) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert _stacks() == set()
+
+
+@pytest.mark.parametrize("ipv6", [True, False])
+def test_the_deny_list_loads_into_a_real_namespace_with_or_without_ipv6(netns_pid, ipv6) -> None:
+    from controlplane.nodeagent.sandbox import egressdeny
+
+    nets = egressdeny.parse(egressdeny.DEFAULT + ",10.9.0.0/16")
+    home = os.readlink("/proc/thread-self/ns/net")
+    net = os.open(f"/proc/{netns_pid}/ns/net", os.O_RDONLY)
+    try:
+        assert egressdeny.load(net, egressdeny.ruleset(nets, ipv6)) is None  # nft took it
+        listed = subprocess.run(
+            ["nsenter", f"--net=/proc/{netns_pid}/ns/net", "nft", "list", "ruleset"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    finally:
+        os.close(net)
+    assert f"table {'inet' if ipv6 else 'ip'} {egressdeny.TABLE}" in listed
+    assert "10.9.0.0/16" in listed and ("fd00:ec2::254" in listed) is ipv6
+    # This thread came back to its own namespace, and nothing was loaded there.
+    assert os.readlink("/proc/thread-self/ns/net") == home
+    here = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    assert egressdeny.TABLE not in here

@@ -56,6 +56,13 @@ def test_the_script_rejects_each_family_on_the_output_hook() -> None:
     assert "ip6" not in only4 and f"table inet {egressdeny.TABLE}" in only4
 
 
+def test_a_node_without_ipv6_gets_an_ipv4_table_without_the_ipv6_entries() -> None:
+    script = egressdeny.ruleset(("169.254.0.0/16", "fd00:ec2::254/128"), ipv6=False)
+    assert f"table ip {egressdeny.TABLE}" in script and "inet" not in script
+    assert "ip daddr { 169.254.0.0/16 } reject with icmp type admin-prohibited" in script
+    assert "ip6" not in script
+
+
 def _parse(*argv: str) -> argparse.Namespace:
     from controlplane.nodeagent.main import add_arguments
 

@@ -247,6 +247,7 @@ class BwrapBackend(ProcessBackend):
         if spec.egress and not self._egress_on:
             why = "the node's operator turned it off (--no-instance-egress)"
         if why is not None:
+            egress.STARTS.labels("refused").inc()
             raise Unavailable(f"egress: this node cannot give an instance a way out: {why}")
         command = list(spec.command)
         command[0] = resolve(command[0], os.environ.get("PATH", os.defpath))

@@ -34,6 +34,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import Counter
+
 from controlplane.nodeagent.sandbox import egressdeny
 from controlplane.nodeagent.sandbox.process import log_tail
 from controlplane.runtime.errors import Unavailable
@@ -53,6 +55,15 @@ READY_TIMEOUT_S = 10.0
 DNS = "10.0.2.3"
 #: The device slirp4netns opens (as the agent's user) to make the tap.
 TUN = "/dev/net/tun"
+
+
+#: Starts of instances that asked for egress, by outcome: started, refused
+#: (the node cannot or may not give it), failed (the stack or its deny list).
+STARTS = Counter(
+    "galaxy_instance_egress_starts_total",
+    "Starts of function instances whose spec sets egress, by outcome",
+    ["outcome"],
+)
 
 
 def find() -> str | None:
@@ -111,13 +122,16 @@ async def start_then_release(stack: Stack, block: int, sandbox: int) -> Egress:
     try:
         started = await Egress.start(stack)
         os.write(block, b"1")
-        return started
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, Exception):  # (not a cancelled start)
+            STARTS.labels("failed").inc()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(sandbox, signal.SIGKILL)
         raise
     finally:
         os.close(block)
+    STARTS.labels("started").inc()
+    return started
 
 
 class Egress:
@@ -216,7 +230,7 @@ def _deny(stack: Stack, owner: int | None) -> subprocess.Popen[bytes] | None:
         raise Unavailable(
             f"instance {stack.instance_id}: its network namespace is gone: {e}"
         ) from None
-    script = egressdeny.ruleset(stack.deny)
+    script = egressdeny.ruleset(stack.deny, egressdeny.has_ipv6())
     try:
         if owner is None:
             error = egressdeny.load(net, script)

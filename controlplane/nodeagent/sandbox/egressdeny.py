@@ -63,21 +63,33 @@ def parse(text: str) -> tuple[str, ...]:
     return tuple(nets)
 
 
-def ruleset(nets: tuple[str, ...]) -> str:
-    """The nftables script that denies nets (from ``parse``)."""
+def ruleset(nets: tuple[str, ...], ipv6: bool = True) -> str:
+    """The nftables script that denies nets (from ``parse``). ipv6: the
+    node has IPv6 (a kernel booted without it has no ``inet`` family's IPv6
+    half: the table is then IPv4's alone, and IPv6 entries, which such an
+    instance cannot reach anyway, are left out)."""
     v4 = [n for n in nets if ":" not in n]
-    v6 = [n for n in nets if ":" in n]
+    v6 = [n for n in nets if ":" in n] if ipv6 else []
+    # (icmpx: either family's "administratively prohibited"; an ip table has icmp's)
+    reject = "icmpx" if ipv6 else "icmp"
     rules = [
-        f"{fam} daddr {{ {', '.join(group)} }} reject with icmpx type admin-prohibited"
+        f"{fam} daddr {{ {', '.join(group)} }} reject with {reject} type admin-prohibited"
         for fam, group in (("ip", v4), ("ip6", v6))
         if group
     ]
     body = "\n".join(f"    {r}" for r in rules)
     return (
-        f"table inet {TABLE} {{\n  chain out {{\n"
+        f"table {'inet' if ipv6 else 'ip'} {TABLE} {{\n  chain out {{\n"
         "    type filter hook output priority filter; policy accept;\n"
         f"{body}\n  }}\n}}\n"
     )
+
+
+def has_ipv6() -> bool:
+    """Whether this kernel has IPv6 (not booted with ``ipv6.disable=1``)."""
+    import os
+
+    return os.path.exists("/proc/sys/net/ipv6")
 
 
 def unusable() -> str | None:
