@@ -7,6 +7,7 @@ instance for the forwarded request; see ``functions/dispatch/ownership``)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -34,7 +35,10 @@ async def cluster():
         await c.close()
 
 
-async def test_a_start_under_way_serves_its_waiter_across_a_handover(cluster, monkeypatch):
+async def test_a_start_under_way_serves_its_waiter_across_a_handover(cluster, monkeypatch, caplog):
+    # Dispatch's info lines (why a start began: a request, a rollout, the
+    # autoscaler) are shown if it fails.
+    caplog.set_level(logging.INFO, logger="functions.dispatch")
     fn = "slow"
     d0 = cluster.parts["d-0"].component.dispatcher
     # Hold the placement's answer until the function has moved.
