@@ -32,7 +32,7 @@ import sys
 DEFAULT = "169.254.0.0/16,fd00:ec2::254/128"
 #: Entries a list may hold (the rules are one set per family).
 MAX_ENTRIES = 256
-#: The library loaded by the helper.
+#: nftables' library: what loads the rules (the `nft` command is built on it).
 LIBRARY = "libnftables.so.1"
 #: The nftables table made in the instance's namespace.
 TABLE = "galaxy_egress"
