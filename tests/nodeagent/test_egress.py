@@ -294,7 +294,7 @@ def test_what_a_node_lacks_for_egress_is_named(monkeypatch, tmp_path) -> None:
 
 
 def test_a_node_without_nftables_refuses_egress_unless_the_deny_list_is_empty(
-    monkeypatch, tmp_path
+    monkeypatch, tmp_path, caplog
 ) -> None:
     from controlplane.nodeagent.sandbox import egressdeny
 
@@ -304,8 +304,12 @@ def test_a_node_without_nftables_refuses_egress_unless_the_deny_list_is_empty(
     assert "--instance-egress-deny ''" in why
     kept = BwrapBackend(log_dir=tmp_path / "a")
     assert kept._no_deny == why  # every egress start is refused with it
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("egress:")]
+    assert len(said) == 1 and "libnftables-missing" in said[0]  # at start, in the log
+    caplog.clear()
     none = BwrapBackend(log_dir=tmp_path / "b", egress_deny=())
     assert none._no_deny is None
+    assert not [r for r in caplog.records if r.getMessage().startswith("egress:")]
 
 
 @pytest.mark.parametrize(

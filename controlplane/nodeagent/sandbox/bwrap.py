@@ -192,6 +192,9 @@ class BwrapBackend(ProcessBackend):
         self._deny = egressdeny.parse(egressdeny.DEFAULT) if egress_deny is None else egress_deny
         # (a dlopen: checked once, where the list is not empty)
         self._no_deny = egressdeny.unusable() if self._deny else None
+        why = (egress.unusable(self._slirp) or self._no_deny) if allow_egress else None
+        if why is not None:  # said at start, not first at a tenant's cold start
+            log.warning("egress: instances whose spec sets it will be refused here: %s", why)
         self._block: int | None = None
         self._egress: dict[str, egress.Egress] = {}
         self._resolv = self.log_dir / "egress-resolv.conf"
