@@ -66,6 +66,8 @@ class View:
     approx_hits: Mapping[str, int]
     max_queue: int = 0
     min_queue: int = 0
+    #: the mean kv term of the candidates that report KV use (0.5: none does)
+    kv_known: float = 0.5
 
 
 #: A term scores one candidate in [0, 1], higher is better.
@@ -94,12 +96,20 @@ def queue_term(c: Candidate, v: View) -> float:
     return (v.max_queue - c.queue) / (v.max_queue - v.min_queue)
 
 
+def _kv_free(c: Candidate) -> float | None:
+    if c.load is None or c.load.sample.kv_usage is None:
+        return None
+    return 1.0 - c.load.sample.kv_usage
+
+
 @register("kv")
 def kv_term(c: Candidate, v: View) -> float:
-    """Free KV cache (1 - use); an instance without the signal scores 0.5."""
-    if c.load is None or c.load.sample.kv_usage is None:
-        return 0.5
-    return 1.0 - c.load.sample.kv_usage
+    """Free KV cache (1 - use). An instance without the signal (not scraped
+    yet, or its scrape late) scores the mean of those with it: neither
+    preferred nor avoided for what is not known (a fixed 0.5 sent new
+    prompts away from a just-started, empty instance to half-empty ones)."""
+    free = _kv_free(c)
+    return v.kv_known if free is None else free
 
 
 def _deepest(blocks: tuple[str, ...], held: frozenset[str]) -> int:
@@ -199,7 +209,9 @@ class ScoredPicker:
             raise ValueError("no instance to pick from")
         now = self.clock()
         queues = [c.queue for c in candidates]
-        view = View(ask, candidates, self._approx(ask, now), max(queues), min(queues))
+        known = [f for f in map(_kv_free, candidates) if f is not None]
+        kv_known = sum(known) / len(known) if known else 0.5
+        view = View(ask, candidates, self._approx(ask, now), max(queues), min(queues), kv_known)
         held = self._held
         best = max(
             range(len(candidates)),

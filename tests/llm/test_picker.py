@@ -12,7 +12,9 @@ from controlplane.runtime.llmpicker import (
     LeastRequest,
     RoundRobin,
     ScoredPicker,
+    View,
     check_weights,
+    kv_term,
     make,
 )
 from controlplane.runtime.llmsignals import Load, Sample
@@ -30,6 +32,21 @@ def test_queue_term_prefers_the_shorter_queue() -> None:
 def test_kv_term_prefers_free_cache() -> None:
     p = ScoredPicker({"kv": 1.0})
     assert p.pick([cand("a", kv_usage=0.9), cand("b", kv_usage=0.2)], Ask()) == "b"
+
+
+def test_an_instance_without_the_kv_signal_scores_the_mean_of_the_others() -> None:
+    unknown = Candidate("new", 0, None)  # not scraped yet
+    # Three idle instances, one not scraped yet: a second new prompt goes
+    # to it, as to any instance sent nothing (a fixed 0.5 sent it to "z").
+    spread = ScoredPicker()
+    fleet = [cand("x", kv_usage=0.02), unknown, cand("z", kv_usage=0.02)]
+    assert spread.pick(fleet, Ask(("p",))) == "x"  # all equal: the first
+    assert spread.pick(fleet, Ask(("q",))) == "new"  # equal: fewest blocks sent
+    # The mean of those that report it: not below a little use, nor above.
+    p = ScoredPicker({"kv": 1.0})
+    assert p.pick([cand("a", kv_usage=0.1), unknown, cand("b", kv_usage=0.3)], Ask()) == "a"
+    view = View(Ask(), [], {}, kv_known=0.8)
+    assert kv_term(unknown, view) == 0.8 and kv_term(cand("a", kv_usage=0.1), view) == 0.9
 
 
 def test_approximate_prefix_follows_where_blocks_were_sent() -> None:
