@@ -3,27 +3,13 @@ clients on both paths, leaves no process behind, and refuses a bad argument
 by name. Never how fast anything is."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from controlplane.bench import relayfloor
-
-
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(p))
-        except OSError:
-            continue  # gone meanwhile
-    return out
+from tests.nodeagent.conftest import child_pids
 
 
 def test_a_short_run_reports_both_clients_on_both_paths() -> None:
@@ -56,10 +42,10 @@ def test_a_short_run_reports_both_clients_on_both_paths() -> None:
 
 def test_run_leaves_no_process_behind() -> None:
     # (this worker may hold children of other tests: only new ones count)
-    before = set(_children_of(os.getpid()))
+    before = child_pids()
     got = relayfloor.run(50, 1, ("raw",))
     assert set(got) == {"requests", "rounds", "raw"}
-    assert set(_children_of(os.getpid())) - before == set()
+    assert child_pids() - before == set()
 
 
 @pytest.mark.parametrize(

@@ -10,24 +10,16 @@ import sys
 import pytest
 
 from controlplane.bench import wakeups
+from tests.nodeagent.conftest import child_pids
 
 
 def test_round_trips_report_time_and_cpu_and_reap_the_child() -> None:
-    before = {p for p in os.listdir("/proc") if p.isdigit()}
+    before = child_pids()
     cpus = os.sched_getaffinity(0)
     first = min(cpus)
     got = wakeups.round_trips("tcp", (first, first), 200, 100)
     assert got["round_trip_us"] > 0 and got["cpu_us"] >= 0
-    children = [p for p in os.listdir("/proc") if p.isdigit() and p not in before]
-    left = []
-    for p in children:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                    left.append(p)
-        except OSError:
-            continue  # gone meanwhile
-    assert left == []
+    assert child_pids() - before == set()
     assert os.sched_getaffinity(0) == cpus  # this process's placement is given back
 
 

@@ -27,7 +27,7 @@ from controlplane.nodeagent.sandbox.uidpool import UidPool
 from controlplane.runtime.errors import Unavailable
 from tests.netns import Hosts, require_netns
 
-from .conftest import cgroups_or_skip, http, no_groups_left, py_spec
+from .conftest import cgroups_or_skip, child_pids, http, no_groups_left, py_spec
 from .egress_probe import DNS_QUERY, PROBE, greeter, require_slirp
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -130,14 +130,13 @@ def _cgroup(pid: int) -> str:
 def _stacks() -> set[int]:
     """pids of this process's slirp4netns children."""
     out = set()
-    for pid in os.listdir("/proc"):
+    for pid in child_pids():
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "slirp4netns":
+                    out.add(pid)
         except OSError:
-            continue
-        if "(slirp4netns)" in stat and int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
-            out.add(int(pid))
+            continue  # gone meanwhile
     return out
 
 
