@@ -129,7 +129,7 @@ def _threads_cpu_ns(pids: list[int]) -> dict[tuple[int, int], int]:
     return out
 
 
-def _process_cpu_ns(pid: int) -> int:
+def process_cpu_ns(pid: int) -> int:
     """CPU time (ns) so far of a whole process, threads that ended included
     (/proc/PID/stat, in clock ticks)."""
     try:
@@ -148,7 +148,7 @@ class _Cpu:
 
     @classmethod
     def now(cls, pids: list[int]) -> _Cpu:
-        return cls(_threads_cpu_ns(pids), {p: _process_cpu_ns(p) for p in pids})
+        return cls(_threads_cpu_ns(pids), {p: process_cpu_ns(p) for p in pids})
 
     def since(self, before: _Cpu) -> int:
         """CPU (ns) used between before and this reading. Per thread, so

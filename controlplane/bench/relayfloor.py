@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from controlplane.launch.etcd import free_port
+
 ECHO = Path(__file__).resolve().parents[2] / "examples" / "echo_server.py"
 REQUEST = b"POST /relayfloor HTTP/1.1\r\nHost: bench\r\nContent-Length: 5\r\n\r\nhello"
 #: Requests per round before timing starts (connections and caches warm).
@@ -48,7 +50,7 @@ def _serve_door(upstream_port: int) -> None:
 
     async def main() -> None:
         door = Door("relayfloor", upstream_port, None, dial)
-        port = _free_port()
+        port = free_port()
         await door.open("127.0.0.1", port)
         print(json.dumps({"port": port}), flush=True)
         # The parent's end of stdin is the lifeline: its close ends the door.
@@ -111,18 +113,6 @@ async def _aiohttp(port: int, n: int) -> float:
         return (time.perf_counter() - t0) / n * 1e6
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ready(port: int, proc: subprocess.Popen[bytes], within_s: float = 15.0) -> None:
     """Wait until the echo answers on port (it prints nothing when ready)."""
     deadline = time.monotonic() + within_s
@@ -139,10 +129,11 @@ def _ready(port: int, proc: subprocess.Popen[bytes], within_s: float = 15.0) -> 
 
 def run(requests: int, rounds: int, clients: tuple[str, ...] = CLIENTS) -> dict[str, object]:
     """The measurement (see the module docstring)."""
+    from controlplane.bench.gateway import process_cpu_ns
     from controlplane.runtime.host import install_uvloop
 
     install_uvloop()  # the aiohttp client's loop, as in the gateway
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port)}
     echo = subprocess.Popen([sys.executable, str(ECHO)], env=env, stdin=subprocess.DEVNULL)
     door: subprocess.Popen[bytes] | None = None
@@ -166,10 +157,10 @@ def run(requests: int, rounds: int, clients: tuple[str, ...] = CLIENTS) -> dict[
                 order = ("direct", "door") if r % 2 == 0 else ("door", "direct")
                 for path in order:
                     p = port if path == "direct" else door_port
-                    before = _cpu_s(door.pid)
+                    before = process_cpu_ns(door.pid)
                     us = _raw(p, requests) if kind == "raw" else asyncio.run(_aiohttp(p, requests))
                     if path == "door":
-                        cpu += _cpu_s(door.pid) - before
+                        cpu += (process_cpu_ns(door.pid) - before) / 1e9
                     times[path].append(us)
             direct, through = statistics.median(times["direct"]), statistics.median(times["door"])
             out[kind] = {
