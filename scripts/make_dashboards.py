@@ -44,6 +44,10 @@ CONTROL_PLANE = [
          [("galaxy:gateway_request_seconds:p99_5m", "{{route}}")]),
         ("gRPC calls/s by kind", "reqps",
          [("sum by (kind) (galaxy:rpc_requests:rate5m)", "{{kind}}")]),
+        ("Instance doors: refusals/s by reason", "reqps",
+         [("galaxy:entry_refused:rate5m", "{{reason}}")]),
+        ("Instance doors: open connections by node agent", "short",
+         [("sum by (instance) (galaxy_entry_open_connections)", "{{instance}}")]),
     ]),
     ("Scale-up path", [
         ("Cold starts/s", "ops", [("galaxy:cold_starts:rate5m", "cold starts")]),

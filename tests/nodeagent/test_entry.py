@@ -13,11 +13,13 @@ import subprocess
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
-from controlplane.nodeagent.entry import netns
+from controlplane.nodeagent.entry import door, netns
 from controlplane.nodeagent.sandbox import BwrapBackend
 from controlplane.nodeagent.sandbox.uidpool import UidPool
 from controlplane.runtime.leasetoken import SKEW_MS, LeaseKey
+from tests.cluster import eventually
 
 from .conftest import echo_spec
 
@@ -39,6 +41,20 @@ def node_address() -> str:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def metrics() -> dict[str, float]:
+    """The doors' counters and gauge, as this process exports them."""
+    v = REGISTRY.get_sample_value
+    out = {r: v("galaxy_entry_refused_total", {"reason": r}) or 0.0 for r in door.REFUSALS}
+    out["connections"] = v("galaxy_entry_connections_total") or 0.0
+    out["open"] = v("galaxy_entry_open_connections") or 0.0
+    return out
+
+
+def added(before: dict[str, float]) -> dict[str, float]:
+    """What changed since before (only what did)."""
+    return {k: v - before[k] for k, v in metrics().items() if v != before[k]}
 
 
 @pytest.fixture(params=["setns", "factory"])
@@ -94,6 +110,31 @@ async def test_only_a_lease_for_this_instance_opens_it(entry):
     assert code == 200 and json.loads(body)["echo"] == "hello", body
 
 
+async def test_refusals_are_counted_by_reason(entry):
+    key, a, _ = entry
+    live = now_ms() + 60_000
+    before = metrics()
+    assert (await curl(a.address))[0] == 401
+    assert (await curl(a.address, "Galaxy-Lease: not-a-token"))[0] == 401
+    assert (
+        await curl(a.address, f"Galaxy-Lease: {key.sign('inst-a', now_ms() - SKEW_MS - 1_000)}")
+    )[0] == 401
+    assert (await curl(a.address, f"Galaxy-Lease: {key.sign('inst-b', live)}"))[0] == 403
+    assert (await curl(a.address, f"Galaxy-Lease: {key.sign('inst-a', live)}"))[0] == 200
+    host, port = a.address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+    assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 400")
+    writer.close()
+    # Every connection closed by now on the caller's side; the door's own
+    # close may follow by a loop turn.
+    await eventually(lambda: metrics()["open"] == before["open"], what="connections closed")
+    assert added(before) == {
+        "missing": 1, "malformed": 1, "expired": 1, "forged": 1, "bad_request": 1,
+        "connections": 6,
+    }  # fmt: skip
+
+
 def _request(token: str) -> bytes:
     return (
         f"POST /echo HTTP/1.1\r\nHost: x\r\nGalaxy-Lease: {token}\r\nContent-Length: 2\r\n\r\nhi"
@@ -104,11 +145,13 @@ async def test_every_request_on_a_kept_connection_is_checked(entry):
     """A connection opened with a good lease does not carry a bad one in."""
     key, a, _ = entry
     host, port = a.address.rsplit(":", 1)
+    before = metrics()
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         writer.write(_request(key.sign("inst-a", now_ms() + 60_000)))
         first = await asyncio.wait_for(reader.readuntil(b"}"), 5)
         assert first.startswith(b"HTTP/1.1 200") or first.startswith(b"HTTP/1.0 200"), first
+        assert added(before) == {"connections": 1, "open": 1}
         writer.write(_request(key.sign("inst-b", now_ms() + 60_000)))
         second = await asyncio.wait_for(reader.read(), 5)
         assert second.startswith(b"HTTP/1.1 403"), second
@@ -131,3 +174,24 @@ async def test_the_instance_does_not_listen_on_the_node(entry):
     await a.entry.close()  # the door alone closes the way in
     with pytest.raises(OSError):
         socket.create_connection((a.host, a.port), timeout=2).close()
+
+
+async def test_connections_the_caller_ends_are_closed_at_the_door(entry):
+    """A caller's close (curl's, after its answer) and a caller that ends
+    its side right after its request (it still gets the whole answer) leave
+    nothing open at the door: both directions ended, both sockets close."""
+    key, a, _ = entry
+    live = now_ms() + 60_000
+    for _ in range(3):
+        assert (await curl(a.address, f"Galaxy-Lease: {key.sign('inst-a', live)}"))[0] == 200
+    host, port = a.address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    # Request and end at once: the end may come before the door has its
+    # connection into the instance; it goes on after the request.
+    writer.write(_request(key.sign("inst-a", live)))
+    writer.write_eof()
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.") and b" 200 " in answer.split(b"\r\n")[0], answer
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["echo"] == "hi"
+    await eventually(lambda: not a.entry.clients, what="the door's connections closed")

@@ -12,6 +12,9 @@ but never rewrites them, and does not parse answers. After a protocol
 upgrade (WebSocket) the rest of the connection is raw bytes, its opening
 request having been checked.
 
+Metrics (the agent's ``/metrics``): connections accepted and open, and the
+requests refused by reason (``REFUSED``), over every door of the agent.
+
 Extension points (docs/security.md, "The node's entry"): ``_Client.
 on_headers_complete`` sees every admitted request of an instance (per-
 instance concurrency, load signals, batching would hook there), and
@@ -29,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 
 import httptools  # type: ignore[import-not-found,unused-ignore]
+from prometheus_client import Counter, Gauge
 
 from controlplane.nodeagent.entry.admission import Admission
 from controlplane.runtime.leasetoken import LeaseKey, Verdict
@@ -41,6 +45,21 @@ Dial = Callable[[], Awaitable[socket.socket]]
 _LEASE = b"galaxy-lease"
 _LEASE_LEN = len(_LEASE)
 _REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway"}
+
+CONNECTIONS = Counter(
+    "galaxy_entry_connections_total", "Connections callers opened to instances' doors"
+)
+OPEN = Gauge("galaxy_entry_open_connections", "Connections open at instances' doors")
+#: Why a door refuses a request: a lease verdict's name (401/403), not an
+#: HTTP/1.1 request (400), the instance not accepting the connection (502).
+REFUSALS = (*(v.name.lower() for v in Verdict if v is not Verdict.OK), "bad_request", "unreachable")
+REFUSED = Counter(
+    "galaxy_entry_refused_total",
+    "Requests instances' doors refused (nothing of them reached the instance), by reason",
+    ["reason"],
+)
+for _reason in REFUSALS:
+    REFUSED.labels(_reason)  # every reason's series from the start, at 0
 
 
 def _answer(status: int, message: str) -> bytes:
@@ -65,6 +84,7 @@ class _Upstream(asyncio.Protocol):
     def eof_received(self) -> bool:
         if self.client.transport.can_write_eof():
             self.client.transport.write_eof()
+        self.client.half_closed()
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -92,11 +112,17 @@ class _Client(asyncio.Protocol):
         self.up: asyncio.Transport | None = None
         self.pending: list[bytes] | None = None  # while connecting upstream
         self.connecting: asyncio.Task[None] | None = None
+        #: the caller ended its side while the instance was being connected
+        self.eof_pending = False
+        #: directions ended (the caller's, the instance's): at 2, both close
+        self.ended = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports have Transport's methods, not its class.
         self.transport = cast(asyncio.Transport, transport)
         self.door.clients.add(self)
+        CONNECTIONS.inc()
+        OPEN.inc()
 
     # httptools callbacks, called during feed_data (no on_message_begin:
     # each callback is a Python call per request).
@@ -119,11 +145,11 @@ class _Client(asyncio.Protocol):
             except httptools.HttpParserUpgrade:
                 self.raw = True  # the upgrading request's headers were checked
             except httptools.HttpParserError:
-                self._refuse(400, "not an HTTP/1.1 request")
+                self._refuse(400, "not an HTTP/1.1 request", "bad_request")
                 return
             if self.refused is not None:
                 # Nothing of a connection that shows a bad token goes on.
-                self._refuse(self.refused.status, self.refused.value)
+                self._refuse(self.refused.status, self.refused.value, self.refused.name.lower())
                 return
         if self.up is not None:
             self.up.write(data)
@@ -145,7 +171,9 @@ class _Client(asyncio.Protocol):
                 raise
         except OSError as e:
             log.info("entry: instance %s unreachable: %s", self.door.instance_id, e)
-            self._refuse(502, f"instance {self.door.instance_id} is not accepting connections")
+            self._refuse(
+                502, f"instance {self.door.instance_id} is not accepting connections", "unreachable"
+            )
             return
         if self.transport.is_closing():
             up.close()
@@ -155,9 +183,13 @@ class _Client(asyncio.Protocol):
             # What came while connecting, in one write.
             self.up.write(b"".join(self.pending))
         self.pending = None
+        if self.eof_pending:
+            self.up.write_eof()
+            self.half_closed()
 
-    def _refuse(self, status: int, message: str) -> None:
+    def _refuse(self, status: int, message: str, reason: str) -> None:
         if not self.transport.is_closing():
+            REFUSED.labels(reason).inc()
             self.transport.write(_answer(status, message))
             self.transport.close()
         if self.up is not None:
@@ -166,11 +198,26 @@ class _Client(asyncio.Protocol):
     def eof_received(self) -> bool:
         if self.up is not None and self.up.can_write_eof():
             self.up.write_eof()
+            self.half_closed()
             return True  # half-close: the answer may still come
+        if self.connecting is not None and not self.connecting.done():
+            self.eof_pending = True  # passed on after what came before it
+            return True
         return False
+
+    def half_closed(self) -> None:
+        """One direction has ended (its end passed on). Once both have, nothing
+        more can flow: close both, each after writing what it holds (without
+        this, a half-closed pair would stay open until the door closes)."""
+        self.ended += 1
+        if self.ended == 2:
+            self.transport.close()
+            if self.up is not None:
+                self.up.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.door.clients.discard(self)
+        OPEN.dec()
         if self.up is not None:
             self.up.close()
         if self.connecting is not None and not self.connecting.done():
