@@ -8,6 +8,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, field_validator
 
+from controlplane.nodeagent.entry import limits
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS
 from controlplane.nodeagent.sandbox import BACKENDS, DEFAULT_STARTUP_TIMEOUT_MS, egressdeny
 from controlplane.nodeagent.sandbox.cgroups import DEFAULT_MAX_PIDS
@@ -74,6 +75,22 @@ class NodeAgentConfig(Config):
         "IPv4 and AWS's IPv6 metadata address: clouds' metadata services, which hand "
         "out the node's credentials (docs/security.md, Egress)",
         metavar="CIDR[,CIDR]",
+        group=GROUP,
+    )
+    entry_max_connections: int = setting(
+        limits.MAX_CONNECTIONS,
+        "bwrap sandbox: connections open at once across the instances' doors; more get "
+        "a 503 and are closed (each holds two file descriptors: raise `ulimit -n` to match)",
+        ge=1,
+        le=1_000_000,
+        group=GROUP,
+    )
+    entry_head_timeout_s: float = setting(
+        limits.HEAD_S,
+        "bwrap sandbox: a connection to an instance's door must show a request with a "
+        "valid lease within this (408 and closed otherwise)",
+        gt=0,
+        le=3600,
         group=GROUP,
     )
     # 2.5 s: an orphan (two unknown checks in a row) lives at most ~5 s.

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.nodeagent.config import NodeAgentConfig
+from controlplane.nodeagent.entry.limits import EntryLimits, raise_fd_limit
 from controlplane.nodeagent.modelcache import ModelCache, Tier
 from controlplane.nodeagent.orphans import OrphanReaper
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS, Registrar
@@ -140,6 +141,7 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
                 "lease_key": leasetoken.from_args(args),
                 "allow_egress": cfg.instance_egress,
                 "egress_deny": egressdeny.parse(cfg.instance_egress_deny),
+                "entry_limits": EntryLimits(cfg.entry_max_connections, cfg.entry_head_timeout_s),
             }
         backend = make_sandbox_backend(
             cfg.sandbox,
@@ -160,6 +162,11 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
         max_launching=cfg.max_launching,
     )
     QUEUE_LIMIT.labels("galaxy_nodeagent_pending_creates").set(cfg.max_starting)
+    if cfg.sandbox == "bwrap":
+        QUEUE_LIMIT.labels("galaxy_entry_open_connections").set(cfg.entry_max_connections)
+        short = raise_fd_limit(cfg.entry_max_connections)
+        if short is not None:
+            log.warning("node entry: %s", short)
     return NodeAgentComponent(
         servicer, heartbeat_interval_ms=cfg.heartbeat_ms, orphan_check_s=cfg.orphan_check_s
     )

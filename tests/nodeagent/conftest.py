@@ -8,6 +8,7 @@ process the code under test forgot is found even if nothing tracks it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
@@ -95,6 +96,29 @@ def echo_spec(name: str = "echo", **kw) -> common_pb2.FunctionSpec:
 def py_spec(code: str, name: str = "py", **kw) -> common_pb2.FunctionSpec:
     """A function whose instance runs `python -c code`."""
     return common_pb2.FunctionSpec(name=name, command=[sys.executable, "-c", code], **kw)
+
+
+@contextlib.asynccontextmanager
+async def stand_in(on_request: Callable[[], None] = lambda: None) -> AsyncIterator[int]:
+    """An aiohttp server on 127.0.0.1 that stands for an instance behind a
+    door (``POST /echo`` answers the body; on_request is called for each);
+    yields its port."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        on_request()
+        return web.Response(text=await request.text())
+
+    app = web.Application()
+    app.router.add_post("/echo", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
 
 
 async def host_dial() -> socket.socket:

@@ -12,12 +12,11 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
 
 from controlplane.nodeagent.entry.door import Door
 from controlplane.runtime.leasetoken import SKEW_MS, LeaseKey
 
-from .conftest import host_dial
+from .conftest import host_dial, stand_in
 
 NOW = 1_800_000_000_000
 END = NOW + 60_000
@@ -43,23 +42,15 @@ async def entry() -> AsyncIterator[Entry]:
     key = LeaseKey(os.urandom(32))
     box: list[Entry] = []
 
-    async def handle(request: web.Request) -> web.Response:
+    def seen() -> None:
         box[0].seen += 1
-        return web.Response(text=await request.text())
 
-    app = web.Application()
-    app.router.add_post("/echo", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    door = Door("inst-a", port, key, host_dial, clock_ms=lambda: box[0].now)
-    box.append(Entry(key, door))
-    await door.open("127.0.0.1", 0)
-    yield box[0]
-    await door.close()
-    await runner.cleanup()
+    async with stand_in(seen) as port:
+        door = Door("inst-a", port, key, host_dial, clock_ms=lambda: box[0].now)
+        box.append(Entry(key, door))
+        await door.open("127.0.0.1", 0)
+        yield box[0]
+        await door.close()
 
 
 def _request(token: str, body: str = "hi") -> bytes:

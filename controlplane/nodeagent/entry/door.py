@@ -12,6 +12,11 @@ but never rewrites them, and does not parse answers. After a protocol
 upgrade (WebSocket) the rest of the connection is raw bytes, its opening
 request having been checked.
 
+Bounds (``EntryLimits``, shared by every door of an agent): connections
+open at once (beyond: 503 and closed), and the time a new connection has to
+show its first admitted request head (beyond: 408 and closed), so that
+callers without a lease cannot hold the agent's file descriptors.
+
 Metrics (the agent's ``/metrics``): connections accepted and open, and the
 requests refused by reason (``REFUSED``), over every door of the agent.
 
@@ -35,6 +40,9 @@ import httptools  # type: ignore[import-not-found,unused-ignore]
 from prometheus_client import Counter, Gauge
 
 from controlplane.nodeagent.entry.admission import Admission
+from controlplane.nodeagent.entry.limits import EntryLimits
+
+__all__ = ["CONNECTIONS", "OPEN", "REFUSALS", "REFUSED", "Dial", "Door", "EntryLimits"]
 from controlplane.runtime.leasetoken import LeaseKey, Verdict
 
 log = logging.getLogger(__name__)
@@ -44,15 +52,30 @@ Dial = Callable[[], Awaitable[socket.socket]]
 
 _LEASE = b"galaxy-lease"
 _LEASE_LEN = len(_LEASE)
-_REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway"}
+_REASONS = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    408: "Request Timeout",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+
 
 CONNECTIONS = Counter(
     "galaxy_entry_connections_total", "Connections callers opened to instances' doors"
 )
 OPEN = Gauge("galaxy_entry_open_connections", "Connections open at instances' doors")
 #: Why a door refuses a request: a lease verdict's name (401/403), not an
-#: HTTP/1.1 request (400), the instance not accepting the connection (502).
-REFUSALS = (*(v.name.lower() for v in Verdict if v is not Verdict.OK), "bad_request", "unreachable")
+#: HTTP/1.1 request (400), the instance not accepting the connection (502),
+#: no admitted head in time (408), the agent's doors full (503).
+REFUSALS = (
+    *(v.name.lower() for v in Verdict if v is not Verdict.OK),
+    "bad_request",
+    "unreachable",
+    "head_timeout",
+    "full",
+)
 REFUSED = Counter(
     "galaxy_entry_refused_total",
     "Requests instances' doors refused (nothing of them reached the instance), by reason",
@@ -65,6 +88,8 @@ for _reason in REFUSALS:
 def _answer(status: int, message: str) -> bytes:
     body = json.dumps({"error": message}).encode()
     auth = b'WWW-Authenticate: Galaxy-Lease realm="galaxy"\r\n' if status == 401 else b""
+    if status == 503:
+        auth = b"Retry-After: 1\r\n"
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n"
@@ -116,13 +141,30 @@ class _Client(asyncio.Protocol):
         self.eof_pending = False
         #: directions ended (the caller's, the instance's): at 2, both close
         self.ended = 0
+        #: closes the connection unless a request is admitted first
+        self.timer: asyncio.TimerHandle | None = None
+        #: refused at once: the agent's doors were full
+        self.over = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports have Transport's methods, not its class.
         self.transport = cast(asyncio.Transport, transport)
-        self.door.clients.add(self)
         CONNECTIONS.inc()
+        limits = self.door.limits
+        if limits.open >= limits.max_connections:
+            self.over = True
+            self._refuse(503, f"{limits.max_connections} connections open at this node", "full")
+            return
+        limits.open += 1
         OPEN.inc()
+        self.door.clients.add(self)
+        self.timer = asyncio.get_running_loop().call_later(limits.head_s, self._slow)
+
+    def _slow(self) -> None:
+        self.timer = None
+        self._refuse(
+            408, f"no admitted request within {self.door.limits.head_s:g}s", "head_timeout"
+        )
 
     # httptools callbacks, called during feed_data (no on_message_begin:
     # each callback is a Python call per request).
@@ -135,8 +177,12 @@ class _Client(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         verdict = self.admission.verdict(self.lease, self.door.clock_ms())
         self.lease = None  # the next request shows its own
-        if verdict is not Verdict.OK and self.refused is None:
-            self.refused = verdict
+        if verdict is not Verdict.OK:
+            if self.refused is None:
+                self.refused = verdict
+        elif self.timer is not None:
+            self.timer.cancel()  # admitted: the instance's server governs it now
+            self.timer = None
 
     def data_received(self, data: bytes) -> None:
         if not self.raw:
@@ -216,8 +262,13 @@ class _Client(asyncio.Protocol):
                 self.up.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.over:
+            return
         self.door.clients.discard(self)
+        self.door.limits.open -= 1
         OPEN.dec()
+        if self.timer is not None:
+            self.timer.cancel()
         if self.up is not None:
             self.up.close()
         if self.connecting is not None and not self.connecting.done():
@@ -240,7 +291,8 @@ class Door:
     dial: makes a socket in the instance's network namespace (``netns`` or
     ``sockclient``); the instance
     listens on its loopback at port. on_close: called once closed (lets go of
-    the namespace). clock_ms: wall clock, milliseconds.
+    the namespace). clock_ms: wall clock, milliseconds. limits: the
+    agent's ``EntryLimits``, shared by its doors (default: this door's own).
     """
 
     def __init__(
@@ -251,8 +303,10 @@ class Door:
         dial: Dial,
         on_close: Callable[[], None] = lambda: None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        limits: EntryLimits | None = None,
     ) -> None:
         self.instance_id = instance_id
+        self.limits = EntryLimits() if limits is None else limits
         self.port = port
         self.key = key
         self.dial = dial

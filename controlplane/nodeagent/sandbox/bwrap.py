@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.nodeagent.entry import kvrelay, netns, sockfactory
-from controlplane.nodeagent.entry.door import Door
+from controlplane.nodeagent.entry.door import Door, EntryLimits
 from controlplane.nodeagent.entry.kvroute import KvRoutes, Member
 from controlplane.nodeagent.entry.sockclient import FactoryDialer
 from controlplane.nodeagent.sandbox import egress, egressdeny, seccomp
@@ -140,7 +140,8 @@ class BwrapBackend(ProcessBackend):
     for a root agent). allow_egress: whether an instance whose spec asks for an
     outbound network gets one (``sandbox/egress.py``; False refuses such
     starts); egress_deny: the networks such an instance may not reach
-    (``egressdeny.parse``; default ``egressdeny.DEFAULT``). Other options are ``ProcessBackend``'s.
+    (``egressdeny.parse``; default ``egressdeny.DEFAULT``). entry_limits: the
+    bounds every instance's door shares. Other options are ``ProcessBackend``'s.
     """
 
     kind = "bwrap"
@@ -152,6 +153,7 @@ class BwrapBackend(ProcessBackend):
         entry: str | None = None,
         allow_egress: bool = True,
         egress_deny: tuple[str, ...] | None = None,
+        entry_limits: EntryLimits | None = None,
         **opts: Any,
     ) -> None:
         bwrap = shutil.which("bwrap")
@@ -190,6 +192,7 @@ class BwrapBackend(ProcessBackend):
         self._slirp = egress.find()
         self._egress_on = allow_egress
         self._deny = egressdeny.parse(egressdeny.DEFAULT) if egress_deny is None else egress_deny
+        self.entry_limits = EntryLimits() if entry_limits is None else entry_limits
         # (a dlopen: checked once, where the list is not empty)
         self._no_deny = egressdeny.unusable() if self._deny else None
         why = (egress.unusable(self._slirp) or self._no_deny) if allow_egress else None
@@ -428,7 +431,9 @@ class BwrapBackend(ProcessBackend):
                 return
             dialer = netns.NetnsDialer(pid)
         sb.dial = dialer.socket if isinstance(dialer, FactoryDialer) else dialer.dial
-        sb.entry = Door(sb.instance_id, sb.port, self.lease_key, sb.dial, dialer.close)
+        sb.entry = Door(
+            sb.instance_id, sb.port, self.lease_key, sb.dial, dialer.close, limits=self.entry_limits
+        )
         member = self._kv_members.pop(sb.instance_id, None)
         if member is not None and sb.private_dir is not None:
             unix = dialer.unix_socket if isinstance(dialer, netns.NetnsDialer) else None
