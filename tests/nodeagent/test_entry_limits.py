@@ -117,3 +117,80 @@ async def test_connections_past_the_agents_bound_get_a_503_at_once(doors: Doors)
     again_w.close()
     second[1].close()
     await eventually(lambda: doors.limits.open == 0, what="every connection closed")
+
+
+@dataclass
+class Counted:
+    """A plain TCP server for the door to reach: counts its connections and
+    answers each complete request head with 200."""
+
+    port: int = 0
+    connections: int = 0
+
+
+@pytest.fixture
+async def counted() -> AsyncIterator[tuple[Counted, Door, LeaseKey]]:
+    got = Counted()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (int(x.split(b":")[1]) for x in head.split(b"\r\n") if b"length" in x.lower()),
+                    0,
+                )
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    got.port = server.sockets[0].getsockname()[1]
+    key = LeaseKey(os.urandom(32))
+    door = Door("inst-0", got.port, key, host_dial)
+    await door.open(node_address(), 0)
+    yield got, door, key
+    await door.close()
+    server.close()
+    await server.wait_closed()
+
+
+async def test_nothing_reaches_the_instance_before_a_first_request_is_admitted(
+    counted: tuple[Counted, Door, LeaseKey],
+) -> None:
+    got, door, key = counted
+    doors = Doors(key, door.limits, [door])
+    # A head in three reads, its lease forged: no connection into the instance.
+    reader, writer = await doors.connect()
+    forged = key.sign("inst-0", now_ms() + 60_000)[:-4] + "AAAA"
+    head = [b"POST /echo HTTP/1.1\r\n", b"Host: x\r\n", f"Galaxy-Lease: {forged}\r\n\r\n"]
+    sent = 0
+    for part in head[:2]:
+        writer.write(part)
+        sent += len(part)
+        # Each part read on its own, and held (not sent into the instance).
+        await eventually(
+            lambda n=sent: sum(c.early_bytes for c in door.clients) == n, what=f"{sent} held"
+        )
+    writer.write(head[2].encode())
+    assert (await status_of(reader))[0] == 403
+    writer.close()
+    # A head too long to be a request's, before any admitted request: 431.
+    reader, writer = await doors.connect()
+    writer.write(b"POST /echo HTTP/1.1\r\nX-Filler: " + b"a" * (70 * 1024))
+    assert (await status_of(reader))[0] == 431
+    writer.close()
+    # The same head in pieces with a good lease goes through whole, once.
+    reader, writer = await doors.connect()
+    good = doors.request()
+    for i in range(0, len(good), 16):
+        writer.write(good[i : i + 16])
+        await writer.drain()
+    assert (await status_of(reader))[0] == 200
+    writer.close()
+    # The accepts queue in order: had either refused connection reached the
+    # instance, it would be counted before the admitted one.
+    await eventually(lambda: got.connections >= 1, what="the admitted connection")
+    assert got.connections == 1

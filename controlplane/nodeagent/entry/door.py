@@ -4,8 +4,13 @@ Every HTTP/1.1 request arriving on it must carry a ``Galaxy-Lease`` token
 Dispatch signed for this instance (``controlplane.runtime.leasetoken``); a
 request without one, with a forged, expired or another instance's token gets
 401 or 403 with the reason and the connection is closed, and nothing of it
-reaches the instance. An accepted connection is connected into the
-instance's network namespace and its bytes flow both ways unchanged: the
+reaches the instance as a whole request. Until a connection's first
+request is admitted, nothing of it reaches the instance at all, not even a
+connection (a first head split across reads is held until whole, at most
+``MAX_HEAD_BYTES``); on a kept connection, the first bytes of a later head
+that arrives split go on before the rest shows its token, and the
+connection is cut if it is refused. An admitted connection is connected
+into the instance's network namespace and its bytes flow both ways unchanged: the
 door parses requests (to check each one's header; on a kept connection a
 token already admitted costs no new HMAC until its lease ends, ``admission``)
 but never rewrites them, and does not parse answers. After a protocol
@@ -52,11 +57,14 @@ Dial = Callable[[], Awaitable[socket.socket]]
 
 _LEASE = b"galaxy-lease"
 _LEASE_LEN = len(_LEASE)
+#: Bytes a connection may send before its first request is admitted.
+MAX_HEAD_BYTES = 64 * 1024
 _REASONS = {
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
     408: "Request Timeout",
+    431: "Request Header Fields Too Large",
     502: "Bad Gateway",
     503: "Service Unavailable",
 }
@@ -68,12 +76,14 @@ CONNECTIONS = Counter(
 OPEN = Gauge("galaxy_entry_open_connections", "Connections open at instances' doors")
 #: Why a door refuses a request: a lease verdict's name (401/403), not an
 #: HTTP/1.1 request (400), the instance not accepting the connection (502),
-#: no admitted head in time (408), the agent's doors full (503).
+#: no admitted head in time (408), a first head too long (431), the agent's
+#: doors full (503).
 REFUSALS = (
     *(v.name.lower() for v in Verdict if v is not Verdict.OK),
     "bad_request",
     "unreachable",
     "head_timeout",
+    "head_too_large",
     "full",
 )
 REFUSED = Counter(
@@ -145,6 +155,10 @@ class _Client(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         #: refused at once: the agent's doors were full
         self.over = False
+        #: what came before the first admitted request (None: one was)
+        self.early: list[bytes] | None = []
+        self.early_bytes = 0
+        self.admitted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports have Transport's methods, not its class.
@@ -183,6 +197,7 @@ class _Client(asyncio.Protocol):
         elif self.timer is not None:
             self.timer.cancel()  # admitted: the instance's server governs it now
             self.timer = None
+            self.admitted = True
 
     def data_received(self, data: bytes) -> None:
         if not self.raw:
@@ -197,6 +212,19 @@ class _Client(asyncio.Protocol):
                 # Nothing of a connection that shows a bad token goes on.
                 self._refuse(self.refused.status, self.refused.value, self.refused.name.lower())
                 return
+        if self.early is not None:
+            # Nothing reaches the instance (not even a connection) before the
+            # connection's first request is admitted: a head split across
+            # reads is held until it is whole.
+            if not self.admitted:
+                self.early.append(data)
+                self.early_bytes += len(data)
+                if self.early_bytes > MAX_HEAD_BYTES:
+                    self._refuse(431, f"a head over {MAX_HEAD_BYTES} bytes", "head_too_large")
+                return
+            if self.early:
+                data = b"".join((*self.early, data))
+            self.early = None
         if self.up is not None:
             self.up.write(data)
         elif self.pending is not None:
