@@ -38,11 +38,14 @@ class GatewayProc:
         return self.log.read_text(errors="replace")
 
 
-def _most_files() -> None:
+def _most_files(pid: int) -> None:
     """Let the gateway open as many files as the hard limit allows (the
-    slow-client measurement holds tens of thousands of connections)."""
+    slow-client measurement holds tens of thousands of connections). Set
+    on the started child, not in a ``preexec_fn``: with gRPC channels open
+    in this process, grpcio 1.80+ can crash the forked child before its
+    exec (grpc/grpc#43055, "epoll_wait error: Bad file descriptor")."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
 
 
 @contextmanager
@@ -54,8 +57,9 @@ def gateway_proc(tmp: Path, *flags: str, controller: str = "127.0.0.1:1") -> Ite
         proc = subprocess.Popen(
             [sys.executable, "-m", "controlplane.tools.cli", "serve", "gateway", "--insecure",
              "--controller", controller, "--listen", "127.0.0.1:0", *flags],
-            stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=_most_files,
+            stdout=subprocess.PIPE, stderr=err, text=True,
         )  # fmt: skip
+    _most_files(proc.pid)  # before it reads its first connection
     try:
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -319,8 +319,8 @@ class Door:
     dial: makes a socket in the instance's network namespace (``netns`` or
     ``sockclient``); the instance
     listens on its loopback at port. on_close: called once closed (lets go of
-    the namespace). clock_ms: wall clock, milliseconds. limits: the
-    agent's ``EntryLimits``, shared by its doors (default: this door's own).
+    the namespace). limits: the agent's ``EntryLimits``, shared by its doors
+    (default: this door's own). clock_ms: wall clock, milliseconds.
     """
 
     def __init__(
@@ -330,8 +330,8 @@ class Door:
         key: LeaseKey | None,
         dial: Dial,
         on_close: Callable[[], None] = lambda: None,
-        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         limits: EntryLimits | None = None,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.instance_id = instance_id
         self.limits = EntryLimits() if limits is None else limits

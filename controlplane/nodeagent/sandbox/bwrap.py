@@ -134,14 +134,14 @@ class BwrapBackend(ProcessBackend):
 
     uid_pool: where a root agent takes each instance's uid (default: a new
     ``UidPool``; ignored when ``user`` names a fixed user or the agent is not
-    root). lease_key: what the entry checks callers' leases with (None:
-    it admits every request). entry: how the entry reaches into an instance's
-    network namespace, ``setns`` (root only) or ``factory`` (default: setns
-    for a root agent). allow_egress: whether an instance whose spec asks for an
-    outbound network gets one (``sandbox/egress.py``; False refuses such
-    starts); egress_deny: the networks such an instance may not reach
-    (``egressdeny.parse``; default ``egressdeny.DEFAULT``). entry_limits: the
-    bounds every instance's door shares. Other options are ``ProcessBackend``'s.
+    root). lease_key: what the entry checks callers' leases with (None: it
+    admits every request); entry_limits: the bounds its doors share. entry:
+    how it reaches into an instance's network namespace, ``setns`` (root
+    only) or ``factory`` (default: setns for a root agent). allow_egress:
+    whether an instance whose spec asks for an outbound network gets one
+    (``sandbox/egress.py``; False refuses such starts); egress_deny: the
+    networks it may not reach (``egressdeny.parse``; default
+    ``egressdeny.DEFAULT``). Other options are ``ProcessBackend``'s.
     """
 
     kind = "bwrap"
@@ -192,7 +192,7 @@ class BwrapBackend(ProcessBackend):
         self._slirp = egress.find()
         self._egress_on = allow_egress
         self._deny = egressdeny.parse(egressdeny.DEFAULT) if egress_deny is None else egress_deny
-        self.entry_limits = EntryLimits() if entry_limits is None else entry_limits
+        self.limits = EntryLimits() if entry_limits is None else entry_limits
         # (a dlopen: checked once, where the list is not empty)
         self._no_deny = egressdeny.unusable() if self._deny else None
         why = (egress.unusable(self._slirp) or self._no_deny) if allow_egress else None
@@ -431,9 +431,7 @@ class BwrapBackend(ProcessBackend):
                 return
             dialer = netns.NetnsDialer(pid)
         sb.dial = dialer.socket if isinstance(dialer, FactoryDialer) else dialer.dial
-        sb.entry = Door(
-            sb.instance_id, sb.port, self.lease_key, sb.dial, dialer.close, limits=self.entry_limits
-        )
+        sb.entry = Door(sb.instance_id, sb.port, self.lease_key, sb.dial, dialer.close, self.limits)
         member = self._kv_members.pop(sb.instance_id, None)
         if member is not None and sb.private_dir is not None:
             unix = dialer.unix_socket if isinstance(dialer, netns.NetnsDialer) else None
