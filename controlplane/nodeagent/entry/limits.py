@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 #: Defaults of ``galaxy serve nodeagent --entry-max-connections`` and
 #: ``--entry-head-timeout-s``.
-MAX_CONNECTIONS = 10_000
+MAX_CONNECTIONS = 4096
 HEAD_S = 10.0
 #: Descriptors the agent needs besides its doors' (gRPC, logs, instances'
 #: pipes, cgroups, namespaces).
