@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow  # starts a process
 
 
 async def _wait_for(path: Path) -> None:
-    # The factory gives no signal when it listens but its socket file (as the
-    # agent's readiness probe finds it: by trying).
+    # The factory's socket file is its signal: it takes its name once the
+    # factory listens (a connect between bind and listen would be refused).
     for _ in range(500):
         if await asyncio.to_thread(path.exists):
             return

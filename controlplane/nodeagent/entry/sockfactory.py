@@ -13,8 +13,9 @@ asked once per batch of connections, not per request.
 
 Run as ``python3 -I -S sockfactory.py DIR`` (the socket is ``DIR/NAME``,
 bound by a relative name because a Unix socket's path is limited to 108
-bytes): standard library only, no site packages (it starts next to the
-function, so its start is kept small). It must end with the function: the
+bytes, and found under NAME only once it listens): standard library
+only, no site packages (it starts next to the function, so its start is
+kept small). It must end with the function: the
 sandbox starts it with a parent-death signal (``setpriv --pdeathsig``), as
 bubblewrap's init waits for every process of the sandbox.
 It serves one client at a time; what else could connect is the function
@@ -34,6 +35,7 @@ import sys
 MAX_BATCH = 64
 #: The socket's name in the instance's private directory.
 NAME = ".galaxy-entry.sock"
+_BINDING = NAME + ".binding"
 
 
 def serve(directory: str) -> None:
@@ -41,17 +43,20 @@ def serve(directory: str) -> None:
     if posix.getppid() == 1:
         return  # the function ended before the parent-death signal was set
     posix.chdir(directory)
-    try:
-        posix.unlink(NAME)  # a stale socket file of an earlier run
-    except FileNotFoundError:
-        pass
+    for stale in (NAME, _BINDING):  # socket files of an earlier run
+        try:
+            posix.unlink(stale)
+        except FileNotFoundError:
+            pass
     listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     old = posix.umask(0o177)  # the socket file is 0600 from its first moment
     try:
-        listener.bind(NAME)
+        listener.bind(_BINDING)
     finally:
         posix.umask(old)
     listener.listen(4)
+    # Under its name only once it listens: whoever finds NAME can connect.
+    posix.rename(_BINDING, NAME)
     while True:
         fd, _ = listener._accept()  # type: ignore[attr-defined]  # _socket: a raw fd
         conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, fd)
