@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import REGISTRY
 
-from controlplane.nodeagent.entry.door import Door, EntryLimits
+from controlplane.nodeagent.entry.door import Door
+from controlplane.nodeagent.entry.limits import EntryLimits
 from controlplane.runtime.leasetoken import LeaseKey
 from tests.cluster import eventually
 

@@ -46,8 +46,6 @@ from prometheus_client import Counter, Gauge
 
 from controlplane.nodeagent.entry.admission import Admission
 from controlplane.nodeagent.entry.limits import EntryLimits
-
-__all__ = ["CONNECTIONS", "OPEN", "REFUSALS", "REFUSED", "Dial", "Door", "EntryLimits"]
 from controlplane.runtime.leasetoken import LeaseKey, Verdict
 
 log = logging.getLogger(__name__)
@@ -97,14 +95,15 @@ for _reason in REFUSALS:
 
 def _answer(status: int, message: str) -> bytes:
     body = json.dumps({"error": message}).encode()
-    auth = b'WWW-Authenticate: Galaxy-Lease realm="galaxy"\r\n' if status == 401 else b""
-    if status == 503:
-        auth = b"Retry-After: 1\r\n"
+    extra = {
+        401: b'WWW-Authenticate: Galaxy-Lease realm="galaxy"\r\n',
+        503: b"Retry-After: 1\r\n",
+    }.get(status, b"")
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n"
     ).encode()
-    return head + auth + b"\r\n" + body
+    return head + extra + b"\r\n" + body
 
 
 class _Upstream(asyncio.Protocol):

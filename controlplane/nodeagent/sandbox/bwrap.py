@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.nodeagent.entry import kvrelay, netns, sockfactory
-from controlplane.nodeagent.entry.door import Door, EntryLimits
+from controlplane.nodeagent.entry.door import Door
 from controlplane.nodeagent.entry.kvroute import KvRoutes, Member
+from controlplane.nodeagent.entry.limits import EntryLimits
 from controlplane.nodeagent.entry.sockclient import FactoryDialer
 from controlplane.nodeagent.sandbox import egress, egressdeny, seccomp
 from controlplane.nodeagent.sandbox.base import ExitCallback
