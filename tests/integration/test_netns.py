@@ -37,7 +37,8 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, Hosts]]:
     def listen(hosts: Hosts, i: int) -> str:
         return hosts.ip(i) if i == 0 else "0.0.0.0"
 
-    async with netns_cluster(tmp_path, HOSTS, listen) as got:
+    # A short head deadline at the doors, so that the test sees it act.
+    async with netns_cluster(tmp_path, HOSTS, listen, ("--entry-head-timeout-s", "1")) as got:
         yield got
 
 
@@ -92,3 +93,21 @@ async def test_instances_on_other_hosts_answer_sdk_and_gateway(
     body = json.loads(out)
     assert body["echo"] == "from-curl"
     assert body["node"] in {f"host{i}-0" for i in range(HOSTS)}
+
+    # Straight to an instance on another host, without a lease: the node's
+    # entry refuses it (curl), and a connection that shows no request is
+    # answered 408 and closed after the agents' --entry-head-timeout-s.
+    proc = await asyncio.create_subprocess_exec(
+        curl, "-sS", "--max-time", "20", "-o", "/dev/null", "-w", "%{http_code}",
+        "-d", "no-lease", f"http://{addresses[0]}/",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert out == b"401", (out, err.decode())
+    host, port = split_host_port(addresses[0])
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        answer = await asyncio.wait_for(reader.read(), 15)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer
