@@ -48,6 +48,8 @@ CONTROL_PLANE = [
          [("galaxy:entry_refused:rate5m", "{{reason}}")]),
         ("Instance doors: open connections by node agent", "short",
          [("sum by (instance) (galaxy_entry_open_connections)", "{{instance}}")]),
+        ("Gateway connections to instances/s: routed or relayed", "ops",
+         [("sum by (outcome) (rate(galaxy_gateway_entry_routes_total[5m]))", "{{outcome}}")]),
     ]),
     ("Scale-up path", [
         ("Cold starts/s", "ops", [("galaxy:cold_starts:rate5m", "cold starts")]),

@@ -4,7 +4,9 @@
 The echo example's instance is started (to ready: its /healthz answering)
 and stopped again and again on two backends of one node agent process,
 alternating between them in each round so the machine's drift hits both
-alike: ``process`` (a plain subprocess) and ``bwrap`` (the default sandbox).
+alike: ``process`` (a plain subprocess) and ``bwrap`` (the default sandbox,
+routed entry included: a root agent gives each instance a veth), and
+variants of bwrap.
 Both with per-instance cgroups when they can be made, as under `galaxy up`.
 Prints p50/p90 of start-to-ready per backend and the p50 difference (the
 goal: at most 20 ms; docs/security.md, "What it costs").
@@ -21,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from controlplane.nodeagent.entry.routes import DEFAULT_SUBNET, RoutePool, parse_subnet
+from controlplane.nodeagent.entry.routing import Routes
 from controlplane.nodeagent.sandbox import BwrapBackend, ProcessBackend
 from controlplane.nodeagent.sandbox.cgroups import open_cgroups
 from controlplane.nodeagent.sandbox.launch import resolve
@@ -50,13 +54,19 @@ async def _one(backend: ProcessBackend, n: int, egress: bool) -> float:
 
 async def run(rounds: int) -> dict[str, object]:
     """Start-to-ready times (ms) of the backends over rounds rounds:
-    process, bwrap (a root agent's: the entry enters by setns),
-    bwrap-factory (the socket factory an agent that is not root needs) and
-    bwrap-egress (bwrap with the spec's ``egress``: slirp4netns beside it)."""
-    bwrap = BwrapBackend(cgroups=open_cgroups("auto", 1024))
+    process, bwrap (a root agent's default: the entry enters by setns, and
+    the instance gets a veth for routed connections), bwrap-relay (the
+    same without routing), bwrap-factory (the socket factory an agent that
+    is not root needs) and bwrap-egress (bwrap with the spec's ``egress``:
+    slirp4netns beside it)."""
+    routed = Routes(RoutePool(parse_subnet(DEFAULT_SUBNET), start=os.getpid()))  # type: ignore[arg-type]
+    if routed.start() is not None:
+        raise SystemExit("routed entries need a root agent with nftables")
+    bwrap = BwrapBackend(cgroups=open_cgroups("auto", 1024), routes=routed)
     backends: dict[str, ProcessBackend] = {
         "process": ProcessBackend(cgroups=open_cgroups("auto", 1024)),
         "bwrap": bwrap,
+        "bwrap-relay": BwrapBackend(cgroups=open_cgroups("auto", 1024)),
         "bwrap-factory": BwrapBackend(cgroups=open_cgroups("auto", 1024), entry="factory"),
         "bwrap-egress": bwrap,
     }
@@ -70,12 +80,14 @@ async def run(rounds: int) -> dict[str, object]:
     finally:
         for b in set(backends.values()):
             await b.close()
+        routed.stop()
     out: dict[str, object] = {}
     for kind, xs in times.items():
         xs.sort()
         out[kind] = {"p50_ms": statistics.median(xs), "p90_ms": xs[int(len(xs) * 0.9)]}
     base = statistics.median(times["process"])
     out["p50_added_ms"] = statistics.median(times["bwrap"]) - base
+    out["p50_added_relay_ms"] = statistics.median(times["bwrap-relay"]) - base
     out["p50_added_factory_ms"] = statistics.median(times["bwrap-factory"]) - base
     out["p50_added_egress_ms"] = statistics.median(times["bwrap-egress"]) - base
     out["rounds"] = rounds

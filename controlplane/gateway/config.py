@@ -49,6 +49,12 @@ class GatewayConfig(Config):
     idle_timeout_s: float = setting(
         30.0, "an idle keep-alive connection is closed after this", gt=0, le=3600
     )
+    route_entries: bool = setting(
+        True,
+        "with the cluster's route key (route.key) in the TLS directory, ask nodes to route new "
+        "connections to instances through the kernel (no relay at the node; off: "
+        "--no-route-entries; docs/security.md, The node's entry)",
+    )
     max_header_bytes: int = setting(
         8190, "longest request line and header field (431/400 above)", ge=1024, le=1_048_576
     )

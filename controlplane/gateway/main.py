@@ -16,7 +16,7 @@ from aiohttp import web
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.conns import Connections
 from controlplane.gateway.proxy import Proxy
-from controlplane.runtime import config, gctune, netaddr
+from controlplane.runtime import config, gctune, leasetoken, netaddr
 from controlplane.runtime.config import GcConfig, RpcConfig
 from controlplane.runtime.host import READY_PREFIX, watch_lifeline
 from controlplane.runtime.metrics import (
@@ -26,6 +26,8 @@ from controlplane.runtime.metrics import (
     watch_gc,
 )
 from controlplane.sdk.client import GalaxyClient
+from controlplane.sdk.entryroute import EntryRouter
+from controlplane.sdk.http import HttpPool
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,11 @@ async def start(
     passed on to the control plane, which judges it (401 without one)."""
     rpc = (rpc or RpcConfig()).replace(deadline_s=cfg.request_timeout_s)
     client = GalaxyClient(controller, rpc=rpc)
+    # With the cluster's route key, the gateway's connections to instances
+    # are routed through the kernel where a node agrees (sdk/entryroute.py).
+    key = leasetoken.load_route(rpc.tls_dir) if cfg.route_entries and rpc.tls is not None else None
+    if key is not None:
+        client.http = HttpPool(router=EntryRouter(key))
     proxy = Proxy(client, cfg, require_token=require_token)
     QUEUE_LIMIT.labels("galaxy_gateway_in_flight").set(cfg.max_in_flight)
     ssl_context = https_context(cfg)

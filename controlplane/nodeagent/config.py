@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, field_validator
 
-from controlplane.nodeagent.entry import limits
+from controlplane.nodeagent.entry import limits, routes
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS
 from controlplane.nodeagent.sandbox import BACKENDS, DEFAULT_STARTUP_TIMEOUT_MS, egressdeny
 from controlplane.nodeagent.sandbox.cgroups import DEFAULT_MAX_PIDS
@@ -24,6 +24,14 @@ def _networks(text: str) -> str:
 
 
 NetworkList = Annotated[str, AfterValidator(_networks)]
+
+
+def _subnet(text: str) -> str:
+    routes.parse_subnet(text)  # ValueError names the problem
+    return text
+
+
+RouteSubnet = Annotated[str, AfterValidator(_subnet)]
 
 
 class NodeAgentConfig(Config):
@@ -75,6 +83,15 @@ class NodeAgentConfig(Config):
         "IPv4 and AWS's IPv6 metadata address: clouds' metadata services, which hand "
         "out the node's credentials (docs/security.md, Egress)",
         metavar="CIDR[,CIDR]",
+        group=GROUP,
+    )
+    entry_route_subnet: RouteSubnet = setting(
+        routes.DEFAULT_SUBNET,
+        "bwrap sandbox, root agent: the gateway's connections to an instance go "
+        "through the kernel once its door admits them (no relay), over a veth pair "
+        "on a /30 of this private subnet; '' = every connection through the door's "
+        "relay (docs/security.md, The node's entry)",
+        metavar="CIDR",
         group=GROUP,
     )
     entry_max_connections: int = setting(

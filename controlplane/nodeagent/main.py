@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from controlplane.nodeagent.config import NodeAgentConfig
+from controlplane.nodeagent.entry import netns, routes
 from controlplane.nodeagent.entry.limits import EntryLimits, raise_fd_limit
+from controlplane.nodeagent.entry.routing import Routes
 from controlplane.nodeagent.modelcache import ModelCache, Tier
 from controlplane.nodeagent.orphans import OrphanReaper
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS, Registrar
@@ -56,8 +59,12 @@ class NodeAgentComponent:
         servicer: NodeAgentServicer,
         heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_MS,
         orphan_check_s: float = 0.0,
+        routes: Routes | None = None,
     ) -> None:
         self.servicer = servicer
+        #: Routed entries (the bwrap sandbox of a root agent): tables made at
+        #: start, removed at stop.
+        self.routes = routes
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.orphan_check_s = orphan_check_s
         self.registrar: Registrar | None = None
@@ -67,6 +74,10 @@ class NodeAgentComponent:
         return [(nodeagent_pb2_grpc.add_NodeAgentServicer_to_server, self.servicer, SERVICE_NAME)]
 
     async def start(self, ctx: HostContext) -> None:
+        if self.routes is not None:
+            why = self.routes.start()
+            if why is not None:
+                log.warning("node entry: no routed entries, every door relays: %s", why)
         # Instances listen on the node's own address (the one this agent
         # advertises), never loopback: clients on other hosts call them.
         self.servicer.backend.host = split_host_port(ctx.address)[0]
@@ -105,6 +116,8 @@ class NodeAgentComponent:
             await self.registrar.stop()
             self.registrar = None
         await self.servicer.close()
+        if self.routes is not None:
+            self.routes.stop()
 
 
 def _cgroups(mode: str, max_pids: int, root: str) -> Cgroups | None:
@@ -131,13 +144,19 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
     """A NodeAgentComponent from the flags of ``add_arguments``."""
     cfg = config.from_args(NodeAgentConfig, args)
     backend: SandboxBackend
+    route: Routes | None = None
     if cfg.sandbox == "emulated":
         backend = make_sandbox_backend("emulated", start_delay_ms=cfg.start_delay_ms)
     else:
         # The bwrap sandbox's entry checks leases with the cluster's key.
         entry: dict[str, object] = {}
         if cfg.sandbox == "bwrap":
+            subnet = routes.parse_subnet(cfg.entry_route_subnet)
+            if subnet is not None and netns.can_enter():
+                # A start offset of its own: agents of one host rarely collide.
+                route = Routes(routes.RoutePool(subnet, start=os.getpid()))
             entry = {
+                "routes": route,
                 "lease_key": leasetoken.from_args(args),
                 "allow_egress": cfg.instance_egress,
                 "egress_deny": egressdeny.parse(cfg.instance_egress_deny),
@@ -168,5 +187,8 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
         if short is not None:
             log.warning("node entry: %s", short)
     return NodeAgentComponent(
-        servicer, heartbeat_interval_ms=cfg.heartbeat_ms, orphan_check_s=cfg.orphan_check_s
+        servicer,
+        heartbeat_interval_ms=cfg.heartbeat_ms,
+        orphan_check_s=cfg.orphan_check_s,
+        routes=route,
     )

@@ -235,6 +235,9 @@ def ensure(
     if not leasetoken.key_path(d).exists():
         leasetoken.ensure(d)  # Dispatch and the node agents sign and check leases with it
         written.append("lease-key")
+    if not (d / leasetoken.ROUTE_KEY_FILE).exists():
+        leasetoken.ensure_route(d)  # the gateway's, derived from the lease key
+        written.append("route-key")
     return written
 
 

@@ -18,6 +18,7 @@ import aiohttp
 
 from controlplane.runtime.errors import DeadlineExceeded, Unavailable
 from controlplane.runtime.leasetoken import HEADER as LEASE_HEADER
+from controlplane.sdk.entryroute import EntryRouter, RoutingConnector
 
 
 class NotSent(Unavailable):
@@ -33,14 +34,22 @@ class HttpPool:
     """One aiohttp session for every instance (made on first use, in the
     running loop)."""
 
-    def __init__(self, limit_per_host: int = 64) -> None:
+    def __init__(self, limit_per_host: int = 64, router: EntryRouter | None = None) -> None:
         self.limit_per_host = limit_per_host
+        #: Routes new connections through instances' entries (``entryroute``).
+        self.router = router
         self._session: aiohttp.ClientSession | None = None
 
     def _get(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            per_host = self.limit_per_host
+            connector = (
+                aiohttp.TCPConnector(limit=0, limit_per_host=per_host)
+                if self.router is None
+                else RoutingConnector(self.router, limit=0, limit_per_host=per_host)
+            )
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.limit_per_host),
+                connector=connector,
                 # Instances answer whatever they answer: no auto-decompression
                 # surprises, no cookie state between unrelated requests.
                 cookie_jar=aiohttp.DummyCookieJar(),

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.launch.up import Supervisor
 from controlplane.runtime import spec as specs
@@ -93,6 +95,19 @@ async def test_instances_on_other_hosts_answer_sdk_and_gateway(
     body = json.loads(out)
     assert body["echo"] == "from-curl"
     assert body["node"] in {f"host{i}-0" for i in range(HOSTS)}
+    # The gateway holds the lease key: its connection to that instance, on
+    # another host, went through the host's NAT straight to the instance.
+    gateway = next(c for c in endpoints["components"] if c["kind"] == "gateway")
+    text = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://{gateway['metrics']}/metrics", timeout=5).read()
+    )
+    routed = [
+        s.value
+        for f in text_string_to_metric_families(text.decode())
+        for s in f.samples
+        if s.name == "galaxy_gateway_entry_routes_total" and s.labels == {"outcome": "routed"}
+    ]
+    assert routed and routed[0] >= 1, routed
 
     # Straight to an instance on another host, without a lease: the node's
     # entry refuses it (curl), and a connection that shows no request is

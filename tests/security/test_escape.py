@@ -10,6 +10,7 @@ this control plane, found from the outside.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -155,8 +156,30 @@ def report(up, victim):
     ]
     port = int(_environ(victim["pid"])["PORT"])
     http = [f"http://{host}:{port}/" for host in {door_host(port), "127.0.0.1"}]
-    doc = body(invoke(up, "probe", "/probe", {"paths": paths, "http": http}))
+    # Past the veths of routed entries (a root agent's): the node's end of
+    # the probe's own (a listener of the node on every address waits
+    # there) and the neighbour's end, at its function's port.
+    assert invoke(up, "probe", "/probe").returncode == 0  # started: its veth is there
+    own = veth_address(function_pid("probe", "hostile_server.py", up.pids()))
+    theirs = veth_address(victim["pid"])
+    with socket.create_server(("0.0.0.0", 0)) as listener:
+        veths = []
+        if own is not None and theirs is not None:
+            node_end = str(ipaddress.IPv4Address(own) - 1)
+            veths = [f"http://{node_end}:{listener.getsockname()[1]}/", f"http://{theirs}:{port}/"]
+        doc = body(invoke(up, "probe", "/probe", {"paths": paths, "http": [*http, *veths]}))
+    doc["veth_urls"] = veths
     return doc
+
+
+def veth_address(pid: int) -> str | None:
+    """The address of the routed entry's veth in pid's network namespace
+    (None: the instance has none, its agent does not route)."""
+    out = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "ip", "-4", "-o", "addr", "show", "dev", "eth0"],
+        capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    return out.split()[3].split("/")[0] if out.strip() else None
 
 
 def door_host(port: int) -> str:
@@ -175,7 +198,32 @@ def test_no_direct_http_call_reaches_another_tenants_instance(report, victim):
     lease, answers nothing but a refusal."""
     assert report["http"], report
     for url, outcome in report["http"].items():
-        assert outcome in ("401", "403", "ConnectionRefusedError"), (url, outcome)
+        if url not in report["veth_urls"]:
+            assert outcome in ("401", "403", "ConnectionRefusedError"), (url, outcome)
+
+
+def test_the_veth_of_a_routed_entry_leads_nowhere(report):
+    """From inside the hostile instance, over the veth its routed entry
+    gave it: the node's end does not answer (the guard drops all but
+    answers), and the neighbour's veth address is not reachable at all."""
+    assert report["veth_urls"], "a root agent's instances have a veth (routed entries)"
+    node_end, neighbour = report["veth_urls"]
+    assert report["http"][node_end] in ("timeout", "TimeoutError"), report["http"]
+    assert not report["http"][neighbour].isdigit(), report["http"]
+
+
+def test_from_the_node_an_instance_is_not_reachable_past_its_door(up, victim):
+    """From the host (curl): the instance's own address on its veth takes no
+    connection the entry did not route there."""
+    port = int(_environ(victim["pid"])["PORT"])
+    address = veth_address(victim["pid"])
+    assert address is not None, "a root agent's instances have a veth (routed entries)"
+    url = f"http://{address}:{port}/"
+    out = subprocess.run(
+        ["curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", url],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.stdout == "000" and out.returncode == 28, (url, out.stdout, out.stderr)
 
 
 def test_from_the_node_an_instance_without_a_lease_is_refused(up, victim):

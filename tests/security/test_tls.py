@@ -263,7 +263,7 @@ def test_bad_host_is_refused_before_writing(tmp_path: Path) -> None:
 
 
 def test_ensure_is_idempotent_and_repairs(tmp_path: Path, other_ca: Path) -> None:
-    assert tls.ensure(tmp_path) == ["ca", *tls.DEFAULT_IDENTITIES, "lease-key"]
+    assert tls.ensure(tmp_path) == ["ca", *tls.DEFAULT_IDENTITIES, "lease-key", "route-key"]
     before = {p: p.read_bytes() for p in tmp_path.rglob("*.pem")}
     assert tls.ensure(tmp_path) == []
     assert {p: p.read_bytes() for p in tmp_path.rglob("*.pem")} == before

@@ -17,6 +17,12 @@ but never rewrites them, and does not parse answers. After a protocol
 upgrade (WebSocket) the rest of the connection is raw bytes, its opening
 request having been checked.
 
+A route request (a first request with a ``Galaxy-Route`` header and no
+other use) is answered by the door itself: with a route token for the
+caller's next source port, made with the cluster's route key (the
+gateway's), the agent routes that connection straight to the instance
+(``routing``) and the door says 204; nothing of it reaches the instance.
+
 Bounds (``EntryLimits``, shared by every door of an agent): connections
 open at once (beyond: 503 and closed), and the time a new connection has to
 show its first admitted request head (beyond: 408 and closed), so that
@@ -46,7 +52,8 @@ from prometheus_client import Counter, Gauge
 
 from controlplane.nodeagent.entry.admission import Admission
 from controlplane.nodeagent.entry.limits import EntryLimits
-from controlplane.runtime.leasetoken import LeaseKey, Verdict
+from controlplane.nodeagent.entry.routing import ROUTED
+from controlplane.runtime.leasetoken import ROUTE_HEADER, LeaseKey, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +62,14 @@ Dial = Callable[[], Awaitable[socket.socket]]
 
 _LEASE = b"galaxy-lease"
 _LEASE_LEN = len(_LEASE)
+# A route request's header, ``Galaxy-Route: SOURCE_PORT:TOKEN`` (``routing``):
+# as long as the lease's, so one length test serves both.
+_ROUTE = ROUTE_HEADER.lower().encode()
 #: Bytes a connection may send before its first request is admitted.
 MAX_HEAD_BYTES = 64 * 1024
 _REASONS = {
     400: "Bad Request",
+    404: "Not Found",
     401: "Unauthorized",
     403: "Forbidden",
     408: "Request Timeout",
@@ -91,6 +102,16 @@ REFUSED = Counter(
 )
 for _reason in REFUSALS:
     REFUSED.labels(_reason)  # every reason's series from the start, at 0
+
+
+_ROUTED = b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
+#: Why a route token is refused, by verdict.
+_ROUTE_REFUSED = {
+    Verdict.MISSING: "Galaxy-Route: SOURCE_PORT:TOKEN",
+    Verdict.MALFORMED: "Galaxy-Route: SOURCE_PORT:TOKEN",
+    Verdict.EXPIRED: "the route token has ended: make a new one",
+    Verdict.FORGED: "Galaxy-Route was not made for this port and source port",
+}
 
 
 def _answer(status: int, message: str) -> bytes:
@@ -158,6 +179,8 @@ class _Client(asyncio.Protocol):
         self.early: list[bytes] | None = []
         self.early_bytes = 0
         self.admitted = False
+        self.route: bytes | None = None  # a route request's header
+        self.answer: bytes | None = None  # the door's own answer to it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports have Transport's methods, not its class.
@@ -184,10 +207,23 @@ class _Client(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         # Called for every header of every request: the length test spares
         # a lower-cased copy of each name that cannot be the lease's.
-        if len(name) == _LEASE_LEN and name.lower() == _LEASE:
-            self.lease = value
+        if len(name) == _LEASE_LEN:
+            low = name.lower()
+            if low == _LEASE:
+                self.lease = value
+            elif low == _ROUTE:
+                self.route = value
 
     def on_headers_complete(self) -> None:
+        if self.route is not None:
+            # Answered by the door, never passed on: only as a connection's
+            # first request (a later one's first bytes may have gone on).
+            if self.early is None or self.admitted:
+                self.refused = Verdict.MALFORMED
+            else:
+                self.answer = self.door.route_request(self.route, self.transport)
+            self.route = None
+            return
         verdict = self.admission.verdict(self.lease, self.door.clock_ms())
         self.lease = None  # the next request shows its own
         if verdict is not Verdict.OK:
@@ -206,6 +242,10 @@ class _Client(asyncio.Protocol):
                 self.raw = True  # the upgrading request's headers were checked
             except httptools.HttpParserError:
                 self._refuse(400, "not an HTTP/1.1 request", "bad_request")
+                return
+            if self.answer is not None:
+                self.transport.write(self.answer)
+                self.transport.close()
                 return
             if self.refused is not None:
                 # Nothing of a connection that shows a bad token goes on.
@@ -341,6 +381,33 @@ class Door:
         self.clock_ms = clock_ms
         self.clients: set[_Client] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._route_key = None if key is None else key.route_key()
+        #: Sends the next connection from (address, source port) to the
+        #: instance through the kernel; its error or None (``routing``;
+        #: None: this door relays every connection).
+        self.route: Callable[[str, int], str | None] | None = None
+
+    def route_request(self, value: bytes, transport: asyncio.BaseTransport) -> bytes:
+        """The answer to a route request (``Galaxy-Route: PORT:TOKEN``)."""
+        if self.route is None or self._route_key is None:
+            return _answer(404, "this entry relays: send requests with a Galaxy-Lease")
+        port, _, token = value.decode("ascii", "replace").partition(":")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            verdict = Verdict.MALFORMED
+        else:
+            verdict = self._route_key.verify_route(token, self.port, int(port), self.clock_ms())
+        if verdict is not Verdict.OK:
+            ROUTED.labels("refused").inc()
+            return _answer(verdict.status, _ROUTE_REFUSED[verdict])
+        peer = str((transport.get_extra_info("peername") or ("",))[0]).removeprefix("::ffff:")
+        if ":" in peer or not peer:
+            return _answer(404, "routed entries are IPv4 only: send requests with a Galaxy-Lease")
+        why = self.route(peer, int(port))
+        if why is not None:
+            log.warning("entry: cannot route for instance %s: %s", self.instance_id, why)
+            return _answer(503, "cannot route now: send requests with a Galaxy-Lease")
+        ROUTED.labels("admitted").inc()
+        return _ROUTED
 
     async def open(self, host: str, port: int) -> None:
         """Listen on host:port (the node's advertised address)."""

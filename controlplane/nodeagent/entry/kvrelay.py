@@ -221,3 +221,10 @@ async def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def bwrap_args(directory: Path) -> list[str]:
+    """bwrap arguments that show an instance's KV relay directory (its
+    socket to this relay) read-only at ``DIRECTORY``: a prefill instance's
+    one way to send a cache."""
+    return ["--dir", os.path.dirname(DIRECTORY), "--ro-bind", str(directory), DIRECTORY]

@@ -16,6 +16,7 @@ Dispatch signed for it. The entry's connections into the namespace are made
 by ``setns(2)`` when the agent is root (``entry="setns"``), and otherwise by
 a socket factory started in the sandbox next to the function
 (``entry="factory"``; ``entry.sockfactory``), which needs no privilege.
+With setns, admitted connections may also be routed (``entry.routing``).
 
 Users: a root agent gives each instance its own uid from a ``UidPool``. The
 namespaces are then set up by bwrap as root (a source path such as an
@@ -44,6 +45,7 @@ from controlplane.nodeagent.entry import kvrelay, netns, sockfactory
 from controlplane.nodeagent.entry.door import Door
 from controlplane.nodeagent.entry.kvroute import KvRoutes, Member
 from controlplane.nodeagent.entry.limits import EntryLimits
+from controlplane.nodeagent.entry.routing import Routes
 from controlplane.nodeagent.entry.sockclient import FactoryDialer
 from controlplane.nodeagent.sandbox import egress, egressdeny, seccomp
 from controlplane.nodeagent.sandbox.base import ExitCallback
@@ -78,14 +80,6 @@ def _bind(path: str, how: str = "--ro-bind") -> list[str]:
     first with ``--dir`` (mode 0755): the ones a bind would make itself are
     mode 0700, closed to an instance that is not root."""
     return ["--dir", os.path.dirname(path), how, path, path]
-
-
-def _kv_relay_args(directory: Path) -> list[str]:
-    """bwrap arguments that show an instance's KV relay directory (its
-    socket to the node agent's KV relay, ``entry.kvrelay``) read-only at
-    ``kvrelay.DIRECTORY``: a prefill instance's one way to send a cache."""
-    parent = os.path.dirname(kvrelay.DIRECTORY)
-    return ["--dir", parent, "--ro-bind", str(directory), kvrelay.DIRECTORY]
 
 
 def _system_args() -> list[str]:
@@ -138,11 +132,11 @@ class BwrapBackend(ProcessBackend):
     root). lease_key: what the entry checks callers' leases with (None: it
     admits every request); entry_limits: the bounds its doors share. entry:
     how it reaches into an instance's network namespace, ``setns`` (root
-    only) or ``factory`` (default: setns for a root agent). allow_egress:
-    whether an instance whose spec asks for an outbound network gets one
-    (``sandbox/egress.py``; False refuses such starts); egress_deny: the
-    networks it may not reach (``egressdeny.parse``; default
-    ``egressdeny.DEFAULT``). Other options are ``ProcessBackend``'s.
+    only) or ``factory`` (default: setns for a root agent); routes: routed
+    entries (setns only). allow_egress: whether an instance whose spec asks
+    for an outbound network gets one (``sandbox/egress.py``; False refuses
+    such starts); egress_deny: the networks it may not reach
+    (``egressdeny.parse``; default ``egressdeny.DEFAULT``). Others: ProcessBackend's.
     """
 
     kind = "bwrap"
@@ -155,6 +149,7 @@ class BwrapBackend(ProcessBackend):
         allow_egress: bool = True,
         egress_deny: tuple[str, ...] | None = None,
         entry_limits: EntryLimits | None = None,
+        routes: Routes | None = None,
         **opts: Any,
     ) -> None:
         bwrap = shutil.which("bwrap")
@@ -194,6 +189,7 @@ class BwrapBackend(ProcessBackend):
         self._egress_on = allow_egress
         self._deny = egressdeny.parse(egressdeny.DEFAULT) if egress_deny is None else egress_deny
         self.limits = EntryLimits() if entry_limits is None else entry_limits
+        self.routes = routes if entry == "setns" else None  # (needs setns: a root agent)
         # (a dlopen: checked once, where the list is not empty)
         self._no_deny = egressdeny.unusable() if self._deny else None
         why = (egress.unusable(self._slirp) or self._no_deny) if allow_egress else None
@@ -299,7 +295,7 @@ class BwrapBackend(ProcessBackend):
             # under /dev/shm, a default instance root under /tmp.
             *binds,
             *_bind(str(private_dir), "--bind"),
-            *_kv_relay_args(self._kv_dir(private_dir, uid)),
+            *kvrelay.bwrap_args(self._kv_dir(private_dir, uid)),
             "--chdir", cwd,
             "--seccomp", str(fd),
         ]  # fmt: skip
@@ -334,11 +330,10 @@ class BwrapBackend(ProcessBackend):
             argv += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--"]
             return [*argv, *inner, *command], fds
         assert self._setpriv is not None
+        gid = uid
         if uid is None:  # a fixed --instance-user
             pw = instance_user(str(self.user))
             uid, gid = pw.pw_uid, pw.pw_gid
-        else:
-            gid = uid
         argv += [
             "--", self._setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
@@ -433,6 +428,8 @@ class BwrapBackend(ProcessBackend):
             dialer = netns.NetnsDialer(pid)
         sb.dial = dialer.socket if isinstance(dialer, FactoryDialer) else dialer.dial
         sb.entry = Door(sb.instance_id, sb.port, self.lease_key, sb.dial, dialer.close, self.limits)
+        if self.routes is not None and pid is not None:
+            self.routes.begin(sb.entry, pid, self.host)
         member = self._kv_members.pop(sb.instance_id, None)
         if member is not None and sb.private_dir is not None:
             unix = dialer.unix_socket if isinstance(dialer, netns.NetnsDialer) else None
@@ -452,16 +449,19 @@ class BwrapBackend(ProcessBackend):
         )
 
     async def _admit(self, sb: ProcessSandbox) -> None:
+        if self.routes is not None:
+            await self.routes.ready(sb.instance_id)
         if sb.entry is not None:
             try:
                 await sb.entry.open(self.host, sb.port)
             except OSError as e:
-                raise Unavailable(
-                    f"instance {sb.instance_id}: the entry cannot listen on port {sb.port}: {e}"
-                ) from None
+                why = f"the entry cannot listen on port {sb.port}: {e}"
+                raise Unavailable(f"instance {sb.instance_id}: {why}") from None
 
     async def _detach(self, sb: ProcessSandbox) -> None:
         self.kv_relay.close(sb.instance_id)
+        if self.routes is not None:
+            self.routes.close(sb.instance_id)
         stack = self._egress.pop(sb.instance_id, None)
         if stack is not None:
             await stack.stop()

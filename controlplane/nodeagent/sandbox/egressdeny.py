@@ -118,7 +118,7 @@ def _setns(fd: int, kind: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
-def _apply(script: str) -> str | None:
+def apply(script: str) -> str | None:
     """Load script into this thread's network namespace; nft's error, or None."""
     import ctypes
 
@@ -141,6 +141,11 @@ def _apply(script: str) -> str | None:
         nft.nft_ctx_free(ctx)
 
 
+def setns(fd: int) -> None:
+    """Move the calling thread into the network namespace fd."""
+    _setns(fd, _NEWNET)
+
+
 def load(netns: int, script: str) -> str | None:
     """Load script into the network namespace netns (an fd) from the
     calling thread, which comes back home before anything else runs on it
@@ -152,7 +157,7 @@ def load(netns: int, script: str) -> str | None:
     try:
         _setns(netns, _NEWNET)
         try:
-            return _apply(script)
+            return apply(script)
         finally:
             _setns(home, _NEWNET)
     finally:
@@ -167,7 +172,7 @@ def _helper(netns: int, userns: int | None, script: str) -> str | None:
         _setns(netns, _NEWNET)
     except OSError as e:
         return str(e)
-    return _apply(script)
+    return apply(script)
 
 
 if __name__ == "__main__":
