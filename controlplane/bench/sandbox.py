@@ -60,7 +60,7 @@ async def run(rounds: int) -> dict[str, object]:
     is not root needs) and bwrap-egress (bwrap with the spec's ``egress``:
     slirp4netns beside it)."""
     routed = Routes(RoutePool(parse_subnet(DEFAULT_SUBNET), start=os.getpid()))  # type: ignore[arg-type]
-    if routed.start() is not None:
+    if routed.start("127.0.0.1") is not None:
         raise SystemExit("routed entries need a root agent with nftables")
     bwrap = BwrapBackend(cgroups=open_cgroups("auto", 1024), routes=routed)
     backends: dict[str, ProcessBackend] = {

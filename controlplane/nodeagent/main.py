@@ -74,13 +74,13 @@ class NodeAgentComponent:
         return [(nodeagent_pb2_grpc.add_NodeAgentServicer_to_server, self.servicer, SERVICE_NAME)]
 
     async def start(self, ctx: HostContext) -> None:
-        if self.routes is not None:
-            why = self.routes.start()
-            if why is not None:
-                log.warning("node entry: no routed entries, every door relays: %s", why)
         # Instances listen on the node's own address (the one this agent
         # advertises), never loopback: clients on other hosts call them.
         self.servicer.backend.host = split_host_port(ctx.address)[0]
+        if self.routes is not None:
+            why = self.routes.start(self.servicer.backend.host)
+            if why is not None:
+                log.warning("node entry: no routed entries, every door relays: %s", why)
         self.servicer.attach(ctx.address, ctx.pool)
         ids = list(self.servicer.nodes)
         ctx.extra["nodes"] = ids

@@ -35,11 +35,12 @@ ASK_S = 2.0
 
 ROUTES = Counter(
     "galaxy_gateway_entry_routes_total",
-    "New connections to instances: routed through the kernel (routed) or through "
-    "the door's relay (relayed: the entry does not route, or refused)",
+    "New connections to instances: routed through the kernel (routed), through the "
+    "door's relay (relayed: the entry does not route), or admitted but not taken by "
+    "the node (failed: then relayed)",
     ["outcome"],
 )
-for _outcome in ("routed", "relayed"):
+for _outcome in ("routed", "relayed", "failed"):
     ROUTES.labels(_outcome)
 
 
@@ -58,7 +59,7 @@ class EntryRouter:
         self.relay_s = relay_s
         self._relays: dict[tuple[str, int], float] = {}  # entry -> until (monotonic)
 
-    async def socket(self, host: str, port: int) -> socket.socket | None:
+    async def ask(self, host: str, port: int) -> socket.socket | None:
         """A socket bound to a source port the entry at host:port routes,
         not yet connected; None: connect as usual (through the door).
         OSError: the entry cannot be reached at all."""
@@ -91,15 +92,37 @@ class EntryRouter:
             writer.close()
         parts = status.split()
         if len(parts) >= 2 and parts[1] == b"204":
-            ROUTES.labels("routed").inc()
             return sock
         sock.close()
         log.info("entry %s:%s does not route (%s): its door relays", host, port, status[:80])
         self._relay(host, port)
         return None
 
-    def _relay(self, host: str, port: int) -> None:
-        ROUTES.labels("relayed").inc()
+    async def connect(self, sock: socket.socket, host: str, port: int) -> bool:
+        """Connect a routed socket (within ASK_S: a routed connection is as
+        near as the door); False, the socket closed and the entry relayed
+        from now on, when the node did not take it (a node that cannot
+        forward, a firewall on the way): the caller goes through the door."""
+        try:
+            await asyncio.wait_for(
+                asyncio.get_running_loop().sock_connect(sock, (host, port)), ASK_S
+            )
+        except BaseException as e:
+            sock.close()
+            if not isinstance(e, OSError):  # (a timeout is one)
+                raise
+            ROUTES.labels("failed").inc()
+            log.warning(
+                "entry %s:%s routed a connection it did not take (%s): relaying", host, port, e
+            )
+            self._relay(host, port, count=False)
+            return False
+        ROUTES.labels("routed").inc()
+        return True
+
+    def _relay(self, host: str, port: int, count: bool = True) -> None:
+        if count:
+            ROUTES.labels("relayed").inc()
         self._relays[(host, port)] = time.monotonic() + self.relay_s
         if len(self._relays) > 4096:  # bounded: forget the ones that ended
             now = time.monotonic()
@@ -127,18 +150,11 @@ class RoutingConnector(aiohttp.TCPConnector):
         sock = None
         if address is not None:
             try:
-                sock = await self.router.socket(address[0], address[1])
-                if sock is not None:
-                    await asyncio.wait_for(
-                        asyncio.get_running_loop().sock_connect(sock, address[:2]),
-                        timeout.sock_connect or timeout.total,
-                    )
-            except BaseException as e:
-                if sock is not None:
-                    sock.close()
-                if isinstance(e, OSError):  # (a timeout too: nothing was sent)
-                    raise client_error(req.connection_key, e) from e
-                raise
+                sock = await self.router.ask(address[0], address[1])
+            except OSError as e:  # (a timeout too: nothing was sent)
+                raise client_error(req.connection_key, e) from e
+            if sock is not None and not await self.router.connect(sock, *address[:2]):
+                sock = None
         if sock is None:
             return await super()._wrap_create_connection(
                 *args, addr_infos=addr_infos, req=req, timeout=timeout,

@@ -79,7 +79,7 @@ async def cluster(tmp_path) -> AsyncIterator[tuple[LeaseKey, Routes, BwrapBacken
         routes.RoutePool(routes.parse_subnet(routes.DEFAULT_SUBNET), start=os.getpid()),  # type: ignore[arg-type]
         HostRoutes(routes.DEFAULT_SUBNET, loopback=host.startswith("127.")),
     )
-    assert rt.start() is None
+    assert rt.start(host) is None
     b = BwrapBackend(
         log_dir=tmp_path / "logs",
         instance_dir=tmp_path / "inst",
@@ -152,6 +152,15 @@ async def test_the_veth_opens_nothing_but_admitted_connections(cluster):
         socket.create_connection((slot.inner, a.port), timeout=1.5).close()
     code, _ = await curl("-m", "2", "-d", "x", f"http://{slot.inner}:{a.port}/echo")
     assert code == 0
+    if rt.host.forwarding is not None:
+        # Galaxy allowed forwarding on the node's interface: to the instances only.
+        p = await asyncio.create_subprocess_exec(
+            "nft", "list", "chain", "ip", f"galaxy_guard_{rt.host.pid}", "forwarded",
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        chain = (await p.communicate())[0].decode()
+        rule = f'iifname "{rt.host.forwarding}" ip daddr != {routes.DEFAULT_SUBNET} drop'
+        assert rule in chain, chain
     held = rt.pool.held
     await a.stop()
     assert rt.pool.held == held - 1 and "inst-a" not in rt._slots

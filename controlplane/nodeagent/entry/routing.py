@@ -41,6 +41,7 @@ from typing import Protocol
 
 from prometheus_client import Counter
 
+from controlplane.nodeagent.entry import forwarding
 from controlplane.nodeagent.entry.routes import INNER, TRIES, RoutePool, Slot
 
 log = logging.getLogger(__name__)
@@ -138,26 +139,58 @@ class HostRoutes:
         self.loopback = loopback
         self.pid = os.getpid() if pid is None else pid
         self.installed = False
+        #: The interface on which this agent allowed forwarding (``forward``).
+        self.forwarding: str | None = None
+        #: Without forwarding: the node's own addresses, the only callers
+        #: routed (None: any caller).
+        self.local_only: set[str] | None = None
 
     def install(self) -> str | None:
         """Remove the tables of agents of this host that are gone, then make
         this one's; why it could not, or None."""
-        stale = _stale_tables()
+        stale, _ = _tables(self.pid)
         if stale:
             _nft().apply("".join(f"delete table {t}\n" for t in stale))
         why = _nft().unusable() or _nft().apply(host_script(self.pid, self.subnet))
         self.installed = why is None
         return why
 
+    def forward(self, address: str) -> str | None:
+        """Let connections from other hosts to the node's address be
+        forwarded to the instances, and nothing else (``forwarding``);
+        why it could not, or None. Nothing to do for a loopback address."""
+        if _is_loopback(address):
+            return None
+        ifname = forwarding.interface_of(address)
+        if ifname is None:
+            return f"no interface holds {address}: connections from other hosts relay"
+        try:
+            if not forwarding.allow(ifname):
+                return None  # the host forwards already: its choice
+        except OSError as e:
+            return f"cannot allow IPv4 forwarding on {ifname}: {e}"
+        self.forwarding = ifname
+        log.info("entry: IPv4 forwarding allowed on %s, to the instances only", ifname)
+        return _nft().apply(
+            f'add rule ip {_GUARD}{self.pid} forwarded iifname "{ifname}" '
+            f"ip daddr != {self.subnet} drop\n"
+        )
+
     def remove(self) -> None:
         if self.installed:
             self.installed = False
             pid = self.pid
             _nft().apply(f"delete table ip {_TABLE}{pid}\ndelete table ip {_GUARD}{pid}\n")
+            try:
+                forwarding.restore(others=bool(_tables(pid)[1]))
+            except OSError as e:
+                log.warning("entry: cannot disallow IPv4 forwarding again: %s", e)
 
     def admit(self, peer: str, source_port: int, port: int, inner: str) -> str | None:
         """Route the next connection from peer:source_port to port to
         inner:port, for ROUTE_TTL_S; nft's error, or None."""
+        if self.local_only is not None and peer not in self.local_only and not _is_loopback(peer):
+            return "this node does not forward: only its own callers are routed"
         return _nft().apply(
             f"add element ip {_TABLE}{self.pid} admit {{ {peer} . {source_port} . {port} "
             f"timeout {ROUTE_TTL_S}s : {inner} . {port} }}\n"
@@ -180,6 +213,7 @@ class HostRoutes:
         try:
             if self.loopback:
                 _sysctl(f"/proc/sys/net/ipv4/conf/{slot.ifname}/route_localnet", "1")
+            forwarding.allow_veth(slot.ifname)  # answers to other hosts go on
             return _inside(pid, slot, port)
         except OSError as e:
             return str(e)
@@ -220,20 +254,26 @@ def _inside(pid: int, slot: Slot, port: int) -> str | None:
 _NAME = re.compile(rf"^table (ip) ((?:{_TABLE}|{_GUARD})(\d+))$")
 
 
-def _stale_tables() -> list[str]:
-    """This host's route and guard tables whose agent is gone."""
+def _tables(pid: int) -> tuple[list[str], list[str]]:
+    """This host's route and guard tables of agents that are gone (their
+    names, to delete) and the route tables of other agents still running
+    (pid: this agent's own, neither)."""
     try:
         out = subprocess.run(
             ["nft", "list", "tables"], capture_output=True, text=True, timeout=10
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return []
-    stale = []
+        return [], []
+    stale, others = [], []
     for line in out.splitlines():
         m = _NAME.match(line.strip())
-        if m and not os.path.exists(f"/proc/{m.group(3)}"):
+        if m is None or int(m.group(3)) == pid:
+            continue
+        if not os.path.exists(f"/proc/{m.group(3)}"):
             stale.append(f"{m.group(1)} {m.group(2)}")
-    return stale
+        elif m.group(2).startswith(_TABLE):
+            others.append(m.group(2))
+    return stale, others
 
 
 class RoutedDoor(Protocol):
@@ -259,9 +299,16 @@ class Routes:
         self._slots: dict[str, Slot] = {}
         self._opening: dict[str, asyncio.Task[None]] = {}
 
-    def start(self) -> str | None:
+    def start(self, address: str) -> str | None:
+        """Make the tables; address: the node's own (where callers from
+        other hosts arrive). Why routing is off (None: on)."""
         why = self.host.install()
         self.usable = why is None
+        if why is None:
+            far = self.host.forward(address)
+            if far is not None:  # the node's own callers still route
+                self.host.local_only = {address}
+                log.warning("entry: connections from other hosts relay: %s", far)
         return why
 
     def stop(self) -> None:
