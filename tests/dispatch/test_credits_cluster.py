@@ -166,11 +166,13 @@ async def test_a_burst_never_over_commits_a_node(parts: Parts) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parts", [["--credit-idle-ms", "300"]], indirect=True)
+@pytest.mark.parametrize("parts", [["--credit-idle-ms", "1000"]], indirect=True)
 async def test_unused_credits_go_back_and_the_view_is_exact(parts: Parts) -> None:
     p = parts
     a = await p.client.dispatch("f")
-    await eventually(lambda: live_credits(p) > 0, what="credits")
+    # The grant, not a live credit: an idle wallet gives its credits back
+    # within --credit-idle-ms, which a loaded machine's poll could miss.
+    await eventually(lambda: p.peers.credits.stats["granted"] > 0, what="credits")
     b = await p.client.dispatch("f")  # from a credit
     assert p.peers.credit_creates == 1
     # Idle: the wallet gives everything back (with the use report), and
