@@ -119,6 +119,38 @@ async def test_an_admitted_connection_reaches_the_instance_past_the_door(cluster
     assert code == 401 and "Galaxy-Lease" in body, body
 
 
+async def _from_port(host: str, source: int, address: str) -> bytes:
+    """One request with no lease from host:source to address, and its
+    answer; the connection reset at the end (no TIME_WAIT holds the port)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, source))
+    s.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        dst, port = address.rsplit(":", 1)
+        await asyncio.wait_for(loop.sock_connect(s, (dst, int(port))), 5)
+        await loop.sock_sendall(s, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+        return await asyncio.wait_for(loop.sock_recv(s, 65536), 5)
+    finally:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.close()
+
+
+async def test_an_admission_opens_one_connection_only(cluster):
+    """The connection's first packet uses its admission up: the same port
+    again, within the admission's seconds, meets the door."""
+    key, _, b = cluster
+    a = await b.start("n1", "inst-a", echo_spec("team-a-fn"))
+    source = free_port(a.host)
+    code, _ = await curl("-H", ask(key, a.port, source), f"http://{a.address}/")
+    assert code == 204
+    first = await _from_port(a.host, source, a.address)
+    assert first.startswith(b"HTTP/1.") and b" 200 " in first.split(b"\r\n")[0], first
+    again = await _from_port(a.host, source, a.address)
+    assert again.startswith(b"HTTP/1.1 401"), again
+
+
 async def test_route_tokens_are_checked_and_a_refused_port_meets_the_door(cluster):
     key, _, b = cluster
     a = await b.start("n1", "inst-a", echo_spec("team-a-fn"))

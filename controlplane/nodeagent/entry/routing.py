@@ -11,7 +11,8 @@ gets in, but per connection and ahead of it:
    and asks the instance's door, with a route token for that source port
    (``RouteKey.sign_route``), to route it;
 2. the door checks the token and adds {caller address . source port .
-   door port} to this agent's nftables map, for ``ROUTE_TTL_S``;
+   door port} to this agent's nftables set, for ``ROUTE_TTL_S`` and one
+   connection (the connection's first packet uses it up);
 3. the caller connects from that port: the node's NAT sends the
    connection to the instance's end of a veth pair (``attach``), and
    inside the instance's namespace a second NAT sends it on to the
@@ -71,14 +72,21 @@ def host_script(pid: int, subnet: str, max_entries: int = MAP_SIZE) -> str:
     interface names, which other software may share)."""
     net = f"ip daddr {subnet}"
     src = f"ip saddr {subnet}"
+    # A connection's first packet that an admission names: the admission
+    # is used up (one connection per admission), and the connection goes
+    # to the instance of the door's port.
+    key = "ip saddr . tcp sport . tcp dport"
+    route = (
+        f"meta l4proto tcp {key} @admitted delete @admitted {{ {key} }} "
+        "dnat ip to tcp dport map @targets;"
+    )
     return f"""
 table ip {_TABLE}{pid} {{
-  map admit {{ type ipv4_addr . inet_service . inet_service : ipv4_addr . inet_service;
-    flags timeout; size {max_entries}; }}
-  chain incoming {{ type nat hook prerouting priority -100; policy accept;
-    meta l4proto tcp dnat ip to ip saddr . tcp sport . tcp dport map @admit; }}
-  chain local {{ type nat hook output priority -100; policy accept;
-    meta l4proto tcp dnat ip to ip saddr . tcp sport . tcp dport map @admit; }}
+  set admitted {{ type ipv4_addr . inet_service . inet_service;
+    flags dynamic,timeout; size {max_entries}; }}
+  map targets {{ type inet_service : ipv4_addr . inet_service; size {max_entries}; }}
+  chain incoming {{ type nat hook prerouting priority -100; policy accept; {route} }}
+  chain local {{ type nat hook output priority -100; policy accept; {route} }}
   chain leaving {{ type nat hook postrouting priority 100; policy accept;
     {net} ct status dnat masquerade; }}
 }}
@@ -186,15 +194,26 @@ class HostRoutes:
             except OSError as e:
                 log.warning("entry: cannot disallow IPv4 forwarding again: %s", e)
 
-    def admit(self, peer: str, source_port: int, port: int, inner: str) -> str | None:
-        """Route the next connection from peer:source_port to port to
-        inner:port, for ROUTE_TTL_S; nft's error, or None."""
+    def admit(self, peer: str, source_port: int, port: int) -> str | None:
+        """Route the next connection from peer:source_port to port (the
+        instance ``target`` names), if it comes within ROUTE_TTL_S; nft's
+        error, or None."""
         if self.local_only is not None and peer not in self.local_only and not _is_loopback(peer):
             return "this node does not forward: only its own callers are routed"
         return _nft().apply(
-            f"add element ip {_TABLE}{self.pid} admit {{ {peer} . {source_port} . {port} "
-            f"timeout {ROUTE_TTL_S}s : {inner} . {port} }}\n"
+            f"add element ip {_TABLE}{self.pid} admitted "
+            f"{{ {peer} . {source_port} . {port} timeout {ROUTE_TTL_S}s }}\n"
         )
+
+    def target(self, port: int, inner: str) -> str | None:
+        """Admitted connections to port go to inner:port; nft's error, or None."""
+        return _nft().apply(
+            f"add element ip {_TABLE}{self.pid} targets {{ {port} : {inner} . {port} }}\n"
+        )
+
+    def untarget(self, port: int) -> None:
+        """port names no instance any more (it ended)."""
+        _nft().apply(f"delete element ip {_TABLE}{self.pid} targets {{ {port} }}\n")
 
     def attach(self, pid: int, slot: Slot, port: int) -> str | None:
         """Give the namespace of pid a veth on slot, its far end's port
@@ -298,6 +317,7 @@ class Routes:
         self.usable = False
         self._slots: dict[str, Slot] = {}
         self._opening: dict[str, asyncio.Task[None]] = {}
+        self._ports: dict[str, int] = {}  # routed instances' door ports
 
     def start(self, address: str) -> str | None:
         """Make the tables; address: the node's own (where callers from
@@ -342,8 +362,11 @@ class Routes:
             self.pool.hold(slot)
             err = await asyncio.to_thread(self.host.attach, pid, slot, door.port)
             if err is None:
+                err = self.host.target(door.port, slot.inner)
+            if err is None:
                 self._slots[door.instance_id] = slot
-                door.route = functools.partial(_admit, self.host, door.port, slot.inner)
+                self._ports[door.instance_id] = door.port
+                door.route = functools.partial(_admit, self.host, door.port)
                 ROUTED.labels("attached").inc()
                 return
             why = err
@@ -360,10 +383,13 @@ class Routes:
         slot = self._slots.pop(instance_id, None)
         if slot is not None:
             self.pool.release(slot)
+        port = self._ports.pop(instance_id, None)
+        if port is not None and self.usable:
+            self.host.untarget(port)
 
 
-def _admit(host: HostRoutes, port: int, inner: str, peer: str, source_port: int) -> str | None:
-    return host.admit(peer, source_port, port, inner)
+def _admit(host: HostRoutes, port: int, peer: str, source_port: int) -> str | None:
+    return host.admit(peer, source_port, port)
 
 
 def _is_loopback(address: str) -> bool:
