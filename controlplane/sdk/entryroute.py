@@ -67,6 +67,7 @@ class EntryRouter:
         if until is not None and until > time.monotonic():
             return None
         if ":" in host:  # IPv6: the node's NAT is IPv4 only
+            ROUTES.labels("relayed").inc()
             self._relay(host, port)
             return None
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), ASK_S)
@@ -95,6 +96,7 @@ class EntryRouter:
             return sock
         sock.close()
         log.info("entry %s:%s does not route (%s): its door relays", host, port, status[:80])
+        ROUTES.labels("relayed").inc()
         self._relay(host, port)
         return None
 
@@ -115,14 +117,13 @@ class EntryRouter:
             log.warning(
                 "entry %s:%s routed a connection it did not take (%s): relaying", host, port, e
             )
-            self._relay(host, port, count=False)
+            self._relay(host, port)
             return False
         ROUTES.labels("routed").inc()
         return True
 
-    def _relay(self, host: str, port: int, count: bool = True) -> None:
-        if count:
-            ROUTES.labels("relayed").inc()
+    def _relay(self, host: str, port: int) -> None:
+        """Send host:port's connections through its door for relay_s."""
         self._relays[(host, port)] = time.monotonic() + self.relay_s
         if len(self._relays) > 4096:  # bounded: forget the ones that ended
             now = time.monotonic()

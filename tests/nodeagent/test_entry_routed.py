@@ -103,7 +103,8 @@ async def test_an_admitted_connection_reaches_the_instance_past_the_door(cluster
     key, rt, b = cluster
     a = await b.start("n1", "inst-a", echo_spec("team-a-fn"))
     host = a.host
-    assert rt._slots["inst-a"].ifname in os.listdir("/sys/class/net")
+    slot = rt.slot("inst-a")
+    assert slot is not None and slot.ifname in os.listdir("/sys/class/net")
     before, admitted = metrics(), routed("admitted")
     source = free_port(host)
     code, _ = await curl("-H", ask(key, a.port, source), f"http://{a.address}/")
@@ -179,7 +180,8 @@ async def test_the_veth_opens_nothing_but_admitted_connections(cluster):
     anything the map did not send there; the veth ends with the instance."""
     _, rt, b = cluster
     a = await b.start("n1", "inst-a", echo_spec("team-a-fn"))
-    slot = rt._slots["inst-a"]
+    slot = rt.slot("inst-a")
+    assert slot is not None
     with pytest.raises(OSError):  # dropped by the guard: a timeout
         socket.create_connection((slot.inner, a.port), timeout=1.5).close()
     code, _ = await curl("-m", "2", "-d", "x", f"http://{slot.inner}:{a.port}/echo")
@@ -195,7 +197,7 @@ async def test_the_veth_opens_nothing_but_admitted_connections(cluster):
         assert rule in chain, chain
     held = rt.pool.held
     await a.stop()
-    assert rt.pool.held == held - 1 and "inst-a" not in rt._slots
+    assert rt.pool.held == held - 1 and rt.slot("inst-a") is None
     await eventually(lambda: slot.ifname not in os.listdir("/sys/class/net"), what="the veth gone")
 
 

@@ -38,6 +38,7 @@ import re
 import subprocess
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import Counter
@@ -128,11 +129,6 @@ def _run(argv: list[str], stdin: str = "") -> str | None:
     except (OSError, subprocess.TimeoutExpired) as e:
         return str(e)
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
-
-
-def _sysctl(path: str, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
 
 
 class HostRoutes:
@@ -231,7 +227,7 @@ class HostRoutes:
             return why
         try:
             if self.loopback:
-                _sysctl(f"/proc/sys/net/ipv4/conf/{slot.ifname}/route_localnet", "1")
+                Path(f"/proc/sys/net/ipv4/conf/{slot.ifname}/route_localnet").write_text("1")
             forwarding.allow_veth(slot.ifname)  # answers to other hosts go on
             return _inside(pid, slot, port)
         except OSError as e:
@@ -254,7 +250,7 @@ def _inside(pid: int, slot: Slot, port: int) -> str | None:
             )
             if why is None:
                 # The second NAT sends to 127.0.0.1: allowed from the veth.
-                _sysctl(f"/proc/sys/net/ipv4/conf/{INNER}/route_localnet", "1")
+                Path(f"/proc/sys/net/ipv4/conf/{INNER}/route_localnet").write_text("1")
                 why = _nft().apply(inner_script(port))
             return why
         finally:
@@ -315,13 +311,14 @@ class Routes:
         self.pool = pool
         self.host = host or HostRoutes(str(pool.subnet))
         self.usable = False
-        self._slots: dict[str, Slot] = {}
+        #: routed instances: their slot and door port
+        self._routed: dict[str, tuple[Slot, int]] = {}
         self._opening: dict[str, asyncio.Task[None]] = {}
-        self._ports: dict[str, int] = {}  # routed instances' door ports
 
     def start(self, address: str) -> str | None:
         """Make the tables; address: the node's own (where callers from
         other hosts arrive). Why routing is off (None: on)."""
+        self.host.loopback = _is_loopback(address)
         why = self.host.install()
         self.usable = why is None
         if why is None:
@@ -335,11 +332,11 @@ class Routes:
         self.usable = False
         self.host.remove()
 
-    def begin(self, door: RoutedDoor, pid: int, address: str) -> None:
+    def begin(self, door: RoutedDoor, pid: int) -> None:
         """Start ``open`` beside the function's own start (the veth takes a
         few milliseconds, the function tens); ``ready`` awaits it."""
         if self.usable:
-            self._opening[door.instance_id] = asyncio.create_task(self.open(door, pid, address))
+            self._opening[door.instance_id] = asyncio.create_task(self.open(door, pid))
 
     async def ready(self, instance_id: str) -> None:
         """Once begin's work for instance_id is done (before its door opens)."""
@@ -347,13 +344,11 @@ class Routes:
         if task is not None:
             await task
 
-    async def open(self, door: RoutedDoor, pid: int, address: str) -> None:
-        """Route door's instance (in pid's namespace); address: the node's
-        own, where the door listens. A failure is logged and counted: the
-        door then relays, as it would without routing."""
+    async def open(self, door: RoutedDoor, pid: int) -> None:
+        """Route door's instance (in pid's namespace). A failure is logged
+        and counted: the door then relays, as it would without routing."""
         if not self.usable:
             return
-        self.host.loopback = _is_loopback(address)
         why = "no free slot"
         for _ in range(TRIES):
             slot = self.pool.take()
@@ -364,8 +359,7 @@ class Routes:
             if err is None:
                 err = self.host.target(door.port, slot.inner)
             if err is None:
-                self._slots[door.instance_id] = slot
-                self._ports[door.instance_id] = door.port
+                self._routed[door.instance_id] = (slot, door.port)
                 door.route = functools.partial(_admit, self.host, door.port)
                 ROUTED.labels("attached").inc()
                 return
@@ -376,16 +370,21 @@ class Routes:
         ROUTED.labels("failed").inc()
         log.warning("entry: instance %s is not routed (its door relays): %s", door.instance_id, why)
 
+    def slot(self, instance_id: str) -> Slot | None:
+        """The slot of a routed instance (None: not routed)."""
+        routed = self._routed.get(instance_id)
+        return None if routed is None else routed[0]
+
     def close(self, instance_id: str) -> None:
         task = self._opening.pop(instance_id, None)
         if task is not None:
             task.cancel()  # (a veth made meanwhile ends with the namespace)
-        slot = self._slots.pop(instance_id, None)
-        if slot is not None:
+        routed = self._routed.pop(instance_id, None)
+        if routed is not None:
+            slot, port = routed
             self.pool.release(slot)
-        port = self._ports.pop(instance_id, None)
-        if port is not None and self.usable:
-            self.host.untarget(port)
+            if self.usable:
+                self.host.untarget(port)
 
 
 def _admit(host: HostRoutes, port: int, peer: str, source_port: int) -> str | None:

@@ -429,7 +429,7 @@ class BwrapBackend(ProcessBackend):
         sb.dial = dialer.socket if isinstance(dialer, FactoryDialer) else dialer.dial
         sb.entry = Door(sb.instance_id, sb.port, self.lease_key, sb.dial, dialer.close, self.limits)
         if self.routes is not None and pid is not None:
-            self.routes.begin(sb.entry, pid, self.host)
+            self.routes.begin(sb.entry, pid)
         member = self._kv_members.pop(sb.instance_id, None)
         if member is not None and sb.private_dir is not None:
             unix = dialer.unix_socket if isinstance(dialer, netns.NetnsDialer) else None
