@@ -11,9 +11,14 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import grpc
+
 from controlplane.controller.leader import DEFAULT_PREFIX
 from controlplane.launch.up import Supervisor
+from controlplane.runtime import rpc, tlsfiles
+from controlplane.runtime.config import RpcConfig
 from controlplane.sdk.client import GalaxyClient
+from galaxy.v1 import nodeagent_pb2, nodeagent_pb2_grpc
 from statestore import open_store
 
 
@@ -40,6 +45,62 @@ async def cluster_check(c: GalaxyClient) -> dict[str, int]:
         "ghost_instances": ghosts,
         "nodes_alive": sum(1 for n in st.nodes if n.alive),
     }
+
+
+def agent_pool(sup: Supervisor) -> rpc.ChannelPool:
+    """A channel pool for the node agents' internal API. It takes a
+    component's certificate (Dispatch's: what Dispatch itself calls them
+    with); the checks only read."""
+    tls = tlsfiles.config("dispatch", sup.tls_dir) if sup.tls_dir else None
+    return rpc.ChannelPool(RpcConfig(deadline_s=10.0, tls=tls))
+
+
+#: Looks at one node before an UNAVAILABLE is final. A look only reads, so
+#: another is safe; one refused connection (a node agent busy starting
+#: hundreds of instances closed a TLS handshake in one CI run) must not
+#: abort a whole experiment.
+LOOKS = 3
+LOOK_AGAIN_S = 0.05
+
+
+async def list_node(
+    pool: rpc.ChannelPool, address: str, node: str
+) -> nodeagent_pb2.ListNodeInstancesReply:
+    """The ready instances a node agent runs on one of its nodes."""
+    req = nodeagent_pb2.ListNodeInstancesRequest(node_id=node)
+    for look in range(LOOKS):
+        try:
+            async with pool.stub(address, nodeagent_pb2_grpc.NodeAgentStub) as s:
+                return await s.ListNodeInstances(req)
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or look == LOOKS - 1:
+                raise
+            await asyncio.sleep(LOOK_AGAIN_S * (look + 1))
+    raise AssertionError("unreachable")
+
+
+async def ghost_ids(c: GalaxyClient, sup: Supervisor, pool: rpc.ChannelPool) -> list[str]:
+    """Instances Dispatch routes that no running node agent runs, by id
+    (``cluster_check`` compares counts, which a heartbeat's lag skews both
+    ways: an instance routed before its agent's next beat counts as a
+    ghost, and a restarted agent's starting instances hide real ones).
+
+    Dispatch's view is read first and the agents' second: an agent holds an
+    instance from before Dispatch can route it, so a start between the two
+    reads is never counted. An exit between them could be; the checks run
+    where none is expected. An agent that does not answer runs nothing."""
+    st = await c.status()
+    routed = {(i.instance.node_id, i.instance.instance_id) for i in st.instances}
+    ran: set[tuple[str, str]] = set()
+    for child in list(sup.children):
+        address = child.ready.get("address")
+        if not child.name.startswith("agent-") or child.proc.returncode is not None or not address:
+            continue
+        for node in child.ready.get("nodes", []):
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                r = await list_node(pool, address, node)
+                ran |= {(node, i.instance_id) for i in r.instances}
+    return sorted(iid for node, iid in routed - ran)
 
 
 #: How long after the load a leak or ghost may last (issue: "leaks of any

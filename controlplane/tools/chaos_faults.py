@@ -28,8 +28,10 @@ from controlplane.runtime.errors import GalaxyError
 from controlplane.runtime.membership import MembershipView
 from controlplane.sdk.client import GalaxyClient
 from controlplane.tools.chaos_checks import (
+    agent_pool,
     busiest_agent,
     cluster_check,
+    ghost_ids,
     pending_writes,
     scale_actions,
 )
@@ -185,10 +187,13 @@ async def kill(run: Run, kind: str) -> Found:
 
     # A restarted agent runs none of its old instances: Dispatch must stop
     # routing to them at its registration, not when its node would be
-    # declared dead (which a quick restart never lets happen).
+    # declared dead (which a quick restart never lets happen). Compared by
+    # id (``ghost_ids``), not by the heartbeats' counts.
+    pool = agent_pool(run.sup)
+
     async def views_agree() -> bool:
         # Only once the new agent registered: until then ClusterMgr still
-        # shows the old agent's instance counts, which agree trivially.
+        # shows the old agent's incarnation.
         st = await run.client.status()
         new = all(
             n.status.incarnation != lives[n.status.node_id]
@@ -197,11 +202,16 @@ async def kill(run: Run, kind: str) -> Found:
         )
         if new and not run.registered_at:
             run.registered_at = _now()
-        return new and (await cluster_check(run.client))["ghost_instances"] == 0
+        return new and not await ghost_ids(run.client, run.sup, pool)
 
-    agree = await _until(views_agree, AGREE_WITHIN_S)
-    check = await cluster_check(run.client)
+    try:
+        agree = await _until(views_agree, AGREE_WITHIN_S)
+        check = await cluster_check(run.client)
+        ghosts = await ghost_ids(run.client, run.sup, pool)
+    finally:
+        await pool.close()
     extra.update(check)
+    extra.update(ghost_instances=len(ghosts), ghost_ids=ghosts[:5])
     extra["views_agree_s"] = None if agree is None else round(agree, 2)
     return Found(
         child.name, detect, back_s is not None, extra,

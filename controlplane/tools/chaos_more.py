@@ -24,17 +24,14 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
-
-from controlplane.runtime import rpc, tlsfiles
+from controlplane.runtime import rpc
 from controlplane.runtime import spec as specs
-from controlplane.runtime.config import RpcConfig
 from controlplane.runtime.revisions import routing_key
 from controlplane.sdk.client import GalaxyClient
 from controlplane.tools import chaos_faults
-from controlplane.tools.chaos_checks import epoch_check, metric_sum
+from controlplane.tools.chaos_checks import agent_pool, epoch_check, list_node, metric_sum
 from controlplane.tools.chaos_faults import ECHO, POLL_S, Found, Run, _child, _now, _until
-from galaxy.v1 import common_pb2, nodeagent_pb2, nodeagent_pb2_grpc
+from galaxy.v1 import common_pb2
 
 DISPATCH = common_pb2.CONTROL_KIND_DISPATCH
 
@@ -174,31 +171,9 @@ async def _count(pool: rpc.ChannelPool, run: Run, function: str) -> int:
         if not c.name.startswith("agent-") or c.proc.returncode is not None:
             continue
         for node in c.ready.get("nodes", []):
-            r = await _list_node(pool, c.ready["address"], node)
+            r = await list_node(pool, c.ready["address"], node)
             n += sum(1 for i in r.instances if routing_key(i.function) == function)
     return n
-
-
-#: Looks at one node before an UNAVAILABLE ends the run. A look only reads,
-#: so another is safe; one refused connection (a node agent busy starting
-#: hundreds of instances closed a TLS handshake in one CI run) must not
-#: abort the whole experiment.
-LOOKS = 3
-
-
-async def _list_node(
-    pool: rpc.ChannelPool, address: str, node: str
-) -> nodeagent_pb2.ListNodeInstancesReply:
-    req = nodeagent_pb2.ListNodeInstancesRequest(node_id=node)
-    for look in range(LOOKS):
-        try:
-            async with pool.stub(address, nodeagent_pb2_grpc.NodeAgentStub) as s:
-                return await s.ListNodeInstances(req)
-        except grpc.aio.AioRpcError as e:
-            if e.code() != grpc.StatusCode.UNAVAILABLE or look == LOOKS - 1:
-                raise
-            await asyncio.sleep(POLL_S * (look + 1))
-    raise AssertionError("unreachable")
 
 
 async def delete_many(run: Run) -> Found:
@@ -210,10 +185,7 @@ async def delete_many(run: Run) -> Found:
     spec = specs.load_file(ECHO)
     spec.name, spec.min_scale, spec.max_scale = "chaos-many", n, n
     spec.resources.cpu_millis, spec.resources.memory_mib = MANY_CPU_MILLIS, MANY_MEMORY_MIB
-    # The node agents' internal API takes a component's certificate (it is
-    # what Dispatch itself calls); this probe only reads.
-    tls = tlsfiles.config("dispatch", run.sup.tls_dir) if run.sup.tls_dir else None
-    pool = rpc.ChannelPool(RpcConfig(deadline_s=10.0, tls=tls))
+    pool = agent_pool(run.sup)
     peak = 0
     try:
         t0 = _now()
