@@ -120,15 +120,95 @@ async def _wait_pidfd(proc: subprocess.Popen[bytes], fd: int) -> int:
     return proc.wait()
 
 
-async def terminate(proc: Spawned, grace_s: float) -> None:
-    """SIGTERM the child, SIGKILL it after grace_s; returns once it is gone."""
+#: After a child that had to be killed is gone: how long its descendants
+#: get to die by their parent-death signal before they are killed too.
+TREE_GRACE_S = 2.0
+
+
+async def terminate(proc: Spawned, grace_s: float, tree_grace_s: float = TREE_GRACE_S) -> None:
+    """SIGTERM the child, SIGKILL it after grace_s; returns once it and what
+    it started are gone.
+
+    A node agent stops its instances before it exits; one killed past its
+    grace leaves them to their parent-death signal, which the kernel
+    delivers a moment after. Either way the child's descendants are watched
+    from before the signals (by pidfd, so a reused pid is never touched),
+    given tree_grace_s once the child is gone, then killed."""
     if proc.returncode is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
+    below = pidfds(descendants(proc.pid))
     try:
-        await asyncio.wait_for(proc.wait(), grace_s)
-    except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), grace_s)
+        except TimeoutError:
+            below += pidfds(descendants(proc.pid))  # started since: watched twice, harmless
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        await reap_tree(below, tree_grace_s)
+    finally:
+        for fd in below:
+            os.close(fd)
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids below pid (children, theirs, ...), read from /proc; those
+    that are gone, or are another user's, are skipped."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError, ValueError):
+                    with open(f"/proc/{p}/task/{tid}/children") as f:
+                        kids = [int(k) for k in f.read().split()]
+                    out += kids
+                    todo += kids
+    return out
+
+
+def pidfds(pids: list[int]) -> list[int]:
+    """A pidfd for each pid still there (the gone are skipped)."""
+    fds: list[int] = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fds.append(os.pidfd_open(pid))
+    return fds
+
+
+async def reap_tree(fds: list[int], grace_s: float) -> None:
+    """Wait up to grace_s for the processes of fds to exit, SIGKILL the rest
+    and wait for them (up to grace_s again). The caller closes fds."""
+    if not await _all_exited(fds, grace_s):
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        await _all_exited(fds, grace_s)
+
+
+async def _all_exited(fds: list[int], within_s: float) -> bool:
+    loop = asyncio.get_running_loop()
+    pending = set(fds)
+    done = asyncio.Event()
+
+    def exited(fd: int) -> None:
+        loop.remove_reader(fd)
+        pending.discard(fd)
+        if not pending:
+            done.set()
+
+    for fd in fds:
+        loop.add_reader(fd, exited, fd)
+    if not pending:
+        done.set()
+    try:
+        await asyncio.wait_for(done.wait(), within_s)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        for fd in pending:
+            loop.remove_reader(fd)

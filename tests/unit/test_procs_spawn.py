@@ -5,6 +5,7 @@ through the event loop's subprocess support."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import subprocess
@@ -45,6 +46,37 @@ async def test_terminate_escalates_to_kill_and_signals_after_exit_are_ignored() 
     await procs.terminate(p, grace_s=0.3)
     assert p.returncode == -signal.SIGKILL
     p.kill()  # already gone: no ProcessLookupError, no signal to a reused pid
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie is its new parent's to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_a_killed_child_leaves_none_of_its_own_children() -> None:
+    # A node agent past its grace is killed; its instances would outlive it
+    # for a moment (their parent-death signal) or, without one, for good.
+    # This child ignores SIGTERM and has a grandchild that has no such signal.
+    p = await procs.spawn(
+        sys.executable, "-c",
+        "import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "g = subprocess.Popen(['sleep', '60']); print(g.pid, flush=True); time.sleep(60)",
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert p.stdout is not None
+    grandchild = int(await asyncio.wait_for(p.stdout.readline(), 30))
+    try:
+        assert grandchild in procs.descendants(p.pid)
+        await procs.terminate(p, grace_s=0.3, tree_grace_s=0.3)
+        assert p.returncode == -signal.SIGKILL
+        assert not _running(grandchild)
+    finally:
+        if _running(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
 
 
 async def test_children_start_beside_live_grpc_threads() -> None:
