@@ -356,17 +356,16 @@ async def test_an_operator_can_turn_egress_off_and_the_refusal_names_the_flag(tm
         await comp.stop()
 
 
-@pytest.fixture
-def netns_pid() -> Iterator[int]:
+def _netns(setup: str) -> Iterator[int]:
     """A process in a network namespace of its own (what a sandbox is to
-    slirp4netns)."""
+    slirp4netns), after a shell ran setup there."""
     require_slirp()
     if os.geteuid() != 0:
         pytest.skip("a network namespace of its own needs root here")
     # It says so once in its namespace: until then /proc/PID/ns/net is this
     # process's own, and what the test sets up there would land on the host.
     proc = subprocess.Popen(
-        ["unshare", "--net", "sh", "-c", "echo in; exec sleep 60"], stdout=subprocess.PIPE
+        ["unshare", "--net", "sh", "-c", f"{setup}echo in; exec sleep 60"], stdout=subprocess.PIPE
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"in\n"
@@ -378,6 +377,18 @@ def netns_pid() -> Iterator[int]:
 
 
 @pytest.fixture
+def netns_pid() -> Iterator[int]:
+    """A namespace whose loopback is up, as bubblewrap leaves a sandbox's."""
+    yield from _netns("ip link set lo up && ")
+
+
+@pytest.fixture
+def bare_netns_pid() -> Iterator[int]:
+    """A namespace as bubblewrap's child finds it: lo down, no address."""
+    yield from _netns("")
+
+
+@pytest.fixture
 def gone_pid() -> int:
     """A pid that no longer exists."""
     gone = subprocess.Popen(["true"])
@@ -385,19 +396,66 @@ def gone_pid() -> int:
     return gone.pid
 
 
-async def test_a_stack_that_cannot_come_up_is_reported_with_its_words(gone_pid, tmp_path) -> None:
+async def test_a_stack_that_cannot_come_up_is_reported_with_its_words(netns_pid, tmp_path) -> None:
     from controlplane.nodeagent.sandbox import egress
 
-    require_slirp()
+    slirp = egress.find()
+    assert slirp is not None
+    # The tap's name is taken (by a veth): slirp4netns cannot make it.
+    taken = ["nsenter", "-t", str(netns_pid), "-n", "ip", "link", "add", egress.TAP]
+    await asyncio.to_thread(
+        subprocess.run, [*taken, "type", "veth", "peer", "name", "x0"], check=True
+    )
+    with pytest.raises(Unavailable) as e:
+        await egress.Egress.start(
+            egress.Stack(slirp, netns_pid, "x-1", [], False, tmp_path / "x-1.egress")
+        )
+    msg = e.value.message
+    assert msg.startswith("instance x-1: its outbound network (egress) did not come up: ")
+    assert "TUNSETIFF" in msg and "x-1.egress" in msg  # slirp4netns's own words, its log
+    assert _stacks() == set()
+
+
+async def test_a_sandbox_gone_before_its_stack_is_named(gone_pid, tmp_path) -> None:
+    from controlplane.nodeagent.sandbox import egress
+
     slirp = egress.find()
     assert slirp is not None
     with pytest.raises(Unavailable) as e:
         await egress.Egress.start(
             egress.Stack(slirp, gone_pid, "x-1", [], False, tmp_path / "x-1.egress")
         )
-    msg = e.value.message
-    assert msg.startswith("instance x-1: its outbound network (egress) did not come up: ")
-    assert str(gone_pid) in msg and "x-1.egress" in msg  # slirp4netns's own words, its log
+    assert e.value.message.startswith("instance x-1: its network namespace is gone: ")
+    assert _stacks() == set()
+
+
+async def test_the_stack_waits_for_the_sandboxs_own_loopback(bare_netns_pid, tmp_path) -> None:
+    """bubblewrap adds 127.0.0.1 to lo ("must not exist") after it reports
+    its child's pid; slirp4netns brings lo up, which makes the kernel add
+    that address first. The stack starts only once the address is there."""
+    from controlplane.nodeagent.sandbox import egress
+
+    slirp = egress.find()
+    assert slirp is not None
+    task = asyncio.create_task(
+        egress.Egress.start(
+            egress.Stack(slirp, bare_netns_pid, "x-4", [], False, tmp_path / "x-4.egress")
+        )
+    )
+    await asyncio.sleep(0)  # one step: it waits, slirp4netns not started
+    assert _stacks() == set()
+    # What bubblewrap's loopback setup does (NLM_F_EXCL, like ip's add).
+    add = ["nsenter", "-t", str(bare_netns_pid), "-n", "ip", "addr", "add", "127.0.0.1/8"]
+    r = await asyncio.to_thread(subprocess.run, [*add, "dev", "lo"], capture_output=True, text=True)
+    try:
+        assert r.returncode == 0, r.stderr
+        stack = await asyncio.wait_for(task, 30)
+        assert len(_stacks()) == 1
+        await stack.stop()
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
     assert _stacks() == set()
 
 

@@ -47,6 +47,8 @@ TAP = "tap0"
 MTU = 65520
 #: How long the stack may take to come up (it takes ~5 ms).
 READY_TIMEOUT_S = 10.0
+#: How long bubblewrap may take to set up the sandbox's loopback (~1 ms).
+LOOPBACK_WITHIN_S = 10.0
 
 
 #: slirp4netns's DNS forwarder: it sends a query on to the node's own
@@ -156,6 +158,14 @@ class Egress:
             if owner is not None:
                 os.close(owner)
             raise
+        try:
+            await _loopback_set(pid, instance_id)
+        except BaseException:
+            if owner is not None:
+                os.close(owner)
+            if deny is not None:
+                await asyncio.shield(_ended(deny))
+            raise
         r, w = os.pipe2(os.O_CLOEXEC)
         os.set_inheritable(w, True)
         argv = [
@@ -217,6 +227,38 @@ class Egress:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
         await asyncio.shield(self._exited)
+
+
+async def _loopback_set(pid: int, instance_id: str) -> None:
+    """Return once the sandbox's loopback has its address.
+
+    bubblewrap reports its child's pid before the child sets up the
+    namespace's loopback (adds 127.0.0.1 with "must not exist", then brings
+    lo up). slirp4netns --configure brings lo up first thing, and the kernel
+    then gives lo 127.0.0.1 itself: were it first, bubblewrap's add would
+    fail ("loopback: Failed RTM_NEWADDR") and the sandbox die. The address
+    shows in the namespace's FIB, read from outside; nothing announces it,
+    so it is polled, from 0.5 ms up (it is there within a few ms)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + LOOPBACK_WITHIN_S
+    pause = 0.0005
+    while True:
+        try:
+            # A few hundred bytes of procfs: microseconds.
+            with open(f"/proc/{pid}/net/fib_trie") as f:  # noqa: ASYNC230
+                if "127.0.0.1" in f.read():
+                    return
+        except OSError as e:
+            raise Unavailable(
+                f"instance {instance_id}: its network namespace is gone: {e}"
+            ) from None
+        if loop.time() >= end:
+            raise Unavailable(
+                f"instance {instance_id}: its sandbox did not set up its loopback within "
+                f"{LOOPBACK_WITHIN_S:g} s"
+            )
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, 0.01)
 
 
 def _deny(stack: Stack, owner: int | None) -> subprocess.Popen[bytes] | None:
