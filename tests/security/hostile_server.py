@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,6 +55,31 @@ def try_http(url: str) -> str:
         return type(getattr(e, "reason", e)).__name__
 
 
+def try_bound(target: str) -> str:
+    """A TCP connect, from a socket bound to a device when one is named
+    ("[udp:]DEV|HOST:PORT", DEV may be empty; SO_BINDTODEVICE, which an
+    unprivileged process may set): "connected", or the error's name
+    ("timeout": nothing answered, not even a refusal). With "udp:", one
+    datagram is sent instead ("sent")."""
+    udp = target.startswith("udp:")
+    dev, _, addr = target.removeprefix("udp:").partition("|")
+    host, _, port = addr.rpartition(":")
+    s = socket.socket(type=socket.SOCK_DGRAM if udp else socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        if dev:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, dev.encode())
+        if udp:
+            s.sendto(b"escaped", (host, int(port)))
+            return "sent"
+        s.connect((host, int(port)))
+        return "connected"
+    except OSError as e:
+        return "timeout" if isinstance(e, TimeoutError) else type(e).__name__
+    finally:
+        s.close()
+
+
 #: Inodes of the sockets this server made or accepted.
 OWN: set[int] = set()
 
@@ -87,6 +113,7 @@ def probe(req: dict) -> dict:
         "paths": {p: try_read(p) for p in req.get("paths", [])},
         "kills": {str(p): try_kill(p) for p in req.get("kill", [])},
         "http": {u: try_http(u) for u in req.get("http", [])},
+        "bound": {t: try_bound(t) for t in req.get("bound", [])},
         "proc_pids": pids,
         "proc_cmdlines": [try_read(f"/proc/{p}/environ") for p in pids],
         "root": sorted(os.listdir("/")),

@@ -162,13 +162,34 @@ def report(up, victim):
     assert invoke(up, "probe", "/probe").returncode == 0  # started: its veth is there
     own = veth_address(function_pid("probe", "hostile_server.py", up.pids()))
     theirs = veth_address(victim["pid"])
-    with socket.create_server(("0.0.0.0", 0)) as listener:
-        veths = []
+    # And the node's loopback by way of the veth: a socket bound to it may
+    # send to 127.0.0.1 there (route_localnet is on at both ends for the
+    # entry's NAT); but for the guard the node takes it.
+    with (
+        socket.create_server(("0.0.0.0", 0)) as listener,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as loopback,
+    ):
+        loopback.bind(("127.0.0.1", 0))
+        veths, bound = [], []
         if own is not None and theirs is not None:
             node_end = str(ipaddress.IPv4Address(own) - 1)
             veths = [f"http://{node_end}:{listener.getsockname()[1]}/", f"http://{theirs}:{port}/"]
-        doc = body(invoke(up, "probe", "/probe", {"paths": paths, "http": [*http, *veths]}))
+            bound = [
+                f"|{node_end}:{listener.getsockname()[1]}",
+                f"udp:eth0|127.0.0.1:{loopback.getsockname()[1]}",
+            ]
+        req = {"paths": paths, "http": [*http, *veths], "bound": bound}
+        doc = body(invoke(up, "probe", "/probe", req))
+        # Sent before the probe answered; a datagram the node took would be
+        # in the socket's queue at once (a veth delivers in the sender's
+        # softirq), so the bound only covers a loaded machine.
+        loopback.settimeout(2 if bound else 0)
+        try:
+            doc["loopback_got"] = loopback.recv(64).decode(errors="replace")
+        except (TimeoutError, BlockingIOError):
+            doc["loopback_got"] = None
     doc["veth_urls"] = veths
+    doc["bound_targets"] = bound
     return doc
 
 
@@ -204,12 +225,23 @@ def test_no_direct_http_call_reaches_another_tenants_instance(report, victim):
 
 def test_the_veth_of_a_routed_entry_leads_nowhere(report):
     """From inside the hostile instance, over the veth its routed entry
-    gave it: the node's end does not answer (the guard drops all but
-    answers), and the neighbour's veth address is not reachable at all."""
+    gave it: the node's end takes no connection, not even the kernel's
+    handshake (the guard drops all but answers), and the neighbour's veth
+    address is not reachable at all."""
     assert report["veth_urls"], "a root agent's instances have a veth (routed entries)"
     node_end, neighbour = report["veth_urls"]
     assert report["http"][node_end] in ("timeout", "TimeoutError"), report["http"]
+    assert report["bound"][report["bound_targets"][0]] == "timeout", report["bound"]
     assert not report["http"][neighbour].isdigit(), report["http"]
+
+
+def test_the_nodes_loopback_is_not_reachable_over_the_veth(report):
+    """From inside the hostile instance, a socket bound to its veth sends to
+    127.0.0.1: it leaves (the instance may), and the node's loopback never
+    takes it."""
+    assert report["veth_urls"], "a root agent's instances have a veth (routed entries)"
+    assert report["bound"][report["bound_targets"][1]] == "sent", report["bound"]
+    assert report["loopback_got"] is None, report["loopback_got"]
 
 
 def test_from_the_node_an_instance_is_not_reachable_past_its_door(up, victim):
