@@ -8,6 +8,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, field_validator
 
+from controlplane.nodeagent import diskwatch
 from controlplane.nodeagent.entry import limits, routes
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS
 from controlplane.nodeagent.sandbox import BACKENDS, DEFAULT_STARTUP_TIMEOUT_MS, egressdeny
@@ -140,6 +141,23 @@ class NodeAgentConfig(Config):
         "process sandbox with cgroups: at most N processes and threads per instance "
         "(pids.max; a fork loop then fails in the instance; 0 = no limit). Without the "
         "pids controller --cgroups auto warns, on refuses",
+        group=GROUP,
+    )
+    instance_disk_mib: int = setting(
+        diskwatch.DEFAULT_DISK_MIB,
+        "bwrap and process sandboxes: most an instance may keep in its private directory "
+        "when its spec sets no resources.disk_mib; one past its limit is killed, its exit "
+        "naming it (0 = no limit but the spec's; docs/security.md)",
+        ge=0,
+        le=16_777_216,
+        group=GROUP,
+    )
+    instance_disk_check_s: float = setting(
+        diskwatch.DEFAULT_CHECK_S,
+        "how often to measure every instance's private directory against its limit "
+        "(0 = never: no limit is enforced)",
+        ge=0,
+        le=3600,
         group=GROUP,
     )
     instance_dir: str | None = setting(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.nodeagent.config import NodeAgentConfig
+from controlplane.nodeagent.diskwatch import DiskWatch
 from controlplane.nodeagent.entry import netns, routes
 from controlplane.nodeagent.entry.limits import EntryLimits, raise_fd_limit
 from controlplane.nodeagent.entry.routing import Routes
@@ -60,8 +61,12 @@ class NodeAgentComponent:
         heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_MS,
         orphan_check_s: float = 0.0,
         routes: Routes | None = None,
+        disk_watch: DiskWatch | None = None,
     ) -> None:
         self.servicer = servicer
+        #: Private directories measured against their limits (started with
+        #: the agent, whether or not it registers).
+        self.disk_watch = disk_watch
         #: Routed entries (the bwrap sandbox of a root agent): tables made at
         #: start, removed at stop.
         self.routes = routes
@@ -82,6 +87,8 @@ class NodeAgentComponent:
             if why is not None:
                 log.warning("node entry: no routed entries, every door relays: %s", why)
         self.servicer.attach(ctx.address, ctx.pool)
+        if self.disk_watch is not None:
+            self.disk_watch.start()
         ids = list(self.servicer.nodes)
         ctx.extra["nodes"] = ids
         if not ctx.controller:
@@ -109,6 +116,8 @@ class NodeAgentComponent:
         pass  # never registers as a control instance, so never called
 
     async def stop(self) -> None:
+        if self.disk_watch is not None:
+            await self.disk_watch.stop()
         if self.reaper is not None:
             await self.reaper.stop()
             self.reaper = None
@@ -191,4 +200,7 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
         heartbeat_interval_ms=cfg.heartbeat_ms,
         orphan_check_s=cfg.orphan_check_s,
         routes=route,
+        disk_watch=DiskWatch(servicer, cfg.instance_disk_mib, cfg.instance_disk_check_s)
+        if cfg.instance_disk_check_s > 0 and cfg.sandbox != "emulated"
+        else None,
     )

@@ -13,7 +13,6 @@ acts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
+from controlplane.nodeagent.periodic import Periodic
 from controlplane.runtime import rpc
 from controlplane.runtime.membership import MembershipView
 from controlplane.runtime.revisions import routing_key
@@ -65,8 +65,10 @@ class OrphanTracker:
         return out
 
 
-class OrphanReaper:
+class OrphanReaper(Periodic):
     """Runs the checks every period_s for one node agent."""
+
+    name = "orphan check"
 
     def __init__(
         self,
@@ -76,33 +78,13 @@ class OrphanReaper:
         period_s: float = 30.0,
         checks: int = 2,
     ) -> None:
+        super().__init__()
         self.servicer = servicer
         self.view = view
         self.pool = pool
         self.period_s = period_s
         # Ready for at least one period before it can be judged.
         self.tracker = OrphanTracker(checks=checks, grace_s=period_s)
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """Start checking in the background."""
-        self._task = asyncio.create_task(self._loop(), name="orphan-reaper")
-
-    async def stop(self) -> None:
-        """Stop checking."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.period_s)  # periodic by nature, not a wait for an event
-            try:
-                await self.check()
-            except Exception:
-                log.exception("orphan check failed")
 
     async def _known_by(self, address: str) -> set[str] | None:
         try:

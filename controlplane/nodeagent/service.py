@@ -448,6 +448,8 @@ class NodeAgentServicer(nodeagent_pb2_grpc.NodeAgentServicer):
             return  # already deleted
         sb = inst.sandbox
         reason = sb.exit_reason(returncode) if sb is not None else describe_exit(returncode)
+        if sb is not None and sb.killed_for:
+            reason += f"; {sb.killed_for}"
         log.warning("instance %s on node %s ended: %s", inst.instance_id, node.node_id, reason)
         if inst.notify_address and inst.info is not None:
             task = asyncio.create_task(self._notify(inst.notify_address, inst.info, reason))

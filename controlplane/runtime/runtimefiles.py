@@ -35,7 +35,7 @@ _TOP = {
     "llm",
 }
 _ARTIFACT = {"required", "prefixes", "suffixes", "max_length"}
-_RES = {"cpu_millis", "memory_mib", "gpus"}
+_RES = {"cpu_millis", "memory_mib", "gpus", "disk_mib"}
 
 
 def _check_keys(doc: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -101,7 +101,9 @@ def from_dict(doc: Any, base_dir: Path | None = None) -> common_pb2.ServingRunti
     res = doc.get("resources")
     if res is not None:
         if not isinstance(res, dict):
-            raise InvalidArgument("resources: must be a mapping (cpu_millis, memory_mib, gpus)")
+            raise InvalidArgument(
+                "resources: must be a mapping (cpu_millis, memory_mib, gpus, disk_mib)"
+            )
         _check_keys(res, _RES, "resources.")
         for f in sorted(_RES):
             setattr(rt.resources, f, _uint(res, f, f"resources.{f}"))

@@ -97,6 +97,7 @@ def check_runtime(rt: common_pb2.ServingRuntime) -> None:
     check_range("resources.cpu_millis", r.cpu_millis, 0, validation.CPU_MILLIS_MAX)
     check_range("resources.memory_mib", r.memory_mib, 0, validation.MEMORY_MIB_MAX)
     check_range("resources.gpus", r.gpus, 0, validation.GPUS_MAX)
+    check_range("resources.disk_mib", r.disk_mib, 0, validation.DISK_MIB_MAX)
     check_text("readiness_path", rt.readiness_path, validation.MAX_PATH_BYTES)
     if rt.readiness_path and not rt.readiness_path.startswith("/"):
         raise InvalidArgument(
@@ -282,7 +283,7 @@ def resolve(
         # The runtime's block replaces the cluster's defaults (used only
         # when neither sets one, spec.with_defaults); a field the spec left
         # 0 takes the runtime's value.
-        for f in ("cpu_millis", "memory_mib", "gpus"):
+        for f in ("cpu_millis", "memory_mib", "gpus", "disk_mib"):
             if not getattr(out.resources, f):
                 setattr(out.resources, f, getattr(rt.resources, f))
     if not out.concurrency:

@@ -51,7 +51,7 @@ _TOP_FIELDS = {
     "batching",
     "pd",
 }
-_RES_FIELDS = {"cpu_millis", "memory_mib", "gpus"}
+_RES_FIELDS = {"cpu_millis", "memory_mib", "gpus", "disk_mib"}
 _AUTOSCALING_INT = {
     "stable_window_ms", "scale_to_zero_grace_ms", "keepalive_ms", "ttft_ms", "tpot_ms",
     "max_asleep", "keep_asleep_ms",
@@ -209,11 +209,14 @@ def _resources(res: Any, out: common_pb2.Resources) -> None:
     """A resources block: keys left out get the cluster's defaults (as before
     runtimes: a block is taken as the whole request)."""
     if not isinstance(res, dict):
-        raise InvalidArgument("resources: must be a mapping (cpu_millis, memory_mib, gpus)")
+        raise InvalidArgument(
+            "resources: must be a mapping (cpu_millis, memory_mib, gpus, disk_mib)"
+        )
     bad = sorted(str(k) for k in set(res) - _RES_FIELDS)
     if bad:
         raise InvalidArgument(
-            f"resources.{key(bad[0])}: unknown field (allowed: cpu_millis, memory_mib, gpus)"
+            f"resources.{key(bad[0])}: unknown field "
+            "(allowed: cpu_millis, memory_mib, gpus, disk_mib)"
         )
     out.cpu_millis = _int(
         res, "cpu_millis", "resources.cpu_millis", DEFAULT_CPU_MILLIS, 0, validation.CPU_MILLIS_MAX
@@ -222,6 +225,8 @@ def _resources(res: Any, out: common_pb2.Resources) -> None:
         res, "memory_mib", "resources.memory_mib", DEFAULT_MEMORY_MIB, 0, validation.MEMORY_MIB_MAX
     )
     out.gpus = _int(res, "gpus", "resources.gpus", 0, 0, validation.GPUS_MAX)
+    # 0: the node agent's default (--instance-disk-mib).
+    out.disk_mib = _int(res, "disk_mib", "resources.disk_mib", 0, 0, validation.DISK_MIB_MAX)
 
 
 def _autoscaling(doc: Any, out: common_pb2.AutoscalingSpec) -> None:

@@ -55,6 +55,7 @@ QUOTE_CHARS = 32
 # where with_defaults fills one (concurrency, max_scale, startup_timeout_ms).
 CPU_MILLIS_MAX = 1_000_000
 MEMORY_MIB_MAX = 16_777_216
+DISK_MIB_MAX = 16_777_216
 GPUS_MAX = 64
 CONCURRENCY_MAX = 100_000
 SCALE_MAX = 100_000
@@ -194,6 +195,7 @@ def check_spec(spec: common_pb2.FunctionSpec, *, resolved: bool = True) -> None:
     check_range("resources.cpu_millis", r.cpu_millis, 0, CPU_MILLIS_MAX)
     check_range("resources.memory_mib", r.memory_mib, 0, MEMORY_MIB_MAX)
     check_range("resources.gpus", r.gpus, 0, GPUS_MAX)
+    check_range("resources.disk_mib", r.disk_mib, 0, DISK_MIB_MAX)
     check_range("concurrency", spec.concurrency, 0, CONCURRENCY_MAX)
     check_range("min_scale", spec.min_scale, 0, SCALE_MAX)
     check_range("max_scale", spec.max_scale, 0, SCALE_MAX)

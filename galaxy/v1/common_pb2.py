@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16galaxy/v1/common.proto\x12\tgalaxy.v1\"A\n\tResources\x12\x12\n\ncpu_millis\x18\x01 \x01(\r\x12\x12\n\nmemory_mib\x18\x02 \x01(\r\x12\x0c\n\x04gpus\x18\x03 \x01(\r\"\xab\x05\n\x0c\x46unctionSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12-\n\x03\x65nv\x18\x04 \x03(\x0b\x32 .galaxy.v1.FunctionSpec.EnvEntry\x12\'\n\tresources\x18\x05 \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\x13\n\x0b\x63oncurrency\x18\x06 \x01(\r\x12\x11\n\tmin_scale\x18\x07 \x01(\r\x12\x11\n\tmax_scale\x18\x08 \x01(\r\x12\x16\n\x0ereadiness_path\x18\t \x01(\t\x12\x1a\n\x12startup_timeout_ms\x18\n \x01(\r\x12\x0f\n\x07version\x18\x0b \x01(\x04\x12\x1a\n\x12request_timeout_ms\x18\x0c \x01(\r\x12/\n\x0b\x61utoscaling\x18\r \x01(\x0b\x32\x1a.galaxy.v1.AutoscalingSpec\x12\x10\n\x08revision\x18\x0e \x01(\r\x12)\n\x07traffic\x18\x0f \x03(\x0b\x32\x18.galaxy.v1.TrafficTarget\x12\x0f\n\x07runtime\x18\x10 \x01(\t\x12\x10\n\x08\x61rtifact\x18\x11 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x12 \x03(\t\x12\x11\n\tnamespace\x18\x13 \x01(\t\x12\x0e\n\x06public\x18\x14 \x01(\x08\x12\"\n\x05model\x18\x15 \x01(\x0b\x32\x13.galaxy.v1.ModelRef\x12)\n\x08\x62\x61tching\x18\x16 \x01(\x0b\x32\x17.galaxy.v1.BatchingSpec\x12\x0b\n\x03llm\x18\x17 \x01(\x08\x12\x1d\n\x02pd\x18\x18 \x01(\x0b\x32\x11.galaxy.v1.PdSpec\x12\x0e\n\x06\x65gress\x18\x19 \x01(\x08\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"J\n\x06PdSpec\x12\x0f\n\x07prefill\x18\x01 \x01(\t\x12\x1a\n\x12kv_bytes_per_token\x18\x02 \x01(\x04\x12\x13\n\x0bprefill_tps\x18\x03 \x01(\x01\">\n\x0c\x42\x61tchingSpec\x12\x16\n\x0emax_batch_size\x18\x01 \x01(\r\x12\x16\n\x0emax_latency_ms\x18\x02 \x01(\r\"_\n\x08ModelRef\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x12\n\nwarm_nodes\x18\x05 \x01(\r\"=\n\tModelHeld\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\"?\n\rTrafficTarget\x12\x10\n\x08revision\x18\x01 \x01(\r\x12\x0f\n\x07percent\x18\x02 \x01(\r\x12\x0b\n\x03tag\x18\x03 \x01(\t\"\x9c\x02\n\x0f\x41utoscalingSpec\x12\x1a\n\x12target_utilization\x18\x01 \x01(\x01\x12\x18\n\x10stable_window_ms\x18\x02 \x01(\r\x12\x1c\n\x14panic_window_percent\x18\x03 \x01(\x01\x12\x1e\n\x16scale_to_zero_grace_ms\x18\x04 \x01(\r\x12\x11\n\tkeepalive\x18\x05 \x01(\t\x12\x14\n\x0ckeepalive_ms\x18\x06 \x01(\r\x12\x0e\n\x06metric\x18\x07 \x01(\t\x12\x0e\n\x06target\x18\x08 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\t \x01(\r\x12\x0f\n\x07tpot_ms\x18\n \x01(\r\x12\x12\n\nmax_asleep\x18\x0b \x01(\r\x12\x16\n\x0ekeep_asleep_ms\x18\x0c \x01(\r\"~\n\x0f\x43ontrolInstance\x12\n\n\x02id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.galaxy.v1.ControlKind\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x17\n\x0fmetrics_address\x18\x04 \x01(\t\x12\x0f\n\x07standby\x18\x05 \x01(\x08\"J\n\nMembership\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12-\n\tinstances\x18\x02 \x03(\x0b\x32\x1a.galaxy.v1.ControlInstance\"\x98\x01\n\x0cInstanceInfo\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x14\n\x0cspec_version\x18\x05 \x01(\x04\x12\x13\n\x0b\x63oncurrency\x18\x06 \x01(\r\x12\x14\n\x0cnode_address\x18\x07 \x01(\t\"\x82\x02\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12&\n\x08\x63\x61pacity\x18\x03 \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\'\n\tallocated\x18\x04 \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\x11\n\tinstances\x18\x05 \x01(\r\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x12&\n\x08starting\x18\x07 \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12$\n\x06models\x18\t \x03(\x0b\x32\x14.galaxy.v1.ModelHeld\"\xcd\x01\n\x10\x43oordinateAction\x12.\n\x04kind\x18\x01 \x01(\x0e\x32 .galaxy.v1.CoordinateAction.Kind\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"f\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15KIND_FUNCTION_DELETED\x10\x01\x12\x19\n\x15KIND_FUNCTION_UPDATED\x10\x02\x12\x12\n\x0eKIND_NODE_DEAD\x10\x03\"l\n\x11\x43oordinateRequest\x12)\n\nmembership\x18\x01 \x01(\x0b\x32\x15.galaxy.v1.Membership\x12,\n\x07\x61\x63tions\x18\x02 \x03(\x0b\x32\x1b.galaxy.v1.CoordinateAction\" \n\x0f\x43oordinateReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\xb8\x03\n\x0eServingRuntime\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x0f\n\x07workdir\x18\x04 \x01(\t\x12\x39\n\x08\x61rtifact\x18\x05 \x01(\x0b\x32\'.galaxy.v1.ServingRuntime.ArtifactRules\x12\x14\n\x0c\x61llowed_args\x18\x06 \x03(\t\x12\x10\n\x08max_args\x18\x07 \x01(\r\x12\x13\n\x0b\x61llowed_env\x18\x08 \x03(\t\x12\'\n\tresources\x18\t \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\x16\n\x0ereadiness_path\x18\n \x01(\t\x12\x1a\n\x12startup_timeout_ms\x18\x0b \x01(\r\x12\x13\n\x0b\x63oncurrency\x18\x0c \x01(\r\x12\x0f\n\x07version\x18\r \x01(\x04\x12\x0b\n\x03llm\x18\x0e \x01(\x08\x1aY\n\rArtifactRules\x12\x10\n\x08required\x18\x01 \x01(\x08\x12\x10\n\x08prefixes\x18\x02 \x03(\t\x12\x10\n\x08suffixes\x18\x03 \x03(\t\x12\x12\n\nmax_length\x18\x04 \x01(\r*\x9b\x01\n\x0b\x43ontrolKind\x12\x1c\n\x18\x43ONTROL_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONTROL_KIND_DISPATCH\x10\x01\x12\x19\n\x15\x43ONTROL_KIND_SCHEDULE\x10\x02\x12\x1b\n\x17\x43ONTROL_KIND_CLUSTERMGR\x10\x03\x12\x1b\n\x17\x43ONTROL_KIND_CONTROLLER\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16galaxy/v1/common.proto\x12\tgalaxy.v1\"S\n\tResources\x12\x12\n\ncpu_millis\x18\x01 \x01(\r\x12\x12\n\nmemory_mib\x18\x02 \x01(\r\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\x10\n\x08\x64isk_mib\x18\x04 \x01(\r\"\xab\x05\n\x0c\x46unctionSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12-\n\x03\x65nv\x18\x04 \x03(\x0b\x32 .galaxy.v1.FunctionSpec.EnvEntry\x12\'\n\tresources\x18\x05 \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\x13\n\x0b\x63oncurrency\x18\x06 \x01(\r\x12\x11\n\tmin_scale\x18\x07 \x01(\r\x12\x11\n\tmax_scale\x18\x08 \x01(\r\x12\x16\n\x0ereadiness_path\x18\t \x01(\t\x12\x1a\n\x12startup_timeout_ms\x18\n \x01(\r\x12\x0f\n\x07version\x18\x0b \x01(\x04\x12\x1a\n\x12request_timeout_ms\x18\x0c \x01(\r\x12/\n\x0b\x61utoscaling\x18\r \x01(\x0b\x32\x1a.galaxy.v1.AutoscalingSpec\x12\x10\n\x08revision\x18\x0e \x01(\r\x12)\n\x07traffic\x18\x0f \x03(\x0b\x32\x18.galaxy.v1.TrafficTarget\x12\x0f\n\x07runtime\x18\x10 \x01(\t\x12\x10\n\x08\x61rtifact\x18\x11 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x12 \x03(\t\x12\x11\n\tnamespace\x18\x13 \x01(\t\x12\x0e\n\x06public\x18\x14 \x01(\x08\x12\"\n\x05model\x18\x15 \x01(\x0b\x32\x13.galaxy.v1.ModelRef\x12)\n\x08\x62\x61tching\x18\x16 \x01(\x0b\x32\x17.galaxy.v1.BatchingSpec\x12\x0b\n\x03llm\x18\x17 \x01(\x08\x12\x1d\n\x02pd\x18\x18 \x01(\x0b\x32\x11.galaxy.v1.PdSpec\x12\x0e\n\x06\x65gress\x18\x19 \x01(\x08\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"J\n\x06PdSpec\x12\x0f\n\x07prefill\x18\x01 \x01(\t\x12\x1a\n\x12kv_bytes_per_token\x18\x02 \x01(\x04\x12\x13\n\x0bprefill_tps\x18\x03 \x01(\x01\">\n\x0c\x42\x61tchingSpec\x12\x16\n\x0emax_batch_size\x18\x01 \x01(\r\x12\x16\n\x0emax_latency_ms\x18\x02 \x01(\r\"_\n\x08ModelRef\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x12\n\nwarm_nodes\x18\x05 \x01(\r\"=\n\tModelHeld\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\"?\n\rTrafficTarget\x12\x10\n\x08revision\x18\x01 \x01(\r\x12\x0f\n\x07percent\x18\x02 \x01(\r\x12\x0b\n\x03tag\x18\x03 \x01(\t\"\x9c\x02\n\x0f\x41utoscalingSpec\x12\x1a\n\x12target_utilization\x18\x01 \x01(\x01\x12\x18\n\x10stable_window_ms\x18\x02 \x01(\r\x12\x1c\n\x14panic_window_percent\x18\x03 \x01(\x01\x12\x1e\n\x16scale_to_zero_grace_ms\x18\x04 \x01(\r\x12\x11\n\tkeepalive\x18\x05 \x01(\t\x12\x14\n\x0ckeepalive_ms\x18\x06 \x01(\r\x12\x0e\n\x06metric\x18\x07 \x01(\t\x12\x0e\n\x06target\x18\x08 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\t \x01(\r\x12\x0f\n\x07tpot_ms\x18\n \x01(\r\x12\x12\n\nmax_asleep\x18\x0b \x01(\r\x12\x16\n\x0ekeep_asleep_ms\x18\x0c \x01(\r\"~\n\x0f\x43ontrolInstance\x12\n\n\x02id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.galaxy.v1.ControlKind\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x17\n\x0fmetrics_address\x18\x04 \x01(\t\x12\x0f\n\x07standby\x18\x05 \x01(\x08\"J\n\nMembership\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12-\n\tinstances\x18\x02 \x03(\x0b\x32\x1a.galaxy.v1.ControlInstance\"\x98\x01\n\x0cInstanceInfo\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x14\n\x0cspec_version\x18\x05 \x01(\x04\x12\x13\n\x0b\x63oncurrency\x18\x06 \x01(\r\x12\x14\n\x0cnode_address\x18\x07 \x01(\t\"\x82\x02\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12&\n\x08\x63\x61pacity\x18\x03 \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\'\n\tallocated\x18\x04 \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\x11\n\tinstances\x18\x05 \x01(\r\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x12&\n\x08starting\x18\x07 \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12$\n\x06models\x18\t \x03(\x0b\x32\x14.galaxy.v1.ModelHeld\"\xcd\x01\n\x10\x43oordinateAction\x12.\n\x04kind\x18\x01 \x01(\x0e\x32 .galaxy.v1.CoordinateAction.Kind\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"f\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15KIND_FUNCTION_DELETED\x10\x01\x12\x19\n\x15KIND_FUNCTION_UPDATED\x10\x02\x12\x12\n\x0eKIND_NODE_DEAD\x10\x03\"l\n\x11\x43oordinateRequest\x12)\n\nmembership\x18\x01 \x01(\x0b\x32\x15.galaxy.v1.Membership\x12,\n\x07\x61\x63tions\x18\x02 \x03(\x0b\x32\x1b.galaxy.v1.CoordinateAction\" \n\x0f\x43oordinateReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\xb8\x03\n\x0eServingRuntime\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x0f\n\x07workdir\x18\x04 \x01(\t\x12\x39\n\x08\x61rtifact\x18\x05 \x01(\x0b\x32\'.galaxy.v1.ServingRuntime.ArtifactRules\x12\x14\n\x0c\x61llowed_args\x18\x06 \x03(\t\x12\x10\n\x08max_args\x18\x07 \x01(\r\x12\x13\n\x0b\x61llowed_env\x18\x08 \x03(\t\x12\'\n\tresources\x18\t \x01(\x0b\x32\x14.galaxy.v1.Resources\x12\x16\n\x0ereadiness_path\x18\n \x01(\t\x12\x1a\n\x12startup_timeout_ms\x18\x0b \x01(\r\x12\x13\n\x0b\x63oncurrency\x18\x0c \x01(\r\x12\x0f\n\x07version\x18\r \x01(\x04\x12\x0b\n\x03llm\x18\x0e \x01(\x08\x1aY\n\rArtifactRules\x12\x10\n\x08required\x18\x01 \x01(\x08\x12\x10\n\x08prefixes\x18\x02 \x03(\t\x12\x10\n\x08suffixes\x18\x03 \x03(\t\x12\x12\n\nmax_length\x18\x04 \x01(\r*\x9b\x01\n\x0b\x43ontrolKind\x12\x1c\n\x18\x43ONTROL_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONTROL_KIND_DISPATCH\x10\x01\x12\x19\n\x15\x43ONTROL_KIND_SCHEDULE\x10\x02\x12\x1b\n\x17\x43ONTROL_KIND_CLUSTERMGR\x10\x03\x12\x1b\n\x17\x43ONTROL_KIND_CONTROLLER\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,44 +33,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FUNCTIONSPEC_ENVENTRY']._loaded_options = None
   _globals['_FUNCTIONSPEC_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_CONTROLKIND']._serialized_start=2858
-  _globals['_CONTROLKIND']._serialized_end=3013
+  _globals['_CONTROLKIND']._serialized_start=2876
+  _globals['_CONTROLKIND']._serialized_end=3031
   _globals['_RESOURCES']._serialized_start=37
-  _globals['_RESOURCES']._serialized_end=102
-  _globals['_FUNCTIONSPEC']._serialized_start=105
-  _globals['_FUNCTIONSPEC']._serialized_end=788
-  _globals['_FUNCTIONSPEC_ENVENTRY']._serialized_start=746
-  _globals['_FUNCTIONSPEC_ENVENTRY']._serialized_end=788
-  _globals['_PDSPEC']._serialized_start=790
-  _globals['_PDSPEC']._serialized_end=864
-  _globals['_BATCHINGSPEC']._serialized_start=866
-  _globals['_BATCHINGSPEC']._serialized_end=928
-  _globals['_MODELREF']._serialized_start=930
-  _globals['_MODELREF']._serialized_end=1025
-  _globals['_MODELHELD']._serialized_start=1027
-  _globals['_MODELHELD']._serialized_end=1088
-  _globals['_TRAFFICTARGET']._serialized_start=1090
-  _globals['_TRAFFICTARGET']._serialized_end=1153
-  _globals['_AUTOSCALINGSPEC']._serialized_start=1156
-  _globals['_AUTOSCALINGSPEC']._serialized_end=1440
-  _globals['_CONTROLINSTANCE']._serialized_start=1442
-  _globals['_CONTROLINSTANCE']._serialized_end=1568
-  _globals['_MEMBERSHIP']._serialized_start=1570
-  _globals['_MEMBERSHIP']._serialized_end=1644
-  _globals['_INSTANCEINFO']._serialized_start=1647
-  _globals['_INSTANCEINFO']._serialized_end=1799
-  _globals['_NODESTATUS']._serialized_start=1802
-  _globals['_NODESTATUS']._serialized_end=2060
-  _globals['_COORDINATEACTION']._serialized_start=2063
-  _globals['_COORDINATEACTION']._serialized_end=2268
-  _globals['_COORDINATEACTION_KIND']._serialized_start=2166
-  _globals['_COORDINATEACTION_KIND']._serialized_end=2268
-  _globals['_COORDINATEREQUEST']._serialized_start=2270
-  _globals['_COORDINATEREQUEST']._serialized_end=2378
-  _globals['_COORDINATEREPLY']._serialized_start=2380
-  _globals['_COORDINATEREPLY']._serialized_end=2412
-  _globals['_SERVINGRUNTIME']._serialized_start=2415
-  _globals['_SERVINGRUNTIME']._serialized_end=2855
-  _globals['_SERVINGRUNTIME_ARTIFACTRULES']._serialized_start=2766
-  _globals['_SERVINGRUNTIME_ARTIFACTRULES']._serialized_end=2855
+  _globals['_RESOURCES']._serialized_end=120
+  _globals['_FUNCTIONSPEC']._serialized_start=123
+  _globals['_FUNCTIONSPEC']._serialized_end=806
+  _globals['_FUNCTIONSPEC_ENVENTRY']._serialized_start=764
+  _globals['_FUNCTIONSPEC_ENVENTRY']._serialized_end=806
+  _globals['_PDSPEC']._serialized_start=808
+  _globals['_PDSPEC']._serialized_end=882
+  _globals['_BATCHINGSPEC']._serialized_start=884
+  _globals['_BATCHINGSPEC']._serialized_end=946
+  _globals['_MODELREF']._serialized_start=948
+  _globals['_MODELREF']._serialized_end=1043
+  _globals['_MODELHELD']._serialized_start=1045
+  _globals['_MODELHELD']._serialized_end=1106
+  _globals['_TRAFFICTARGET']._serialized_start=1108
+  _globals['_TRAFFICTARGET']._serialized_end=1171
+  _globals['_AUTOSCALINGSPEC']._serialized_start=1174
+  _globals['_AUTOSCALINGSPEC']._serialized_end=1458
+  _globals['_CONTROLINSTANCE']._serialized_start=1460
+  _globals['_CONTROLINSTANCE']._serialized_end=1586
+  _globals['_MEMBERSHIP']._serialized_start=1588
+  _globals['_MEMBERSHIP']._serialized_end=1662
+  _globals['_INSTANCEINFO']._serialized_start=1665
+  _globals['_INSTANCEINFO']._serialized_end=1817
+  _globals['_NODESTATUS']._serialized_start=1820
+  _globals['_NODESTATUS']._serialized_end=2078
+  _globals['_COORDINATEACTION']._serialized_start=2081
+  _globals['_COORDINATEACTION']._serialized_end=2286
+  _globals['_COORDINATEACTION_KIND']._serialized_start=2184
+  _globals['_COORDINATEACTION_KIND']._serialized_end=2286
+  _globals['_COORDINATEREQUEST']._serialized_start=2288
+  _globals['_COORDINATEREQUEST']._serialized_end=2396
+  _globals['_COORDINATEREPLY']._serialized_start=2398
+  _globals['_COORDINATEREPLY']._serialized_end=2430
+  _globals['_SERVINGRUNTIME']._serialized_start=2433
+  _globals['_SERVINGRUNTIME']._serialized_end=2873
+  _globals['_SERVINGRUNTIME_ARTIFACTRULES']._serialized_start=2784
+  _globals['_SERVINGRUNTIME_ARTIFACTRULES']._serialized_end=2873
 # @@protoc_insertion_point(module_scope)

@@ -21,14 +21,16 @@ CONTROL_KIND_CLUSTERMGR: ControlKind
 CONTROL_KIND_CONTROLLER: ControlKind
 
 class Resources(_message.Message):
-    __slots__ = ("cpu_millis", "memory_mib", "gpus")
+    __slots__ = ("cpu_millis", "memory_mib", "gpus", "disk_mib")
     CPU_MILLIS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    DISK_MIB_FIELD_NUMBER: _ClassVar[int]
     cpu_millis: int
     memory_mib: int
     gpus: int
-    def __init__(self, cpu_millis: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[int] = ...) -> None: ...
+    disk_mib: int
+    def __init__(self, cpu_millis: _Optional[int] = ..., memory_mib: _Optional[int] = ..., gpus: _Optional[int] = ..., disk_mib: _Optional[int] = ...) -> None: ...
 
 class FunctionSpec(_message.Message):
     __slots__ = ("name", "command", "workdir", "env", "resources", "concurrency", "min_scale", "max_scale", "readiness_path", "startup_timeout_ms", "version", "request_timeout_ms", "autoscaling", "revision", "traffic", "runtime", "artifact", "args", "namespace", "public", "model", "batching", "llm", "pd", "egress")

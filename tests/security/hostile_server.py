@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -152,6 +153,19 @@ def memhog() -> dict:
     return {"allocated_mib": len(hog)}
 
 
+def diskhog() -> dict:
+    """Fill the private directory ($HOME) 1 MiB a file, up to 1 GiB, then
+    hold the request: the node agent kills the instance at its limit."""
+    home = os.environ["HOME"]
+    chunk = os.urandom(1 << 20)
+    for i in range(1024):
+        with open(os.path.join(home, f"hog-{i}"), "wb") as f:
+            f.write(chunk)
+        time.sleep(0.002)  # ~0.5 GB/s at most: the agent looks every few seconds
+    time.sleep(60)
+    return {"written_mib": 1024}
+
+
 class Server(ThreadingHTTPServer):
     def get_request(self) -> tuple:
         conn, addr = super().get_request()
@@ -166,7 +180,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         req = json.loads(body or b"{}")
-        action = {"/probe": lambda: probe(req), "/forkbomb": forkbomb, "/memhog": memhog}
+        action = {
+            "/probe": lambda: probe(req),
+            "/forkbomb": forkbomb,
+            "/memhog": memhog,
+            "/diskhog": diskhog,
+        }
         self._reply(action[self.path]())
 
     def _reply(self, doc: dict) -> None:

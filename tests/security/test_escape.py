@@ -84,7 +84,7 @@ def deploy_probe_and_victim(g: GalaxyUp, specs: Path) -> None:
         # A fork loop at 250 millicores would take longer than a request
         # may; 1,024 processes (the default pids limit) need ~200 MiB of
         # kernel memory, charged to the instance.
-        "resources: {cpu_millis: 2000, memory_mib: 512}\nmax_scale: 1\n"
+        "resources: {cpu_millis: 2000, memory_mib: 512, disk_mib: 64}\nmax_scale: 1\n"
     )
     (specs / "victim.yaml").write_text(
         f"name: victim\nruntime: python\nartifact: {REPO / 'examples' / 'echo_server.py'}\n"
@@ -377,6 +377,18 @@ def test_fork_loop_is_stopped_and_the_neighbour_answers(up, victim, report):
 
 
 @needs_cgroups
+def test_disk_hog_is_stopped_and_the_neighbour_answers(up, victim, report):
+    """Filling the node's disk through its private directory: the agent
+    kills it past its resources.disk_mib, and its exit says so."""
+    r = invoke(up, "probe", "/diskhog")
+    assert r.returncode != 0
+    words = "past its limit of 64 MiB (resources.disk_mib); the node agent killed it"
+    log = _log_with(up.run_dir / "logs" / "agent-0.log", words, timeout=15.0)
+    assert words in log and "out of disk: it kept" in log
+    assert invoke(up, "victim").returncode == 0
+    assert pid_alive(victim["pid"])
+
+
 def test_memory_hog_is_stopped_and_the_neighbour_answers(up, victim, report):
     r = invoke(up, "probe", "/memhog")
     assert r.returncode != 0

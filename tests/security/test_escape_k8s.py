@@ -17,6 +17,7 @@ from tests.security.test_escape import (  # noqa: F401 - the suite's checks, run
     deploy_probe_and_victim,
     report,
     test_control_plane_secrets_and_neighbours_files_are_not_there,
+    test_disk_hog_is_stopped_and_the_neighbour_answers,
     test_fork_loop_is_stopped_and_the_neighbour_answers,
     test_from_the_node_an_instance_without_a_lease_is_refused,
     test_holds_no_socket_it_did_not_make,

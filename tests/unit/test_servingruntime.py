@@ -65,13 +65,14 @@ def test_artifact_text_is_not_expanded_again() -> None:
 
 def test_defaults_come_from_the_runtime_only_where_the_spec_left_zero() -> None:
     rt = _rt(
-        resources=common_pb2.Resources(cpu_millis=250, memory_mib=64),
+        resources=common_pb2.Resources(cpu_millis=250, memory_mib=64, disk_mib=256),
         concurrency=4,
         readiness_path="/healthz",
         startup_timeout_ms=9000,
     )
     out = servingruntime.resolve(_spec(resources=common_pb2.Resources(cpu_millis=500)), rt)
     assert (out.resources.cpu_millis, out.resources.memory_mib) == (500, 64)
+    assert out.resources.disk_mib == 256
     assert (out.concurrency, out.readiness_path, out.startup_timeout_ms) == (4, "/healthz", 9000)
     out = servingruntime.resolve(_spec(concurrency=2, readiness_path="/ready"), rt)
     assert (out.concurrency, out.readiness_path) == (2, "/ready")

@@ -29,6 +29,9 @@ def test_defaults_are_left_to_the_runtime_then_the_cluster():
     # A resources block is the whole request: keys left out get the cluster's.
     s = spec.from_dict({**GOOD, "resources": {"gpus": 1}})
     assert (s.resources.cpu_millis, s.resources.memory_mib) == (100, 128)
+    # The disk limit left out is the node agent's default (0 here).
+    assert s.resources.disk_mib == 0
+    assert spec.from_dict({**GOOD, "resources": {"disk_mib": 64}}).resources.disk_mib == 64
 
 
 def test_a_relative_artifact_is_made_absolute_but_not_a_uri(tmp_path):
@@ -54,6 +57,8 @@ def test_a_relative_artifact_is_made_absolute_but_not_a_uri(tmp_path):
         ({"concurrency": 0}, "concurrency"),
         ({"concurrency": "4"}, "concurrency"),
         ({"resources": {"cpu_millis": -1}}, "resources.cpu_millis"),
+        ({"resources": {"disk_mib": -1}}, "resources.disk_mib"),
+        ({"resources": {"disk_mib": 1 << 40}}, "resources.disk_mib"),
         ({"resources": {"cpus": 1}}, "resources.cpus"),
         ({"min_scale": 5, "max_scale": 2}, "min_scale"),
         ({"readiness_path": "healthz"}, "readiness_path"),

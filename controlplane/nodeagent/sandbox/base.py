@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -32,12 +33,22 @@ class Sandbox(ABC):
         self.instance_id = instance_id
         #: Where the instance serves (host:port, or emulated://node/instance).
         self.address = address
-        #: OS process id, for backends that have one.
+        #: OS process id, for backends that have one (its process group's).
         self.pid: int | None = None
+        #: Why the node agent killed it itself (a limit it enforces).
+        self.killed_for = ""
 
     def exit_reason(self, returncode: int) -> str:
         """How the instance ended, for logs and Dispatch."""
         return describe_exit(returncode)
+
+    def kill_for(self, why: str) -> None:
+        """Kill the instance's processes at once, for why: it then ends as
+        an exit does (reported to Dispatch), and its exit reason says why."""
+        self.killed_for = why
+        if self.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
 
     @property
     @abstractmethod

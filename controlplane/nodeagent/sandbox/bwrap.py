@@ -95,12 +95,11 @@ def _system_args() -> list[str]:
     return args
 
 
-#: /sys's CPU and NUMA topology, shown read-only in every sandbox
+#: /sys's CPU and NUMA topology, shown read-only in every sandbox, and the
+#: transparent huge page settings: glibc's ``malloc.hugetlb=1`` tunable reads
+#: them and does nothing without (the real LLM runtime builds a woken
+#: instance's KV cache in huge pages: 2.2-2.8x less CPU per wake, docs/llm.md)
 _CPUS, _NODES = "/sys/devices/system/cpu", "/sys/devices/system/node"
-#: and the transparent huge page settings: glibc's ``malloc.hugetlb=1``
-#: tunable reads them and does nothing without (the real LLM runtime builds
-#: a woken instance's KV cache in huge pages: 2.2-2.8x less CPU per wake,
-#: docs/llm.md)
 _THP = "/sys/kernel/mm/transparent_hugepage"
 _SYS_DIRS = ("/sys", "/sys/devices", "/sys/devices/system", "/sys/kernel", "/sys/kernel/mm")
 
@@ -272,17 +271,18 @@ class BwrapBackend(ProcessBackend):
             binds += _bind(os.path.abspath(spec.workdir))
         fd = os.open(self._bpf, os.O_RDONLY | os.O_CLOEXEC)
         os.set_inheritable(fd, True)
+        mem = ["--size", str(spec.resources.memory_mib << 20)] if spec.resources.memory_mib else []
         argv = [
             *self._outer,
             "--die-with-parent",  # the agent's parent-death signal reaches the instance
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--hostname", "galaxy",
             *self._system,
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            # POSIX shared memory (shm_open) for the instance's own processes:
-            # a private tmpfs any uid may create in (vLLM's engine and worker
-            # talk through it; bwrap's /dev/shm is root's, 0755).
-            "--perms", "1777", "--tmpfs", "/dev/shm",
+            # Memory: the tmpfs's own size bounds it where no cgroup counts it.
+            "--proc", "/proc", "--dev", "/dev", *mem, "--tmpfs", "/tmp",
+            # POSIX shared memory (shm_open) for the instance's processes, any uid's
+            # (vLLM's engine and worker talk through it; bwrap's is root's, 0755).
+            "--perms", "1777", *mem, "--tmpfs", "/dev/shm",
             # The CPU and NUMA topology, read-only (what lscpu reads; vLLM's
             # CPU backend binds its threads by it): the same facts as
             # /proc/cpuinfo; the huge page settings (_THP); nothing else of /sys.
