@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, field_validator
 
-from controlplane.nodeagent import diskwatch
+from controlplane.nodeagent import diskwatch, logkeep
 from controlplane.nodeagent.entry import limits, routes
 from controlplane.nodeagent.registration import DEFAULT_HEARTBEAT_MS
 from controlplane.nodeagent.sandbox import BACKENDS, DEFAULT_STARTUP_TIMEOUT_MS, egressdeny
@@ -155,9 +155,17 @@ class NodeAgentConfig(Config):
     instance_disk_check_s: float = setting(
         diskwatch.DEFAULT_CHECK_S,
         "how often to measure every instance's private directory against its limit "
-        "(0 = never: no limit is enforced)",
+        "(0 = never: no limit is enforced, no ended instance's logs are removed)",
         ge=0,
         le=3600,
+        group=GROUP,
+    )
+    instance_logs_keep_mib: int = setting(
+        logkeep.DEFAULT_KEEP_MIB,
+        "bwrap and process sandboxes: the newest ended instances' stdout and stderr logs kept, "
+        "up to N MiB in all (older ones are removed at the disk checks)",
+        ge=0,
+        le=16_777_216,
         group=GROUP,
     )
     instance_dir: str | None = setting(

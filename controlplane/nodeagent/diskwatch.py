@@ -1,5 +1,6 @@
-"""The private directory's limit (``resources.disk_mib``): what an instance
-keeps in its private directory ($HOME and $TMPDIR, on the node's disk) is
+"""The disk limit (``resources.disk_mib``): what an instance keeps on the
+node's disk, its private directory ($HOME and $TMPDIR) and its stdout and
+stderr logs (which the kubelet counts in a pod's ephemeral storage too), is
 measured every few seconds, and an instance past its limit is killed, as the
 kernel kills one past its memory limit; its exit reason names the limit.
 
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
+from controlplane.nodeagent import logkeep
 from controlplane.nodeagent.periodic import Periodic
 
 if TYPE_CHECKING:
@@ -57,8 +59,26 @@ WALK_SHARE = 0.05
 KILLS = Counter(
     "galaxy_instance_disk_kills_total",
     "Instances the node agent killed for keeping more than their resources.disk_mib "
-    "(or --instance-disk-mib) in their private directory",
+    "(or --instance-disk-mib) in their private directory and logs",
 )
+
+
+def usage_of(paths: list[Path], stop_above: int) -> int:
+    """Bytes paths take, each a file (the blocks it holds) or a tree
+    (``usage``), stopping once past stop_above; a path gone counts 0."""
+    total = 0
+    for path in paths:
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            total += usage(path, stop_above - total)
+        else:
+            total += st.st_blocks * 512
+        if total > stop_above:
+            break
+    return total
 
 
 def usage(root: Path, stop_above: int) -> int:
@@ -117,7 +137,7 @@ def why(used: int, limit: int) -> str:
     """The exit reason's words for an instance killed over its limit."""
     # The walk stops once past the limit: what it counted is a lower bound.
     return (
-        f"out of disk: it kept {-(-used // MIB)} MiB or more in its private directory, "
+        f"out of disk: it kept {-(-used // MIB)} MiB or more in its private directory and logs, "
         f"past its limit of {limit // MIB} MiB (resources.disk_mib); the node agent killed it"
     )
 
@@ -126,56 +146,87 @@ def why(used: int, limit: int) -> str:
 class _Watched:
     node_id: str
     function: str
-    path: Path
+    #: its private directory, then its log files (stdout and stderr): what
+    #: it writes to the node's disk, as the kubelet counts a pod's logs in
+    #: its ephemeral storage
+    paths: list[Path]
     limit: int
 
 
 class DiskWatch(Periodic):
-    """Measures every running instance's private directory each period_s
+    """Measures every running instance's directory and logs each period_s
     and kills those over their limit (the spec's ``resources.disk_mib``, or
     default_mib; 0 = no default limit)."""
 
     name = "disk check"
 
     def __init__(
-        self, servicer: NodeAgentServicer, default_mib: int, period_s: float = DEFAULT_CHECK_S
+        self,
+        servicer: NodeAgentServicer,
+        default_mib: int,
+        period_s: float = DEFAULT_CHECK_S,
+        keep_logs_mib: int = logkeep.DEFAULT_KEEP_MIB,
     ) -> None:
         super().__init__()
         self.servicer = servicer
         self.default_mib = default_mib
         self.period_s = period_s
-        #: instance id -> when its tree is due again (loop time)
+        #: ended instances' logs kept (``logkeep``), MiB
+        self.keep_logs_mib = keep_logs_mib
+        #: instance id -> when its tree is due again (loop time); the same
+        #: for the ended instances' logs
         self._due: dict[str, float] = {}
+        self._logs_due = 0.0
 
     def _watched(self) -> dict[str, _Watched]:
         out = {}
         for node in self.servicer.nodes.values():
             for inst in node.instances.values():
                 path = getattr(inst.sandbox, "private_dir", None)
+                err = getattr(inst.sandbox, "stderr_path", None)
                 mib = inst.spec.resources.disk_mib or self.default_mib
                 if path is not None and mib:
-                    out[inst.instance_id] = _Watched(node.node_id, inst.spec.name, path, mib * MIB)
+                    logs = [err, err.with_suffix(".out")] if err is not None else []
+                    out[inst.instance_id] = _Watched(
+                        node.node_id, inst.spec.name, [path, *logs], mib * MIB
+                    )
             # (an instance still starting has no sandbox yet: the next check)
         return out
 
-    def _walk(self, watched: dict[str, _Watched], now: float) -> dict[str, int]:
+    def _walk(
+        self, watched: dict[str, _Watched], live: set[tuple[str, str]] | None, now: float
+    ) -> dict[str, int]:
         used = {}
         for iid, w in watched.items():
             t0 = time.perf_counter()
-            used[iid] = usage(w.path, w.limit)
+            used[iid] = usage_of(w.paths, w.limit)
             self._due[iid] = next_walk(now, self.period_s, time.perf_counter() - t0)
+        log_dir = getattr(self.servicer.backend, "log_dir", None)
+        if live is not None and log_dir is not None:
+            t0 = time.perf_counter()
+            logkeep.prune(log_dir, live, self.keep_logs_mib * MIB)
+            self._logs_due = next_walk(now, self.period_s, time.perf_counter() - t0)
         return used
 
     async def check(self) -> list[str]:
-        """One measurement of every instance due; returns those killed."""
+        """One measurement of every instance due (and a pruning of ended
+        instances' logs when due); returns the instances killed."""
         now = asyncio.get_running_loop().time()
         every = self._watched()
         self._due = {iid: t for iid, t in self._due.items() if iid in every}
         watched = {iid: w for iid, w in every.items() if self._due.get(iid, 0.0) <= now}
-        if not watched:
+        live = None
+        if self._logs_due <= now:
+            # Starting instances too: their logs exist before their sandbox.
+            live = {
+                (logkeep.log_name(node.node_id), logkeep.log_name(iid))
+                for node in self.servicer.nodes.values()
+                for iid in node.instances
+            }
+        if not watched and live is None:
             return []
-        # One thread walks them all: a walk is bounded by its limit.
-        used = await asyncio.to_thread(self._walk, watched, now)
+        # One thread does it all: each walk is bounded by its limit.
+        used = await asyncio.to_thread(self._walk, watched, live, now)
         over = over_limit(used, {iid: w.limit for iid, w in watched.items()})
         for iid, (n, limit) in over.items():
             w = watched[iid]

@@ -200,7 +200,9 @@ def build(args: argparse.Namespace) -> NodeAgentComponent:
         heartbeat_interval_ms=cfg.heartbeat_ms,
         orphan_check_s=cfg.orphan_check_s,
         routes=route,
-        disk_watch=DiskWatch(servicer, cfg.instance_disk_mib, cfg.instance_disk_check_s)
+        disk_watch=DiskWatch(
+            servicer, cfg.instance_disk_mib, cfg.instance_disk_check_s, cfg.instance_logs_keep_mib
+        )
         if cfg.instance_disk_check_s > 0 and cfg.sandbox != "emulated"
         else None,
     )

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -166,6 +167,17 @@ def diskhog() -> dict:
     return {"written_mib": 1024}
 
 
+def loghog() -> dict:
+    """Fill the node's disk through stdout (its log file), 1 MiB a line."""
+    line = "x" * ((1 << 20) - 1) + "\n"
+    for _ in range(1024):
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        time.sleep(0.002)
+    time.sleep(60)
+    return {"written_mib": 1024}
+
+
 class Server(ThreadingHTTPServer):
     def get_request(self) -> tuple:
         conn, addr = super().get_request()
@@ -185,6 +197,7 @@ class Handler(BaseHTTPRequestHandler):
             "/forkbomb": forkbomb,
             "/memhog": memhog,
             "/diskhog": diskhog,
+            "/loghog": loghog,
         }
         self._reply(action[self.path]())
 

@@ -93,6 +93,7 @@ class _Servicer:
         inst = type("I", (), {"instance_id": "i-1", "spec": spec, "sandbox": sandbox})()
         node = type("N", (), {"node_id": "node-0", "instances": {"i-1": inst}})()
         self.nodes = {"node-0": node}
+        self.backend = None  # no log directory: nothing to prune
 
 
 @pytest.mark.parametrize("spec_mib,default_mib,killed", [(1, 0, True), (0, 1, True), (0, 8, False)])

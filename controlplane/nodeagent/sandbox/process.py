@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import signal
 import subprocess
 import tempfile
@@ -19,6 +18,7 @@ from typing import BinaryIO
 from prometheus_client import Counter
 
 from controlplane.nodeagent.entry.door import Dial, Door
+from controlplane.nodeagent.logkeep import log_name
 from controlplane.nodeagent.sandbox.base import ExitCallback, Sandbox, SandboxBackend, describe_exit
 from controlplane.nodeagent.sandbox.cgroups import CgroupError, Cgroups, InstanceGroup
 from controlplane.nodeagent.sandbox.launch import (
@@ -113,7 +113,6 @@ def _closing(fds: tuple[int, ...]) -> Iterator[None]:
             os.close(fd)
 
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 OOM_KILLS = Counter(
     "galaxy_instance_oom_kills_total", "Function instances ended by the OOM killer at their limit"
 )
@@ -372,9 +371,9 @@ class ProcessBackend(SandboxBackend):
     def _open_logs(self, node_id: str, instance_id: str) -> tuple[BinaryIO, BinaryIO]:
         # Synchronous on purpose: creating two local files takes microseconds,
         # less than a hop to a worker thread would.
-        node_dir = self.log_dir / _UNSAFE.sub("_", node_id)
+        node_dir = self.log_dir / log_name(node_id)
         node_dir.mkdir(parents=True, exist_ok=True)
-        stem = _UNSAFE.sub("_", instance_id)
+        stem = log_name(instance_id)
         out = open(node_dir / f"{stem}.out", "wb")
         try:
             return out, open(node_dir / f"{stem}.err", "wb")
