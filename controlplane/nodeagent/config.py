@@ -146,15 +146,15 @@ class NodeAgentConfig(Config):
     instance_disk_mib: int = setting(
         diskwatch.DEFAULT_DISK_MIB,
         "bwrap and process sandboxes: most an instance may keep in its private directory "
-        "when its spec sets no resources.disk_mib; one past its limit is killed, its exit "
-        "naming it (0 = no limit but the spec's; docs/security.md)",
+        "and logs when its spec sets no resources.disk_mib; one past its limit is killed, "
+        "its exit naming it (0 = no limit but the spec's; docs/security.md)",
         ge=0,
         le=16_777_216,
         group=GROUP,
     )
     instance_disk_check_s: float = setting(
         diskwatch.DEFAULT_CHECK_S,
-        "how often to measure every instance's private directory against its limit "
+        "how often to measure every instance's private directory and logs against its limit "
         "(0 = never: no limit is enforced, no ended instance's logs are removed)",
         ge=0,
         le=3600,
