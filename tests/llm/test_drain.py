@@ -68,7 +68,9 @@ async def test_scale_down_finishes_open_streams(tmp_path, monkeypatch) -> None:
             base_url=f"http://{g.endpoints['gateway']}/v1", api_key=g.token, timeout=180
         )
 
-        async def stream(n: int) -> tuple[list[str], str | None]:
+        async def stream(
+            n: int, first: asyncio.Event | None = None
+        ) -> tuple[list[str], str | None]:
             s = await client.chat.completions.create(
                 model="drain-llm", messages=[{"role": "user", "content": "hi"}],
                 max_tokens=n, stream=True,
@@ -76,12 +78,24 @@ async def test_scale_down_finishes_open_streams(tmp_path, monkeypatch) -> None:
             got: list[str] = []
             reason = None
             async for c in s:
+                if first is not None:
+                    first.set()
                 if c.choices:
                     got.append(c.choices[0].delta.content or "")
                     reason = c.choices[0].finish_reason or reason
             return got, reason
 
-        long = asyncio.create_task(stream(LONG))
+        # The long stream first, until its first token: it then holds the
+        # first instance (concurrency 1) for ~30 s, so the short ones need
+        # instances of their own. Started together, the short ones could
+        # take the first instance one after the other before a second was
+        # up (seen once in CI) and nothing would scale out.
+        first = asyncio.Event()
+        long = asyncio.create_task(stream(LONG, first))
+        began = asyncio.create_task(first.wait())
+        await asyncio.wait({long, began}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
+        began.cancel()
+        assert first.is_set(), long.exception() if long.done() else "no first token in 120 s"
         shorts = asyncio.gather(stream(10), stream(10))
         peak = 0
         while not shorts.done():  # the three streams scale it out
