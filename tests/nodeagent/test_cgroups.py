@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -102,6 +104,36 @@ async def test_groups_of_agents_that_are_gone_are_swept(tmp_path: Path) -> None:
         assert not any(d.exists() for d in stale)
     finally:
         second.close()
+
+
+def test_a_process_left_in_a_gone_agents_group_is_killed(tmp_path: Path) -> None:
+    """An instance its parent-death signal missed (its agent killed before
+    the signal was set) outlives its agent: the next agent kills it by the
+    pids its group lists, and removes the group."""
+    try:
+        Cgroups()
+    except CgroupError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"cgroups unavailable in CI: {e}")
+        pytest.skip(str(e))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid now names no running process
+    first = Cgroups()
+    stale = [p.parent / str(gone.pid) / "inst-1" for p in first.parents]
+    orphan = subprocess.Popen(["sleep", "60"])
+    try:
+        for d in stale:
+            d.mkdir(parents=True)
+            (d / "cgroup.procs").write_text(str(orphan.pid))
+        first.close()
+        Cgroups().close()  # a new agent: kills the orphan
+        assert orphan.wait(30) == -signal.SIGKILL
+        Cgroups().close()  # and the group goes (here, or at the next sweep)
+        assert not any(d.parent.exists() for d in stale)
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
 
 
 def test_missing_pids_controller_warns_on_auto_and_is_refused_on_on(

@@ -249,7 +249,10 @@ def _enable(group: Path, controllers: str, root: Path) -> None:
 
 def _sweep_stale(galaxy_dir: Path) -> None:
     """Remove the groups of agents that are gone (killed before they could
-    clean up): ``galaxy/PID`` whose PID no longer runs, once empty."""
+    clean up): ``galaxy/PID`` whose PID no longer runs. A process still in
+    one outlived its agent, which no instance may (its parent-death signal
+    missed it): it is killed, by the pids its group lists, and the group
+    goes once empty (at this sweep or the next agent's)."""
     with contextlib.suppress(OSError):
         for agent in galaxy_dir.iterdir():
             if not agent.is_dir() or not agent.name.isdigit() or pid_alive(int(agent.name)):
@@ -257,9 +260,23 @@ def _sweep_stale(galaxy_dir: Path) -> None:
             with contextlib.suppress(OSError):
                 for child in agent.iterdir():
                     if child.is_dir():
+                        _kill_members(child, agent.name)
                         child.rmdir()  # fails (and stays) while a process is in it
                 agent.rmdir()
                 log.info("removed the cgroup of agent %s, which is gone", agent.name)
+
+
+def _kill_members(group: Path, agent: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        pids = [int(x) for x in (group / "cgroup.procs").read_text().split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if pids:
+            log.warning(
+                "killed %d processes of instance %s, left by agent %s, which is gone",
+                len(pids), group.name, agent,
+            )  # fmt: skip
 
 
 def open_cgroups(mode: str, max_pids: int = 0, root: Path = ROOT) -> Cgroups | None:

@@ -21,12 +21,27 @@ _PY_LAUNCHER = (
 )
 
 
+#: Run by /bin/sh once setpriv has set the parent-death signal: exit (125,
+#: before the instance's command runs) if the agent ($0) was gone before
+#: that, since the signal would then never come. Without it an agent killed
+#: between its fork and setpriv's prctl left an instance running for good
+#: (seen: an echo instance outliving a chaos test's kill -9 of its agent).
+_ORPHAN_CHECK = '[ "$PPID" = "$0" ] || exit 125; exec "$@"'
+
+
+def orphan_check(agent_pid: int) -> list[str]:
+    """The command prefix that runs the rest only while agent_pid is this
+    process's parent (run after the parent-death signal is set)."""
+    return ["/bin/sh", "-c", _ORPHAN_CHECK, str(agent_pid)]
+
+
 def pdeathsig_prefix() -> list[str]:
     """Command prefix that gives an instance SIGKILL when its agent dies.
 
     PR_SET_PDEATHSIG survives exec, so a launcher can set it and then exec the
     instance's command in the same process: instances never outlive their
-    node agent, even one killed with SIGKILL. The setting is not made in a
+    node agent, even one killed with SIGKILL (one killed before the signal
+    was set is caught by ``orphan_check``). The setting is not made in a
     preexec_fn: running Python in the child of a forked multi-threaded process
     (gRPC and asyncio threads) crashes intermittently (seen here as SIGSEGV in
     threading._after_fork). util-linux ``setpriv`` costs ~1 ms; without it a
@@ -36,7 +51,7 @@ def pdeathsig_prefix() -> list[str]:
         return []
     setpriv = shutil.which("setpriv")
     if setpriv:
-        return [setpriv, "--pdeathsig", "KILL", "--"]
+        return [setpriv, "--pdeathsig", "KILL", "--", *orphan_check(os.getpid())]
     return [sys.executable, "-S", "-I", "-c", _PY_LAUNCHER, str(os.getpid())]
 
 
@@ -61,7 +76,7 @@ def run_as_prefix(user: str) -> list[str]:
         raise ValueError("--instance-user: the node agent must run as root to switch users")
     return [
         setpriv, f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
-        "--pdeathsig", "KILL", "--",
+        "--pdeathsig", "KILL", "--", *orphan_check(os.getpid()),
     ]  # fmt: skip
 
 
