@@ -251,7 +251,9 @@ class Reconciler:
         """Remove members that stopped reporting and do not answer a health
         check either. A member that is only slow to report (an overloaded
         machine) keeps its place: removing it would repartition for nothing."""
-        silent = self.registry.silent(self.timeouts.member_silent_s)
+        silent = self.registry.silent(
+            self.timeouts.member_silent_s, self.timeouts.member_unconfirmed_s
+        )
         if not silent:
             return
         pool = self.coordinator.pool

@@ -172,13 +172,18 @@ class ControlRegistry:
         self._changed(bump=False)
         return True
 
-    def silent(self, silent_s: float) -> list[Member]:
-        """Members silent for longer than silent_s (see ``expire``)."""
+    def silent(self, silent_s: float, unconfirmed_s: float | None = None) -> list[Member]:
+        """Members silent for longer than silent_s (see ``expire``); a seeded
+        member that has not reported since, for longer than unconfirmed_s
+        when given."""
         now = self.clock.now()
         out = []
         for m in self._members.values():
             last = m.last_report_at if m.last_report_at is not None else m.registered_at
-            if (m.last_report_at is not None or m.seeded) and now - last > silent_s:
+            bound = silent_s
+            if m.seeded and m.last_report_at is None and unconfirmed_s is not None:
+                bound = unconfirmed_s
+            if (m.last_report_at is not None or m.seeded) and now - last > bound:
                 out.append(m)
         return out
 

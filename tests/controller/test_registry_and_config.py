@@ -101,6 +101,20 @@ def test_seeded_members_expire_unless_they_report_and_epochs_jump():
     assert [m.info.id for m in r.expire(5.0)] == ["b"]
 
 
+def test_seeded_members_not_heard_from_are_checked_sooner():
+    # After a takeover: the old leader's own instances died with it; the
+    # members that answer are kept by the health check that follows.
+    clock = ManualClock()
+    r = ControlRegistry(clock)
+    r.seed([ci(D, "heard"), ci(D, "unheard")], epoch_base=1 << 20)
+    r.report(D, "heard", {}, 0, 0)
+    clock.advance(1.5)
+    assert [m.info.id for m in r.silent(5.0, unconfirmed_s=1.0)] == ["unheard"]
+    assert r.silent(5.0) == []  # without the shorter bound: not yet
+    clock.advance(4.0)
+    assert sorted(m.info.id for m in r.silent(5.0, unconfirmed_s=1.0)) == ["heard", "unheard"]
+
+
 def parse(*flags):
     return build_parser().parse_args(["serve", "controller", *flags])
 
