@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
-#: The least an entry counts (a block of most filesystems' size).
-BLOCK = 4096
+#: The least an entry counts: one block of most filesystems (an empty file
+#: still takes an inode), as the log keeping counts it.
+BLOCK = logkeep.BLOCK
 #: The node agent's default limit (--instance-disk-mib): a runtime's caches
 #: and a function's scratch files, as Cloud Run's and Lambda's defaults
 #: (512 MiB-1 GiB).
